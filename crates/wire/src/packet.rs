@@ -1,0 +1,593 @@
+//! Whole RoCEv2 packets: IP / UDP / BTH / extension headers / payload / pad / ICRC.
+//!
+//! [`RoceV2Packet::parse`] validates untrusted bytes completely and reports the ICRC result;
+//! [`RoceV2Packet::parse_checked`] also rejects a bad ICRC, as a NIC does on ingress.
+//! [`emit_packet`] builds a packet in one call; [`PacketLayout`] does it in two steps so the
+//! caller can write the payload straight into the output buffer (zero copy).
+
+use core::net::IpAddr;
+use core::ops::Range;
+
+use crate::aeth::{Aeth, AethRepr, AETH_LEN};
+use crate::atomic::{
+    AtomicAckEth, AtomicAckEthRepr, AtomicEth, AtomicEthRepr, ATOMIC_ACK_ETH_LEN, ATOMIC_ETH_LEN,
+};
+use crate::bth::{Bth, BthRepr, BTH_LEN};
+use crate::deth::{Deth, DethRepr, DETH_LEN};
+use crate::error::{HeaderKind, WireError};
+use crate::icrc::{self, ICRC_LEN};
+use crate::ieth::{Ieth, IETH_LEN};
+use crate::immdt::{ImmDt, IMMDT_LEN};
+use crate::ipv4::{Ipv4, Ipv4Repr, IPV4_HEADER_LEN};
+use crate::ipv6::{Ipv6, Ipv6Repr, IPV6_HEADER_LEN};
+use crate::opcode::{ExtHeaders, Opcode, CNP_RESERVED_LEN};
+use crate::reth::{Reth, RethRepr, RETH_LEN};
+use crate::types::Rkey;
+use crate::udp::{Udp, UdpRepr, ROCEV2_UDP_PORT, UDP_HEADER_LEN};
+
+/// The IP header of a RoCEv2 packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IpRepr {
+    /// IPv4 (20 bytes, no options).
+    V4(Ipv4Repr),
+    /// IPv6 (40 bytes, UDP next).
+    V6(Ipv6Repr),
+}
+
+impl IpRepr {
+    /// Bytes of IP header (20 or 40).
+    pub const fn header_len(&self) -> usize {
+        match self {
+            IpRepr::V4(_) => IPV4_HEADER_LEN,
+            IpRepr::V6(_) => IPV6_HEADER_LEN,
+        }
+    }
+
+    /// Bytes after the IP header.
+    pub const fn payload_len(&self) -> usize {
+        match self {
+            IpRepr::V4(r) => r.payload_len,
+            IpRepr::V6(r) => r.payload_len,
+        }
+    }
+
+    /// The same header with another payload length.
+    pub const fn with_payload_len(&self, payload_len: usize) -> IpRepr {
+        match *self {
+            IpRepr::V4(r) => IpRepr::V4(Ipv4Repr { payload_len, ..r }),
+            IpRepr::V6(r) => IpRepr::V6(Ipv6Repr { payload_len, ..r }),
+        }
+    }
+
+    /// Largest payload (UDP header onwards) the IP length field can describe.
+    pub const fn max_payload_len(&self) -> usize {
+        match self {
+            IpRepr::V4(_) => Ipv4Repr::MAX_PAYLOAD,
+            IpRepr::V6(_) => Ipv6Repr::MAX_PAYLOAD,
+        }
+    }
+
+    /// Source address.
+    pub fn src(&self) -> IpAddr {
+        match self {
+            IpRepr::V4(r) => IpAddr::V4(r.src),
+            IpRepr::V6(r) => IpAddr::V6(r.src),
+        }
+    }
+
+    /// Destination address.
+    pub fn dst(&self) -> IpAddr {
+        match self {
+            IpRepr::V4(r) => IpAddr::V4(r.dst),
+            IpRepr::V6(r) => IpAddr::V6(r.dst),
+        }
+    }
+
+    /// Parse and validate the IP header at the start of `bytes` (see [`Ipv4Repr::parse`],
+    /// [`Ipv6Repr::parse`]).
+    pub fn parse(bytes: &[u8]) -> Result<IpRepr, WireError> {
+        let Some(&b0) = bytes.first() else {
+            return Err(WireError::Truncated {
+                header: HeaderKind::Ipv4,
+                needed: IPV4_HEADER_LEN,
+                available: 0,
+            });
+        };
+        match b0 >> 4 {
+            4 => Ok(IpRepr::V4(Ipv4Repr::parse(&Ipv4::new_checked(bytes)?)?)),
+            6 => Ok(IpRepr::V6(Ipv6Repr::parse(&Ipv6::new_checked(bytes)?)?)),
+            v => Err(WireError::BadIpVersion { version: v }),
+        }
+    }
+
+    /// Write the header at the start of `buf`, which must hold [`IpRepr::header_len`] bytes.
+    pub fn emit(&self, buf: &mut [u8]) {
+        match self {
+            IpRepr::V4(r) => r.emit(&mut Ipv4::new_unchecked(buf)),
+            IpRepr::V6(r) => r.emit(&mut Ipv6::new_unchecked(buf)),
+        }
+    }
+}
+
+/// The transport headers of a packet: the BTH and the extension headers its opcode carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TransportRepr {
+    /// Base transport header.
+    pub bth: BthRepr,
+    /// RETH (RDMA WRITE FIRST/ONLY, READ REQUEST).
+    pub reth: Option<RethRepr>,
+    /// AETH (ACKNOWLEDGE, READ RESPONSE FIRST/LAST/ONLY, ATOMIC ACKNOWLEDGE).
+    pub aeth: Option<AethRepr>,
+    /// DETH (UD).
+    pub deth: Option<DethRepr>,
+    /// Immediate data (… with Immediate).
+    pub immdt: Option<u32>,
+    /// R_Key to invalidate (SEND … with Invalidate).
+    pub ieth: Option<Rkey>,
+    /// AtomicETH (COMPARE SWAP, FETCH ADD).
+    pub atomic_eth: Option<AtomicEthRepr>,
+    /// AtomicAckETH (ATOMIC ACKNOWLEDGE).
+    pub atomic_ack_eth: Option<AtomicAckEthRepr>,
+}
+
+impl TransportRepr {
+    /// A transport header with this BTH and no extension header (fill those in to match the
+    /// opcode).
+    pub const fn new(bth: BthRepr) -> TransportRepr {
+        TransportRepr {
+            bth,
+            reth: None,
+            aeth: None,
+            deth: None,
+            immdt: None,
+            ieth: None,
+            atomic_eth: None,
+            atomic_ack_eth: None,
+        }
+    }
+
+    /// Which extension headers are present.
+    pub const fn ext_present(&self) -> ExtHeaders {
+        ExtHeaders {
+            reth: self.reth.is_some(),
+            aeth: self.aeth.is_some(),
+            deth: self.deth.is_some(),
+            immdt: self.immdt.is_some(),
+            ieth: self.ieth.is_some(),
+            atomic_eth: self.atomic_eth.is_some(),
+            atomic_ack_eth: self.atomic_ack_eth.is_some(),
+        }
+    }
+
+    /// Ok when exactly the extension headers of the opcode are present.
+    pub fn check(&self) -> Result<(), WireError> {
+        let want = self.bth.opcode.ext();
+        let have = self.ext_present();
+        if want == have {
+            Ok(())
+        } else {
+            Err(WireError::ExtHeaderMismatch {
+                opcode: self.bth.opcode,
+            })
+        }
+    }
+
+    /// Bytes of BTH plus extension headers (plus the 16 reserved bytes of a CNP).
+    pub const fn header_len(&self) -> usize {
+        self.bth.opcode.header_len()
+    }
+
+    /// Parse the BTH and the extension headers its opcode calls for from the start of
+    /// `buf` (the UDP payload). The headers' total length is [`TransportRepr::header_len`].
+    pub fn parse(buf: &[u8]) -> Result<TransportRepr, WireError> {
+        let bth = BthRepr::parse(&Bth::new_checked(buf)?)?;
+        let ext = bth.opcode.ext();
+        let mut t = TransportRepr::new(bth);
+        let mut at = BTH_LEN;
+        // IBA 9.2 order: DETH, RETH, AtomicETH, AETH, AtomicAckETH, ImmDt, IETH.
+        if ext.deth {
+            t.deth = Some(DethRepr::parse(&Deth::new_checked(rest(buf, at))?)?);
+            at += DETH_LEN;
+        }
+        if ext.reth {
+            t.reth = Some(RethRepr::parse(&Reth::new_checked(rest(buf, at))?)?);
+            at += RETH_LEN;
+        }
+        if ext.atomic_eth {
+            t.atomic_eth = Some(AtomicEthRepr::parse(&AtomicEth::new_checked(rest(
+                buf, at,
+            ))?)?);
+            at += ATOMIC_ETH_LEN;
+        }
+        if ext.aeth {
+            t.aeth = Some(AethRepr::parse(&Aeth::new_checked(rest(buf, at))?)?);
+            at += AETH_LEN;
+        }
+        if ext.atomic_ack_eth {
+            t.atomic_ack_eth = Some(AtomicAckEthRepr::parse(&AtomicAckEth::new_checked(rest(
+                buf, at,
+            ))?)?);
+            at += ATOMIC_ACK_ETH_LEN;
+        }
+        if ext.immdt {
+            t.immdt = Some(ImmDt::new_checked(rest(buf, at))?.imm());
+            at += IMMDT_LEN;
+        }
+        if ext.ieth {
+            t.ieth = Some(Ieth::new_checked(rest(buf, at))?.rkey());
+            at += IETH_LEN;
+        }
+        if bth.opcode == Opcode::Cnp && buf.len() < at + CNP_RESERVED_LEN {
+            return Err(WireError::Truncated {
+                header: HeaderKind::CnpReserved,
+                needed: CNP_RESERVED_LEN,
+                available: buf.len().saturating_sub(at),
+            });
+        }
+        Ok(t)
+    }
+
+    /// Write the headers at the start of `buf`; returns their length. The BTH pad count is
+    /// written as given (the packet emitters set it). Fails when the extension headers do not
+    /// match the opcode or `buf` is too short.
+    pub fn emit(&self, buf: &mut [u8]) -> Result<usize, WireError> {
+        self.check()?;
+        let len = self.header_len();
+        if buf.len() < len {
+            return Err(WireError::BufferTooSmall {
+                needed: len,
+                available: buf.len(),
+            });
+        }
+        let buf = &mut buf[..len];
+        self.bth.emit(&mut Bth::new_unchecked(&mut buf[..BTH_LEN]));
+        let mut at = BTH_LEN;
+        if let Some(d) = &self.deth {
+            d.emit(&mut Deth::new_unchecked(&mut buf[at..at + DETH_LEN]));
+            at += DETH_LEN;
+        }
+        if let Some(r) = &self.reth {
+            r.emit(&mut Reth::new_unchecked(&mut buf[at..at + RETH_LEN]));
+            at += RETH_LEN;
+        }
+        if let Some(a) = &self.atomic_eth {
+            a.emit(&mut AtomicEth::new_unchecked(
+                &mut buf[at..at + ATOMIC_ETH_LEN],
+            ));
+            at += ATOMIC_ETH_LEN;
+        }
+        if let Some(a) = &self.aeth {
+            a.emit(&mut Aeth::new_unchecked(&mut buf[at..at + AETH_LEN]));
+            at += AETH_LEN;
+        }
+        if let Some(a) = &self.atomic_ack_eth {
+            a.emit(&mut AtomicAckEth::new_unchecked(
+                &mut buf[at..at + ATOMIC_ACK_ETH_LEN],
+            ));
+            at += ATOMIC_ACK_ETH_LEN;
+        }
+        if let Some(i) = self.immdt {
+            ImmDt::new_unchecked(&mut buf[at..at + IMMDT_LEN]).set_imm(i);
+            at += IMMDT_LEN;
+        }
+        if let Some(k) = self.ieth {
+            Ieth::new_unchecked(&mut buf[at..at + IETH_LEN]).set_rkey(k);
+            at += IETH_LEN;
+        }
+        // CNP: 16 reserved bytes, sent as zero.
+        buf[at..].fill(0);
+        Ok(len)
+    }
+}
+
+/// `buf[at..]`, or empty when `at` is past the end (the view's length check then reports
+/// the truncation).
+fn rest(buf: &[u8], at: usize) -> &[u8] {
+    buf.get(at..).unwrap_or(&[])
+}
+
+/// The transport part of a RoCEv2 packet (the UDP payload: BTH … ICRC), parsed and
+/// structurally validated. Used where the IP and UDP headers are not at hand (a UDP socket).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransportPacket<'a> {
+    /// BTH and extension headers.
+    pub transport: TransportRepr,
+    /// Payload bytes without the pad.
+    pub payload: &'a [u8],
+    /// The ICRC as read from the last 4 bytes (not verified: see
+    /// [`icrc::compute_with_headers`]).
+    pub icrc: u32,
+}
+
+impl<'a> TransportPacket<'a> {
+    /// Parse a UDP payload: headers by opcode, pad count within the payload, payload plus pad
+    /// a multiple of 4, no payload on opcodes that carry none, 4 ICRC bytes at the end.
+    pub fn parse(udp_payload: &'a [u8]) -> Result<TransportPacket<'a>, WireError> {
+        let transport = TransportRepr::parse(udp_payload)?;
+        let hdr = transport.header_len();
+        let Some(body_len) = udp_payload.len().checked_sub(hdr + ICRC_LEN) else {
+            return Err(WireError::Truncated {
+                header: HeaderKind::Icrc,
+                needed: ICRC_LEN,
+                available: udp_payload.len().saturating_sub(hdr),
+            });
+        };
+        let body = &udp_payload[hdr..hdr + body_len];
+        let pad = transport.bth.pad_count;
+        if usize::from(pad) > body.len() {
+            return Err(WireError::PadTooLarge {
+                pad,
+                payload: body.len(),
+            });
+        }
+        if body.len() % 4 != 0 {
+            return Err(WireError::PayloadNotAligned { len: body.len() });
+        }
+        let opcode = transport.bth.opcode;
+        if !opcode.has_payload() && !body.is_empty() {
+            return Err(WireError::UnexpectedPayload {
+                opcode,
+                len: body.len(),
+            });
+        }
+        let payload = &body[..body.len() - usize::from(pad)];
+        let icrc = icrc::read_icrc(&udp_payload[hdr + body_len..]);
+        Ok(TransportPacket {
+            transport,
+            payload,
+            icrc,
+        })
+    }
+}
+
+/// A parsed RoCEv2 packet, borrowing its payload from the input bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoceV2Packet<'a> {
+    /// IP header.
+    pub ip: IpRepr,
+    /// UDP header.
+    pub udp: UdpRepr,
+    /// BTH and extension headers.
+    pub transport: TransportRepr,
+    /// Payload bytes without the pad.
+    pub payload: &'a [u8],
+    /// The ICRC as read from the packet.
+    pub icrc: u32,
+    /// Whether the ICRC matches the one computed over the packet.
+    pub icrc_ok: bool,
+}
+
+impl<'a> RoceV2Packet<'a> {
+    /// Parse a whole IP packet (starting at the IP header) with every structural check, and
+    /// compute the ICRC. A wrong ICRC is not an error here (`icrc_ok` is false) so that a
+    /// decoder can still show the packet. Bytes after the IP length (link-layer padding) are
+    /// ignored.
+    pub fn parse(bytes: &'a [u8]) -> Result<RoceV2Packet<'a>, WireError> {
+        Self::parse_inner(bytes).map(|(p, _)| p)
+    }
+
+    /// [`RoceV2Packet::parse`], and a wrong ICRC is [`WireError::BadIcrc`]: what a NIC uses on
+    /// ingress.
+    pub fn parse_checked(bytes: &'a [u8]) -> Result<RoceV2Packet<'a>, WireError> {
+        let (p, computed) = Self::parse_inner(bytes)?;
+        if p.icrc_ok {
+            Ok(p)
+        } else {
+            Err(WireError::BadIcrc {
+                expected: p.icrc,
+                computed,
+            })
+        }
+    }
+
+    fn parse_inner(bytes: &'a [u8]) -> Result<(RoceV2Packet<'a>, u32), WireError> {
+        let ip = IpRepr::parse(bytes)?;
+        let ip_len = ip.header_len();
+        // The IP parsers checked that the claimed length fits the buffer.
+        let end = ip_len + ip.payload_len();
+        let pkt = bytes.get(..end).ok_or(WireError::LengthMismatch {
+            header: HeaderKind::Ipv4,
+            claimed: end,
+            actual: bytes.len(),
+        })?;
+        let udp_bytes = &pkt[ip_len..];
+        let udp = UdpRepr::parse(&Udp::new_checked(udp_bytes)?)?;
+        if usize::from(udp.length) != udp_bytes.len() {
+            return Err(WireError::LengthMismatch {
+                header: HeaderKind::Udp,
+                claimed: usize::from(udp.length),
+                actual: udp_bytes.len(),
+            });
+        }
+        if udp.dst_port != ROCEV2_UDP_PORT {
+            return Err(WireError::WrongUdpPort { port: udp.dst_port });
+        }
+        let t = TransportPacket::parse(&udp_bytes[UDP_HEADER_LEN..])?;
+        let computed = icrc::compute_unchecked(&pkt[..pkt.len() - ICRC_LEN], ip_len);
+        let packet = RoceV2Packet {
+            ip,
+            udp,
+            transport: t.transport,
+            payload: t.payload,
+            icrc: t.icrc,
+            icrc_ok: t.icrc == computed,
+        };
+        Ok((packet, computed))
+    }
+
+    /// Bytes the packet takes when emitted.
+    pub fn buffer_len(&self) -> usize {
+        let pad = pad_for(self.payload.len());
+        self.ip.header_len()
+            + UDP_HEADER_LEN
+            + self.transport.header_len()
+            + self.payload.len()
+            + pad
+            + ICRC_LEN
+    }
+
+    /// Emit the packet again (lengths, pad, IPv4 checksum, UDP checksum 0 and ICRC freshly
+    /// computed); returns the length.
+    pub fn emit(&self, buf: &mut [u8]) -> Result<usize, WireError> {
+        emit_packet(
+            &self.ip,
+            self.udp.src_port,
+            self.udp.dst_port,
+            &self.transport,
+            self.payload,
+            buf,
+        )
+    }
+}
+
+/// Pad bytes that align `payload_len` to 4.
+pub const fn pad_for(payload_len: usize) -> usize {
+    (4 - payload_len % 4) % 4
+}
+
+/// Where every part of a packet goes, computed once; then written in two steps so that the
+/// payload can be produced in place: [`PacketLayout::emit_headers`], fill
+/// [`PacketLayout::payload_mut`], [`PacketLayout::finish`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PacketLayout {
+    ip: IpRepr,
+    udp: UdpRepr,
+    transport: TransportRepr,
+    payload_len: usize,
+}
+
+impl PacketLayout {
+    /// Lay out a packet. `ip.payload_len`, the UDP length and the BTH pad count are computed
+    /// here; the UDP checksum is 0. Fails when the extension headers do not match the opcode,
+    /// when an opcode without payload is given one, or when the packet would not fit the IP
+    /// length field.
+    pub fn new(
+        ip: &IpRepr,
+        src_port: u16,
+        dst_port: u16,
+        t: &TransportRepr,
+        payload_len: usize,
+    ) -> Result<PacketLayout, WireError> {
+        t.check()?;
+        let opcode = t.bth.opcode;
+        if !opcode.has_payload() && payload_len != 0 {
+            return Err(WireError::UnexpectedPayload {
+                opcode,
+                len: payload_len,
+            });
+        }
+        let fixed = UDP_HEADER_LEN + t.header_len() + ICRC_LEN;
+        let max = ip.max_payload_len() - fixed;
+        // Keep payload + pad within the IP length field.
+        let max = max - max % 4;
+        if payload_len > max {
+            return Err(WireError::PayloadTooLarge {
+                len: payload_len,
+                max,
+            });
+        }
+        let pad = pad_for(payload_len);
+        let udp_len = fixed + payload_len + pad;
+        let mut transport = *t;
+        transport.bth.pad_count = pad as u8;
+        Ok(PacketLayout {
+            ip: ip.with_payload_len(udp_len),
+            udp: UdpRepr {
+                src_port,
+                dst_port,
+                length: udp_len as u16,
+                checksum: 0,
+            },
+            transport,
+            payload_len,
+        })
+    }
+
+    /// Total bytes of the packet.
+    pub const fn len(&self) -> usize {
+        self.ip.header_len() + self.ip.payload_len()
+    }
+
+    /// Never true: a packet has at least its headers.
+    pub const fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Bytes of IP, UDP and transport headers.
+    pub const fn header_len(&self) -> usize {
+        self.ip.header_len() + UDP_HEADER_LEN + self.transport.header_len()
+    }
+
+    /// Where the payload goes in the packet.
+    pub const fn payload_range(&self) -> Range<usize> {
+        self.header_len()..self.header_len() + self.payload_len
+    }
+
+    /// The IP header as it will be written (with its length filled in).
+    pub const fn ip(&self) -> &IpRepr {
+        &self.ip
+    }
+
+    /// The transport headers as they will be written (with the pad count filled in).
+    pub const fn transport(&self) -> &TransportRepr {
+        &self.transport
+    }
+
+    fn check_buf(&self, buf: &[u8]) -> Result<(), WireError> {
+        if buf.len() < self.len() {
+            Err(WireError::BufferTooSmall {
+                needed: self.len(),
+                available: buf.len(),
+            })
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Step 1: write IP, UDP and transport headers into `buf[..header_len()]`.
+    pub fn emit_headers(&self, buf: &mut [u8]) -> Result<(), WireError> {
+        self.check_buf(buf)?;
+        let ip_len = self.ip.header_len();
+        self.ip.emit(&mut buf[..ip_len]);
+        self.udp.emit(&mut Udp::new_unchecked(
+            &mut buf[ip_len..ip_len + UDP_HEADER_LEN],
+        ));
+        self.transport.emit(&mut buf[ip_len + UDP_HEADER_LEN..])?;
+        Ok(())
+    }
+
+    /// Step 2: the payload area of `buf`, for the caller to fill.
+    pub fn payload_mut<'b>(&self, buf: &'b mut [u8]) -> Result<&'b mut [u8], WireError> {
+        self.check_buf(buf)?;
+        Ok(&mut buf[self.payload_range()])
+    }
+
+    /// Step 3: write the zero pad and the ICRC over everything before it; returns the packet
+    /// length. The headers and payload must already be in `buf`.
+    pub fn finish(&self, buf: &mut [u8]) -> Result<usize, WireError> {
+        self.check_buf(buf)?;
+        let len = self.len();
+        let icrc_at = len - ICRC_LEN;
+        buf[self.payload_range().end..icrc_at].fill(0);
+        let icrc = icrc::compute_unchecked(&buf[..icrc_at], self.ip.header_len());
+        buf[icrc_at..len].copy_from_slice(&icrc::icrc_bytes(icrc));
+        Ok(len)
+    }
+}
+
+/// Emit a whole RoCEv2 packet into `buf` and return its length: IP header (length and IPv4
+/// checksum filled), UDP header (length filled, checksum 0), transport headers (pad count
+/// filled), payload, zero pad, ICRC.
+pub fn emit_packet(
+    ip: &IpRepr,
+    src_port: u16,
+    dst_port: u16,
+    t: &TransportRepr,
+    payload: &[u8],
+    buf: &mut [u8],
+) -> Result<usize, WireError> {
+    let layout = PacketLayout::new(ip, src_port, dst_port, t, payload.len())?;
+    layout.emit_headers(buf)?;
+    layout.payload_mut(buf)?.copy_from_slice(payload);
+    layout.finish(buf)
+}

@@ -1,0 +1,193 @@
+//! UDP header. RoCEv2 uses destination port 4791 and sends a zero checksum (the ICRC
+//! protects the packet instead).
+
+use crate::bytes::{check_len, set_u16, u16_at};
+use crate::error::{HeaderKind, WireError};
+
+/// UDP header length.
+pub const UDP_HEADER_LEN: usize = 8;
+/// The IANA port of RoCEv2.
+pub const ROCEV2_UDP_PORT: u16 = 4791;
+
+mod field {
+    pub const SRC_PORT: usize = 0;
+    pub const DST_PORT: usize = 2;
+    pub const LENGTH: usize = 4;
+    pub const CHECKSUM: usize = 6;
+}
+
+/// A zero-copy view of a UDP header at the start of a buffer.
+#[derive(Debug, Clone)]
+pub struct Udp<T: AsRef<[u8]>> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> Udp<T> {
+    /// Wrap a buffer without checking it; accessors panic if it is shorter than 8 bytes.
+    pub const fn new_unchecked(buf: T) -> Udp<T> {
+        Udp { buf }
+    }
+
+    /// Wrap a buffer that holds at least the 8-byte header.
+    pub fn new_checked(buf: T) -> Result<Udp<T>, WireError> {
+        check_len(buf.as_ref().len(), UDP_HEADER_LEN, HeaderKind::Udp)?;
+        Ok(Udp { buf })
+    }
+
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+
+    /// Source port.
+    pub fn src_port(&self) -> u16 {
+        u16_at(self.buf.as_ref(), field::SRC_PORT)
+    }
+
+    /// Destination port.
+    pub fn dst_port(&self) -> u16 {
+        u16_at(self.buf.as_ref(), field::DST_PORT)
+    }
+
+    /// Length of header plus payload.
+    pub fn length(&self) -> u16 {
+        u16_at(self.buf.as_ref(), field::LENGTH)
+    }
+
+    /// Checksum as stored (0 = none).
+    pub fn checksum(&self) -> u16 {
+        u16_at(self.buf.as_ref(), field::CHECKSUM)
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Udp<T> {
+    /// Set the source port.
+    pub fn set_src_port(&mut self, v: u16) {
+        set_u16(self.buf.as_mut(), field::SRC_PORT, v);
+    }
+
+    /// Set the destination port.
+    pub fn set_dst_port(&mut self, v: u16) {
+        set_u16(self.buf.as_mut(), field::DST_PORT, v);
+    }
+
+    /// Set the length.
+    pub fn set_length(&mut self, v: u16) {
+        set_u16(self.buf.as_mut(), field::LENGTH, v);
+    }
+
+    /// Set the checksum.
+    pub fn set_checksum(&mut self, v: u16) {
+        set_u16(self.buf.as_mut(), field::CHECKSUM, v);
+    }
+}
+
+/// The fields of a UDP header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct UdpRepr {
+    /// Source port (RoCEv2 senders derive it from the QPN for ECMP entropy).
+    pub src_port: u16,
+    /// Destination port (4791 for RoCEv2).
+    pub dst_port: u16,
+    /// Length of header plus payload, as on the wire.
+    pub length: u16,
+    /// Checksum as on the wire (RoCEv2 sends 0; masked out of the ICRC).
+    pub checksum: u16,
+}
+
+impl UdpRepr {
+    /// Header length in bytes.
+    pub const LEN: usize = UDP_HEADER_LEN;
+
+    /// Parse a UDP header whose length must be at least 8 and fit the buffer. The port is not
+    /// checked here (the packet parser checks 4791).
+    pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &Udp<&T>) -> Result<UdpRepr, WireError> {
+        let claimed = usize::from(p.length());
+        let actual = p.buf.as_ref().len();
+        if claimed < UDP_HEADER_LEN || claimed > actual {
+            return Err(WireError::LengthMismatch {
+                header: HeaderKind::Udp,
+                claimed,
+                actual,
+            });
+        }
+        Ok(UdpRepr {
+            src_port: p.src_port(),
+            dst_port: p.dst_port(),
+            length: p.length(),
+            checksum: p.checksum(),
+        })
+    }
+
+    /// Bytes of header this Repr emits.
+    pub const fn buffer_len(&self) -> usize {
+        UDP_HEADER_LEN
+    }
+
+    /// Bytes of UDP payload the length field describes.
+    pub const fn payload_len(&self) -> usize {
+        (self.length as usize).saturating_sub(UDP_HEADER_LEN)
+    }
+
+    /// Write the four fields as they are.
+    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(&self, p: &mut Udp<&mut T>) {
+        p.set_src_port(self.src_port);
+        p.set_dst_port(self.dst_port);
+        p.set_length(self.length);
+        p.set_checksum(self.checksum);
+    }
+}
+
+/// The UDP source port for a QP, derived the way Linux rxe does (`rxe_qp.c`): a 14-bit
+/// multiplicative hash (`hash_32`, golden ratio) of the QPN added to 0xC000, so that ECMP
+/// spreads QPs over paths while every packet of one QP takes the same one.
+pub const fn src_port_for_qpn(qpn: crate::types::Qpn) -> u16 {
+    const GOLDEN_RATIO_32: u32 = 0x61c8_8647;
+    let h = qpn.value().wrapping_mul(GOLDEN_RATIO_32) >> (32 - 14);
+    0xc000 + (h & 0x3fff) as u16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        let r = UdpRepr {
+            src_port: 0xc011,
+            dst_port: ROCEV2_UDP_PORT,
+            length: 20,
+            checksum: 0,
+        };
+        let mut b = [0u8; 20];
+        r.emit(&mut Udp::new_unchecked(&mut b[..]));
+        assert_eq!(&b[..8], &[0xc0, 0x11, 0x12, 0xb7, 0, 20, 0, 0]);
+        let v = Udp::new_checked(&b[..]).unwrap();
+        assert_eq!(UdpRepr::parse(&v), Ok(r));
+        assert_eq!(r.payload_len(), 12);
+    }
+
+    #[test]
+    fn length_errors() {
+        assert_eq!(
+            Udp::new_checked(&[0u8; 7][..]).unwrap_err(),
+            WireError::Truncated {
+                header: HeaderKind::Udp,
+                needed: 8,
+                available: 7
+            }
+        );
+        let mut b = [0u8; 16];
+        Udp::new_unchecked(&mut b[..]).set_length(17);
+        assert_eq!(
+            UdpRepr::parse(&Udp::new_checked(&b[..]).unwrap()),
+            Err(WireError::LengthMismatch {
+                header: HeaderKind::Udp,
+                claimed: 17,
+                actual: 16
+            })
+        );
+        Udp::new_unchecked(&mut b[..]).set_length(7);
+        assert!(UdpRepr::parse(&Udp::new_checked(&b[..]).unwrap()).is_err());
+    }
+}
