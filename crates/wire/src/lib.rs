@@ -75,4 +75,7 @@ pub use packet::{
 };
 pub use reth::{Reth, RethRepr, RETH_LEN};
 pub use types::{Msn, Mtu, Psn, Qkey, Qpn, Rkey, Transport};
-pub use udp::{src_port_for_qpn, Udp, UdpRepr, ROCEV2_UDP_PORT, UDP_HEADER_LEN};
+pub use udp::{
+    flow_label_for_qpns, src_port_for_connection, src_port_for_flow_label, src_port_for_qpn, Udp,
+    UdpRepr, ROCEV2_UDP_PORT, UDP_HEADER_LEN,
+};

@@ -116,8 +116,8 @@ const E_DETH_IMM: ExtHeaders = ext(false, false, true, true, false, false, false
 
 macro_rules! opcodes {
     ($( $(#[$doc:meta])* $var:ident = $code:literal, $name:literal, $kind:ident, $pos:ident, $ext:ident, $payload:literal; )*) => {
-        /// A BTH opcode that softrdma understands (RC, UC, UD and CNP).
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        /// A BTH opcode that softrdma understands (RC, UC, UD and CNP). Ordered by code.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
         #[repr(u8)]
         pub enum Opcode {
             $( $(#[$doc])* $var = $code, )*

@@ -138,13 +138,36 @@ impl UdpRepr {
     }
 }
 
-/// The UDP source port for a QP, derived the way Linux rxe does (`rxe_qp.c`): a 14-bit
-/// multiplicative hash (`hash_32`, golden ratio) of the QPN added to 0xC000, so that ECMP
-/// spreads QPs over paths while every packet of one QP takes the same one.
+/// The UDP source port of a UD QP (or a QP not yet connected), derived the way Linux rxe
+/// does at QP creation: a 14-bit multiplicative hash (`hash_32`, golden ratio) of the QPN
+/// added to 0xC000.
 pub const fn src_port_for_qpn(qpn: crate::types::Qpn) -> u16 {
     const GOLDEN_RATIO_32: u32 = 0x61c8_8647;
     let h = qpn.value().wrapping_mul(GOLDEN_RATIO_32) >> (32 - 14);
     0xc000 + (h & 0x3fff) as u16
+}
+
+/// The 20-bit flow label Linux derives for a connected QP pair when the path has none
+/// (`rdma_calc_flow_label`): the product of the QPNs folded down.
+pub const fn flow_label_for_qpns(local: crate::types::Qpn, remote: crate::types::Qpn) -> u32 {
+    let mut v = local.value() as u64 * remote.value() as u64;
+    v ^= v >> 20;
+    v ^= v >> 40;
+    (v & 0x000f_ffff) as u32
+}
+
+/// The UDP source port for a flow label (`rdma_flow_label_to_udp_sport`): 14 bits of entropy
+/// in the range 0xC000..=0xFFFF.
+pub const fn src_port_for_flow_label(flow_label: u32) -> u16 {
+    let fl = flow_label & 0x000f_ffff;
+    (((fl & 0x3fff) ^ ((fl & 0xf_c000) >> 14)) | 0xc000) as u16
+}
+
+/// The UDP source port of a connected (RC/UC) QP, as Linux rxe sets it when the QP learns its
+/// destination QPN: from the flow label of the QPN pair. Every packet of the QP then takes
+/// the same ECMP path, and different QP pairs spread out.
+pub const fn src_port_for_connection(local: crate::types::Qpn, remote: crate::types::Qpn) -> u16 {
+    src_port_for_flow_label(flow_label_for_qpns(local, remote))
 }
 
 #[cfg(test)]
@@ -165,6 +188,20 @@ mod tests {
         let v = Udp::new_checked(&b[..]).unwrap();
         assert_eq!(UdpRepr::parse(&v), Ok(r));
         assert_eq!(r.payload_len(), 12);
+    }
+
+    #[test]
+    fn source_ports_like_rxe() {
+        use crate::types::Qpn;
+        // QP 0x11 talking to QP 0x11: flow label 0x121, port 0xc121 (seen in rxe captures).
+        assert_eq!(flow_label_for_qpns(Qpn::new(0x11), Qpn::new(0x11)), 0x121);
+        assert_eq!(
+            src_port_for_connection(Qpn::new(0x11), Qpn::new(0x11)),
+            49441
+        );
+        for q in [0u32, 1, 0x11, 0xff_ffff] {
+            assert!(src_port_for_qpn(Qpn::new(q)) >= 0xc000);
+        }
     }
 
     #[test]
