@@ -22,6 +22,9 @@ use bitflags::bitflags;
 /// The path MTU type (`enum ibv_mtu`), shared with the wire codec.
 pub use wire::Mtu;
 
+/// The verbs name for a QP's path MTU: the same type as [`Mtu`].
+pub type PathMtu = Mtu;
+
 /// `EINVAL` as Linux numbers it: what `ibv_modify_qp` returns for every rejected modify.
 const EINVAL: i32 = 22;
 
