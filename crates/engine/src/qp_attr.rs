@@ -6,11 +6,12 @@
 //! exist and which attributes each one requires and allows, per QP type), and [`check_modify`],
 //! which applies that table plus the value checks a real HCA makes.
 //!
-//! The table follows IBA vol. 1 ch. 10.3 / 11.2.5 as Linux encodes it (`qp_state_table` in
-//! `drivers/infiniband/core/verbs.c`), so a libibverbs program sees the same accept/reject
-//! decisions (and `EINVAL` errno) on softrdma as on a kernel-driven RNIC. Numeric values of every
-//! enum and bit mirror rdma-core's `<infiniband/verbs.h>`, so the C ABI layer converts with
-//! `to_ibv` / `TryFrom<u32>` (`Mtu::from_ibv` for the MTU, `from_bits_retain` for the masks).
+//! The table follows IBA vol. 1 (ch. 10 QP states, ch. 11 Modify QP) as Linux encodes it
+//! (`qp_state_table` in `drivers/infiniband/core/verbs.c`), so a libibverbs program sees the
+//! same accept/reject decisions (and `EINVAL` errno) on softrdma as on a kernel-driven RNIC.
+//! Numeric values of every enum and bit mirror rdma-core's `<infiniband/verbs.h>`, so the C ABI
+//! layer converts with `to_ibv` / `TryFrom<u32>` (`Mtu::from_ibv` for the MTU,
+//! `from_bits_retain` for the masks).
 //!
 //! This module is pure: no state, no I/O, no allocation. The QP object owns a [`QpAttr`] and calls
 //! [`check_modify`], then [`QpAttr::apply`].
@@ -31,7 +32,7 @@ const EINVAL: i32 = 22;
 /// Largest value of a 24-bit wire field (PSN, QPN).
 const MAX_24_BIT: u32 = 0x00ff_ffff;
 
-/// Largest 5-bit timer code (local ACK timeout, RNR NAK timer): IBA 9.7.5.2.8 and 9.7.6.1.1.
+/// Largest 5-bit timer code (local ACK timeout, RNR NAK timer): both are 5-bit fields in IBA.
 const MAX_TIMER_CODE: u8 = 31;
 
 /// Largest 3-bit retry count (`retry_cnt`, `rnr_retry`; 7 means "infinite" for `rnr_retry`).
@@ -105,7 +106,7 @@ impl fmt::Display for QpType {
     }
 }
 
-/// The state of a QP (`enum ibv_qp_state`, IBA 10.3.1).
+/// The state of a QP (`enum ibv_qp_state`; IBA ch. 10, QP state machine).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 #[repr(u32)]
 pub enum QpState {
@@ -143,7 +144,7 @@ impl QpState {
         self as u32
     }
 
-    /// Whether `post_send` is accepted (IBA 10.8.2: from RTS on; in SQD the WR waits, in SQE and
+    /// Whether `post_send` is accepted (IBA: from RTS on; in SQD the WR waits, in SQE and
     /// ERR it completes with a flush error). RESET, INIT and RTR reject it with an immediate error.
     pub const fn can_post_send(self) -> bool {
         matches!(
@@ -152,7 +153,7 @@ impl QpState {
         )
     }
 
-    /// Whether `post_recv` is accepted (IBA 10.8.2: from INIT on; in ERR the WR is flushed).
+    /// Whether `post_recv` is accepted (IBA: from INIT on; in ERR the WR is flushed).
     /// Only RESET rejects it.
     pub const fn can_post_recv(self) -> bool {
         !matches!(self, QpState::Reset)
@@ -220,7 +221,7 @@ impl fmt::Display for QpState {
     }
 }
 
-/// Automatic path migration state (`enum ibv_mig_state`, IBA 17.2.8).
+/// Automatic path migration state (`enum ibv_mig_state`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[repr(u32)]
 pub enum MigState {
@@ -265,7 +266,8 @@ bitflags! {
         const STATE = 1 << 0;
         /// `cur_qp_state`: the state the caller believes the QP is in (`IBV_QP_CUR_STATE`).
         const CUR_STATE = 1 << 1;
-        /// `en_sqd_async_notify`: raise an event when SQD has drained (`IBV_QP_EN_SQD_ASYNC_NOTIFY`).
+        /// `en_sqd_async_notify`: raise an event once SQD has drained
+        /// (`IBV_QP_EN_SQD_ASYNC_NOTIFY`).
         const EN_SQD_ASYNC_NOTIFY = 1 << 2;
         /// `qp_access_flags`: which remote operations the responder allows (`IBV_QP_ACCESS_FLAGS`).
         const ACCESS_FLAGS = 1 << 3;
@@ -339,15 +341,16 @@ bitflags! {
 }
 
 impl AccessFlags {
-    /// The flags that mean something in a QP's `qp_access_flags` (IBA 11.2.5.2: remote write,
+    /// The flags that mean something in a QP's `qp_access_flags` (IBA Modify QP: remote write,
     /// read and atomic enables; local write is tolerated, as verbs programs commonly pass it).
     pub const QP_ALLOWED: AccessFlags = AccessFlags::LOCAL_WRITE
         .union(AccessFlags::REMOTE_WRITE)
         .union(AccessFlags::REMOTE_READ)
         .union(AccessFlags::REMOTE_ATOMIC);
 
-    /// Whether these flags may register an MR: no unknown bits, and IBA 10.6.3.1's rule that
-    /// remote write or remote atomic access requires local write (else `ibv_reg_mr` fails, EINVAL).
+    /// Whether these flags may register an MR: no unknown bits, and the IBA rule (enforced by
+    /// Linux's `ib_check_mr_access`) that remote write or remote atomic access requires local
+    /// write; otherwise `ibv_reg_mr` fails with EINVAL.
     pub const fn is_valid_for_mr(self) -> bool {
         let known = self.bits() & !AccessFlags::all().bits() == 0;
         let needs_local =
@@ -623,7 +626,7 @@ impl Default for QpLimits {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ModifyError {
-    /// The QP type has no `from → to` transition (e.g. RESET → RTR, RTS → SQE, RESET → ERR).
+    /// The QP type has no `from → to` transition (RESET → RTR, RTS → SQE, RESET → ERR, ...).
     #[error("no {from} -> {to} transition")]
     InvalidTransition {
         /// The QP's current state.
@@ -668,7 +671,7 @@ pub enum ModifyError {
     #[error("attributes not supported by this device: {0:?}")]
     Unsupported(QpAttrMask),
     /// The QP is in SQD and its send queue has not drained yet; only RESET and ERR are allowed
-    /// until the SQ-drained event (IBA 10.3.1, SQD).
+    /// until the SQ-drained event (IBA, SQD state).
     #[error("the send queue is still draining")]
     SqDraining,
 }
@@ -740,7 +743,7 @@ const fn bare(from: QpState, to: QpState) -> Row {
     }
 }
 
-/// The QP state machine (IBA 10.3.1 and the Modify QP attribute table of 11.2.5.2, as Linux's
+/// The QP state machine (IBA ch. 10 states and the Modify QP attribute rules of ch. 11, as Linux's
 /// `qp_state_table` encodes it). A transition not listed here does not exist. Notes:
 /// - RESET → ERR does not exist (Linux rejects it); every other state may go to ERR and RESET.
 /// - SQE is entered only by the HCA, never by a modify; RC never enters it (an RC send error
@@ -925,7 +928,7 @@ const TABLE: &[Row] = {
     ]
 };
 
-/// The rule for `from → to` on a QP of type `qp_type`, or `None` if the transition does not exist.
+/// The rule for `from → to` on a QP of type `qp_type`; `None` if the transition does not exist.
 pub fn transition_rule(qp_type: QpType, from: QpState, to: QpState) -> Option<TransitionRule> {
     TABLE
         .iter()

@@ -1,7 +1,7 @@
 //! The QP state machine, tested exhaustively through `engine::qp_attr`.
 //!
 //! The expected transition table below is written out independently of the engine's own table
-//! (from IBA 10.3.1 / 11.2.5.2 and Linux's `qp_state_table`), so a wrong entry in either one
+//! (from IBA vol. 1 and Linux's `qp_state_table`), so a wrong entry in either one
 //! makes a test fail. For every QP type × from-state × to-state × attribute bit it checks that a
 //! missing required attribute, a present optional one and a present forbidden one are handled
 //! as IBA says, and that transitions not in the table are rejected.
