@@ -1,0 +1,116 @@
+//! The `softrdma` command-line tools, as a library so that their output can be tested.
+//!
+//! This is the top layer of softrdma: it only reads files and prints. Today it holds
+//! `softrdma decode`, a tcpdump-style decoder for RoCEv2 captures built on the `wire` codec;
+//! `devinfo`, `pingpong` and the benchmarks join it as the lower layers grow.
+
+pub mod capture;
+pub mod decode;
+pub mod link;
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+pub use capture::{CaptureError, CaptureReader, Record};
+pub use decode::{decode_frame, decode_ip, Decoded, Verdict};
+
+/// Counts of what `decode` saw in a capture.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DecodeSummary {
+    /// Records read from the file.
+    pub packets: u64,
+    /// RoCEv2 packets whose ICRC verifies.
+    pub roce_ok: u64,
+    /// RoCEv2 packets whose ICRC does not verify.
+    pub roce_bad_icrc: u64,
+    /// Packets to UDP port 4791 that are not valid RoCEv2.
+    pub malformed: u64,
+    /// Packets that are not RoCEv2 at all.
+    pub not_roce: u64,
+}
+
+/// Formats a capture timestamp as tcpdump does by default: UTC time of day, microseconds.
+pub fn format_timestamp(ts: Duration) -> String {
+    let secs = ts.as_secs() % 86_400;
+    format!(
+        "{:02}:{:02}:{:02}.{:06}",
+        secs / 3600,
+        (secs / 60) % 60,
+        secs % 60,
+        ts.subsec_micros()
+    )
+}
+
+/// Formats one record as a full output line (without newline): index (from 1), time, packet.
+pub fn format_record(index: u64, rec: &Record) -> (String, Verdict) {
+    let d = decode_frame(rec.linktype, &rec.data);
+    let mut line = format!("{index} {} {}", format_timestamp(rec.timestamp), d.text);
+    if (rec.data.len() as u64) < u64::from(rec.orig_len) {
+        line.push_str(&format!(
+            " [captured {} of {} bytes]",
+            rec.data.len(),
+            rec.orig_len
+        ));
+    }
+    (line, d.verdict)
+}
+
+/// Why `decode` stopped early.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// The capture could not be read (further); the summary covers what was printed.
+    #[error("{error}")]
+    Capture {
+        /// What went wrong.
+        #[source]
+        error: CaptureError,
+        /// What was decoded before it.
+        summary: DecodeSummary,
+    },
+    /// Writing the output failed (e.g. a closed pipe).
+    #[error("cannot write output: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+/// Decodes every packet of a pcap / pcapng stream, one line each to `out`.
+///
+/// Bad packets get a line saying what is wrong and decoding goes on; a damaged file stops
+/// decoding at the damage with [`DecodeError::Capture`].
+pub fn decode_capture<R: Read, W: Write>(
+    input: R,
+    out: &mut W,
+) -> Result<DecodeSummary, DecodeError> {
+    let mut summary = DecodeSummary::default();
+    let mut reader = match CaptureReader::new(input) {
+        Ok(r) => r,
+        Err(error) => return Err(DecodeError::Capture { error, summary }),
+    };
+    while let Some(rec) = reader.next_record() {
+        let rec = match rec {
+            Ok(r) => r,
+            Err(error) => return Err(DecodeError::Capture { error, summary }),
+        };
+        summary.packets += 1;
+        let (line, verdict) = format_record(summary.packets, &rec);
+        writeln!(out, "{line}")?;
+        match verdict {
+            Verdict::RoceOk => summary.roce_ok += 1,
+            Verdict::RoceBadIcrc => summary.roce_bad_icrc += 1,
+            Verdict::Malformed(_) => summary.malformed += 1,
+            Verdict::NotRoce => summary.not_roce += 1,
+        }
+    }
+    Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_read_as_time_of_day() {
+        let ts = Duration::new(1_700_000_000 + 3_661, 123_456_789);
+        assert_eq!(format_timestamp(ts), "23:14:21.123456");
+    }
+}

@@ -1,0 +1,316 @@
+//! `softrdma decode` as a user meets it: every link type it promises, pcapng, packets that are
+//! not RoCE or are malformed, and damaged files, which give an error line and a non-zero exit
+//! but never a panic.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use common::{matrix, tmp_path, tshark, write_pcap, Case};
+use softrdma_cli::{decode_ip, Verdict};
+use wire::packet::RoceV2Packet;
+
+fn run(path: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_softrdma"))
+        .arg("decode")
+        .arg(path)
+        .output()
+        .expect("run softrdma")
+}
+
+fn stdout_lines(out: &Output) -> Vec<String> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A few matrix packets, IPv4 and IPv6.
+fn sample_packets() -> Vec<Vec<u8>> {
+    let cases = matrix();
+    let pick = |v6: bool, len: usize| {
+        cases
+            .iter()
+            .find(|c| matches!(c.ip, wire::packet::IpRepr::V6(_)) == v6 && c.payload.len() == len)
+            .map(Case::emit)
+            .expect("a matching case")
+    };
+    vec![pick(false, 61), pick(true, 62), pick(false, 0)]
+}
+
+/// The packet lines without index and timestamp.
+fn bodies(lines: &[String]) -> Vec<String> {
+    lines
+        .iter()
+        .map(|l| l.splitn(3, ' ').nth(2).unwrap_or_default().to_owned())
+        .collect()
+}
+
+fn wrap(linktype: u32, ip: &[u8]) -> Vec<u8> {
+    let v6 = ip[0] >> 4 == 6;
+    let ethertype: [u8; 2] = if v6 { [0x86, 0xdd] } else { [0x08, 0x00] };
+    let mut f = Vec::new();
+    match linktype {
+        1 => {
+            f.extend_from_slice(&[2, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2]);
+            // One 802.1Q tag, VLAN 5.
+            f.extend_from_slice(&[0x81, 0x00, 0x00, 0x05]);
+            f.extend_from_slice(&ethertype);
+        }
+        113 => {
+            f.extend_from_slice(&[0, 0, 0, 1, 0, 6, 2, 0, 0, 0, 0, 1, 0, 0]);
+            f.extend_from_slice(&ethertype);
+        }
+        276 => {
+            f.extend_from_slice(&ethertype);
+            f.extend_from_slice(&[0, 0, 0, 0, 0, 2, 0, 1, 0, 0, 6, 2, 0, 0, 0, 0, 1, 0]);
+        }
+        0 => f.extend_from_slice(&(if v6 { 10u32 } else { 2u32 }).to_le_bytes()),
+        _ => {}
+    }
+    f.extend_from_slice(ip);
+    f
+}
+
+#[test]
+fn every_supported_link_type_gives_the_same_lines_as_raw_ip() {
+    let packets = sample_packets();
+    let raw = tmp_path("link-raw.pcap");
+    write_pcap(&raw, 101, &packets);
+    let out = run(&raw);
+    assert!(out.status.success());
+    let expected = bodies(&stdout_lines(&out));
+    assert_eq!(expected.len(), 3);
+    for l in &expected {
+        assert!(l.ends_with(" icrc=ok"), "{l}");
+    }
+    for linktype in [1u32, 12, 14, 113, 276, 0, 228, 229] {
+        let frames: Vec<Vec<u8>> = match linktype {
+            // LINKTYPE_IPV4 / IPV6 hold one family only.
+            228 => vec![packets[0].clone()],
+            229 => vec![packets[1].clone()],
+            _ => packets.iter().map(|p| wrap(linktype, p)).collect(),
+        };
+        let path = tmp_path(&format!("link-{linktype}.pcap"));
+        write_pcap(&path, linktype, &frames);
+        let out = run(&path);
+        assert!(out.status.success(), "link type {linktype}: {}", out.status);
+        let got = bodies(&stdout_lines(&out));
+        let want: Vec<String> = match linktype {
+            228 => vec![expected[0].clone()],
+            229 => vec![expected[1].clone()],
+            _ => expected.clone(),
+        };
+        assert_eq!(got, want, "link type {linktype}");
+    }
+}
+
+#[test]
+fn ethernet_padding_after_a_short_packet_is_ignored() {
+    let cases = matrix();
+    let ack = cases
+        .iter()
+        .find(|c| c.transport.bth.opcode == wire::Opcode::RcSendOnly && c.payload.is_empty())
+        .expect("an empty RC SEND ONLY")
+        .emit();
+    let mut frame = wrap(1, &ack);
+    frame.resize(frame.len().max(60) + 6, 0);
+    let path = tmp_path("eth-padding.pcap");
+    write_pcap(&path, 1, &[frame]);
+    let out = run(&path);
+    let lines = stdout_lines(&out);
+    assert!(lines[0].ends_with(" payload=0 icrc=ok"), "{lines:?}");
+}
+
+#[test]
+fn pcapng_files_decode_like_pcap() {
+    let packets = sample_packets();
+    let pcap = tmp_path("ng-source.pcap");
+    write_pcap(&pcap, 101, &packets);
+    let ng = tmp_path("converted.pcapng");
+    tshark(&[
+        "-r",
+        pcap.to_str().expect("utf-8"),
+        "-F",
+        "pcapng",
+        "-w",
+        ng.to_str().expect("utf-8"),
+    ]);
+    let a = run(&pcap);
+    let b = run(&ng);
+    assert!(b.status.success(), "{}", String::from_utf8_lossy(&b.stderr));
+    assert_eq!(bodies(&stdout_lines(&a)), bodies(&stdout_lines(&b)));
+}
+
+#[test]
+fn malformed_roce_packets_get_the_precise_wire_error_and_decoding_goes_on() {
+    let good = sample_packets()[0].clone();
+    let mut bad_opcode = good.clone();
+    bad_opcode[28] = 0x1f; // reserved RC opcode
+    let mut truncated = good.clone();
+    truncated.truncate(20 + 8 + 5);
+    let mut bad_tver = good.clone();
+    bad_tver[29] |= 0x0f;
+    let packets = vec![bad_opcode, truncated, good.clone(), bad_tver];
+    for p in &packets[..2] {
+        let err = RoceV2Packet::parse(p).expect_err("malformed");
+        let d = decode_ip(p);
+        assert_eq!(d.verdict, Verdict::Malformed(err));
+        assert!(
+            d.text.ends_with(&format!("malformed RoCEv2: {err}")),
+            "{}",
+            d.text
+        );
+    }
+    let path = tmp_path("malformed.pcap");
+    write_pcap(&path, 101, &packets);
+    let out = run(&path);
+    assert!(out.status.success(), "bad packets are not a bad file");
+    let lines = stdout_lines(&out);
+    assert_eq!(lines.len(), 4);
+    assert!(
+        lines[0].contains("malformed RoCEv2: unknown BTH opcode 0x1f"),
+        "{}",
+        lines[0]
+    );
+    assert!(lines[1].contains("malformed RoCEv2: "), "{}", lines[1]);
+    assert!(lines[2].ends_with("icrc=ok"), "{}", lines[2]);
+    assert!(
+        lines[3].contains("malformed RoCEv2: bad BTH transport version 15"),
+        "{}",
+        lines[3]
+    );
+}
+
+#[test]
+fn other_traffic_is_named_not_decoded() {
+    let mut udp = sample_packets()[0].clone();
+    udp[22..24].copy_from_slice(&53u16.to_be_bytes()); // DNS, not 4791
+    let mut icmp = vec![
+        0x45, 0, 0, 28, 0, 0, 0, 0, 64, 1, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
+    ];
+    icmp.extend_from_slice(&[8, 0, 0, 0, 0, 0, 0, 0]);
+    let mut arp = vec![0xff; 12];
+    arp.extend_from_slice(&[0x08, 0x06]);
+    arp.extend_from_slice(&[0; 28]);
+    let path = tmp_path("other.pcap");
+    write_pcap(
+        &path,
+        1,
+        &[wrap(1, &udp), wrap(1, &icmp), arp, vec![1, 2, 3]],
+    );
+    let out = run(&path);
+    assert!(out.status.success());
+    let lines = stdout_lines(&out);
+    assert!(
+        lines[0].contains("> 198.51.100.2.53: not RoCEv2: UDP (not to port 4791)"),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[1].contains("IP 10.0.0.1 > 10.0.0.2: not RoCEv2: ICMP"),
+        "{}",
+        lines[1]
+    );
+    assert!(lines[2].ends_with("not RoCEv2: ARP"), "{}", lines[2]);
+    assert!(
+        lines[3].ends_with("not RoCEv2: truncated Ethernet header: need 14 bytes, have 3"),
+        "{}",
+        lines[3]
+    );
+}
+
+#[test]
+fn damaged_files_give_an_error_and_a_non_zero_exit_but_never_a_panic() {
+    let src = common::testdata_dir().join("rxe-badicrc.pcap");
+    let whole = std::fs::read(&src).expect("read the capture");
+    let good = run(&src);
+    let good_lines = stdout_lines(&good);
+    // Cut inside the last record, inside a record header, inside the file header; empty; junk.
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("cut-last-record", whole[..whole.len() - 10].to_vec()),
+        ("cut-record-header", whole[..24 + 16 + 74 + 7].to_vec()),
+        ("cut-file-header", whole[..13].to_vec()),
+        ("empty", Vec::new()),
+        (
+            "junk",
+            b"this is not a capture file, just some words".to_vec(),
+        ),
+        (
+            "pcapng-junk",
+            [&[0x0a, 0x0d, 0x0d, 0x0a][..], &[0xff; 40][..]].concat(),
+        ),
+        ("huge-record", {
+            let mut v = whole[..24].to_vec();
+            v.extend_from_slice(&[
+                0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0x7f, 0xff, 0xff, 0xff, 0x7f,
+            ]);
+            v
+        }),
+    ];
+    for (name, bytes) in cases {
+        let path = tmp_path(&format!("damaged-{name}.pcap"));
+        std::fs::write(&path, &bytes).expect("write");
+        let out = run(&path);
+        let code = out.status.code();
+        assert!(
+            code.is_some() && code != Some(0) && code != Some(101),
+            "{name}: exit {:?}",
+            code
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("softrdma decode: "),
+            "{name}: no error line: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{name}: {stderr}");
+        // Whatever was intact before the damage is still printed, identically.
+        let lines = stdout_lines(&out);
+        assert_eq!(lines[..], good_lines[..lines.len()], "{name}");
+        if name == "cut-last-record" {
+            assert_eq!(lines.len(), good_lines.len() - 1, "{name}");
+        }
+    }
+    let missing = run(Path::new("/nonexistent/capture.pcap"));
+    assert_eq!(missing.status.code(), Some(2));
+}
+
+#[test]
+fn random_bytes_as_packets_never_panic() {
+    // Deterministic xorshift; a failure names the seed and the packet.
+    let mut x: u64 = 0x5eed_2026_1122_0347;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let good = sample_packets();
+    let mut packets = Vec::new();
+    for i in 0..600 {
+        let mut p = good[i % good.len()].clone();
+        // Mutate a few bytes, and sometimes cut the packet.
+        for _ in 0..(1 + next() % 4) {
+            let at = (next() as usize) % p.len();
+            p[at] = next() as u8;
+        }
+        if next() % 3 == 0 {
+            let len = (next() as usize) % (p.len() + 1);
+            p.truncate(len);
+        }
+        packets.push(p);
+    }
+    for p in &packets {
+        let _ = decode_ip(p);
+    }
+    let path = tmp_path("random.pcap");
+    write_pcap(&path, 101, &packets);
+    let out = run(&path);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(stdout_lines(&out).len(), packets.len());
+}
