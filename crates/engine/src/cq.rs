@@ -1,0 +1,267 @@
+//! Completion queues and the work completions they hold (`ibv_cq`, `ibv_wc`).
+
+use std::collections::VecDeque;
+
+use bitflags::bitflags;
+
+/// Handle of a completion queue within one [`crate::Engine`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CqHandle(pub u32);
+
+/// The status of a work completion, with the numeric values of `enum ibv_wc_status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+#[repr(u32)]
+pub enum WcStatus {
+    /// The work request completed.
+    Success = 0,
+    /// A message did not fit the receive buffer, or a send's length was invalid.
+    LocLenErr = 1,
+    /// An internal QP consistency error was detected while processing the WR.
+    LocQpOpErr = 2,
+    /// (RD only, never produced.) Local EE context operation error.
+    LocEecOpErr = 3,
+    /// A local buffer's lkey, PD, bounds or rights did not allow the access.
+    LocProtErr = 4,
+    /// The QP was in the error state: the WR was flushed without being executed.
+    WrFlushErr = 5,
+    /// A memory window bind failed.
+    MwBindErr = 6,
+    /// The responder answered with an unexpected opcode or length.
+    BadRespErr = 7,
+    /// A protection error on a local buffer written by an incoming message.
+    LocAccessErr = 8,
+    /// The responder reported an invalid request (NAK Invalid Request).
+    RemInvReqErr = 9,
+    /// The responder reported a remote access error (NAK Remote Access Error: rkey, PD,
+    /// bounds or rights).
+    RemAccessErr = 10,
+    /// The responder could not complete the operation (NAK Remote Operational Error).
+    RemOpErr = 11,
+    /// The transport retry counter was exceeded (local ACK timeouts or sequence NAKs).
+    RetryExcErr = 12,
+    /// The RNR retry counter was exceeded (the responder never had a receive posted).
+    RnrRetryExcErr = 13,
+    /// (RD only, never produced.) Local RDD violation.
+    LocRddViolErr = 14,
+    /// The responder reported an invalid RD request (NAK Invalid RD Request).
+    RemInvRdReqErr = 15,
+    /// The remote side aborted the operation.
+    RemAbortErr = 16,
+    /// (RD only, never produced.) Invalid EE context number.
+    InvEecnErr = 17,
+    /// (RD only, never produced.) Invalid EE context state.
+    InvEecStateErr = 18,
+    /// A fatal device error.
+    FatalErr = 19,
+    /// The response timed out.
+    RespTimeoutErr = 20,
+    /// Any other error.
+    GeneralErr = 21,
+}
+
+impl WcStatus {
+    /// The `ibv_wc_status` number.
+    pub const fn to_ibv(self) -> u32 {
+        self as u32
+    }
+
+    /// What `ibv_wc_status_str` prints for it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            WcStatus::Success => "success",
+            WcStatus::LocLenErr => "local length error",
+            WcStatus::LocQpOpErr => "local QP operation error",
+            WcStatus::LocEecOpErr => "local EE context operation error",
+            WcStatus::LocProtErr => "local protection error",
+            WcStatus::WrFlushErr => "Work Request Flushed Error",
+            WcStatus::MwBindErr => "memory management operation error",
+            WcStatus::BadRespErr => "bad response error",
+            WcStatus::LocAccessErr => "local access error",
+            WcStatus::RemInvReqErr => "remote invalid request error",
+            WcStatus::RemAccessErr => "remote access error",
+            WcStatus::RemOpErr => "remote operation error",
+            WcStatus::RetryExcErr => "transport retry counter exceeded",
+            WcStatus::RnrRetryExcErr => "RNR retry counter exceeded",
+            WcStatus::LocRddViolErr => "local RDD violation error",
+            WcStatus::RemInvRdReqErr => "remote invalid RD request",
+            WcStatus::RemAbortErr => "operation aborted",
+            WcStatus::InvEecnErr => "invalid EE context number",
+            WcStatus::InvEecStateErr => "invalid EE context state",
+            WcStatus::FatalErr => "fatal error",
+            WcStatus::RespTimeoutErr => "response timeout error",
+            WcStatus::GeneralErr => "general error",
+        }
+    }
+}
+
+impl core::fmt::Display for WcStatus {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a completion is for, with the numeric values of `enum ibv_wc_opcode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+#[repr(u32)]
+pub enum WcOpcode {
+    /// A SEND (with or without immediate / invalidate) completed at the requester.
+    Send = 0,
+    /// An RDMA WRITE (with or without immediate) completed at the requester.
+    RdmaWrite = 1,
+    /// An RDMA READ completed at the requester.
+    RdmaRead = 2,
+    /// An ATOMIC compare-and-swap completed at the requester.
+    CompSwap = 3,
+    /// An ATOMIC fetch-and-add completed at the requester.
+    FetchAdd = 4,
+    /// A memory window bind completed.
+    BindMw = 5,
+    /// A local invalidate completed.
+    LocalInv = 6,
+    /// A receive WQE was consumed by a SEND.
+    Recv = 128,
+    /// A receive WQE was consumed by an RDMA WRITE with immediate.
+    RecvRdmaWithImm = 129,
+}
+
+impl WcOpcode {
+    /// The `ibv_wc_opcode` number.
+    pub const fn to_ibv(self) -> u32 {
+        self as u32
+    }
+}
+
+bitflags! {
+    /// `ibv_wc_flags`: what else a completion carries.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct WcFlags: u32 {
+        /// The receive buffer starts with a 40-byte GRH (UD).
+        const GRH = 1 << 0;
+        /// `imm_data` is valid.
+        const WITH_IMM = 1 << 1;
+        /// The checksum of an IP packet was verified (raw packet QPs; never set here).
+        const IP_CSUM_OK = 1 << 2;
+        /// `invalidated_rkey` is valid.
+        const WITH_INV = 1 << 3;
+    }
+}
+
+/// One completion, as `ibv_poll_cq` returns it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WorkCompletion {
+    /// The `wr_id` of the work request.
+    pub wr_id: u64,
+    /// How it ended.
+    pub status: WcStatus,
+    /// What it was (for flushed or failed WRs: the WR's own kind, which verbs leaves undefined).
+    pub opcode: WcOpcode,
+    /// A vendor-specific detail for errors (here: 0).
+    pub vendor_err: u32,
+    /// Bytes transferred: received for receives, read for RDMA READ, 8 for atomics.
+    pub byte_len: u32,
+    /// Immediate data in host order, valid when `wc_flags` has `WITH_IMM`.
+    pub imm_data: u32,
+    /// The rkey a SEND with invalidate named, valid when `wc_flags` has `WITH_INV`.
+    pub invalidated_rkey: u32,
+    /// The local QP number.
+    pub qp_num: u32,
+    /// The remote QP number (receives).
+    pub src_qp: u32,
+    /// What else is valid.
+    pub wc_flags: WcFlags,
+    /// P_Key index of the packet (receives; always 0 here).
+    pub pkey_index: u16,
+}
+
+impl WorkCompletion {
+    /// A completion with only the identity, status and opcode set.
+    pub(crate) fn new(wr_id: u64, status: WcStatus, opcode: WcOpcode, qp_num: u32) -> Self {
+        WorkCompletion {
+            wr_id,
+            status,
+            opcode,
+            vendor_err: 0,
+            byte_len: 0,
+            imm_data: 0,
+            invalidated_rkey: 0,
+            qp_num,
+            src_qp: 0,
+            wc_flags: WcFlags::empty(),
+            pkey_index: 0,
+        }
+    }
+}
+
+/// A completion queue: a bounded ring of completions.
+#[derive(Debug)]
+pub(crate) struct Cq {
+    pub(crate) depth: usize,
+    pub(crate) entries: VecDeque<WorkCompletion>,
+    /// Set once a completion found the ring full; the CQ is then unusable (IBA 11.4.2.1:
+    /// CQ overrun is an error, the affected QPs go to the error state).
+    pub(crate) overflowed: bool,
+    /// How many QP work queues feed this CQ (a CQ in use cannot be destroyed).
+    pub(crate) users: u32,
+}
+
+/// What pushing a completion did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Push {
+    /// Stored.
+    Ok,
+    /// The ring was full (or already overflowed): the completion is lost, the CQ is in error.
+    Overflow {
+        /// True only for the push that first overflowed the CQ.
+        first: bool,
+    },
+}
+
+impl Cq {
+    pub(crate) fn new(depth: usize) -> Cq {
+        Cq {
+            depth,
+            entries: VecDeque::with_capacity(depth.min(4096)),
+            overflowed: false,
+            users: 0,
+        }
+    }
+
+    pub(crate) fn push(&mut self, wc: WorkCompletion) -> Push {
+        if self.overflowed {
+            return Push::Overflow { first: false };
+        }
+        if self.entries.len() >= self.depth {
+            self.overflowed = true;
+            return Push::Overflow { first: true };
+        }
+        self.entries.push_back(wc);
+        Push::Ok
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ibv_numbers() {
+        assert_eq!(WcStatus::WrFlushErr.to_ibv(), 5);
+        assert_eq!(WcStatus::RnrRetryExcErr.to_ibv(), 13);
+        assert_eq!(WcStatus::RemInvRdReqErr.to_ibv(), 15);
+        assert_eq!(WcOpcode::RecvRdmaWithImm.to_ibv(), 129);
+        assert_eq!(WcFlags::WITH_INV.bits(), 8);
+    }
+
+    #[test]
+    fn overflow_is_sticky() {
+        let mut cq = Cq::new(1);
+        let wc = WorkCompletion::new(1, WcStatus::Success, WcOpcode::Send, 5);
+        assert_eq!(cq.push(wc), Push::Ok);
+        assert_eq!(cq.push(wc), Push::Overflow { first: true });
+        cq.entries.clear();
+        assert_eq!(cq.push(wc), Push::Overflow { first: false });
+    }
+}

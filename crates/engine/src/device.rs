@@ -1,0 +1,254 @@
+//! The device and its one port: attributes as `ibv_query_device` / `ibv_query_port` report
+//! them, the RoCEv2 GID table, and the engine's configuration.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use wire::Mtu;
+
+/// A 128-bit global identifier. For RoCEv2 it is the IP address of the port: the address
+/// itself for IPv6, the IPv4-mapped IPv6 address `::ffff:a.b.c.d` for IPv4.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Gid(pub [u8; 16]);
+
+impl Gid {
+    /// The RoCEv2 GID of an IP address.
+    pub fn from_ip(ip: IpAddr) -> Gid {
+        match ip {
+            IpAddr::V4(v4) => Gid(v4.to_ipv6_mapped().octets()),
+            IpAddr::V6(v6) => Gid(v6.octets()),
+        }
+    }
+
+    /// The IP address packets to this GID go to: IPv4 for an IPv4-mapped GID.
+    pub fn to_ip(self) -> IpAddr {
+        let v6 = Ipv6Addr::from(self.0);
+        match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(v6),
+        }
+    }
+
+    /// The all-zero GID (an unused table entry).
+    pub const ZERO: Gid = Gid([0; 16]);
+}
+
+impl From<IpAddr> for Gid {
+    fn from(ip: IpAddr) -> Gid {
+        Gid::from_ip(ip)
+    }
+}
+
+impl From<Ipv4Addr> for Gid {
+    fn from(ip: Ipv4Addr) -> Gid {
+        Gid::from_ip(IpAddr::V4(ip))
+    }
+}
+
+impl core::fmt::Display for Gid {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        // The colon-grouped form `ibv_devinfo -v` prints.
+        for (i, pair) in self.0.chunks(2).enumerate() {
+            if i > 0 {
+                f.write_str(":")?;
+            }
+            write!(f, "{:02x}{:02x}", pair[0], pair[1])?;
+        }
+        Ok(())
+    }
+}
+
+/// `ibv_atomic_cap`: the atomicity guarantee of ATOMIC operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AtomicCap {
+    /// No atomics.
+    None,
+    /// Atomic with respect to other atomics through this device (`IBV_ATOMIC_HCA`).
+    Hca,
+    /// Atomic with respect to the CPU too (`IBV_ATOMIC_GLOB`).
+    Glob,
+}
+
+/// Device attributes (`ibv_device_attr` plus the inline limit of `ibv_device_attr_ex`).
+/// The defaults follow Linux rxe where it has a value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeviceAttr {
+    /// Firmware version string.
+    pub fw_ver: String,
+    /// Node GUID.
+    pub node_guid: u64,
+    /// System image GUID.
+    pub sys_image_guid: u64,
+    /// Largest memory region in bytes.
+    pub max_mr_size: u64,
+    /// Page sizes supported (bit n = 2^n bytes).
+    pub page_size_cap: u64,
+    /// IEEE vendor id.
+    pub vendor_id: u32,
+    /// Vendor part id.
+    pub vendor_part_id: u32,
+    /// Hardware version.
+    pub hw_ver: u32,
+    /// Most QPs.
+    pub max_qp: u32,
+    /// Most outstanding WRs on one work queue.
+    pub max_qp_wr: u32,
+    /// Most SGEs in one send or receive WR.
+    pub max_sge: u32,
+    /// Most SGEs in one RDMA READ WR.
+    pub max_sge_rd: u32,
+    /// Most CQs.
+    pub max_cq: u32,
+    /// Most entries in one CQ.
+    pub max_cqe: u32,
+    /// Most MRs.
+    pub max_mr: u32,
+    /// Most PDs.
+    pub max_pd: u32,
+    /// Most RDMA READ / ATOMIC a QP can serve as responder (max_dest_rd_atomic limit).
+    pub max_qp_rd_atom: u32,
+    /// Most RDMA READ / ATOMIC a QP can have outstanding as requester (max_rd_atomic limit).
+    pub max_qp_init_rd_atom: u32,
+    /// Total responder resources of the device.
+    pub max_res_rd_atom: u32,
+    /// Largest inline send in bytes.
+    pub max_inline_data: u32,
+    /// Atomic capability.
+    pub atomic_cap: AtomicCap,
+    /// Most SRQs.
+    pub max_srq: u32,
+    /// Most WRs in one SRQ.
+    pub max_srq_wr: u32,
+    /// Most SGEs in one SRQ WR.
+    pub max_srq_sge: u32,
+    /// Most memory windows.
+    pub max_mw: u32,
+    /// Most address handles.
+    pub max_ah: u32,
+    /// P_Key table length.
+    pub max_pkeys: u16,
+    /// Number of physical ports.
+    pub phys_port_cnt: u8,
+}
+
+impl Default for DeviceAttr {
+    fn default() -> Self {
+        DeviceAttr {
+            fw_ver: "0.1.0".to_string(),
+            node_guid: 0,
+            sys_image_guid: 0,
+            max_mr_size: u64::MAX,
+            page_size_cap: 0xffff_f000,
+            // rxe reports 0xffffff ("no vendor"); a soft device has no IEEE OUI either.
+            vendor_id: 0x00ff_ffff,
+            vendor_part_id: 0,
+            hw_ver: 0,
+            max_qp: 0x1_0000,
+            max_qp_wr: 0x4000,
+            max_sge: 32,
+            max_sge_rd: 32,
+            max_cq: 0x4000,
+            max_cqe: (1 << 15) - 1,
+            max_mr: 0x4_0000,
+            max_pd: 0x7ffc,
+            max_qp_rd_atom: 128,
+            max_qp_init_rd_atom: 128,
+            max_res_rd_atom: 0x3f000,
+            max_inline_data: 400,
+            atomic_cap: AtomicCap::Hca,
+            max_srq: 0x4000,
+            max_srq_wr: 0x4000,
+            max_srq_sge: 27,
+            max_mw: 0x4_0000,
+            max_ah: 0x4000,
+            max_pkeys: 1,
+            phys_port_cnt: 1,
+        }
+    }
+}
+
+/// `ibv_port_state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PortState {
+    /// Link down.
+    Down,
+    /// Up and usable (the only state a soft port is in).
+    Active,
+}
+
+/// The link layer of the port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LinkLayer {
+    /// RoCE: InfiniBand transport over Ethernet / IP.
+    Ethernet,
+}
+
+/// Port attributes (`ibv_port_attr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PortAttr {
+    /// Logical port state.
+    pub state: PortState,
+    /// Largest MTU the port supports.
+    pub max_mtu: Mtu,
+    /// MTU in use (paths may use less).
+    pub active_mtu: Mtu,
+    /// GID table length.
+    pub gid_tbl_len: u32,
+    /// P_Key table length.
+    pub pkey_tbl_len: u16,
+    /// Largest message in bytes.
+    pub max_msg_sz: u32,
+    /// Link layer.
+    pub link_layer: LinkLayer,
+}
+
+/// How to build an [`crate::Engine`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct EngineConfig {
+    /// The port's IP addresses, in GID-table order (index 0 first).
+    pub addresses: Vec<IpAddr>,
+    /// Attributes reported (and enforced) by the device.
+    pub device: DeviceAttr,
+    /// The port MTU (largest path MTU a QP may use; the active MTU reported).
+    pub mtu: Mtu,
+    /// Seed of the generator that picks key tags: random in production, fixed in the sim.
+    pub rng_seed: u64,
+    /// The requester sets AckReq at least every this many packets of a long message
+    /// (besides the last packet of every message), so the responder ACKs progress.
+    pub ack_req_every: u32,
+    /// The requester never has more than this many PSNs outstanding (unacknowledged).
+    pub max_unacked_psns: u32,
+}
+
+impl EngineConfig {
+    /// A configuration with the given port addresses and RNG seed, defaults elsewhere.
+    pub fn new(addresses: Vec<IpAddr>, rng_seed: u64) -> EngineConfig {
+        EngineConfig {
+            addresses,
+            device: DeviceAttr::default(),
+            mtu: Mtu::Mtu4096,
+            rng_seed,
+            ack_req_every: 32,
+            max_unacked_psns: 512,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rocev2_gids() {
+        let v4: IpAddr = "10.0.0.1".parse().unwrap();
+        let g = Gid::from_ip(v4);
+        assert_eq!(&g.0[..12], &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]);
+        assert_eq!(&g.0[12..], &[10, 0, 0, 1]);
+        assert_eq!(g.to_ip(), v4);
+        let v6: IpAddr = "fe80::1".parse().unwrap();
+        assert_eq!(Gid::from_ip(v6).to_ip(), v6);
+        assert_eq!(g.to_string(), "0000:0000:0000:0000:0000:ffff:0a00:0001");
+    }
+}

@@ -1,0 +1,746 @@
+//! The soft HCA of softrdma, sans-IO.
+//!
+//! This crate is what a hardware vendor puts in silicon: the verbs objects (protection
+//! domains, memory regions, completion queues, queue pairs), the IBA QP state machine and the
+//! RoCEv2 RC transport, split the way a NIC splits it:
+//!
+//! - [`recv`](crate::recv): ingress checks (ICRC, address, QP, state, opcode, P_Key) and dispatch;
+//! - `req`: the requester, turning send WQEs into packets (segmentation by path MTU, PSNs,
+//!   AckReq, window and `max_rd_atomic` limits, fences, go-back-N retransmission);
+//! - `comp`: the completer, turning ACKs, NAKs, READ responses and ATOMIC ACKs into ordered
+//!   completions, running the local ACK and RNR timers, and flushing on error;
+//! - `resp`: the responder, executing requests against memory (PSN checks, duplicates,
+//!   READ/ATOMIC replay from the responder resources, key checks, RNR, ACK coalescing);
+//! - `counters`: a counter for every drop and error reason, per QP and per device.
+//!
+//! # Driving it
+//!
+//! The engine does no I/O, reads no clock and starts no thread. Its host (the `sim` in tests,
+//! the runtime in production) calls:
+//!
+//! - [`Engine::handle_datagram`] with every received packet (a whole IP packet: IPv4 or IPv6
+//!   header, UDP to port 4791, BTH, ..., ICRC);
+//! - [`Engine::poll_transmit`] until it returns `None`, sending each packet to
+//!   [`Transmit::dst`] (the packet carries IPv4 ID 0 and DF, as an unconnected UDP socket with
+//!   `IP_PMTUDISC_DO` sends it, so the ICRC the receiver checks is the one computed here);
+//! - [`Engine::handle_timeout`] when the time [`Engine::poll_timeout`] returned has come;
+//! - the verbs ([`Engine::alloc_pd`], [`Engine::reg_mr`], [`Engine::create_cq`],
+//!   [`Engine::create_qp`], [`Engine::modify_qp`], [`Engine::post_send`],
+//!   [`Engine::post_recv`], [`Engine::poll_cq`], ...).
+//!
+//! Registered memory is reached through the [`Memory`] trait, after the engine has checked
+//! keys, protection domains, bounds and access rights. Message data is never gathered into a
+//! buffer: each packet's payload is read from memory straight into the transmit buffer, and
+//! each received payload is written straight to memory.
+//!
+//! After `poll_transmit` or `handle_datagram`, the caller should look at `poll_timeout` again
+//! (a send may arm a timer) and poll the CQs it cares about.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod counters;
+pub mod cq;
+pub mod device;
+pub mod error;
+pub mod memory;
+pub mod mr;
+pub mod pd;
+pub mod qp;
+pub mod qp_attr;
+pub mod time;
+pub mod wr;
+
+mod comp;
+mod recv;
+mod req;
+mod resp;
+mod rng;
+mod table;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::IpAddr;
+
+use wire::{Psn, Qpn};
+
+pub use counters::{Counter, Counters};
+pub use cq::{CqHandle, WcFlags, WcOpcode, WcStatus, WorkCompletion};
+pub use device::{AtomicCap, DeviceAttr, EngineConfig, Gid, LinkLayer, PortAttr, PortState};
+pub use error::VerbsError;
+pub use memory::{MemOwner, Memory, MemoryError};
+pub use mr::{MrHandle, MrKeys};
+pub use pd::PdHandle;
+pub use qp::QpInitAttr;
+pub use qp_attr::{
+    AccessFlags, AhAttr, ModifyError, PathMtu, QpAttr, QpAttrMask, QpCap, QpState, QpType,
+};
+pub use time::Instant;
+pub use wr::{RecvWr, SendFlags, SendOp, SendPayload, SendWr, Sge};
+
+use cq::{Cq, Push};
+use mr::{Mr, MrTable};
+use pd::Pd;
+use qp::{Path, Qp, ReqState, RespState};
+use rng::Rng;
+use table::Table;
+
+/// A packet `poll_transmit` wrote: `buf[..len]` is a whole IP packet for `dst`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    /// Bytes written at the start of the buffer.
+    pub len: usize,
+    /// Where to send it (the IP destination of the packet).
+    pub dst: IpAddr,
+}
+
+/// An asynchronous event (`ibv_async_event`), read with [`Engine::get_async_event`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AsyncEvent {
+    /// A CQ overflowed (`IBV_EVENT_CQ_ERR`); the QPs feeding it were moved to ERR.
+    CqErr {
+        /// The CQ.
+        cq: CqHandle,
+    },
+    /// A QP hit an error it cannot report through a completion (`IBV_EVENT_QP_FATAL`), e.g.
+    /// its CQ overflowed; it is in ERR.
+    QpFatal {
+        /// The QP number.
+        qpn: u32,
+    },
+}
+
+/// First QPN handed out: QP0 and QP1 are the special QPs of IBA 10.2.5 (SMI, GSI).
+const FIRST_QPN: u32 = 0x11;
+
+/// What the transport functions share while one call runs (split borrows of the engine).
+pub(crate) struct Ctx<'a> {
+    pub(crate) now: Instant,
+    pub(crate) mem: &'a mut dyn Memory,
+    pub(crate) mrs: &'a MrTable,
+    pub(crate) cqs: &'a mut Table<Cq>,
+    pub(crate) counters: &'a mut Counters,
+    pub(crate) events: &'a mut VecDeque<AsyncEvent>,
+    /// CQs that overflowed during this call: their QPs go to ERR afterwards.
+    pub(crate) overflowed: &'a mut Vec<CqHandle>,
+    pub(crate) ack_req_every: u32,
+    pub(crate) max_unacked: u32,
+}
+
+impl Ctx<'_> {
+    /// Count an event against the QP and the device.
+    pub(crate) fn count(&mut self, qp: &mut Qp, c: Counter) {
+        qp.counters.inc(c);
+        self.counters.inc(c);
+    }
+
+    /// Count `n` against the QP and the device.
+    pub(crate) fn count_n(&mut self, qp: &mut Qp, c: Counter, n: u64) {
+        qp.counters.add(c, n);
+        self.counters.add(c, n);
+    }
+
+    /// Store a completion; an overflow errors the CQ (IBA 11.4.2.1) once.
+    pub(crate) fn push_cqe(&mut self, qp: &mut Qp, cq: CqHandle, wc: WorkCompletion) {
+        let Some(c) = self.cqs.get_mut(cq.0) else {
+            return;
+        };
+        if let Push::Overflow { first } = c.push(wc) {
+            self.count(qp, Counter::CqOverflow);
+            if first {
+                self.events.push_back(AsyncEvent::CqErr { cq });
+                self.overflowed.push(cq);
+            }
+        }
+    }
+}
+
+/// One soft HCA with one RoCEv2 port.
+pub struct Engine {
+    config: EngineConfig,
+    gids: Vec<Gid>,
+    mem: Box<dyn Memory>,
+    rng: Rng,
+    pds: Table<Pd>,
+    mrs: MrTable,
+    cqs: Table<Cq>,
+    qps: BTreeMap<u32, Qp>,
+    next_qpn: u32,
+    counters: Counters,
+    events: VecDeque<AsyncEvent>,
+    /// The QP `poll_transmit` served last (round robin among QPs).
+    tx_last: u32,
+}
+
+impl core::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Engine")
+            .field("gids", &self.gids)
+            .field("qps", &self.qps.len())
+            .field("mrs", &self.mrs.len())
+            .finish_non_exhaustive()
+    }
+}
+
+macro_rules! ctx {
+    ($self:ident, $now:expr, $overflowed:ident) => {
+        Ctx {
+            now: $now,
+            mem: &mut *$self.mem,
+            mrs: &$self.mrs,
+            cqs: &mut $self.cqs,
+            counters: &mut $self.counters,
+            events: &mut $self.events,
+            overflowed: &mut $overflowed,
+            ack_req_every: $self.config.ack_req_every.max(1),
+            max_unacked: $self.config.max_unacked_psns.clamp(1, 1 << 22),
+        }
+    };
+}
+
+impl Engine {
+    /// A device with the port addresses, limits and RNG seed of `config`, reaching registered
+    /// memory through `memory`.
+    pub fn new(config: EngineConfig, memory: Box<dyn Memory>) -> Engine {
+        let gids = config
+            .addresses
+            .iter()
+            .map(|&ip| Gid::from_ip(ip))
+            .collect();
+        let rng = Rng::new(config.rng_seed);
+        Engine {
+            config,
+            gids,
+            mem: memory,
+            rng,
+            pds: Table::default(),
+            mrs: MrTable::default(),
+            cqs: Table::default(),
+            qps: BTreeMap::new(),
+            next_qpn: FIRST_QPN,
+            counters: Counters::default(),
+            events: VecDeque::new(),
+            tx_last: 0,
+        }
+    }
+
+    // ----- driving calls -----
+
+    /// Process one received packet (a whole IP packet). Bad packets are counted and dropped.
+    pub fn handle_datagram(&mut self, now: Instant, packet: &[u8]) {
+        let mut overflowed = Vec::new();
+        {
+            let mut ctx = ctx!(self, now, overflowed);
+            recv::handle(&mut ctx, &self.gids, &mut self.qps, packet);
+        }
+        self.error_overflowed(overflowed);
+    }
+
+    /// Run the timers that are due at `now` (local ACK timeout, RNR wait).
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let mut overflowed = Vec::new();
+        {
+            let mut ctx = ctx!(self, now, overflowed);
+            for qp in self.qps.values_mut() {
+                comp::handle_timers(qp, &mut ctx);
+            }
+        }
+        self.error_overflowed(overflowed);
+    }
+
+    /// Write the next packet to send into `buf` (responses first, then requests; QPs take turns).
+    /// Returns `None` when nothing is ready, or when `buf` is too small for the next packet
+    /// (a buffer of path MTU + 128 bytes always suffices).
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        let mut overflowed = Vec::new();
+        let mut result = None;
+        {
+            let mut ctx = ctx!(self, now, overflowed);
+            let start = self.tx_last;
+            // Round robin: the QPs after the one served last, then the rest.
+            let mut found = None;
+            for (&qpn, qp) in self.qps.range_mut(start.saturating_add(1)..) {
+                if let Some(t) = transmit_one(qp, &mut ctx, buf) {
+                    found = Some((qpn, t));
+                    break;
+                }
+            }
+            if found.is_none() {
+                for (&qpn, qp) in self.qps.range_mut(..=start) {
+                    if let Some(t) = transmit_one(qp, &mut ctx, buf) {
+                        found = Some((qpn, t));
+                        break;
+                    }
+                }
+            }
+            if let Some((qpn, t)) = found {
+                self.tx_last = qpn;
+                ctx.counters.inc(Counter::TxPackets);
+                ctx.counters.add(Counter::TxBytes, t.len as u64);
+                result = Some(t);
+            }
+        }
+        self.error_overflowed(overflowed);
+        result
+    }
+
+    /// The earliest time `handle_timeout` has something to do, if any.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.qps.values().filter_map(comp::next_timeout).min()
+    }
+
+    /// Move every QP that feeds an overflowed CQ to ERR (IBA 11.4.2.1: CQ overrun is an
+    /// affiliated asynchronous error of the QPs using it).
+    fn error_overflowed(&mut self, mut overflowed: Vec<CqHandle>) {
+        while !overflowed.is_empty() {
+            let cqs = std::mem::take(&mut overflowed);
+            let now = Instant::default();
+            let mut ctx = ctx!(self, now, overflowed);
+            for qp in self.qps.values_mut() {
+                if (cqs.contains(&qp.send_cq) || cqs.contains(&qp.recv_cq))
+                    && qp.state() != QpState::Err
+                {
+                    ctx.events.push_back(AsyncEvent::QpFatal { qpn: qp.qpn });
+                    comp::enter_error(qp, &mut ctx);
+                }
+            }
+        }
+    }
+
+    // ----- device, port, GIDs -----
+
+    /// `ibv_query_device`.
+    pub fn query_device(&self) -> DeviceAttr {
+        self.config.device.clone()
+    }
+
+    /// `ibv_query_port` (the device has port 1 only).
+    pub fn query_port(&self, port: u8) -> Result<PortAttr, VerbsError> {
+        if port != 1 {
+            return Err(VerbsError::InvalidPort(port));
+        }
+        Ok(PortAttr {
+            state: PortState::Active,
+            max_mtu: self.config.mtu,
+            active_mtu: self.config.mtu,
+            gid_tbl_len: self.gids.len() as u32,
+            pkey_tbl_len: 1,
+            max_msg_sz: MAX_MSG_SIZE,
+            link_layer: LinkLayer::Ethernet,
+        })
+    }
+
+    /// `ibv_query_gid`: the RoCEv2 GID at `index` of port 1.
+    pub fn query_gid(&self, port: u8, index: u32) -> Result<Gid, VerbsError> {
+        if port != 1 {
+            return Err(VerbsError::InvalidPort(port));
+        }
+        self.gids
+            .get(index as usize)
+            .copied()
+            .ok_or(VerbsError::InvalidGidIndex(index))
+    }
+
+    /// Device-wide counters.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Counters of one QP.
+    pub fn qp_counters(&self, qpn: u32) -> Result<&Counters, VerbsError> {
+        self.qps
+            .get(&qpn)
+            .map(|q| &q.counters)
+            .ok_or(VerbsError::InvalidQp)
+    }
+
+    /// The next asynchronous event, if any (`ibv_get_async_event`; no ack is needed).
+    pub fn get_async_event(&mut self) -> Option<AsyncEvent> {
+        self.events.pop_front()
+    }
+
+    /// The memory the engine accesses (for the host: it is the host's own object).
+    pub fn memory_mut(&mut self) -> &mut dyn Memory {
+        &mut *self.mem
+    }
+
+    // ----- PD -----
+
+    /// `ibv_alloc_pd`.
+    pub fn alloc_pd(&mut self) -> Result<PdHandle, VerbsError> {
+        if self.pds.len() >= self.config.device.max_pd as usize {
+            return Err(VerbsError::TooMany("protection domains"));
+        }
+        Ok(PdHandle(self.pds.insert(Pd::default())))
+    }
+
+    /// `ibv_dealloc_pd`: fails with `Busy` while MRs or QPs use it.
+    pub fn dealloc_pd(&mut self, pd: PdHandle) -> Result<(), VerbsError> {
+        let p = self.pds.get(pd.0).ok_or(VerbsError::InvalidPd)?;
+        if p.users > 0 {
+            return Err(VerbsError::Busy("protection domain in use"));
+        }
+        self.pds.remove(pd.0);
+        Ok(())
+    }
+
+    // ----- MR -----
+
+    /// `ibv_reg_mr`: register `length` bytes at `addr` of `owner`'s memory. Remote write or
+    /// atomic access requires local write (IBA 10.6.3.1).
+    pub fn reg_mr(
+        &mut self,
+        pd: PdHandle,
+        owner: MemOwner,
+        addr: u64,
+        length: u64,
+        access: AccessFlags,
+    ) -> Result<MrKeys, VerbsError> {
+        if self.pds.get(pd.0).is_none() {
+            return Err(VerbsError::InvalidPd);
+        }
+        if !access.is_valid_for_mr() {
+            return Err(VerbsError::InvalidAccess);
+        }
+        if length > self.config.device.max_mr_size || addr.checked_add(length).is_none() {
+            return Err(VerbsError::InvalidLength);
+        }
+        if self.mrs.len() >= self.config.device.max_mr as usize {
+            return Err(VerbsError::TooMany("memory regions"));
+        }
+        let mr = Mr {
+            pd,
+            owner,
+            addr,
+            length,
+            access,
+            lkey: 0,
+            rkey: 0,
+        };
+        let keys = self
+            .mrs
+            .insert(&mut self.rng, mr)
+            .ok_or(VerbsError::TooMany("memory regions"))?;
+        if let Some(p) = self.pds.get_mut(pd.0) {
+            p.users += 1;
+        }
+        Ok(keys)
+    }
+
+    /// `ibv_dereg_mr`. Later accesses through its keys fail the key check.
+    pub fn dereg_mr(&mut self, mr: MrHandle) -> Result<(), VerbsError> {
+        let m = self.mrs.remove(mr).ok_or(VerbsError::InvalidMr)?;
+        if let Some(p) = self.pds.get_mut(m.pd.0) {
+            p.users = p.users.saturating_sub(1);
+        }
+        Ok(())
+    }
+
+    /// The keys of a registered MR.
+    pub fn query_mr(&self, mr: MrHandle) -> Result<MrKeys, VerbsError> {
+        let m = self.mrs.get(mr).ok_or(VerbsError::InvalidMr)?;
+        Ok(MrKeys {
+            handle: mr,
+            lkey: m.lkey,
+            rkey: m.rkey,
+        })
+    }
+
+    // ----- CQ -----
+
+    /// `ibv_create_cq` with room for `cqe` completions.
+    pub fn create_cq(&mut self, cqe: u32) -> Result<CqHandle, VerbsError> {
+        let max = self.config.device.max_cqe;
+        if cqe == 0 || cqe > max {
+            return Err(VerbsError::CapExceeded {
+                what: "cqe",
+                requested: cqe,
+                max,
+            });
+        }
+        if self.cqs.len() >= self.config.device.max_cq as usize {
+            return Err(VerbsError::TooMany("completion queues"));
+        }
+        Ok(CqHandle(self.cqs.insert(Cq::new(cqe as usize))))
+    }
+
+    /// `ibv_destroy_cq`: fails with `Busy` while QPs use it.
+    pub fn destroy_cq(&mut self, cq: CqHandle) -> Result<(), VerbsError> {
+        let c = self.cqs.get(cq.0).ok_or(VerbsError::InvalidCq)?;
+        if c.users > 0 {
+            return Err(VerbsError::Busy("completion queue in use"));
+        }
+        self.cqs.remove(cq.0);
+        Ok(())
+    }
+
+    /// `ibv_poll_cq`: take up to `max` completions, oldest first.
+    pub fn poll_cq(&mut self, cq: CqHandle, max: usize) -> Result<Vec<WorkCompletion>, VerbsError> {
+        let c = self.cqs.get_mut(cq.0).ok_or(VerbsError::InvalidCq)?;
+        let n = max.min(c.entries.len());
+        Ok(c.entries.drain(..n).collect())
+    }
+
+    /// Completions waiting in a CQ.
+    pub fn cq_len(&self, cq: CqHandle) -> Result<usize, VerbsError> {
+        Ok(self
+            .cqs
+            .get(cq.0)
+            .ok_or(VerbsError::InvalidCq)?
+            .entries
+            .len())
+    }
+
+    // ----- QP -----
+
+    /// `ibv_create_qp`: a QP in RESET. Returns its QP number.
+    pub fn create_qp(&mut self, init: &QpInitAttr) -> Result<u32, VerbsError> {
+        if init.qp_type != QpType::Rc {
+            return Err(VerbsError::QpTypeNotSupported);
+        }
+        if self.pds.get(init.pd.0).is_none() {
+            return Err(VerbsError::InvalidPd);
+        }
+        if self.cqs.get(init.send_cq.0).is_none() || self.cqs.get(init.recv_cq.0).is_none() {
+            return Err(VerbsError::InvalidCq);
+        }
+        let d = &self.config.device;
+        let cap = init.cap;
+        for (what, requested, max) in [
+            ("max_send_wr", cap.max_send_wr, d.max_qp_wr),
+            ("max_recv_wr", cap.max_recv_wr, d.max_qp_wr),
+            ("max_send_sge", cap.max_send_sge, d.max_sge),
+            ("max_recv_sge", cap.max_recv_sge, d.max_sge),
+            ("max_inline_data", cap.max_inline_data, d.max_inline_data),
+        ] {
+            if requested > max {
+                return Err(VerbsError::CapExceeded {
+                    what,
+                    requested,
+                    max,
+                });
+            }
+        }
+        if self.qps.len() >= d.max_qp as usize {
+            return Err(VerbsError::TooMany("queue pairs"));
+        }
+        // QPNs are 24 bits; skip the special ones and any still in use.
+        let mut qpn = self.next_qpn;
+        while self.qps.contains_key(&qpn) || qpn < FIRST_QPN {
+            qpn = (qpn + 1) & 0xff_ffff;
+        }
+        self.next_qpn = (qpn + 1) & 0xff_ffff;
+        let attr = QpAttr {
+            cap,
+            ..QpAttr::default()
+        };
+        let qp = Qp {
+            qpn,
+            qp_type: init.qp_type,
+            pd: init.pd,
+            send_cq: init.send_cq,
+            recv_cq: init.recv_cq,
+            cap,
+            sq_sig_all: init.sq_sig_all,
+            attr,
+            path: None,
+            sq: VecDeque::new(),
+            rq: VecDeque::new(),
+            req: ReqState::default(),
+            resp: RespState::default(),
+            counters: Counters::default(),
+        };
+        self.qps.insert(qpn, qp);
+        if let Some(p) = self.pds.get_mut(init.pd.0) {
+            p.users += 1;
+        }
+        for cq in [init.send_cq, init.recv_cq] {
+            if let Some(c) = self.cqs.get_mut(cq.0) {
+                c.users += 1;
+            }
+        }
+        Ok(qpn)
+    }
+
+    /// `ibv_destroy_qp`. Its WRs vanish without completions, as in verbs.
+    pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError> {
+        let qp = self.qps.remove(&qpn).ok_or(VerbsError::InvalidQp)?;
+        if let Some(p) = self.pds.get_mut(qp.pd.0) {
+            p.users = p.users.saturating_sub(1);
+        }
+        for cq in [qp.send_cq, qp.recv_cq] {
+            if let Some(c) = self.cqs.get_mut(cq.0) {
+                c.users = c.users.saturating_sub(1);
+            }
+        }
+        Ok(())
+    }
+
+    /// `ibv_query_qp`: the attributes as last set (with the current state and capacities).
+    pub fn query_qp(&self, qpn: u32) -> Result<QpAttr, VerbsError> {
+        let qp = self.qps.get(&qpn).ok_or(VerbsError::InvalidQp)?;
+        let mut a = qp.attr;
+        a.cap = qp.cap;
+        a.cur_qp_state = a.qp_state;
+        Ok(a)
+    }
+
+    fn limits(&self) -> qp_attr::QpLimits {
+        let d = &self.config.device;
+        qp_attr::QpLimits {
+            max_rd_atomic: d.max_qp_init_rd_atom.min(255) as u8,
+            max_dest_rd_atomic: d.max_qp_rd_atom.min(255) as u8,
+            max_path_mtu: self.config.mtu,
+            port_count: 1,
+            pkey_table_len: 1,
+            gid_table_len: self.gids.len().clamp(1, 0xffff) as u16,
+            alt_path_supported: false,
+        }
+    }
+
+    /// `ibv_modify_qp`: check the transition and attributes against the IBA table
+    /// ([`qp_attr::check_modify`]), then apply them. Entering ERR flushes both queues.
+    pub fn modify_qp(
+        &mut self,
+        qpn: u32,
+        attr: &QpAttr,
+        mask: QpAttrMask,
+    ) -> Result<(), VerbsError> {
+        let limits = self.limits();
+        let qp = self.qps.get(&qpn).ok_or(VerbsError::InvalidQp)?;
+        let current = qp.state();
+        let next = qp_attr::check_modify(qp.qp_type, current, attr, mask, &limits)?;
+        qp_attr::check_sq_drained(current, next, qp.attr.sq_draining)?;
+        let mut merged = qp.attr;
+        merged.apply(attr, mask);
+        // The path is fixed when the QP becomes able to receive (RTR) or when AV changes.
+        let path =
+            if mask.contains(QpAttrMask::AV) || (next == QpState::Rtr && current != QpState::Rtr) {
+                Some(self.path_of(qpn, &merged)?)
+            } else {
+                None
+            };
+        let mut overflowed = Vec::new();
+        {
+            let mut ctx = ctx!(self, Instant::default(), overflowed);
+            let Some(qp) = self.qps.get_mut(&qpn) else {
+                return Err(VerbsError::InvalidQp);
+            };
+            qp.attr = merged;
+            qp.attr.qp_state = next;
+            qp.attr.cur_qp_state = next;
+            if let Some(p) = path {
+                qp.path = Some(p);
+            }
+            if mask.contains(QpAttrMask::RETRY_CNT) {
+                qp.req.retry_left = merged.retry_cnt;
+            }
+            if mask.contains(QpAttrMask::RNR_RETRY) {
+                qp.req.rnr_retry_left = merged.rnr_retry;
+            }
+            if next != current {
+                match next {
+                    QpState::Reset => {
+                        // IBA 10.3.1: RESET empties the work queues without completions.
+                        qp.sq.clear();
+                        qp.rq.clear();
+                        qp.req = ReqState::default();
+                        qp.resp = RespState::default();
+                        qp.path = None;
+                        qp.attr = QpAttr {
+                            cap: qp.cap,
+                            ..QpAttr::default()
+                        };
+                    }
+                    QpState::Rtr => {
+                        qp.resp = RespState {
+                            epsn: Psn::new(merged.rq_psn),
+                            ..RespState::default()
+                        };
+                    }
+                    QpState::Rts if current == QpState::Rtr => {
+                        let psn = Psn::new(merged.sq_psn);
+                        qp.req = ReqState {
+                            next_psn: psn,
+                            psn_hw: psn,
+                            una: psn,
+                            retry_left: merged.retry_cnt,
+                            rnr_retry_left: merged.rnr_retry,
+                            ..ReqState::default()
+                        };
+                    }
+                    QpState::Err => comp::enter_error(qp, &mut ctx),
+                    _ => {}
+                }
+            }
+            // The path MTU may change in RTR -> RTS and later: keep the path in step.
+            if let Some(p) = qp.path.as_mut() {
+                p.mtu = qp.attr.path_mtu.bytes().min(self.config.mtu.bytes()) as u32;
+                p.dest_qpn = qp.attr.dest_qp_num;
+            }
+        }
+        self.error_overflowed(overflowed);
+        Ok(())
+    }
+
+    fn path_of(&self, qpn: u32, a: &QpAttr) -> Result<Path, VerbsError> {
+        let sgid = self
+            .gids
+            .get(usize::from(a.ah_attr.sgid_index))
+            .ok_or(VerbsError::InvalidGidIndex(u32::from(a.ah_attr.sgid_index)))?;
+        let src_ip = sgid.to_ip();
+        let dst_ip = Gid(a.ah_attr.dgid).to_ip();
+        if src_ip.is_ipv4() != dst_ip.is_ipv4() {
+            // RoCEv2 cannot mix families: the GRH becomes one IP header.
+            return Err(VerbsError::InvalidGidIndex(u32::from(a.ah_attr.sgid_index)));
+        }
+        Ok(Path {
+            src_ip,
+            dst_ip,
+            dest_qpn: a.dest_qp_num,
+            mtu: a.path_mtu.bytes().min(self.config.mtu.bytes()) as u32,
+            hop_limit: a.ah_attr.hop_limit,
+            traffic_class: a.ah_attr.traffic_class,
+            flow_label: a.ah_attr.flow_label,
+            udp_src_port: wire::src_port_for_qpn(Qpn::new(qpn)),
+        })
+    }
+
+    /// `ibv_post_send` of one WR. Checks what verbs checks at post time (state, queue room,
+    /// SGE count, inline size); keys are checked when the WR executes, and their failures
+    /// come back as LOC_PROT_ERR / LOC_LEN_ERR completions.
+    pub fn post_send(&mut self, qpn: u32, wr: SendWr) -> Result<(), VerbsError> {
+        let mut overflowed = Vec::new();
+        let r = {
+            let mut ctx = ctx!(self, Instant::default(), overflowed);
+            let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::InvalidQp)?;
+            req::post(qp, &mut ctx, wr)
+        };
+        self.error_overflowed(overflowed);
+        r
+    }
+
+    /// `ibv_post_recv` of one WR.
+    pub fn post_recv(&mut self, qpn: u32, wr: RecvWr) -> Result<(), VerbsError> {
+        let mut overflowed = Vec::new();
+        let r = {
+            let mut ctx = ctx!(self, Instant::default(), overflowed);
+            let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::InvalidQp)?;
+            resp::post_recv(qp, &mut ctx, wr)
+        };
+        self.error_overflowed(overflowed);
+        r
+    }
+}
+
+/// Largest message (IBA: 2^31 bytes).
+pub const MAX_MSG_SIZE: u32 = 1 << 31;
+
+fn transmit_one(qp: &mut Qp, ctx: &mut Ctx<'_>, buf: &mut [u8]) -> Option<Transmit> {
+    if !qp.may_transmit() {
+        return None;
+    }
+    let dst = qp.path?.dst_ip;
+    let len = resp::transmit(qp, ctx, buf).or_else(|| req::transmit(qp, ctx, buf))?;
+    Some(Transmit { len, dst })
+}

@@ -1,0 +1,151 @@
+//! Memory regions and their keys: the checks a NIC makes before every "DMA".
+
+use crate::memory::MemOwner;
+use crate::pd::PdHandle;
+use crate::qp_attr::AccessFlags;
+use crate::rng::Rng;
+use crate::table::Table;
+
+/// Handle of a memory region within one [`crate::Engine`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MrHandle(pub u32);
+
+/// What `reg_mr` gives back: the handle and the two keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MrKeys {
+    /// Handle for `dereg_mr`.
+    pub handle: MrHandle,
+    /// Local key, for SGEs of this QP's work requests.
+    pub lkey: u32,
+    /// Remote key, for peers' RDMA and ATOMIC operations.
+    pub rkey: u32,
+}
+
+/// Low key bits that are random (the rest is the table index), so that a key cannot be
+/// guessed from another one (IBA 10.6.3.1 leaves the key format to the CA; rxe uses 8 bits).
+pub(crate) const KEY_TAG_BITS: u32 = 12;
+/// Most memory regions the key format can name.
+pub(crate) const MAX_KEY_INDEX: u32 = (1 << (32 - KEY_TAG_BITS)) - 1;
+
+#[derive(Debug)]
+pub(crate) struct Mr {
+    pub(crate) pd: PdHandle,
+    pub(crate) owner: MemOwner,
+    pub(crate) addr: u64,
+    pub(crate) length: u64,
+    pub(crate) access: AccessFlags,
+    pub(crate) lkey: u32,
+    pub(crate) rkey: u32,
+}
+
+/// Why a key check failed. Each maps to a different completion status or NAK.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeyError {
+    /// No MR has this key.
+    BadKey,
+    /// The MR belongs to another PD than the QP.
+    PdMismatch,
+    /// The range is not inside the MR.
+    OutOfBounds,
+    /// The MR does not grant the access.
+    NoAccess,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct MrTable {
+    table: Table<Mr>,
+}
+
+impl MrTable {
+    pub(crate) fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    pub(crate) fn insert(&mut self, rng: &mut Rng, mr: Mr) -> Option<MrKeys> {
+        let idx = self.table.insert(mr);
+        if idx > MAX_KEY_INDEX {
+            self.table.remove(idx);
+            return None;
+        }
+        let tag_mask = (1u32 << KEY_TAG_BITS) - 1;
+        let lkey = (idx << KEY_TAG_BITS) | (rng.next_u32() & tag_mask);
+        let rkey = (idx << KEY_TAG_BITS) | (rng.next_u32() & tag_mask);
+        if let Some(m) = self.table.get_mut(idx) {
+            m.lkey = lkey;
+            m.rkey = rkey;
+        }
+        Some(MrKeys {
+            handle: MrHandle(idx),
+            lkey,
+            rkey,
+        })
+    }
+
+    pub(crate) fn get(&self, h: MrHandle) -> Option<&Mr> {
+        self.table.get(h.0)
+    }
+
+    pub(crate) fn remove(&mut self, h: MrHandle) -> Option<Mr> {
+        self.table.remove(h.0)
+    }
+
+    fn by_key(&self, key: u32, remote: bool) -> Option<&Mr> {
+        let mr = self.table.get(key >> KEY_TAG_BITS)?;
+        let k = if remote { mr.rkey } else { mr.lkey };
+        (k == key).then_some(mr)
+    }
+
+    /// Check a local access through an lkey (IBA 10.6.3.2: key, PD, bounds, rights).
+    /// Local reads need no right; local writes need LOCAL_WRITE.
+    pub(crate) fn check_local(
+        &self,
+        lkey: u32,
+        pd: PdHandle,
+        addr: u64,
+        len: u64,
+        write: bool,
+    ) -> Result<MemOwner, KeyError> {
+        let mr = self.by_key(lkey, false).ok_or(KeyError::BadKey)?;
+        let need = if write {
+            AccessFlags::LOCAL_WRITE
+        } else {
+            AccessFlags::empty()
+        };
+        check(mr, pd, addr, len, need)
+    }
+
+    /// Check a remote access through an rkey (IBA 9.4 / 10.6: key, PD, bounds, rights;
+    /// the responder NAKs with Remote Access Error on any failure).
+    pub(crate) fn check_remote(
+        &self,
+        rkey: u32,
+        pd: PdHandle,
+        addr: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Result<MemOwner, KeyError> {
+        let mr = self.by_key(rkey, true).ok_or(KeyError::BadKey)?;
+        check(mr, pd, addr, len, need)
+    }
+}
+
+fn check(
+    mr: &Mr,
+    pd: PdHandle,
+    addr: u64,
+    len: u64,
+    need: AccessFlags,
+) -> Result<MemOwner, KeyError> {
+    if mr.pd != pd {
+        return Err(KeyError::PdMismatch);
+    }
+    if !mr.access.contains(need) {
+        return Err(KeyError::NoAccess);
+    }
+    let end = addr.checked_add(len).ok_or(KeyError::OutOfBounds)?;
+    let mr_end = mr.addr.saturating_add(mr.length);
+    if addr < mr.addr || end > mr_end {
+        return Err(KeyError::OutOfBounds);
+    }
+    Ok(mr.owner)
+}

@@ -1,0 +1,249 @@
+//! The queue pair object: its attributes, its two work queues, and the transport state each
+//! NIC function (`req`, `comp`, `resp`) keeps in it.
+
+use std::collections::VecDeque;
+use std::net::IpAddr;
+
+use wire::Psn;
+
+use crate::counters::Counters;
+use crate::cq::CqHandle;
+use crate::memory::MemOwner;
+use crate::pd::PdHandle;
+use crate::qp_attr::{QpAttr, QpCap, QpState, QpType};
+use crate::time::Instant;
+use crate::wr::{SendFlags, SendOp, SendPayload, Sge};
+use crate::WcStatus;
+
+/// What `create_qp` needs (`ibv_qp_init_attr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpInitAttr {
+    /// The protection domain of the QP.
+    pub pd: crate::PdHandle,
+    /// CQ for send completions.
+    pub send_cq: CqHandle,
+    /// CQ for receive completions.
+    pub recv_cq: CqHandle,
+    /// Queue sizes.
+    pub cap: QpCap,
+    /// Transport service.
+    pub qp_type: QpType,
+    /// Every send WR is signaled, whatever its flags say.
+    pub sq_sig_all: bool,
+}
+
+/// The path of a connected QP, fixed when it enters RTR (from `ah_attr`, `dest_qp_num`,
+/// `path_mtu`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Path {
+    pub(crate) src_ip: IpAddr,
+    pub(crate) dst_ip: IpAddr,
+    pub(crate) dest_qpn: u32,
+    pub(crate) mtu: u32,
+    pub(crate) hop_limit: u8,
+    pub(crate) traffic_class: u8,
+    pub(crate) flow_label: u32,
+    pub(crate) udp_src_port: u16,
+}
+
+/// A send WR once accepted, plus what the requester and completer track about it.
+#[derive(Debug)]
+pub(crate) struct SendWqe {
+    pub(crate) wr_id: u64,
+    pub(crate) op: SendOp,
+    pub(crate) payload: SendPayload,
+    pub(crate) flags: SendFlags,
+    pub(crate) signaled: bool,
+    /// Message length in bytes.
+    pub(crate) len: u64,
+    /// PSNs are assigned when the first packet is sent; retransmissions reuse them.
+    pub(crate) started: bool,
+    pub(crate) first_psn: Psn,
+    pub(crate) last_psn: Psn,
+    /// Packets (PSNs) of the message: READ responses count, the READ request does not.
+    pub(crate) npkts: u32,
+    /// A local error found when the WR was executed; it completes with it once it is oldest.
+    pub(crate) local_error: Option<WcStatus>,
+    /// Owners of the local SGEs, checked when the WR started (same order as the SGEs).
+    pub(crate) owners: Vec<MemOwner>,
+}
+
+impl SendWqe {
+    pub(crate) fn sges(&self) -> &[Sge] {
+        match &self.payload {
+            SendPayload::Sges(s) => s,
+            SendPayload::Inline(_) => &[],
+        }
+    }
+}
+
+/// A receive WR once accepted.
+#[derive(Debug)]
+pub(crate) struct RecvWqe {
+    pub(crate) wr_id: u64,
+    pub(crate) sges: Vec<Sge>,
+    pub(crate) len: u64,
+}
+
+/// Requester and completer state (IBA 9.7.4 / 9.7.5.1).
+#[derive(Debug, Default)]
+pub(crate) struct ReqState {
+    /// Index in the SQ of the WQE being (re)transmitted.
+    pub(crate) cur: usize,
+    /// Packet index within that WQE.
+    pub(crate) cur_pkt: u32,
+    /// PSN of the next packet to transmit.
+    pub(crate) next_psn: Psn,
+    /// One past the highest PSN ever assigned: anything at or after it was never sent.
+    pub(crate) psn_hw: Psn,
+    /// Oldest unacknowledged PSN.
+    pub(crate) una: Psn,
+    /// READ / ATOMIC WQEs sent and not yet completed.
+    pub(crate) rd_atomic_outstanding: u32,
+    /// Retries left before RETRY_EXC_ERR (reset on forward progress).
+    pub(crate) retry_left: u8,
+    /// RNR retries left before RNR_RETRY_EXC_ERR (7 = infinite).
+    pub(crate) rnr_retry_left: u8,
+    /// Local ACK timer deadline.
+    pub(crate) ack_deadline: Option<Instant>,
+    /// After an RNR NAK: resend from `rnr_psn` at this time.
+    pub(crate) rnr_until: Option<Instant>,
+    pub(crate) rnr_psn: Psn,
+    /// The PSN we last went back to without progress since: suppresses a second go-back for
+    /// the same loss (duplicated NAKs, further out-of-order responses).
+    pub(crate) last_rewind: Option<Psn>,
+    /// Packets since the last one with AckReq.
+    pub(crate) since_ack_req: u32,
+}
+
+/// A READ or ATOMIC the responder executed, kept to answer its duplicates (IBA 9.7.5.2.5 /
+/// 9.7.5.2.6: responder resources, `max_dest_rd_atomic` of them).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Resource {
+    Read { first_psn: Psn, last_psn: Psn },
+    Atomic { psn: Psn, orig: u64 },
+}
+
+/// One thing the responder has to send, in order.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RespOut {
+    /// ACK, NAK or RNR NAK.
+    Ack {
+        psn: Psn,
+        syndrome: wire::Syndrome,
+        msn: u32,
+    },
+    /// RDMA READ RESPONSE packets still to send for one request.
+    Read {
+        /// PSN of the first response of this request (FIRST/ONLY).
+        first_psn: Psn,
+        /// Next PSN to send.
+        psn: Psn,
+        owner: MemOwner,
+        rkey: u32,
+        /// Address of the first byte of the request.
+        va: u64,
+        /// Total bytes of the request.
+        len: u64,
+        /// Bytes already sent.
+        done: u64,
+        msn: u32,
+    },
+    /// ATOMIC ACKNOWLEDGE.
+    Atomic { psn: Psn, orig: u64, msn: u32 },
+}
+
+/// The message the responder is in the middle of.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum InProgress {
+    /// A multi-packet SEND filling the receive WQE at the head of the RQ.
+    Send { offset: u64 },
+    /// A multi-packet RDMA WRITE.
+    Write {
+        owner: MemOwner,
+        va: u64,
+        remaining: u64,
+        total: u64,
+    },
+}
+
+/// Responder state (IBA 9.7.5.2).
+#[derive(Debug, Default)]
+pub(crate) struct RespState {
+    /// Expected PSN.
+    pub(crate) epsn: Psn,
+    /// Message sequence number: messages completed (24 bits).
+    pub(crate) msn: u32,
+    pub(crate) in_progress: Option<InProgress>,
+    /// A NAK sequence error was sent for the current gap (IBA 9.7.5.2.2: only one per gap).
+    pub(crate) nak_sent: bool,
+    pub(crate) resources: VecDeque<Resource>,
+    pub(crate) out: VecDeque<RespOut>,
+}
+
+/// A queue pair.
+#[derive(Debug)]
+pub(crate) struct Qp {
+    pub(crate) qpn: u32,
+    pub(crate) qp_type: QpType,
+    pub(crate) pd: PdHandle,
+    pub(crate) send_cq: CqHandle,
+    pub(crate) recv_cq: CqHandle,
+    pub(crate) cap: QpCap,
+    pub(crate) sq_sig_all: bool,
+    pub(crate) attr: QpAttr,
+    pub(crate) path: Option<Path>,
+    pub(crate) sq: VecDeque<SendWqe>,
+    pub(crate) rq: VecDeque<RecvWqe>,
+    pub(crate) req: ReqState,
+    pub(crate) resp: RespState,
+    pub(crate) counters: Counters,
+}
+
+impl Qp {
+    pub(crate) fn state(&self) -> QpState {
+        self.attr.qp_state
+    }
+
+    /// Whether `poll_transmit` may find something to send on this QP.
+    pub(crate) fn may_transmit(&self) -> bool {
+        !self.resp.out.is_empty() || self.req.cur < self.sq.len()
+    }
+}
+
+/// Local ACK timeout: 4.096 µs × 2^timeout (IBA 9.7.6.1.3); 0 means no timer.
+pub(crate) fn ack_timeout(code: u8) -> Option<core::time::Duration> {
+    if code == 0 {
+        return None;
+    }
+    let ns = 4096u64 << code.min(31);
+    Some(core::time::Duration::from_nanos(ns))
+}
+
+/// The RNR NAK timer of IBA table 45 (9.7.5.2.8), in microseconds, by 5-bit code.
+pub(crate) fn rnr_timer(code: u8) -> core::time::Duration {
+    const US: [u32; 32] = [
+        655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560,
+        3_840, 5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880,
+        163_840, 245_760, 327_680, 491_520,
+    ];
+    core::time::Duration::from_micros(u64::from(US[usize::from(code & 31)]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timers_follow_iba() {
+        assert_eq!(ack_timeout(0), None);
+        assert_eq!(ack_timeout(1), Some(core::time::Duration::from_nanos(8192)));
+        assert_eq!(
+            ack_timeout(14),
+            Some(core::time::Duration::from_nanos(4096 << 14))
+        );
+        assert_eq!(rnr_timer(0), core::time::Duration::from_micros(655_360));
+        assert_eq!(rnr_timer(1), core::time::Duration::from_micros(10));
+        assert_eq!(rnr_timer(31), core::time::Duration::from_micros(491_520));
+    }
+}

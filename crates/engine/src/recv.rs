@@ -1,0 +1,103 @@
+//! Ingress: validate a received packet and hand it to the completer (responses) or the
+//! responder (requests). Every rejected packet is counted by reason and dropped, as a NIC
+//! does; nothing here can panic on any input.
+
+use std::collections::BTreeMap;
+
+use wire::{OpKind, RoceV2Packet, Transport, WireError};
+
+use crate::counters::Counter;
+use crate::device::Gid;
+use crate::qp::Qp;
+use crate::qp_attr::QpType;
+use crate::{comp, resp, Ctx};
+
+/// P_Keys match when their low 15 bits are equal and at least one is a full member
+/// (IBA 10.9.3); RoCE ports carry only the default 0xffff.
+fn pkey_matches(a: u16, b: u16) -> bool {
+    (a & 0x7fff) == (b & 0x7fff) && (a & 0x8000 != 0 || b & 0x8000 != 0)
+}
+
+pub(crate) fn handle(ctx: &mut Ctx<'_>, gids: &[Gid], qps: &mut BTreeMap<u32, Qp>, bytes: &[u8]) {
+    let pkt = match RoceV2Packet::parse_checked(bytes) {
+        Ok(p) => p,
+        Err(WireError::BadIcrc { .. }) => {
+            ctx.counters.inc(Counter::RxBadIcrc);
+            return;
+        }
+        Err(_) => {
+            ctx.counters.inc(Counter::RxMalformed);
+            return;
+        }
+    };
+    let dst = Gid::from_ip(pkt.ip.dst());
+    if !gids.contains(&dst) {
+        ctx.counters.inc(Counter::RxNotOurAddress);
+        return;
+    }
+    let bth = &pkt.transport.bth;
+    if bth.opcode.kind() == OpKind::Cnp {
+        // Congestion control is not implemented: a CNP is accepted and ignored.
+        ctx.counters.inc(Counter::RxCnp);
+        return;
+    }
+    let Some(qp) = qps.get_mut(&bth.dest_qp.value()) else {
+        ctx.counters.inc(Counter::RxUnknownQp);
+        return;
+    };
+    let transport_ok = match qp.qp_type {
+        QpType::Rc => bth.opcode.transport() == Transport::Rc,
+        _ => false,
+    };
+    if !transport_ok {
+        ctx.count(qp, Counter::RxBadOpcode);
+        return;
+    }
+    if !pkey_matches(bth.pkey, wire::DEFAULT_PKEY) {
+        ctx.count(qp, Counter::RxPkeyMismatch);
+        return;
+    }
+    let is_response = matches!(
+        bth.opcode.kind(),
+        OpKind::Acknowledge | OpKind::AtomicAcknowledge | OpKind::RdmaReadResponse
+    );
+    let state = qp.state();
+    let state_ok = if is_response {
+        state.processes_responses()
+    } else {
+        state.processes_incoming()
+    };
+    if !state_ok {
+        ctx.count(qp, Counter::RxBadQpState);
+        return;
+    }
+    // A connected QP talks to one peer only (IBA 9.6.1.5.1 for RC: the source must be the
+    // path's destination).
+    match qp.path {
+        Some(p) if p.dst_ip == pkt.ip.src() => {}
+        _ => {
+            ctx.count(qp, Counter::RxAddressMismatch);
+            return;
+        }
+    }
+    ctx.count(qp, Counter::RxPackets);
+    ctx.count_n(qp, Counter::RxBytes, bytes.len() as u64);
+    if is_response {
+        comp::handle_response(qp, ctx, &pkt);
+    } else {
+        resp::handle_request(qp, ctx, &pkt);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pkey_matches;
+
+    #[test]
+    fn pkey_rule() {
+        assert!(pkey_matches(0xffff, 0xffff));
+        assert!(pkey_matches(0x7fff, 0xffff));
+        assert!(!pkey_matches(0x7fff, 0x7fff));
+        assert!(!pkey_matches(0x8001, 0xffff));
+    }
+}

@@ -1,0 +1,660 @@
+//! The responder: executes incoming requests against registered memory and answers them
+//! (IBA 9.7.5.2): PSN checks with one sequence NAK per gap, duplicate detection with
+//! re-ACKs and READ / ATOMIC replay from the responder resources, key / PD / bounds / access
+//! checks, RNR NAKs when no receive is posted, receive completions, ACK coalescing, and READ
+//! responses built packet by packet straight from memory.
+
+use wire::{
+    AethRepr, AtomicAckEthRepr, BthRepr, Msn, NakCode, OpKind, Opcode, PacketLayout, Psn, Qpn,
+    RoceV2Packet, Syndrome, TransportRepr, ROCEV2_UDP_PORT,
+};
+
+use crate::counters::Counter;
+use crate::cq::{WcFlags, WcOpcode, WorkCompletion};
+use crate::error::VerbsError;
+use crate::mr::MrTable;
+use crate::pd::PdHandle;
+use crate::qp::{InProgress, Qp, RecvWqe, Resource, RespOut};
+use crate::qp_attr::AccessFlags;
+use crate::req::{ip_repr, packets_for};
+use crate::wr::RecvWr;
+use crate::{comp, Ctx, WcStatus};
+
+/// The ACK syndrome rxe sends (credit field 0x1f: "no end-to-end flow control credits").
+const ACK: Syndrome = Syndrome::ACK_NO_CREDIT;
+
+/// `ibv_post_recv` checks and queueing.
+pub(crate) fn post_recv(qp: &mut Qp, ctx: &mut Ctx<'_>, wr: RecvWr) -> Result<(), VerbsError> {
+    let state = qp.state();
+    if !state.can_post_recv() {
+        return Err(VerbsError::InvalidState(state));
+    }
+    if wr.sg_list.len() > qp.cap.max_recv_sge as usize {
+        return Err(VerbsError::TooManySge {
+            sges: wr.sg_list.len(),
+            max: qp.cap.max_recv_sge,
+        });
+    }
+    if qp.rq.len() >= qp.cap.max_recv_wr as usize {
+        return Err(VerbsError::QueueFull);
+    }
+    if state.flushes_recv_queue() {
+        let wc = WorkCompletion::new(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qp.qpn);
+        ctx.count(qp, Counter::WrFlushed);
+        let cq = qp.recv_cq;
+        ctx.push_cqe(qp, cq, wc);
+        return Ok(());
+    }
+    let len = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+    qp.rq.push_back(RecvWqe {
+        wr_id: wr.wr_id,
+        sges: wr.sg_list,
+        len,
+    });
+    Ok(())
+}
+
+/// Queue an ACK / NAK. A plain ACK behind another plain ACK replaces it: one ACK for the
+/// later PSN acknowledges both (IBA 9.7.5.2.? coalescing).
+fn queue_ack(qp: &mut Qp, psn: Psn, syndrome: Syndrome) {
+    let msn = qp.resp.msn;
+    if matches!(syndrome, Syndrome::Ack { .. }) {
+        if let Some(RespOut::Ack {
+            syndrome: Syndrome::Ack { .. },
+            ..
+        }) = qp.resp.out.back()
+        {
+            qp.resp.out.pop_back();
+        }
+    }
+    qp.resp.out.push_back(RespOut::Ack { psn, syndrome, msn });
+}
+
+/// A class C / D error (IBA 9.9.? responder errors on RC): NAK the packet and move the QP to
+/// ERR; the NAK is the last thing it sends.
+fn fatal_nak(qp: &mut Qp, ctx: &mut Ctx<'_>, psn: Psn, code: NakCode) {
+    ctx.count(
+        qp,
+        match code {
+            NakCode::InvalidRequest => Counter::RespInvalidRequestNakSent,
+            NakCode::RemoteAccessError => Counter::RespRemoteAccessNakSent,
+            _ => Counter::RespRemoteOpNakSent,
+        },
+    );
+    comp::enter_error(qp, ctx);
+    let msn = qp.resp.msn;
+    qp.resp.out.push_back(RespOut::Ack {
+        psn,
+        syndrome: Syndrome::Nak(code),
+        msn,
+    });
+}
+
+/// Complete the receive WQE at the head of the RQ.
+fn complete_recv(qp: &mut Qp, ctx: &mut Ctx<'_>, wc_fill: impl FnOnce(&mut WorkCompletion)) {
+    let Some(r) = qp.rq.pop_front() else { return };
+    let mut wc = WorkCompletion::new(r.wr_id, WcStatus::Success, WcOpcode::Recv, qp.qpn);
+    wc.src_qp = qp.attr.dest_qp_num;
+    wc_fill(&mut wc);
+    let cq = qp.recv_cq;
+    ctx.push_cqe(qp, cq, wc);
+}
+
+/// Scatter `data` at byte `offset` of a receive WQE, checking each local key as it is used
+/// (IBA 10.6.3.2; LOCAL_WRITE is required).
+fn scatter_recv(
+    r: &RecvWqe,
+    pd: PdHandle,
+    mrs: &MrTable,
+    mem: &mut dyn crate::Memory,
+    mut offset: u64,
+    data: &[u8],
+) -> Result<(), WcStatus> {
+    let mut rest = data;
+    for sge in &r.sges {
+        if rest.is_empty() {
+            break;
+        }
+        let l = u64::from(sge.length);
+        if offset >= l {
+            offset -= l;
+            continue;
+        }
+        let n = ((l - offset) as usize).min(rest.len());
+        let addr = sge.addr + offset;
+        let owner = mrs
+            .check_local(sge.lkey, pd, addr, n as u64, true)
+            .map_err(|_| WcStatus::LocProtErr)?;
+        mem.write(owner, addr, &rest[..n])
+            .map_err(|_| WcStatus::LocProtErr)?;
+        rest = &rest[n..];
+        offset = 0;
+    }
+    if rest.is_empty() {
+        Ok(())
+    } else {
+        Err(WcStatus::LocLenErr)
+    }
+}
+
+fn rnr_nak(qp: &mut Qp, ctx: &mut Ctx<'_>, psn: Psn) {
+    ctx.count(qp, Counter::RespRnrNakSent);
+    let timer = qp.attr.min_rnr_timer & 0x1f;
+    queue_ack(qp, psn, Syndrome::RnrNak { timer });
+    // Later packets of the gap are dropped quietly until the NAKed one comes back
+    // (IBA 9.7.5.2.2 applies the one-NAK-per-gap rule to RNR NAKs too).
+    qp.resp.nak_sent = true;
+}
+
+/// A request packet for this QP.
+pub(crate) fn handle_request(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &RoceV2Packet<'_>) {
+    let t = &pkt.transport;
+    let psn = t.bth.psn;
+    let d = psn.distance_from(qp.resp.epsn);
+    if d > 0 {
+        // A gap: an earlier packet was lost. NAK once, at the PSN expected (IBA 9.7.5.2.2).
+        ctx.count(qp, Counter::RespOutOfSequence);
+        if !qp.resp.nak_sent {
+            qp.resp.nak_sent = true;
+            ctx.count(qp, Counter::RespSeqErrNakSent);
+            let epsn = qp.resp.epsn;
+            queue_ack(qp, epsn, Syndrome::Nak(NakCode::PsnSequenceError));
+        }
+        return;
+    }
+    if d < 0 {
+        duplicate(qp, ctx, pkt);
+        return;
+    }
+    qp.resp.nak_sent = false;
+    let op = t.bth.opcode;
+    let kind = op.kind();
+    let starts = op.is_first() || op.is_only();
+    let continues = op.is_middle() || op.is_last();
+    // IBA 9.7.5.2.1 / C9-?: a message in progress must continue with the same operation;
+    // otherwise only FIRST / ONLY or a READ / ATOMIC may come.
+    let seq_ok = match (qp.resp.in_progress, kind) {
+        (Some(InProgress::Send { .. }), OpKind::Send) => continues,
+        (Some(InProgress::Write { .. }), OpKind::RdmaWrite) => continues,
+        (Some(_), _) => false,
+        (None, OpKind::Send | OpKind::RdmaWrite) => starts,
+        (None, OpKind::RdmaReadRequest | OpKind::CompareSwap | OpKind::FetchAdd) => true,
+        (None, _) => false,
+    };
+    if !seq_ok {
+        fatal_nak(qp, ctx, psn, NakCode::InvalidRequest);
+        return;
+    }
+    let need = match kind {
+        OpKind::RdmaWrite => AccessFlags::REMOTE_WRITE,
+        OpKind::RdmaReadRequest => AccessFlags::REMOTE_READ,
+        OpKind::CompareSwap | OpKind::FetchAdd => AccessFlags::REMOTE_ATOMIC,
+        _ => AccessFlags::empty(),
+    };
+    if !qp.attr.qp_access_flags.contains(need) {
+        // The QP does not enable this remote operation (IBA 11.2.5.2 qp_access_flags).
+        fatal_nak(qp, ctx, psn, NakCode::RemoteAccessError);
+        return;
+    }
+    let mtu = qp.path.map_or(256, |p| p.mtu) as usize;
+    let plen = pkt.payload.len();
+    // IBA 9.7.5.2.? (C9-?): FIRST and MIDDLE carry exactly one MTU, LAST and ONLY at most one.
+    let len_ok = if op.is_first() || op.is_middle() {
+        plen == mtu
+    } else {
+        plen <= mtu
+    };
+    if !len_ok {
+        fatal_nak(qp, ctx, psn, NakCode::InvalidRequest);
+        return;
+    }
+    match kind {
+        OpKind::Send => {
+            if !do_send(qp, ctx, pkt) {
+                return;
+            }
+        }
+        OpKind::RdmaWrite => {
+            if !do_write(qp, ctx, pkt) {
+                return;
+            }
+        }
+        OpKind::RdmaReadRequest => {
+            do_read(qp, ctx, pkt);
+            return;
+        }
+        OpKind::CompareSwap | OpKind::FetchAdd => {
+            do_atomic(qp, ctx, pkt);
+            return;
+        }
+        _ => {
+            fatal_nak(qp, ctx, psn, NakCode::InvalidRequest);
+            return;
+        }
+    }
+    qp.resp.epsn = psn.next();
+    if t.bth.ack_req {
+        queue_ack(qp, psn, ACK);
+    }
+}
+
+fn end_message(qp: &mut Qp) {
+    qp.resp.in_progress = None;
+    qp.resp.msn = (qp.resp.msn + 1) & 0xff_ffff;
+}
+
+/// SEND FIRST / MIDDLE / LAST / ONLY into the receive WQE at the head of the RQ.
+fn do_send(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &RoceV2Packet<'_>) -> bool {
+    let t = &pkt.transport;
+    let psn = t.bth.psn;
+    let offset = match qp.resp.in_progress {
+        Some(InProgress::Send { offset }) => offset,
+        _ => {
+            if qp.rq.is_empty() {
+                rnr_nak(qp, ctx, psn);
+                return false;
+            }
+            0
+        }
+    };
+    let Some(r) = qp.rq.front() else { return false };
+    let plen = pkt.payload.len() as u64;
+    if offset + plen > r.len {
+        // The message does not fit: LOC_LEN_ERR here, Invalid Request at the requester.
+        ctx.count(qp, Counter::RespLocalLengthError);
+        complete_recv(qp, ctx, |wc| {
+            wc.status = WcStatus::LocLenErr;
+            wc.byte_len = (offset + plen) as u32;
+        });
+        fatal_nak(qp, ctx, psn, NakCode::InvalidRequest);
+        return false;
+    }
+    if let Err(status) = scatter_recv(r, qp.pd, ctx.mrs, ctx.mem, offset, pkt.payload) {
+        // A local error of the responder: the requester sees Remote Operational Error.
+        complete_recv(qp, ctx, |wc| wc.status = status);
+        fatal_nak(qp, ctx, psn, NakCode::RemoteOperationalError);
+        return false;
+    }
+    let total = offset + plen;
+    if t.bth.opcode.is_last() || t.bth.opcode.is_only() {
+        let imm = t.immdt;
+        let inv = t.ieth;
+        complete_recv(qp, ctx, |wc| {
+            wc.byte_len = total as u32;
+            if let Some(imm) = imm {
+                wc.imm_data = imm;
+                wc.wc_flags |= WcFlags::WITH_IMM;
+            }
+            if let Some(rkey) = inv {
+                // IBA 10.6.? : SEND with Invalidate names an rkey of this PD to invalidate.
+                // Only memory windows and fast-registered MRs can be invalidated, and neither
+                // exists yet, so the key is reported and nothing else happens.
+                wc.invalidated_rkey = rkey.value();
+                wc.wc_flags |= WcFlags::WITH_INV;
+            }
+        });
+        end_message(qp);
+    } else {
+        qp.resp.in_progress = Some(InProgress::Send { offset: total });
+    }
+    true
+}
+
+/// RDMA WRITE FIRST / MIDDLE / LAST / ONLY (with immediate: also consumes a receive WQE).
+fn do_write(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &RoceV2Packet<'_>) -> bool {
+    let t = &pkt.transport;
+    let psn = t.bth.psn;
+    let op = t.bth.opcode;
+    if op.has_immediate() && qp.rq.is_empty() {
+        rnr_nak(qp, ctx, psn);
+        return false;
+    }
+    if op.is_first() || op.is_only() {
+        let Some(reth) = t.reth else { return false };
+        let len = u64::from(reth.dma_len);
+        // IBA 9.7.5.2.? : a zero-length RDMA WRITE carries no address to check.
+        let owner = if len == 0 {
+            crate::MemOwner::default()
+        } else {
+            match ctx.mrs.check_remote(
+                reth.rkey.value(),
+                qp.pd,
+                reth.va,
+                len,
+                AccessFlags::REMOTE_WRITE,
+            ) {
+                Ok(o) => o,
+                Err(_) => {
+                    fatal_nak(qp, ctx, psn, NakCode::RemoteAccessError);
+                    return false;
+                }
+            }
+        };
+        qp.resp.in_progress = Some(InProgress::Write {
+            owner,
+            va: reth.va,
+            remaining: len,
+            total: len,
+        });
+    }
+    let Some(InProgress::Write {
+        owner,
+        va,
+        remaining,
+        total,
+    }) = qp.resp.in_progress
+    else {
+        return false;
+    };
+    let plen = pkt.payload.len() as u64;
+    let ends = op.is_last() || op.is_only();
+    // The packets must carry exactly the DMA length of the RETH (IBA 9.7.5.2.? C9-?).
+    if plen > remaining || (ends && plen != remaining) {
+        fatal_nak(qp, ctx, psn, NakCode::InvalidRequest);
+        return false;
+    }
+    if plen > 0 && ctx.mem.write(owner, va, pkt.payload).is_err() {
+        ctx.count(qp, Counter::MemoryFault);
+        fatal_nak(qp, ctx, psn, NakCode::RemoteOperationalError);
+        return false;
+    }
+    if ends {
+        if let Some(imm) = t.immdt {
+            complete_recv(qp, ctx, |wc| {
+                wc.opcode = WcOpcode::RecvRdmaWithImm;
+                wc.byte_len = total as u32;
+                wc.imm_data = imm;
+                wc.wc_flags |= WcFlags::WITH_IMM;
+            });
+        }
+        end_message(qp);
+    } else {
+        qp.resp.in_progress = Some(InProgress::Write {
+            owner,
+            va: va + plen,
+            remaining: remaining - plen,
+            total,
+        });
+    }
+    true
+}
+
+fn remember(qp: &mut Qp, r: Resource) {
+    let cap = usize::from(qp.attr.max_dest_rd_atomic.max(1));
+    while qp.resp.resources.len() >= cap {
+        qp.resp.resources.pop_front();
+    }
+    qp.resp.resources.push_back(r);
+}
+
+/// RDMA READ REQUEST: check, remember, and queue the responses (built at transmit time).
+fn do_read(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &RoceV2Packet<'_>) {
+    let t = &pkt.transport;
+    let psn = t.bth.psn;
+    let Some(reth) = t.reth else { return };
+    let len = u64::from(reth.dma_len);
+    let owner = if len == 0 {
+        crate::MemOwner::default()
+    } else {
+        match ctx.mrs.check_remote(
+            reth.rkey.value(),
+            qp.pd,
+            reth.va,
+            len,
+            AccessFlags::REMOTE_READ,
+        ) {
+            Ok(o) => o,
+            Err(_) => {
+                fatal_nak(qp, ctx, psn, NakCode::RemoteAccessError);
+                return;
+            }
+        }
+    };
+    let mtu = qp.path.map_or(256, |p| p.mtu);
+    let n = packets_for(len, mtu);
+    remember(
+        qp,
+        Resource::Read {
+            first_psn: psn,
+            last_psn: psn.add(n - 1),
+        },
+    );
+    end_message(qp);
+    let msn = qp.resp.msn;
+    qp.resp.out.push_back(RespOut::Read {
+        first_psn: psn,
+        psn,
+        owner,
+        rkey: reth.rkey.value(),
+        va: reth.va,
+        len,
+        done: 0,
+        msn,
+    });
+    // The READ occupies one PSN per response packet (IBA 9.7.5.2.1).
+    qp.resp.epsn = psn.add(n);
+}
+
+/// COMPARE SWAP / FETCH ADD on an 8-byte aligned word (IBA 9.4.5).
+fn do_atomic(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &RoceV2Packet<'_>) {
+    let t = &pkt.transport;
+    let psn = t.bth.psn;
+    let Some(a) = t.atomic_eth else { return };
+    if a.va % 8 != 0 {
+        // C9-? : a misaligned atomic is an invalid request.
+        fatal_nak(qp, ctx, psn, NakCode::InvalidRequest);
+        return;
+    }
+    let owner =
+        match ctx
+            .mrs
+            .check_remote(a.rkey.value(), qp.pd, a.va, 8, AccessFlags::REMOTE_ATOMIC)
+        {
+            Ok(o) => o,
+            Err(_) => {
+                fatal_nak(qp, ctx, psn, NakCode::RemoteAccessError);
+                return;
+            }
+        };
+    let r = if t.bth.opcode == Opcode::RcCompareSwap {
+        ctx.mem.compare_swap(owner, a.va, a.compare, a.swap_add)
+    } else {
+        ctx.mem.fetch_add(owner, a.va, a.swap_add)
+    };
+    let Ok(orig) = r else {
+        ctx.count(qp, Counter::MemoryFault);
+        fatal_nak(qp, ctx, psn, NakCode::RemoteOperationalError);
+        return;
+    };
+    remember(qp, Resource::Atomic { psn, orig });
+    end_message(qp);
+    let msn = qp.resp.msn;
+    qp.resp.out.push_back(RespOut::Atomic { psn, orig, msn });
+    qp.resp.epsn = psn.next();
+}
+
+/// A request with a PSN already executed (IBA 9.7.5.2.3 / C9-?): SEND and WRITE are
+/// ACKed again without executing; READ and ATOMIC are answered again from the responder
+/// resources (an ATOMIC is never executed twice).
+fn duplicate(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &RoceV2Packet<'_>) {
+    ctx.count(qp, Counter::RespDuplicateRequest);
+    let t = &pkt.transport;
+    let psn = t.bth.psn;
+    match t.bth.opcode.kind() {
+        OpKind::Send | OpKind::RdmaWrite => {
+            let last = qp.resp.epsn.sub(1);
+            queue_ack(qp, last, ACK);
+        }
+        OpKind::RdmaReadRequest => {
+            let Some(reth) = t.reth else { return };
+            let found = qp.resp.resources.iter().find_map(|r| match *r {
+                Resource::Read {
+                    first_psn,
+                    last_psn,
+                } if !psn.is_before(first_psn) && !psn.is_after(last_psn) => {
+                    Some((first_psn, last_psn))
+                }
+                _ => None,
+            });
+            let Some((first, last)) = found else {
+                ctx.count(qp, Counter::RespReplayMissing);
+                return;
+            };
+            let len = u64::from(reth.dma_len);
+            let owner = if len == 0 {
+                crate::MemOwner::default()
+            } else {
+                match ctx.mrs.check_remote(
+                    reth.rkey.value(),
+                    qp.pd,
+                    reth.va,
+                    len,
+                    AccessFlags::REMOTE_READ,
+                ) {
+                    Ok(o) => o,
+                    Err(_) => {
+                        fatal_nak(qp, ctx, psn, NakCode::RemoteAccessError);
+                        return;
+                    }
+                }
+            };
+            // The retried READ supersedes whatever is still queued for the same request.
+            qp.resp.out.retain(|o| match *o {
+                RespOut::Read { first_psn, .. } => {
+                    first_psn.is_before(first) || first_psn.is_after(last)
+                }
+                _ => true,
+            });
+            ctx.count(qp, Counter::RespReplayed);
+            let msn = qp.resp.msn;
+            qp.resp.out.push_back(RespOut::Read {
+                first_psn: psn,
+                psn,
+                owner,
+                rkey: reth.rkey.value(),
+                va: reth.va,
+                len,
+                done: 0,
+                msn,
+            });
+        }
+        OpKind::CompareSwap | OpKind::FetchAdd => {
+            let found = qp.resp.resources.iter().find_map(|r| match *r {
+                Resource::Atomic { psn: p, orig } if p == psn => Some(orig),
+                _ => None,
+            });
+            match found {
+                Some(orig) => {
+                    ctx.count(qp, Counter::RespReplayed);
+                    let msn = qp.resp.msn;
+                    qp.resp.out.push_back(RespOut::Atomic { psn, orig, msn });
+                }
+                None => ctx.count(qp, Counter::RespReplayMissing),
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Build the next responder packet (ACK / NAK, ATOMIC ACK, or one READ response) into `buf`.
+pub(crate) fn transmit(qp: &mut Qp, ctx: &mut Ctx<'_>, buf: &mut [u8]) -> Option<usize> {
+    let path = qp.path?;
+    let ip = ip_repr(&path);
+    let dest = Qpn::new(path.dest_qpn);
+    loop {
+        let front = *qp.resp.out.front()?;
+        match front {
+            RespOut::Ack { psn, syndrome, msn } => {
+                let mut t = TransportRepr::new(BthRepr::new(Opcode::RcAcknowledge, dest, psn));
+                t.aeth = Some(AethRepr {
+                    syndrome,
+                    msn: Msn::new(msn),
+                });
+                let layout =
+                    PacketLayout::new(&ip, path.udp_src_port, ROCEV2_UDP_PORT, &t, 0).ok()?;
+                layout.emit_headers(buf).ok()?;
+                let len = layout.finish(buf).ok()?;
+                qp.resp.out.pop_front();
+                ctx.count(qp, Counter::RespAcksSent);
+                return Some(len);
+            }
+            RespOut::Atomic { psn, orig, msn } => {
+                let mut t =
+                    TransportRepr::new(BthRepr::new(Opcode::RcAtomicAcknowledge, dest, psn));
+                t.aeth = Some(AethRepr {
+                    syndrome: ACK,
+                    msn: Msn::new(msn),
+                });
+                t.atomic_ack_eth = Some(AtomicAckEthRepr { orig });
+                let layout =
+                    PacketLayout::new(&ip, path.udp_src_port, ROCEV2_UDP_PORT, &t, 0).ok()?;
+                layout.emit_headers(buf).ok()?;
+                let len = layout.finish(buf).ok()?;
+                qp.resp.out.pop_front();
+                return Some(len);
+            }
+            RespOut::Read {
+                first_psn,
+                psn,
+                owner,
+                rkey,
+                va,
+                len,
+                done,
+                msn,
+            } => {
+                let mtu = u64::from(path.mtu);
+                let plen = (len - done).min(mtu);
+                let first = psn == first_psn;
+                let last = done + plen >= len;
+                let opcode = match (first, last) {
+                    (true, true) => Opcode::RcRdmaReadResponseOnly,
+                    (true, false) => Opcode::RcRdmaReadResponseFirst,
+                    (false, false) => Opcode::RcRdmaReadResponseMiddle,
+                    (false, true) => Opcode::RcRdmaReadResponseLast,
+                };
+                // The MR may have been deregistered since the request was checked.
+                if plen > 0
+                    && ctx
+                        .mrs
+                        .check_remote(rkey, qp.pd, va + done, plen, AccessFlags::REMOTE_READ)
+                        .is_err()
+                {
+                    qp.resp.out.pop_front();
+                    ctx.count(qp, Counter::MemoryFault);
+                    continue;
+                }
+                let mut t = TransportRepr::new(BthRepr::new(opcode, dest, psn));
+                if first || last {
+                    t.aeth = Some(AethRepr {
+                        syndrome: ACK,
+                        msn: Msn::new(msn),
+                    });
+                }
+                let layout =
+                    PacketLayout::new(&ip, path.udp_src_port, ROCEV2_UDP_PORT, &t, plen as usize)
+                        .ok()?;
+                layout.emit_headers(buf).ok()?;
+                if plen > 0 {
+                    let out = layout.payload_mut(buf).ok()?;
+                    if ctx.mem.read(owner, va + done, out).is_err() {
+                        qp.resp.out.pop_front();
+                        ctx.count(qp, Counter::MemoryFault);
+                        continue;
+                    }
+                }
+                let n = layout.finish(buf).ok()?;
+                if last {
+                    qp.resp.out.pop_front();
+                } else if let Some(RespOut::Read {
+                    psn: p, done: d, ..
+                }) = qp.resp.out.front_mut()
+                {
+                    *p = psn.next();
+                    *d = done + plen;
+                }
+                return Some(n);
+            }
+        }
+    }
+}

@@ -1,0 +1,232 @@
+//! Work requests as applications post them (`ibv_send_wr`, `ibv_recv_wr`, `ibv_sge`).
+
+use bitflags::bitflags;
+
+use crate::cq::WcOpcode;
+
+/// One scatter/gather element: `length` bytes at `addr` of the MR whose lkey is `lkey`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Sge {
+    /// Virtual address of the first byte.
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u32,
+    /// Local key of the memory region holding the range.
+    pub lkey: u32,
+}
+
+impl Sge {
+    /// An SGE covering `length` bytes at `addr` in the MR with `lkey`.
+    pub const fn new(addr: u64, length: u32, lkey: u32) -> Sge {
+        Sge { addr, length, lkey }
+    }
+}
+
+bitflags! {
+    /// `ibv_send_flags`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct SendFlags: u32 {
+        /// Wait for every earlier RDMA READ and ATOMIC of this QP to complete first.
+        const FENCE = 1 << 0;
+        /// Produce a completion even if the QP does not signal all sends.
+        const SIGNALED = 1 << 1;
+        /// Set the solicited-event bit on the last packet (the receiver's CQ event wakes).
+        const SOLICITED = 1 << 2;
+        /// The data travels in the WR itself ([`SendPayload::Inline`]); set automatically.
+        const INLINE = 1 << 3;
+    }
+}
+
+/// The operation of a send work request, with its operation-specific fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum SendOp {
+    /// SEND: the message lands in the next receive WQE of the peer.
+    Send,
+    /// SEND with 32-bit immediate data (host order) delivered in the peer's completion.
+    SendWithImm {
+        /// Immediate data.
+        imm: u32,
+    },
+    /// SEND with invalidate: the peer's completion names `rkey` as invalidated.
+    SendWithInv {
+        /// The remote key to invalidate.
+        rkey: u32,
+    },
+    /// RDMA WRITE to `remote_addr` in the peer MR `rkey`.
+    RdmaWrite {
+        /// Remote virtual address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+    },
+    /// RDMA WRITE with immediate: also consumes a receive WQE of the peer.
+    RdmaWriteWithImm {
+        /// Remote virtual address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Immediate data.
+        imm: u32,
+    },
+    /// RDMA READ from `remote_addr` in the peer MR `rkey` into the local SGEs.
+    RdmaRead {
+        /// Remote virtual address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+    },
+    /// ATOMIC compare-and-swap of the 8-byte word at `remote_addr`; the original word lands
+    /// in the local SGE (8 bytes).
+    AtomicCmpSwap {
+        /// Remote virtual address (8-byte aligned).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Value to compare with.
+        compare: u64,
+        /// Value stored when equal.
+        swap: u64,
+    },
+    /// ATOMIC fetch-and-add on the 8-byte word at `remote_addr`; the original word lands in
+    /// the local SGE (8 bytes).
+    AtomicFetchAdd {
+        /// Remote virtual address (8-byte aligned).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Value to add.
+        add: u64,
+    },
+}
+
+impl SendOp {
+    /// The completion opcode this WR produces.
+    pub const fn wc_opcode(&self) -> WcOpcode {
+        match self {
+            SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } => {
+                WcOpcode::Send
+            }
+            SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. } => WcOpcode::RdmaWrite,
+            SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
+            SendOp::AtomicCmpSwap { .. } => WcOpcode::CompSwap,
+            SendOp::AtomicFetchAdd { .. } => WcOpcode::FetchAdd,
+        }
+    }
+
+    /// READ and ATOMIC: operations whose answer carries data and that use responder
+    /// resources (limited by `max_rd_atomic`).
+    pub const fn is_read_or_atomic(&self) -> bool {
+        matches!(
+            self,
+            SendOp::RdmaRead { .. } | SendOp::AtomicCmpSwap { .. } | SendOp::AtomicFetchAdd { .. }
+        )
+    }
+
+    /// ATOMIC compare-and-swap or fetch-and-add.
+    pub const fn is_atomic(&self) -> bool {
+        matches!(
+            self,
+            SendOp::AtomicCmpSwap { .. } | SendOp::AtomicFetchAdd { .. }
+        )
+    }
+}
+
+/// Where the bytes of a send come from.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum SendPayload {
+    /// Gathered from registered memory when the packets are built (lkeys checked then).
+    Sges(Vec<Sge>),
+    /// Copied into the WR at post time (`IBV_SEND_INLINE`): no lkey, at most `max_inline_data`.
+    Inline(Vec<u8>),
+}
+
+impl SendPayload {
+    /// Total length in bytes (saturating, so absurd SGE lists fail the length check).
+    pub fn len(&self) -> u64 {
+        match self {
+            SendPayload::Sges(s) => s.iter().map(|s| u64::from(s.length)).sum(),
+            SendPayload::Inline(d) => d.len() as u64,
+        }
+    }
+
+    /// No bytes at all.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A send work request (`ibv_send_wr`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SendWr {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// What to do.
+    pub op: SendOp,
+    /// The local buffers (data to send, or where READ / ATOMIC results land).
+    pub payload: SendPayload,
+    /// Signaled, fenced, solicited...
+    pub flags: SendFlags,
+}
+
+impl SendWr {
+    /// A signaled WR of `op` over `sges`.
+    pub fn new(wr_id: u64, op: SendOp, sges: Vec<Sge>) -> SendWr {
+        SendWr {
+            wr_id,
+            op,
+            payload: SendPayload::Sges(sges),
+            flags: SendFlags::SIGNALED,
+        }
+    }
+
+    /// A signaled SEND over `sges`.
+    pub fn send(wr_id: u64, sges: Vec<Sge>) -> SendWr {
+        SendWr::new(wr_id, SendOp::Send, sges)
+    }
+
+    /// A signaled RDMA WRITE of `sges` to `remote_addr` / `rkey`.
+    pub fn rdma_write(wr_id: u64, sges: Vec<Sge>, remote_addr: u64, rkey: u32) -> SendWr {
+        SendWr::new(wr_id, SendOp::RdmaWrite { remote_addr, rkey }, sges)
+    }
+
+    /// A signaled RDMA READ of `remote_addr` / `rkey` into `sges`.
+    pub fn rdma_read(wr_id: u64, sges: Vec<Sge>, remote_addr: u64, rkey: u32) -> SendWr {
+        SendWr::new(wr_id, SendOp::RdmaRead { remote_addr, rkey }, sges)
+    }
+
+    /// Replace the payload with inline bytes (`IBV_SEND_INLINE`).
+    pub fn inline(mut self, data: Vec<u8>) -> SendWr {
+        self.payload = SendPayload::Inline(data);
+        self.flags |= SendFlags::INLINE;
+        self
+    }
+
+    /// Set or clear `IBV_SEND_SIGNALED`.
+    pub fn signaled(mut self, on: bool) -> SendWr {
+        self.flags.set(SendFlags::SIGNALED, on);
+        self
+    }
+
+    /// Add flags.
+    pub fn with_flags(mut self, flags: SendFlags) -> SendWr {
+        self.flags |= flags;
+        self
+    }
+}
+
+/// A receive work request (`ibv_recv_wr`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RecvWr {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Where incoming SEND data is scattered.
+    pub sg_list: Vec<Sge>,
+}
+
+impl RecvWr {
+    /// A receive WR over `sg_list`.
+    pub fn new(wr_id: u64, sg_list: Vec<Sge>) -> RecvWr {
+        RecvWr { wr_id, sg_list }
+    }
+}
