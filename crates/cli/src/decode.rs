@@ -19,6 +19,9 @@ const PROTO_ICMP: u8 = 1;
 const PROTO_TCP: u8 = 6;
 const PROTO_UDP: u8 = 17;
 const PROTO_ICMPV6: u8 = 58;
+/// Stands for "a non-first IPv4 fragment" (IPv6's Fragment header number, never an IPv4
+/// protocol in practice).
+const PROTO_FRAGMENT: u8 = 44;
 
 /// How a packet was classified.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,13 +62,22 @@ fn ip_summary(ip: &[u8]) -> Option<IpSummary> {
     match version {
         4 if ip.len() >= 20 => {
             let ihl = usize::from(ip[0] & 0x0f) * 4;
+            if ihl < 20 {
+                return None;
+            }
+            // A later fragment has no transport header to show.
+            let frag_offset = u16::from_be_bytes([ip[6], ip[7]]) & 0x1fff;
             let src = Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]);
             let dst = Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]);
             Some(IpSummary {
                 family: "IP",
                 src: src.into(),
                 dst: dst.into(),
-                protocol: ip[9],
+                protocol: if frag_offset == 0 {
+                    ip[9]
+                } else {
+                    PROTO_FRAGMENT
+                },
                 l4: ihl,
                 total_len: usize::from(u16::from_be_bytes([ip[2], ip[3]])),
             })
@@ -94,6 +106,7 @@ fn protocol_name(p: u8) -> String {
         PROTO_TCP => "TCP".to_owned(),
         PROTO_UDP => "UDP".to_owned(),
         PROTO_ICMPV6 => "ICMPv6".to_owned(),
+        PROTO_FRAGMENT => "IP fragment".to_owned(),
         other => format!("IP protocol {other}"),
     }
 }
@@ -197,8 +210,6 @@ fn nak_name(code: wire::NakCode) -> &'static str {
         N::RemoteAccessError => "remote_access_error",
         N::RemoteOperationalError => "remote_operational_error",
         N::InvalidRdRequest => "invalid_rd_request",
-        #[allow(unreachable_patterns)]
-        _ => "other",
     }
 }
 

@@ -314,3 +314,108 @@ fn random_bytes_as_packets_never_panic() {
     );
     assert_eq!(stdout_lines(&out).len(), packets.len());
 }
+
+#[test]
+fn every_opcode_line_shows_every_field_we_emitted() {
+    use wire::{OpKind, Syndrome};
+    for case in matrix() {
+        let packet = case.emit();
+        let d = decode_ip(&packet);
+        assert_eq!(d.verdict, Verdict::RoceOk, "{}: {}", case.name, d.text);
+        let t = &case.transport;
+        let b = &t.bth;
+        let mut want = vec![
+            format!(": {} ({:#04x}) ", b.opcode.name(), b.opcode.code()),
+            format!(" qpn={:#08x} ", b.dest_qp.value()),
+            format!(" psn={} ", b.psn.value()),
+            format!(" ack_req={} ", u8::from(b.ack_req)),
+            format!(" payload={} icrc=ok", case.payload.len()),
+        ];
+        if b.solicited {
+            want.push(" se=1 ".into());
+        }
+        if b.mig_req {
+            want.push(" mig=1 ".into());
+        }
+        if case.pad() != 0 {
+            want.push(format!(" pad={} ", case.pad()));
+        }
+        if b.becn {
+            want.push(" becn=1 ".into());
+        }
+        if let Some(r) = &t.reth {
+            want.push(format!(
+                " va={:#018x} rkey={:#010x} dma_len={} ",
+                r.va,
+                r.rkey.value(),
+                r.dma_len
+            ));
+        }
+        if let Some(a) = &t.atomic_eth {
+            let op = if b.opcode.kind() == OpKind::FetchAdd {
+                "add"
+            } else {
+                "swap"
+            };
+            want.push(format!(
+                " va={:#018x} rkey={:#010x} {op}={:#018x} compare={:#018x} ",
+                a.va,
+                a.rkey.value(),
+                a.swap_add,
+                a.compare
+            ));
+        }
+        if let Some(a) = &t.aeth {
+            let kind = match a.syndrome {
+                Syndrome::Ack { credits } => format!("ACK credits={credits}"),
+                Syndrome::RnrNak { timer } => format!("RNR_NAK timer={timer}"),
+                Syndrome::Nak(_) => "NAK code=".to_owned(),
+            };
+            want.push(format!(" syndrome={:#04x} aeth={kind}", a.syndrome.to_u8()));
+            want.push(format!(" msn={} ", a.msn.value()));
+        }
+        if let Some(a) = &t.atomic_ack_eth {
+            want.push(format!(" orig={:#018x} ", a.orig));
+        }
+        if let Some(d) = &t.deth {
+            want.push(format!(
+                " qkey={:#010x} src_qp={:#08x} ",
+                d.qkey.value(),
+                d.src_qp.value()
+            ));
+        }
+        if let Some(imm) = t.immdt {
+            want.push(format!(" imm={imm:#010x} "));
+        }
+        if let Some(rkey) = t.ieth {
+            want.push(format!(" inv_rkey={:#010x} ", rkey.value()));
+        }
+        for w in want {
+            assert!(
+                d.text.contains(&w),
+                "{}: {:?} missing from {}",
+                case.name,
+                w,
+                d.text
+            );
+        }
+    }
+}
+
+#[test]
+fn a_bad_icrc_shows_both_values() {
+    let mut p = sample_packets()[0].clone();
+    let n = p.len();
+    p[n - 1] ^= 0x80;
+    let d = decode_ip(&p);
+    assert_eq!(d.verdict, Verdict::RoceBadIcrc);
+    let carried = u32::from_le_bytes([p[n - 4], p[n - 3], p[n - 2], p[n - 1]]);
+    let computed = wire::icrc::compute(&p[..n - 4]).expect("computable");
+    assert!(
+        d.text.ends_with(&format!(
+            " icrc=BAD (carried {carried:#010x}, computed {computed:#010x})"
+        )),
+        "{}",
+        d.text
+    );
+}
