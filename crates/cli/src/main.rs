@@ -2,7 +2,7 @@
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -33,7 +33,7 @@ fn summary_line(s: &DecodeSummary) -> String {
     )
 }
 
-fn decode(file: &PathBuf) -> ExitCode {
+fn decode(file: &Path) -> ExitCode {
     let input = match File::open(file) {
         Ok(f) => BufReader::new(f),
         Err(e) => {
@@ -55,6 +55,12 @@ fn decode(file: &PathBuf) -> ExitCode {
             eprintln!("softrdma decode: {}: {error}", file.display());
             eprintln!("{}", summary_line(&summary));
             ExitCode::FAILURE
+        }
+        // The reader went away (`softrdma decode f.pcap | head`): a normal way to stop.
+        (Err(DecodeError::Output(e)), _) | (Ok(_), Err(e))
+            if e.kind() == std::io::ErrorKind::BrokenPipe =>
+        {
+            ExitCode::SUCCESS
         }
         (Err(e), _) => {
             eprintln!("softrdma decode: {e}");
