@@ -325,6 +325,34 @@ fn every_opcode_decodes_in_tshark_with_our_field_values_and_no_expert_errors() {
 }
 
 #[test]
+fn our_opcode_names_are_wiresharks() {
+    let cases = matrix();
+    let packets: Vec<Vec<u8>> = cases.iter().map(Case::emit).collect();
+    let pcap = tmp_path("tshark-names.pcap");
+    write_pcap(&pcap, 101, &packets);
+    let text = tshark_on(&pcap, &["-T", "fields", "-e", "_ws.col.Info"]);
+    let infos: Vec<&str> = text.lines().collect();
+    assert_eq!(infos.len(), cases.len());
+    for (case, info) in cases.iter().zip(infos) {
+        let op = case.transport.bth.opcode;
+        if op == wire::Opcode::Cnp {
+            // Wireshark 4.0 predates CNP in its opcode table.
+            assert!(info.starts_with("Unknown OpCode"), "{}: {info}", case.name);
+            continue;
+        }
+        // Wireshark spells one name without a space ("UC RDMA Write FirstQP=..."), so compare
+        // with spaces removed.
+        let squeeze = |s: &str| s.replace(' ', "");
+        assert!(
+            squeeze(info).starts_with(&format!("{}QP=", squeeze(op.name()))),
+            "{}: tshark's Info column is {info:?}, our name {:?}",
+            case.name,
+            op.name()
+        );
+    }
+}
+
+#[test]
 fn the_expert_check_catches_a_malformed_packet() {
     // Negative control: a RoCE packet cut inside its RETH must be flagged, or the check above
     // proves nothing.
