@@ -1,0 +1,562 @@
+//! The engine's own end-to-end checks: two engines connected back to back by a loop that
+//! carries their packets (optionally dropping some), with a fake clock.
+
+use std::cell::RefCell;
+use std::net::IpAddr;
+use std::rc::Rc;
+
+use engine::{
+    AccessFlags, AhAttr, Counter, CqHandle, Engine, EngineConfig, Gid, Instant, MemOwner, Memory,
+    MemoryError, MrKeys, PathMtu, PdHandle, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType,
+    RecvWr, SendFlags, SendOp, SendWr, Sge, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+};
+
+const BASE: u64 = 0x10_0000;
+
+/// One flat memory per engine, shared with the test.
+#[derive(Clone)]
+struct VecMem(Rc<RefCell<Vec<u8>>>);
+
+impl VecMem {
+    fn range(&self, addr: u64, len: usize) -> Result<std::ops::Range<usize>, MemoryError> {
+        let m = self.0.borrow();
+        let start = addr
+            .checked_sub(BASE)
+            .ok_or(MemoryError::Fault { addr, len })? as usize;
+        if start + len > m.len() {
+            return Err(MemoryError::Fault { addr, len });
+        }
+        Ok(start..start + len)
+    }
+}
+
+impl Memory for VecMem {
+    fn read(&mut self, _o: MemOwner, addr: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
+        let r = self.range(addr, buf.len())?;
+        buf.copy_from_slice(&self.0.borrow()[r]);
+        Ok(())
+    }
+    fn write(&mut self, _o: MemOwner, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
+        let r = self.range(addr, data.len())?;
+        self.0.borrow_mut()[r].copy_from_slice(data);
+        Ok(())
+    }
+    fn compare_swap(
+        &mut self,
+        _o: MemOwner,
+        addr: u64,
+        c: u64,
+        s: u64,
+    ) -> Result<u64, MemoryError> {
+        let r = self.range(addr, 8)?;
+        let mut m = self.0.borrow_mut();
+        let old = u64::from_ne_bytes(m[r.clone()].try_into().unwrap());
+        if old == c {
+            m[r].copy_from_slice(&s.to_ne_bytes());
+        }
+        Ok(old)
+    }
+    fn fetch_add(&mut self, _o: MemOwner, addr: u64, a: u64) -> Result<u64, MemoryError> {
+        let r = self.range(addr, 8)?;
+        let mut m = self.0.borrow_mut();
+        let old = u64::from_ne_bytes(m[r.clone()].try_into().unwrap());
+        m[r].copy_from_slice(&old.wrapping_add(a).to_ne_bytes());
+        Ok(old)
+    }
+}
+
+struct Side {
+    e: Engine,
+    mem: VecMem,
+    ip: IpAddr,
+    #[allow(dead_code)]
+    pd: PdHandle,
+    cq: CqHandle,
+    mr: MrKeys,
+    qpn: u32,
+}
+
+impl Side {
+    fn new(ip: &str, seed: u64, mem_size: usize) -> Side {
+        let ip: IpAddr = ip.parse().unwrap();
+        let mem = VecMem(Rc::new(RefCell::new(vec![0u8; mem_size])));
+        let mut e = Engine::new(EngineConfig::new(vec![ip], seed), Box::new(mem.clone()));
+        let pd = e.alloc_pd().unwrap();
+        let cq = e.create_cq(4096).unwrap();
+        let access = AccessFlags::LOCAL_WRITE
+            | AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_READ
+            | AccessFlags::REMOTE_ATOMIC;
+        let mr = e
+            .reg_mr(pd, MemOwner(1), BASE, mem_size as u64, access)
+            .unwrap();
+        let qpn = e
+            .create_qp(&QpInitAttr {
+                pd,
+                send_cq: cq,
+                recv_cq: cq,
+                cap: QpCap {
+                    max_send_wr: 256,
+                    max_recv_wr: 256,
+                    max_send_sge: 4,
+                    max_recv_sge: 4,
+                    max_inline_data: 64,
+                },
+                qp_type: QpType::Rc,
+                sq_sig_all: false,
+            })
+            .unwrap();
+        Side {
+            e,
+            mem,
+            ip,
+            pd,
+            cq,
+            mr,
+            qpn,
+        }
+    }
+
+    fn fill(&self, addr: u64, data: &[u8]) {
+        let s = (addr - BASE) as usize;
+        self.mem.0.borrow_mut()[s..s + data.len()].copy_from_slice(data);
+    }
+
+    fn bytes(&self, addr: u64, len: usize) -> Vec<u8> {
+        let s = (addr - BASE) as usize;
+        self.mem.0.borrow()[s..s + len].to_vec()
+    }
+
+    fn sge(&self, addr: u64, len: u32) -> Sge {
+        Sge::new(addr, len, self.mr.lkey)
+    }
+
+    fn poll(&mut self) -> Vec<WorkCompletion> {
+        self.e.poll_cq(self.cq, 1 << 20).unwrap()
+    }
+}
+
+fn connect(s: &mut Side, peer_qpn: u32, peer_ip: IpAddr, mtu: PathMtu) {
+    let mut a = QpAttr {
+        qp_state: QpState::Init,
+        pkey_index: 0,
+        port_num: 1,
+        qp_access_flags: AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_READ
+            | AccessFlags::REMOTE_ATOMIC,
+        ..QpAttr::default()
+    };
+    let m =
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS;
+    s.e.modify_qp(s.qpn, &a, m).unwrap();
+    a.qp_state = QpState::Rtr;
+    a.ah_attr = AhAttr {
+        dgid: Gid::from_ip(peer_ip).0,
+        ..AhAttr::default()
+    };
+    a.path_mtu = mtu;
+    a.dest_qp_num = peer_qpn;
+    a.rq_psn = 100;
+    a.max_dest_rd_atomic = 4;
+    a.min_rnr_timer = 1;
+    let m = QpAttrMask::STATE
+        | QpAttrMask::AV
+        | QpAttrMask::PATH_MTU
+        | QpAttrMask::DEST_QPN
+        | QpAttrMask::RQ_PSN
+        | QpAttrMask::MAX_DEST_RD_ATOMIC
+        | QpAttrMask::MIN_RNR_TIMER;
+    s.e.modify_qp(s.qpn, &a, m).unwrap();
+    a.qp_state = QpState::Rts;
+    a.sq_psn = 100;
+    a.timeout = 10;
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    a.max_rd_atomic = 4;
+    let m = QpAttrMask::STATE
+        | QpAttrMask::TIMEOUT
+        | QpAttrMask::RETRY_CNT
+        | QpAttrMask::RNR_RETRY
+        | QpAttrMask::SQ_PSN
+        | QpAttrMask::MAX_QP_RD_ATOMIC;
+    s.e.modify_qp(s.qpn, &a, m).unwrap();
+}
+
+type Filter = Box<dyn FnMut(usize, &[u8]) -> bool>;
+
+struct World {
+    a: Side,
+    b: Side,
+    now: u64,
+    /// Called with (packet index, bytes); false drops the packet.
+    filter: Option<Filter>,
+    sent: usize,
+    /// Every packet carried, for `SOFTRDMA_PCAP` dumps.
+    log: Vec<Vec<u8>>,
+}
+
+impl World {
+    fn new(mtu: PathMtu) -> World {
+        let mut a = Side::new("10.0.0.1", 1, 1 << 22);
+        let mut b = Side::new("10.0.0.2", 2, 1 << 22);
+        let (qa, qb, ia, ib) = (a.qpn, b.qpn, a.ip, b.ip);
+        connect(&mut a, qb, ib, mtu);
+        connect(&mut b, qa, ia, mtu);
+        World {
+            a,
+            b,
+            now: 0,
+            filter: None,
+            sent: 0,
+            log: Vec::new(),
+        }
+    }
+
+    /// Shuttle packets until both engines are idle and no timer is pending, or `max_ns` of
+    /// fake time has passed.
+    fn run(&mut self, max_ns: u64) {
+        let mut buf = vec![0u8; 8192];
+        let end = self.now + max_ns;
+        loop {
+            let mut moved = false;
+            for dir in 0..2 {
+                let (src, dst) = if dir == 0 {
+                    (&mut self.a, &mut self.b)
+                } else {
+                    (&mut self.b, &mut self.a)
+                };
+                let now = Instant::from_nanos(self.now);
+                while let Some(t) = src.e.poll_transmit(now, &mut buf) {
+                    assert_eq!(t.dst, dst.ip);
+                    let pkt = &buf[..t.len];
+                    let keep = match self.filter.as_mut() {
+                        Some(f) => f(self.sent, pkt),
+                        None => true,
+                    };
+                    self.sent += 1;
+                    if std::env::var_os("SOFTRDMA_PCAP").is_some() {
+                        self.log.push(pkt.to_vec());
+                    }
+                    if keep {
+                        dst.e.handle_datagram(now, pkt);
+                    }
+                    moved = true;
+                }
+            }
+            if moved {
+                self.now += 1_000;
+                continue;
+            }
+            let next = [self.a.e.poll_timeout(), self.b.e.poll_timeout()]
+                .into_iter()
+                .flatten()
+                .min();
+            match next {
+                Some(t) if t.as_nanos() <= end => {
+                    self.now = self.now.max(t.as_nanos());
+                    let now = Instant::from_nanos(self.now);
+                    self.a.e.handle_timeout(now);
+                    self.b.e.handle_timeout(now);
+                }
+                _ => return,
+            }
+        }
+    }
+}
+
+impl Drop for World {
+    /// With `SOFTRDMA_PCAP=dir`, write the packets of the test to `dir/<n>.pcap` (raw IP).
+    fn drop(&mut self) {
+        let Some(dir) = std::env::var_os("SOFTRDMA_PCAP") else {
+            return;
+        };
+        let mut out = Vec::new();
+        out.extend_from_slice(&0xa1b2_c3d4u32.to_le_bytes());
+        out.extend_from_slice(&2u16.to_le_bytes());
+        out.extend_from_slice(&4u16.to_le_bytes());
+        out.extend_from_slice(&[0; 8]);
+        out.extend_from_slice(&65535u32.to_le_bytes());
+        out.extend_from_slice(&101u32.to_le_bytes()); // LINKTYPE_RAW
+        for (i, p) in self.log.iter().enumerate() {
+            out.extend_from_slice(&(i as u32).to_le_bytes());
+            out.extend_from_slice(&0u32.to_le_bytes());
+            out.extend_from_slice(&(p.len() as u32).to_le_bytes());
+            out.extend_from_slice(&(p.len() as u32).to_le_bytes());
+            out.extend_from_slice(p);
+        }
+        let name = format!(
+            "{}.pcap",
+            std::thread::current()
+                .name()
+                .unwrap_or("x")
+                .replace("::", "_")
+        );
+        let _ = std::fs::write(std::path::Path::new(&dir).join(name), out);
+    }
+}
+
+const SEC: u64 = 1_000_000_000;
+
+fn one(wcs: &[WorkCompletion]) -> WorkCompletion {
+    assert_eq!(wcs.len(), 1, "{wcs:?}");
+    wcs[0]
+}
+
+#[test]
+fn send_lands_in_the_posted_receive_with_immediate() {
+    let mut w = World::new(PathMtu::Mtu1024);
+    let msg: Vec<u8> = (0..3000u32).map(|i| (i * 7) as u8).collect();
+    w.a.fill(BASE, &msg);
+    let rsge = w.b.sge(BASE + 0x1000, 4096);
+    w.b.e
+        .post_recv(w.b.qpn, RecvWr::new(7, vec![rsge]))
+        .unwrap();
+    let sge = w.a.sge(BASE, 3000);
+    w.a.e
+        .post_send(
+            w.a.qpn,
+            SendWr::new(1, SendOp::SendWithImm { imm: 0xdead }, vec![sge]),
+        )
+        .unwrap();
+    w.run(SEC);
+    let s = one(&w.a.poll());
+    assert_eq!(
+        (s.wr_id, s.status, s.opcode),
+        (1, WcStatus::Success, WcOpcode::Send)
+    );
+    let r = one(&w.b.poll());
+    assert_eq!(
+        (r.wr_id, r.status, r.opcode, r.byte_len),
+        (7, WcStatus::Success, WcOpcode::Recv, 3000)
+    );
+    assert_eq!(r.imm_data, 0xdead);
+    assert!(r.wc_flags.contains(WcFlags::WITH_IMM));
+    assert_eq!(r.src_qp, w.a.qpn);
+    assert_eq!(w.b.bytes(BASE + 0x1000, 3000), msg);
+}
+
+#[test]
+fn write_read_and_atomics_move_the_right_bytes() {
+    let mut w = World::new(PathMtu::Mtu256);
+    let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+    w.a.fill(BASE, &data);
+    let rkey = w.b.mr.rkey;
+    let sges = vec![w.a.sge(BASE, 4000), w.a.sge(BASE + 4000, 6000)];
+    w.a.e
+        .post_send(w.a.qpn, SendWr::rdma_write(1, sges, BASE + 0x10000, rkey))
+        .unwrap();
+    // Read it back into another place of A.
+    let back = w.a.sge(BASE + 0x40000, 10_000);
+    w.a.e
+        .post_send(
+            w.a.qpn,
+            SendWr::rdma_read(2, vec![back], BASE + 0x10000, rkey),
+        )
+        .unwrap();
+    w.b.fill(BASE + 0x100, &5u64.to_ne_bytes());
+    let res = w.a.sge(BASE + 0x200, 8);
+    let fa = SendOp::AtomicFetchAdd {
+        remote_addr: BASE + 0x100,
+        rkey,
+        add: 10,
+    };
+    w.a.e
+        .post_send(w.a.qpn, SendWr::new(3, fa, vec![res]))
+        .unwrap();
+    let res2 = w.a.sge(BASE + 0x208, 8);
+    let cs = SendOp::AtomicCmpSwap {
+        remote_addr: BASE + 0x100,
+        rkey,
+        compare: 15,
+        swap: 99,
+    };
+    w.a.e
+        .post_send(w.a.qpn, SendWr::new(4, cs, vec![res2]))
+        .unwrap();
+    w.run(SEC);
+    let wcs = w.a.poll();
+    let ids: Vec<(u64, WcStatus)> = wcs.iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(
+        ids,
+        vec![
+            (1, WcStatus::Success),
+            (2, WcStatus::Success),
+            (3, WcStatus::Success),
+            (4, WcStatus::Success)
+        ]
+    );
+    assert_eq!(wcs[1].opcode, WcOpcode::RdmaRead);
+    assert_eq!(wcs[1].byte_len, 10_000);
+    assert_eq!(w.b.bytes(BASE + 0x10000, 10_000), data);
+    assert_eq!(w.a.bytes(BASE + 0x40000, 10_000), data);
+    assert_eq!(w.a.bytes(BASE + 0x200, 8), 5u64.to_ne_bytes());
+    assert_eq!(w.a.bytes(BASE + 0x208, 8), 15u64.to_ne_bytes());
+    assert_eq!(w.b.bytes(BASE + 0x100, 8), 99u64.to_ne_bytes());
+    assert!(w.b.poll().is_empty());
+}
+
+#[test]
+fn lost_packets_are_retransmitted_and_everything_completes_once() {
+    let mut w = World::new(PathMtu::Mtu512);
+    // Drop every 7th packet either way.
+    w.filter = Some(Box::new(|i, _| i % 7 != 3));
+    let data: Vec<u8> = (0..50_000u32).map(|i| (i * 13 % 256) as u8).collect();
+    w.a.fill(BASE, &data);
+    let rkey = w.b.mr.rkey;
+    for i in 0..10u64 {
+        let off = i * 5000;
+        let sge = w.a.sge(BASE + off, 5000);
+        let wr = if i % 3 == 2 {
+            SendWr::rdma_read(
+                i,
+                vec![w.a.sge(BASE + 0x100000 + off, 5000)],
+                BASE + 0x80000 + off,
+                rkey,
+            )
+        } else {
+            SendWr::rdma_write(i, vec![sge], BASE + 0x80000 + off, rkey)
+        };
+        w.b.fill(
+            BASE + 0x80000 + off,
+            &data[off as usize..off as usize + 5000],
+        );
+        w.a.e.post_send(w.a.qpn, wr).unwrap();
+    }
+    w.run(100 * SEC);
+    let wcs = w.a.poll();
+    let ids: Vec<u64> = wcs.iter().map(|c| c.wr_id).collect();
+    assert_eq!(ids, (0..10).collect::<Vec<_>>(), "{wcs:?}");
+    assert!(wcs.iter().all(|c| c.status == WcStatus::Success), "{wcs:?}");
+    for i in 0..10u64 {
+        let off = i * 5000;
+        if i % 3 == 2 {
+            assert_eq!(
+                w.a.bytes(BASE + 0x100000 + off, 5000),
+                data[off as usize..off as usize + 5000]
+            );
+        }
+    }
+    assert_eq!(w.b.bytes(BASE + 0x80000, 50_000), data);
+    assert!(w.a.e.counters().get(Counter::ReqRetries) > 0);
+}
+
+#[test]
+fn rnr_nak_waits_until_a_receive_is_posted() {
+    let mut w = World::new(PathMtu::Mtu1024);
+    w.a.fill(BASE, b"hello");
+    let sge = w.a.sge(BASE, 5);
+    w.a.e
+        .post_send(w.a.qpn, SendWr::send(1, vec![sge]))
+        .unwrap();
+    w.run(50_000); // a few RNR rounds with no receive posted
+    assert!(w.a.poll().is_empty());
+    assert!(w.b.e.counters().get(Counter::RespRnrNakSent) >= 1);
+    let r = w.b.sge(BASE + 0x100, 16);
+    w.b.e.post_recv(w.b.qpn, RecvWr::new(9, vec![r])).unwrap();
+    w.run(SEC);
+    assert_eq!(one(&w.a.poll()).status, WcStatus::Success);
+    let rc = one(&w.b.poll());
+    assert_eq!((rc.wr_id, rc.byte_len), (9, 5));
+    assert_eq!(w.b.bytes(BASE + 0x100, 5), b"hello");
+}
+
+#[test]
+fn bad_rkey_fails_with_remote_access_error_and_flushes_the_rest() {
+    let mut w = World::new(PathMtu::Mtu1024);
+    let bad = w.b.mr.rkey ^ 0x5a5;
+    let sge = w.a.sge(BASE, 100);
+    w.a.e
+        .post_send(w.a.qpn, SendWr::rdma_write(1, vec![sge], BASE, bad))
+        .unwrap();
+    w.a.e
+        .post_send(
+            w.a.qpn,
+            SendWr::rdma_write(2, vec![sge], BASE, w.b.mr.rkey).signaled(false),
+        )
+        .unwrap();
+    w.run(SEC);
+    let wcs = w.a.poll();
+    assert_eq!(wcs.len(), 2, "{wcs:?}");
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (1, WcStatus::RemAccessErr));
+    assert_eq!((wcs[1].wr_id, wcs[1].status), (2, WcStatus::WrFlushErr));
+    assert_eq!(w.a.e.query_qp(w.a.qpn).unwrap().qp_state, QpState::Err);
+    assert_eq!(w.b.e.query_qp(w.b.qpn).unwrap().qp_state, QpState::Err);
+}
+
+#[test]
+fn unreachable_peer_ends_in_retry_exceeded() {
+    let mut w = World::new(PathMtu::Mtu1024);
+    w.filter = Some(Box::new(|_, _| false));
+    let sge = w.a.sge(BASE, 10);
+    w.a.e
+        .post_send(w.a.qpn, SendWr::rdma_write(1, vec![sge], BASE, w.b.mr.rkey))
+        .unwrap();
+    w.a.e
+        .post_send(w.a.qpn, SendWr::rdma_write(2, vec![sge], BASE, w.b.mr.rkey))
+        .unwrap();
+    w.run(100 * SEC);
+    let wcs = w.a.poll();
+    let got: Vec<(u64, WcStatus)> = wcs.iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(
+        got,
+        vec![(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)]
+    );
+    // retry_cnt 7: the first transmission and seven retries.
+    assert_eq!(w.a.e.counters().get(Counter::CompLocalAckTimeout), 8);
+}
+
+#[test]
+fn bad_lkey_completes_with_local_protection_error() {
+    let mut w = World::new(PathMtu::Mtu1024);
+    let sge = Sge::new(BASE, 10, w.a.mr.lkey ^ 1);
+    w.a.e
+        .post_send(w.a.qpn, SendWr::rdma_write(1, vec![sge], BASE, w.b.mr.rkey))
+        .unwrap();
+    w.run(SEC);
+    let c = one(&w.a.poll());
+    assert_eq!(c.status, WcStatus::LocProtErr);
+    assert_eq!(w.a.e.query_qp(w.a.qpn).unwrap().qp_state, QpState::Err);
+}
+
+#[test]
+fn inline_unsignaled_and_zero_length_sends() {
+    let mut w = World::new(PathMtu::Mtu1024);
+    for i in 0..3 {
+        let r = w.b.sge(BASE + 0x100 * i, 0x100);
+        w.b.e.post_recv(w.b.qpn, RecvWr::new(i, vec![r])).unwrap();
+    }
+    w.a.e
+        .post_send(
+            w.a.qpn,
+            SendWr::send(1, vec![])
+                .inline(b"inline!".to_vec())
+                .signaled(false),
+        )
+        .unwrap();
+    w.a.e.post_send(w.a.qpn, SendWr::send(2, vec![])).unwrap();
+    let solicited = SendWr::send(3, vec![])
+        .inline(vec![1, 2, 3])
+        .with_flags(SendFlags::SOLICITED);
+    w.a.e.post_send(w.a.qpn, solicited).unwrap();
+    w.run(SEC);
+    let ids: Vec<u64> = w.a.poll().iter().map(|c| c.wr_id).collect();
+    assert_eq!(ids, vec![2, 3]);
+    let r = w.b.poll();
+    let lens: Vec<u32> = r.iter().map(|c| c.byte_len).collect();
+    assert_eq!(lens, vec![7, 0, 3]);
+    assert_eq!(w.b.bytes(BASE, 7), b"inline!");
+    let too_big = SendWr::send(4, vec![]).inline(vec![0; 65]);
+    assert!(w.a.e.post_send(w.a.qpn, too_big).is_err());
+}
+
+#[test]
+fn receive_too_small_is_a_local_length_error_there_and_invalid_request_here() {
+    let mut w = World::new(PathMtu::Mtu1024);
+    let r = w.b.sge(BASE, 10);
+    w.b.e.post_recv(w.b.qpn, RecvWr::new(5, vec![r])).unwrap();
+    let s = w.a.sge(BASE, 20);
+    w.a.e.post_send(w.a.qpn, SendWr::send(1, vec![s])).unwrap();
+    w.run(SEC);
+    assert_eq!(one(&w.a.poll()).status, WcStatus::RemInvReqErr);
+    assert_eq!(one(&w.b.poll()).status, WcStatus::LocLenErr);
+}
