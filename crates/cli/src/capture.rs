@@ -7,6 +7,9 @@ use std::io::Read;
 use std::time::Duration;
 
 use pcap_file::pcap::PcapReader;
+use pcap_file::pcapng::blocks::interface_description::{
+    InterfaceDescriptionBlock, InterfaceDescriptionOption,
+};
 use pcap_file::pcapng::{Block, PcapNgReader};
 use pcap_file::{PcapError, TsResolution};
 
@@ -218,11 +221,68 @@ fn next_pcapng<R: Read>(reader: &mut PcapNgReader<R>) -> Option<Result<Record, S
             return Some(Err(format!("packet on undeclared interface {iface}")));
         };
         let linktype = u32::from(desc.linktype);
+        let timestamp = interface_time(desc, timestamp);
         return Some(Ok(Record {
             timestamp,
             linktype,
             orig_len,
             data,
         }));
+    }
+}
+
+/// The real time of a pcapng packet timestamp.
+///
+/// pcap-file 2.0 returns the raw 64-bit timestamp as if it counted nanoseconds, but its unit is
+/// the interface's `if_tsresol` (microseconds when absent, as Wireshark writes it), and
+/// `if_tsoffset` seconds are to be added.
+fn interface_time(iface: &InterfaceDescriptionBlock<'_>, raw: Duration) -> Duration {
+    let units = u64::try_from(raw.as_nanos()).unwrap_or(u64::MAX);
+    let mut resol = 6u8;
+    let mut offset = 0u64;
+    for opt in &iface.options {
+        match opt {
+            InterfaceDescriptionOption::IfTsResol(r) => resol = *r,
+            InterfaceDescriptionOption::IfTsOffset(o) => offset = *o,
+            _ => {}
+        }
+    }
+    let ts = scale_units(units, resol);
+    ts.checked_add(Duration::from_secs(offset)).unwrap_or(ts)
+}
+
+/// `units` ticks of 10^-r seconds (top bit of `resol` clear) or 2^-r seconds (top bit set);
+/// zero for resolutions a u64 tick count cannot express.
+fn scale_units(units: u64, resol: u8) -> Duration {
+    let exp = u32::from(resol & 0x7f);
+    let per_sec = if resol & 0x80 == 0 {
+        10u64.checked_pow(exp)
+    } else {
+        1u64.checked_shl(exp).filter(|_| exp < 64)
+    };
+    let Some(per_sec) = per_sec else {
+        return Duration::ZERO;
+    };
+    let secs = units / per_sec;
+    let frac = u128::from(units % per_sec) * 1_000_000_000 / u128::from(per_sec);
+    // frac < 10^9 by construction.
+    Duration::new(secs, u32::try_from(frac).unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pcapng_timestamp_units_follow_if_tsresol() {
+        assert_eq!(scale_units(1_500_000, 6), Duration::from_millis(1500));
+        assert_eq!(scale_units(1_500_000_000, 9), Duration::from_millis(1500));
+        assert_eq!(scale_units(3, 0), Duration::from_secs(3));
+        assert_eq!(
+            scale_units((1 << 20) | (1 << 19), 0x80 | 20),
+            Duration::from_millis(1500)
+        );
+        assert_eq!(scale_units(u64::MAX, 0x80 | 127), Duration::ZERO);
+        assert_eq!(scale_units(5, 30), Duration::ZERO);
     }
 }
