@@ -422,3 +422,125 @@ fn a_bad_icrc_shows_both_values() {
         d.text
     );
 }
+
+/// Re-fixes the IPv4 header checksum after a test edited the header.
+fn fix_ipv4_checksum(p: &mut [u8]) {
+    p[10..12].copy_from_slice(&[0, 0]);
+    let sum = wire::ipv4::checksum(&p[..20]);
+    p[10..12].copy_from_slice(&sum.to_be_bytes());
+}
+
+#[test]
+fn each_kind_of_malformation_is_named_precisely() {
+    use wire::WireError as E;
+    let cases = matrix();
+    let find = |op: wire::Opcode, len: usize| {
+        cases
+            .iter()
+            .find(|c| {
+                c.transport.bth.opcode == op
+                    && c.payload.len() == len
+                    && matches!(c.ip, wire::packet::IpRepr::V4(_))
+            })
+            .map(Case::emit)
+            .expect("a matching case")
+    };
+    let send = find(wire::Opcode::RcSendOnly, 61);
+    let ack = find(wire::Opcode::RcAcknowledge, 0);
+    let edit = |base: &[u8], f: &dyn Fn(&mut Vec<u8>)| {
+        let mut p = base.to_vec();
+        f(&mut p);
+        p
+    };
+    let bth = 28;
+    let checks: Vec<(&str, Vec<u8>, fn(&E) -> bool)> = vec![
+        (
+            "UC RDMA READ REQUEST does not exist",
+            edit(&send, &|p| p[bth] = 0x2c),
+            |e| matches!(e, E::OpcodeNotValidForTransport { code: 0x2c }),
+        ),
+        ("RD is not spoken", edit(&send, &|p| p[bth] = 0x44), |e| {
+            matches!(e, E::UnsupportedTransport { code: 0x44 })
+        }),
+        ("reserved opcode", edit(&send, &|p| p[bth] = 0x1f), |e| {
+            matches!(e, E::UnknownOpcode { code: 0x1f })
+        }),
+        (
+            "pad beyond payload",
+            edit(&ack, &|p| p[bth + 1] |= 0x30),
+            |e| matches!(e, E::PadTooLarge { pad: 3, payload: 0 }),
+        ),
+        (
+            "reserved AETH syndrome",
+            edit(&ack, &|p| p[bth + 12] = 0x40),
+            |e| matches!(e, E::BadSyndrome { value: 0x40 }),
+        ),
+        (
+            "UDP length disagrees",
+            edit(&send, &|p| {
+                let l = u16::from_be_bytes([p[24], p[25]]) - 4;
+                p[24..26].copy_from_slice(&l.to_be_bytes());
+            }),
+            |e| {
+                matches!(
+                    e,
+                    E::LengthMismatch {
+                        header: wire::HeaderKind::Udp,
+                        claimed: 84,
+                        actual: 88
+                    }
+                )
+            },
+        ),
+        (
+            "IPv4 fragment",
+            edit(&send, &|p| {
+                p[6] |= 0x20;
+                fix_ipv4_checksum(p);
+            }),
+            |e| matches!(e, E::Ipv4Fragmented),
+        ),
+        (
+            "IP length cuts the packet off",
+            edit(&send, &|p| p.truncate(bth + 7)),
+            |e| {
+                matches!(
+                    e,
+                    E::LengthMismatch {
+                        header: wire::HeaderKind::Ipv4,
+                        ..
+                    }
+                )
+            },
+        ),
+        (
+            "cut inside the BTH, lengths consistent",
+            edit(&send, &|p| {
+                p.truncate(bth + 7);
+                p[2..4].copy_from_slice(&35u16.to_be_bytes());
+                p[24..26].copy_from_slice(&15u16.to_be_bytes());
+                fix_ipv4_checksum(p);
+            }),
+            |e| {
+                matches!(
+                    e,
+                    E::Truncated {
+                        header: wire::HeaderKind::Bth,
+                        ..
+                    }
+                )
+            },
+        ),
+    ];
+    for (what, packet, expected) in checks {
+        let err = RoceV2Packet::parse(&packet).expect_err(what);
+        assert!(expected(&err), "{what}: the codec says {err:?}");
+        let d = decode_ip(&packet);
+        assert_eq!(d.verdict, Verdict::Malformed(err), "{what}");
+        assert!(
+            d.text.ends_with(&format!(": malformed RoCEv2: {err}")),
+            "{what}: {}",
+            d.text
+        );
+    }
+}
