@@ -430,6 +430,9 @@ fn fix_ipv4_checksum(p: &mut [u8]) {
     p[10..12].copy_from_slice(&sum.to_be_bytes());
 }
 
+/// Whether an error is the one a malformation must produce.
+type IsExpected = fn(&wire::WireError) -> bool;
+
 #[test]
 fn each_kind_of_malformation_is_named_precisely() {
     use wire::WireError as E;
@@ -453,7 +456,7 @@ fn each_kind_of_malformation_is_named_precisely() {
         p
     };
     let bth = 28;
-    let checks: Vec<(&str, Vec<u8>, fn(&E) -> bool)> = vec![
+    let checks: Vec<(&str, Vec<u8>, IsExpected)> = vec![
         (
             "UC RDMA READ REQUEST does not exist",
             edit(&send, &|p| p[bth] = 0x2c),
