@@ -115,13 +115,13 @@ fn protocol_name(p: u8) -> String {
 pub fn decode_frame(linktype: u32, frame: &[u8]) -> Decoded {
     match link::strip(linktype, frame) {
         Network::Ip(ip) => decode_ip(ip),
-        Network::Other(why) => not_roce(String::new(), &why),
+        Network::Other(why) => not_ip(&why),
     }
 }
 
-fn not_roce(prefix: String, why: &NotIp) -> Decoded {
+fn not_ip(why: &NotIp) -> Decoded {
     Decoded {
-        text: format!("{prefix}not RoCEv2: {why}"),
+        text: format!("not RoCEv2: {why}"),
         verdict: Verdict::NotRoce,
     }
 }

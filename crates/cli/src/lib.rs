@@ -4,6 +4,8 @@
 //! `softrdma decode`, a tcpdump-style decoder for RoCEv2 captures built on the `wire` codec;
 //! `devinfo`, `pingpong` and the benchmarks join it as the lower layers grow.
 
+#![warn(missing_docs)]
+
 pub mod capture;
 pub mod decode;
 pub mod link;
