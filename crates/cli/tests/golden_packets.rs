@@ -152,3 +152,34 @@ fn golden_packets_from_linux_rxe_parse_and_re_emit_identically() {
         assert_same(name, &ours, &bytes);
     }
 }
+
+#[test]
+fn the_recorded_scapy_command_still_produces_the_committed_golden_bytes() {
+    common::require_scapy();
+    let out = std::process::Command::new(common::PYTHON)
+        .arg(crate_dir().join("tests/scapy_icrc.py"))
+        .arg("golden")
+        .output()
+        .expect("run scapy_icrc.py golden");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    let mut seen = 0;
+    for line in text.lines() {
+        let (name, hex) = line.split_once(' ').expect("'<name> <hex>' lines");
+        let file = format!("{name}.scapy.hex");
+        assert_eq!(
+            to_hex(&golden(&file)),
+            hex,
+            "{file} differs from what scapy builds today"
+        );
+        seen += 1;
+    }
+    assert_eq!(
+        seen, 3,
+        "scapy_icrc.py golden builds the three IPv4 golden packets"
+    );
+}
