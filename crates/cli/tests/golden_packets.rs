@@ -179,7 +179,7 @@ fn the_recorded_scapy_command_still_produces_the_committed_golden_bytes() {
         seen += 1;
     }
     assert_eq!(
-        seen, 3,
-        "scapy_icrc.py golden builds the three IPv4 golden packets"
+        seen, 4,
+        "scapy_icrc.py golden builds the four golden packets"
     );
 }

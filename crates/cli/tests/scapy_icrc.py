@@ -103,9 +103,24 @@ def golden_packets():
     return [("rc_send_only_pad3_v4", send), ("rc_ack_v4", ack), ("ud_send_only_v4", ud)]
 
 
+def golden_ipv6():
+    """RC SEND ONLY over IPv6 with non-zero traffic class, flow label and hop limit: headers
+    built by scapy, ICRC from icrc_ipv6 (scapy's RoCE layer has no IPv6 ICRC)."""
+    pkt = (
+        IPv6(src="2001:db8::1", dst="2001:db8::2", tc=0x12, fl=0x12345, hlim=9)
+        / UDP(sport=5, dport=4791, chksum=0)
+        / BTH(opcode=0x04, dqpn=1, psn=2, icrc=0)  # placeholder, replaced below
+        / Raw(b"abcd")
+    )
+    body = raw(pkt)
+    icrc, _ = icrc_ipv6(body)
+    return body[:-4] + icrc
+
+
 def mode_golden():
     for name, pkt in golden_packets():
         print(name, raw(pkt).hex())
+    print("rc_send_only_v6", golden_ipv6().hex())
 
 
 def main():
