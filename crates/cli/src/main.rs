@@ -1,7 +1,7 @@
 //! `softrdma`: command-line tools for softrdma (today: `decode`).
 
 use std::fs::File;
-use std::io::{BufReader, BufWriter, Write};
+use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -21,7 +21,8 @@ enum Command {
     /// Print one line per packet of a pcap/pcapng capture, decoding RoCEv2 (UDP 4791) headers
     /// and checking each ICRC.
     Decode {
-        /// The capture file (pcap or pcapng; Ethernet, raw IP or Linux cooked link types).
+        /// The capture file (pcap or pcapng; Ethernet, raw IP or Linux cooked link types);
+        /// `-` reads standard input.
         file: PathBuf,
     },
 }
@@ -34,7 +35,13 @@ fn summary_line(s: &DecodeSummary) -> String {
 }
 
 fn decode(file: &Path) -> ExitCode {
-    let input = match File::open(file) {
+    // "-" reads the capture from standard input, as `tcpdump -r -` does.
+    let opened: std::io::Result<Box<dyn Read>> = if file == Path::new("-") {
+        Ok(Box::new(std::io::stdin().lock()))
+    } else {
+        File::open(file).map(|f| Box::new(f) as Box<dyn Read>)
+    };
+    let input = match opened {
         Ok(f) => BufReader::new(f),
         Err(e) => {
             eprintln!("softrdma decode: cannot open {}: {e}", file.display());

@@ -547,3 +547,28 @@ fn each_kind_of_malformation_is_named_precisely() {
         );
     }
 }
+
+#[test]
+fn a_dash_reads_the_capture_from_standard_input() {
+    use std::io::Write as _;
+    let src = common::testdata_dir().join("rxe-badicrc.pcap");
+    let from_file = run(&src);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_softrdma"))
+        .args(["decode", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run softrdma");
+    let bytes = std::fs::read(&src).expect("read the capture");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(&bytes)
+        .expect("feed the capture");
+    let from_stdin = child.wait_with_output().expect("softrdma finishes");
+    assert!(from_stdin.status.success());
+    assert_eq!(stdout_lines(&from_stdin), stdout_lines(&from_file));
+    assert_eq!(stdout_lines(&from_file).len(), 19);
+}
