@@ -1,0 +1,491 @@
+//! Test support for the engine's scenario and sweep tests: an engine hosted as a `sim::Node`,
+//! test memory backed by `Vec<u8>`, and a builder for two connected RC QPs.
+//!
+//! Every test file that uses it declares `mod common;`; not every file uses every helper.
+#![allow(dead_code)]
+
+use core::time::Duration;
+use std::cell::RefCell;
+use std::net::{IpAddr, Ipv4Addr};
+use std::rc::Rc;
+
+use engine::{
+    AccessFlags, AhAttr, CqHandle, Engine, EngineConfig, Gid, Instant, MemOwner, Memory,
+    MemoryError, MrKeys, PathMtu, PdHandle, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType,
+    RecvWr, SendWr, Sge, WorkCompletion,
+};
+use sim::{NetConfig, NodeId, Sim};
+
+/// Virtual time of the sim as the engine's `Instant` (the sim starts at 0).
+pub fn instant(now: Duration) -> Instant {
+    Instant::from_nanos(u64::try_from(now.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// An engine `Instant` as the sim's virtual time.
+pub fn duration(t: Instant) -> Duration {
+    Duration::from_nanos(t.as_nanos())
+}
+
+/// One contiguous buffer of test memory.
+struct Region {
+    owner: MemOwner,
+    base: u64,
+    bytes: Vec<u8>,
+}
+
+/// `Vec<u8>`-backed memory shared between a test and the engine that uses it (the test keeps
+/// one clone to fill sources and check destinations; the engine gets another).
+#[derive(Clone, Default)]
+pub struct TestMemory {
+    regions: Rc<RefCell<Vec<Region>>>,
+}
+
+impl TestMemory {
+    /// Adds a zeroed region of `len` bytes at virtual address `base` for `owner`.
+    pub fn add_region(&self, owner: MemOwner, base: u64, len: usize) {
+        self.regions.borrow_mut().push(Region {
+            owner,
+            base,
+            bytes: vec![0; len],
+        });
+    }
+
+    fn with_range<R>(
+        &self,
+        owner: MemOwner,
+        addr: u64,
+        len: usize,
+        f: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<R, MemoryError> {
+        let mut regions = self.regions.borrow_mut();
+        let fault = MemoryError::Fault { addr, len };
+        let r = regions
+            .iter_mut()
+            .find(|r| {
+                r.owner == owner
+                    && addr >= r.base
+                    && addr
+                        .checked_add(len as u64)
+                        .is_some_and(|end| end <= r.base + r.bytes.len() as u64)
+            })
+            .ok_or(fault)?;
+        let off = (addr - r.base) as usize;
+        Ok(f(&mut r.bytes[off..off + len]))
+    }
+
+    /// Copies `len` bytes at `addr` out (panics if the range is not test memory).
+    pub fn get(&self, owner: MemOwner, addr: u64, len: usize) -> Vec<u8> {
+        self.with_range(owner, addr, len, |b| b.to_vec())
+            .expect("test reads its own memory")
+    }
+
+    /// Writes `data` at `addr` (panics if the range is not test memory).
+    pub fn set(&self, owner: MemOwner, addr: u64, data: &[u8]) {
+        self.with_range(owner, addr, data.len(), |b| b.copy_from_slice(data))
+            .expect("test writes its own memory")
+    }
+
+    /// Reads the native-endian 8-byte word at `addr` (the ATOMIC word format).
+    pub fn word(&self, owner: MemOwner, addr: u64) -> u64 {
+        let b = self.get(owner, addr, 8);
+        u64::from_ne_bytes(b.try_into().expect("8 bytes"))
+    }
+
+    /// Writes the native-endian 8-byte word at `addr`.
+    pub fn set_word(&self, owner: MemOwner, addr: u64, v: u64) {
+        self.set(owner, addr, &v.to_ne_bytes());
+    }
+}
+
+impl Memory for TestMemory {
+    fn read(&mut self, owner: MemOwner, addr: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
+        self.with_range(owner, addr, buf.len(), |b| buf.copy_from_slice(b))
+    }
+
+    fn write(&mut self, owner: MemOwner, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
+        self.with_range(owner, addr, data.len(), |b| b.copy_from_slice(data))
+    }
+
+    fn compare_swap(
+        &mut self,
+        owner: MemOwner,
+        addr: u64,
+        compare: u64,
+        swap: u64,
+    ) -> Result<u64, MemoryError> {
+        self.with_range(owner, addr, 8, |b| {
+            let old = u64::from_ne_bytes(b.try_into().expect("8 bytes"));
+            if old == compare {
+                b.copy_from_slice(&swap.to_ne_bytes());
+            }
+            old
+        })
+    }
+
+    fn fetch_add(&mut self, owner: MemOwner, addr: u64, add: u64) -> Result<u64, MemoryError> {
+        self.with_range(owner, addr, 8, |b| {
+            let old = u64::from_ne_bytes(b.try_into().expect("8 bytes"));
+            b.copy_from_slice(&old.wrapping_add(add).to_ne_bytes());
+            old
+        })
+    }
+}
+
+/// An engine hosted in the sim, with the test's handle on its memory.
+pub struct Host {
+    /// The soft HCA.
+    pub engine: Engine,
+    /// The memory the engine reaches (shared with the engine).
+    pub mem: TestMemory,
+}
+
+impl sim::Node for Host {
+    fn handle_datagram(&mut self, now: Duration, packet: &[u8]) {
+        self.engine.handle_datagram(instant(now), packet);
+    }
+
+    fn handle_timeout(&mut self, now: Duration) {
+        self.engine.handle_timeout(instant(now));
+    }
+
+    fn poll_transmit(&mut self, now: Duration, buf: &mut [u8]) -> Option<sim::Transmit> {
+        let t = self.engine.poll_transmit(instant(now), buf)?;
+        Some(sim::Transmit {
+            len: t.len,
+            dst: t.dst,
+        })
+    }
+
+    fn poll_timeout(&self) -> Option<Duration> {
+        self.engine.poll_timeout().map(duration)
+    }
+}
+
+/// The memory owner every test region uses.
+pub const OWNER: MemOwner = MemOwner(1);
+
+/// Settings of a connected pair of RC QPs.
+#[derive(Debug, Clone)]
+pub struct PairConfig {
+    /// Seed of the sim (and, derived from it, of the engines' key generators).
+    pub seed: u64,
+    /// The network.
+    pub net: NetConfig,
+    /// Path MTU of both QPs.
+    pub mtu: PathMtu,
+    /// Local ACK timeout code (4.096 µs × 2^timeout).
+    pub timeout: u8,
+    /// Transport retries.
+    pub retry_cnt: u8,
+    /// RNR retries (7 = infinite).
+    pub rnr_retry: u8,
+    /// RNR NAK timer code advertised by the responder.
+    pub min_rnr_timer: u8,
+    /// Outstanding READ/ATOMIC as requester.
+    pub max_rd_atomic: u8,
+    /// READ/ATOMIC resources as responder.
+    pub max_dest_rd_atomic: u8,
+    /// Send and receive queue depth.
+    pub depth: u32,
+    /// CQ depth.
+    pub cq_depth: u32,
+    /// Bytes of test memory (one MR over all of it) on each side.
+    pub mem_len: usize,
+    /// Access flags of the MRs.
+    pub mr_access: AccessFlags,
+    /// Remote operations each QP allows its peer.
+    pub qp_access: AccessFlags,
+    /// First send PSN of side A (side B uses A's plus 0x80_0000, so PSNs wrap somewhere).
+    pub psn_a: u32,
+}
+
+impl Default for PairConfig {
+    fn default() -> Self {
+        PairConfig {
+            seed: 1,
+            net: NetConfig::default(),
+            mtu: PathMtu::Mtu1024,
+            timeout: 10,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 1,
+            max_rd_atomic: 16,
+            max_dest_rd_atomic: 16,
+            depth: 1024,
+            cq_depth: 4096,
+            mem_len: 1 << 20,
+            mr_access: AccessFlags::LOCAL_WRITE
+                | AccessFlags::REMOTE_WRITE
+                | AccessFlags::REMOTE_READ
+                | AccessFlags::REMOTE_ATOMIC,
+            qp_access: AccessFlags::REMOTE_WRITE
+                | AccessFlags::REMOTE_READ
+                | AccessFlags::REMOTE_ATOMIC,
+            psn_a: 0xff_fff0,
+        }
+    }
+}
+
+/// One side of a connected pair: its node and the verbs objects on it.
+#[derive(Debug, Clone, Copy)]
+pub struct Side {
+    /// The node in the sim.
+    pub node: NodeId,
+    /// Its address.
+    pub ip: IpAddr,
+    /// Protection domain.
+    pub pd: PdHandle,
+    /// CQ of the send queue.
+    pub send_cq: CqHandle,
+    /// CQ of the receive queue.
+    pub recv_cq: CqHandle,
+    /// The RC QP number.
+    pub qpn: u32,
+    /// The MR over all of the side's test memory.
+    pub mr: MrKeys,
+    /// First address of the test memory.
+    pub base: u64,
+    /// Bytes of test memory.
+    pub len: u64,
+}
+
+impl Side {
+    /// An SGE over `len` bytes at offset `off` of this side's memory.
+    pub fn sge(&self, off: u64, len: u32) -> Sge {
+        Sge::new(self.base + off, len, self.mr.lkey)
+    }
+
+    /// The address of offset `off`.
+    pub fn addr(&self, off: u64) -> u64 {
+        self.base + off
+    }
+}
+
+/// Two engines, each with one RC QP connected to the other's, in one sim.
+pub struct Pair {
+    /// The sim hosting both.
+    pub sim: Sim<Host>,
+    /// Side A (10.0.0.1).
+    pub a: Side,
+    /// Side B (10.0.0.2).
+    pub b: Side,
+    /// The settings used.
+    pub cfg: PairConfig,
+}
+
+fn create_side(sim: &mut Sim<Host>, cfg: &PairConfig, ip: IpAddr, base: u64) -> Side {
+    let mem = TestMemory::default();
+    mem.add_region(OWNER, base, cfg.mem_len);
+    let key_seed = sim::rng::mix(
+        cfg.seed
+            ^ u64::from(u32::from(match ip {
+                IpAddr::V4(v4) => v4,
+                IpAddr::V6(_) => Ipv4Addr::UNSPECIFIED,
+            })),
+    );
+    let mut engine = Engine::new(EngineConfig::new(vec![ip], key_seed), Box::new(mem.clone()));
+    let pd = engine.alloc_pd().expect("alloc_pd");
+    let mr = engine
+        .reg_mr(pd, OWNER, base, cfg.mem_len as u64, cfg.mr_access)
+        .expect("reg_mr");
+    let send_cq = engine.create_cq(cfg.cq_depth).expect("create_cq");
+    let recv_cq = engine.create_cq(cfg.cq_depth).expect("create_cq");
+    let qpn = engine
+        .create_qp(&QpInitAttr {
+            pd,
+            send_cq,
+            recv_cq,
+            cap: QpCap {
+                max_send_wr: cfg.depth,
+                max_recv_wr: cfg.depth,
+                max_send_sge: 4,
+                max_recv_sge: 4,
+                max_inline_data: 256,
+            },
+            qp_type: QpType::Rc,
+            sq_sig_all: false,
+        })
+        .expect("create_qp");
+    let node = sim.add_node([ip], Host { engine, mem });
+    Side {
+        node,
+        ip,
+        pd,
+        send_cq,
+        recv_cq,
+        qpn,
+        mr,
+        base,
+        len: cfg.mem_len as u64,
+    }
+}
+
+/// Moves `me` through INIT and RTR to RTS, connected to `peer`.
+fn connect(
+    engine: &mut Engine,
+    cfg: &PairConfig,
+    me: &Side,
+    peer: &Side,
+    sq_psn: u32,
+    rq_psn: u32,
+) {
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        pkey_index: 0,
+        port_num: 1,
+        qp_access_flags: cfg.qp_access,
+        ..QpAttr::default()
+    };
+    engine
+        .modify_qp(
+            me.qpn,
+            &init,
+            QpAttrMask::STATE
+                | QpAttrMask::PKEY_INDEX
+                | QpAttrMask::PORT
+                | QpAttrMask::ACCESS_FLAGS,
+        )
+        .expect("RESET -> INIT");
+    let rtr = QpAttr {
+        qp_state: QpState::Rtr,
+        path_mtu: cfg.mtu,
+        dest_qp_num: peer.qpn,
+        rq_psn,
+        max_dest_rd_atomic: cfg.max_dest_rd_atomic,
+        min_rnr_timer: cfg.min_rnr_timer,
+        ah_attr: AhAttr {
+            dgid: Gid::from_ip(peer.ip).0,
+            sgid_index: 0,
+            is_global: true,
+            ..AhAttr::default()
+        },
+        ..QpAttr::default()
+    };
+    engine
+        .modify_qp(
+            me.qpn,
+            &rtr,
+            QpAttrMask::STATE
+                | QpAttrMask::AV
+                | QpAttrMask::PATH_MTU
+                | QpAttrMask::DEST_QPN
+                | QpAttrMask::RQ_PSN
+                | QpAttrMask::MAX_DEST_RD_ATOMIC
+                | QpAttrMask::MIN_RNR_TIMER,
+        )
+        .expect("INIT -> RTR");
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        sq_psn,
+        timeout: cfg.timeout,
+        retry_cnt: cfg.retry_cnt,
+        rnr_retry: cfg.rnr_retry,
+        max_rd_atomic: cfg.max_rd_atomic,
+        ..QpAttr::default()
+    };
+    engine
+        .modify_qp(
+            me.qpn,
+            &rts,
+            QpAttrMask::STATE
+                | QpAttrMask::SQ_PSN
+                | QpAttrMask::TIMEOUT
+                | QpAttrMask::RETRY_CNT
+                | QpAttrMask::RNR_RETRY
+                | QpAttrMask::MAX_QP_RD_ATOMIC,
+        )
+        .expect("RTR -> RTS");
+}
+
+impl Pair {
+    /// Builds the sim, both engines and the connected QPs.
+    pub fn new(cfg: PairConfig) -> Pair {
+        let mut sim = Sim::new(cfg.seed, cfg.net.clone());
+        let a = create_side(
+            &mut sim,
+            &cfg,
+            IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
+            0x1000_0000,
+        );
+        let b = create_side(
+            &mut sim,
+            &cfg,
+            IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2)),
+            0x7000_0000,
+        );
+        let psn_b = cfg.psn_a.wrapping_add(0x80_0000) & 0xff_ffff;
+        connect(
+            &mut sim.node_mut(a.node).engine,
+            &cfg,
+            &a,
+            &b,
+            cfg.psn_a,
+            psn_b,
+        );
+        connect(
+            &mut sim.node_mut(b.node).engine,
+            &cfg,
+            &b,
+            &a,
+            psn_b,
+            cfg.psn_a,
+        );
+        Pair { sim, a, b, cfg }
+    }
+
+    /// The engine of `side`.
+    pub fn engine(&mut self, side: &Side) -> &mut Engine {
+        &mut self.sim.node_mut(side.node).engine
+    }
+
+    /// The memory of `side`.
+    pub fn mem(&self, side: &Side) -> TestMemory {
+        self.sim.node(side.node).mem.clone()
+    }
+
+    /// Posts a send WR on `side`'s QP (panics if the engine refuses it).
+    pub fn post_send(&mut self, side: &Side, wr: SendWr) {
+        let qpn = side.qpn;
+        self.engine(side).post_send(qpn, wr).expect("post_send");
+    }
+
+    /// Posts a receive WR on `side`'s QP (panics if the engine refuses it).
+    pub fn post_recv(&mut self, side: &Side, wr: RecvWr) {
+        let qpn = side.qpn;
+        self.engine(side).post_recv(qpn, wr).expect("post_recv");
+    }
+
+    /// Takes every completion waiting in `cq` of `side`.
+    pub fn poll(&mut self, side: &Side, cq: CqHandle) -> Vec<WorkCompletion> {
+        self.engine(side).poll_cq(cq, usize::MAX).expect("poll_cq")
+    }
+
+    /// Runs the sim until `side`'s `cq` holds at least `n` completions, then takes them all.
+    pub fn wait_cq(
+        &mut self,
+        side: &Side,
+        cq: CqHandle,
+        n: usize,
+        deadline: Duration,
+    ) -> Result<Vec<WorkCompletion>, sim::SimError> {
+        let node = side.node;
+        self.sim.run_until(
+            |s| s.node(node).engine.cq_len(cq).unwrap_or(0) >= n,
+            deadline,
+        )?;
+        Ok(self.poll(side, cq))
+    }
+
+    /// The state of `side`'s QP.
+    pub fn qp_state(&mut self, side: &Side) -> QpState {
+        let qpn = side.qpn;
+        self.engine(side).query_qp(qpn).expect("query_qp").qp_state
+    }
+}
+
+/// Deterministic test bytes: `len` bytes from `seed`.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0; len];
+    sim::Rng::new(seed).fill(&mut v);
+    v
+}
