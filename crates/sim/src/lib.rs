@@ -40,4 +40,7 @@ mod sim;
 
 pub use crate::net::{DropReason, LinkConfig, NetConfig, Stats};
 pub use crate::rng::Rng;
-pub use crate::sim::{Node, NodeId, Sim, SimError, TraceEvent, TraceHook, TraceKind, Transmit};
+pub use crate::sim::{
+    FilterHook, Filtered, Node, NodeId, Sim, SimError, TraceEvent, TraceHook, TraceKind, Transmit,
+    Verdict,
+};

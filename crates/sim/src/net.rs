@@ -139,6 +139,8 @@ pub enum DropReason {
     Partition,
     /// No node owns the destination address.
     Unroutable,
+    /// The test's packet filter (see `Sim::set_filter`) dropped it.
+    Filter,
 }
 
 /// Counters of everything the network did. All counts are packets.
@@ -154,6 +156,10 @@ pub struct Stats {
     pub dropped_partition: u64,
     /// Packets dropped because no node owns the destination address.
     pub dropped_unroutable: u64,
+    /// Packets dropped by the test's packet filter.
+    pub dropped_filter: u64,
+    /// Packets the test injected with `Sim::inject`.
+    pub injected: u64,
     /// Extra copies made by duplication.
     pub duplicated: u64,
     /// Packets (or copies) with flipped bits.
@@ -169,6 +175,6 @@ pub struct Stats {
 impl Stats {
     /// All dropped packets, whatever the reason.
     pub fn dropped(&self) -> u64 {
-        self.dropped_loss + self.dropped_partition + self.dropped_unroutable
+        self.dropped_loss + self.dropped_partition + self.dropped_unroutable + self.dropped_filter
     }
 }

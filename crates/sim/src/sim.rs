@@ -128,6 +128,32 @@ pub struct TraceEvent<'a> {
 /// Callback that sees every packet event, e.g. to write a pcap.
 pub type TraceHook = Box<dyn FnMut(&TraceEvent<'_>)>;
 
+/// A packet offered to the test's filter, which may inspect and rewrite it.
+#[derive(Debug)]
+pub struct Filtered<'a> {
+    /// Virtual time of the send.
+    pub time: Duration,
+    /// Sending node.
+    pub from: NodeId,
+    /// Receiving node.
+    pub to: NodeId,
+    /// The packet as sent; the filter may change it (the receiver sees the change).
+    pub packet: &'a mut Vec<u8>,
+}
+
+/// What a filter decides about a packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Hand the packet (possibly rewritten) to the network and its faults.
+    Pass,
+    /// Drop it (counted as [`DropReason::Filter`]).
+    Drop,
+}
+
+/// Callback that sees every routed packet before the network's faults, to drop or rewrite
+/// chosen packets in focused tests ("lose the third response").
+pub type FilterHook = Box<dyn FnMut(Filtered<'_>) -> Verdict>;
+
 struct Slot<N> {
     addrs: Vec<IpAddr>,
     node: N,
@@ -198,6 +224,7 @@ pub struct Sim<N> {
     stats: Stats,
     hash: u64,
     trace: Option<TraceHook>,
+    filter: Option<FilterHook>,
     buf: Vec<u8>,
     instant_events: u64,
 }
@@ -243,6 +270,7 @@ impl<N: Node> Sim<N> {
             stats: Stats::default(),
             hash: FNV_OFFSET,
             trace: None,
+            filter: None,
             buf,
             instant_events: 0,
         }
@@ -327,6 +355,38 @@ impl<N: Node> Sim<N> {
         self.trace = None;
     }
 
+    /// Sets a filter that sees every routed packet before partitions and faults apply, and may
+    /// drop or rewrite it.
+    pub fn set_filter(&mut self, filter: FilterHook) {
+        self.filter = Some(filter);
+    }
+
+    /// Removes the packet filter.
+    pub fn clear_filter(&mut self) {
+        self.filter = None;
+    }
+
+    /// Delivers `packet` to `to` as if `from` had sent it now, after the link's fixed delay,
+    /// bypassing the filter, partitions and faults (e.g. a forged or replayed packet).
+    pub fn inject(&mut self, from: NodeId, to: NodeId, packet: Vec<u8>) {
+        self.stats.injected += 1;
+        let at = self.now + self.link(from, to).delay;
+        let state = self.link_state.entry((from, to)).or_default();
+        let link_seq = state.next_seq;
+        state.next_seq += 1;
+        let seq = self.seq;
+        self.seq += 1;
+        self.queue.push(Scheduled {
+            at,
+            seq,
+            from,
+            to,
+            link_seq,
+            corrupted: false,
+            packet,
+        });
+    }
+
     /// Packets in flight (sent, not yet delivered or dropped).
     pub fn in_flight(&self) -> usize {
         self.queue.len()
@@ -396,7 +456,7 @@ impl<N: Node> Sim<N> {
     pub fn heal_at(&mut self, a: NodeId, b: NodeId, at: Duration) {
         if let Some(cuts) = self.cuts.get_mut(&pair(a, b)) {
             for c in cuts.iter_mut() {
-                if c.end.map_or(true, |e| e > at) {
+                if c.end.is_none_or(|e| e > at) {
                     c.end = Some(at.max(c.start));
                 }
             }
@@ -425,7 +485,7 @@ impl<N: Node> Sim<N> {
     pub fn is_partitioned_at(&self, a: NodeId, b: NodeId, t: Duration) -> bool {
         self.cuts.get(&pair(a, b)).is_some_and(|cs| {
             cs.iter()
-                .any(|c| c.start <= t && c.end.map_or(true, |e| t < e))
+                .any(|c| c.start <= t && c.end.is_none_or(|e| t < e))
         })
     }
 
@@ -560,7 +620,7 @@ impl<N: Node> Sim<N> {
             if let Some(t) = slot.node.poll_timeout() {
                 // A timeout already in the past fires now: virtual time never goes backwards.
                 let t = t.max(self.now);
-                if best.map_or(true, |(b, _)| t < b) {
+                if best.is_none_or(|(b, _)| t < b) {
                     best = Some((t, NodeId(i)));
                 }
             }
@@ -625,6 +685,30 @@ impl<N: Node> Sim<N> {
             return;
         };
         self.trace_packet(TraceKind::Sent, Some(from), Some(to), bytes);
+        let mut rewritten: Option<Vec<u8>> = None;
+        if let Some(filter) = self.filter.as_mut() {
+            let mut packet = bytes.to_vec();
+            let verdict = filter(Filtered {
+                time: self.now,
+                from,
+                to,
+                packet: &mut packet,
+            });
+            if verdict == Verdict::Drop {
+                self.stats.dropped_filter += 1;
+                self.trace_packet(
+                    TraceKind::Dropped(DropReason::Filter),
+                    Some(from),
+                    Some(to),
+                    bytes,
+                );
+                return;
+            }
+            if packet != bytes {
+                rewritten = Some(packet);
+            }
+        }
+        let bytes: &[u8] = rewritten.as_deref().unwrap_or(bytes);
         if self.is_partitioned(from, to) {
             self.stats.dropped_partition += 1;
             self.trace_packet(

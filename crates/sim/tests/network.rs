@@ -644,3 +644,40 @@ fn for_each_seed_reports_the_failing_seed_and_its_replay_command() {
         "{msg}"
     );
 }
+
+#[test]
+fn a_filter_drops_and_rewrites_chosen_packets() {
+    let mut sim = Sim::new(22, NetConfig::default());
+    let a = sim.add_node([ip(1)], Toy::sender(ip(2), 10, us(1), 64));
+    let b = sim.add_node([ip(2)], Toy::sink(ip(1)));
+    sim.set_filter(Box::new(move |f: sim::Filtered<'_>| {
+        assert_eq!((f.from, f.to), (a, b));
+        match seq_of(f.packet) {
+            3 => sim::Verdict::Drop,
+            5 => {
+                f.packet[4] ^= 0xff;
+                sim::Verdict::Pass
+            }
+            _ => sim::Verdict::Pass,
+        }
+    }));
+    let _ = sim.run_until(|_| false, Duration::from_secs(1));
+    let got = &sim.node(b).received;
+    let seqs: Vec<u32> = got.iter().map(|(_, m)| seq_of(m)).collect();
+    assert_eq!(seqs, vec![0, 1, 2, 4, 5, 6, 7, 8, 9]);
+    assert_ne!(got[4].1, message(5, 64));
+    assert_eq!(got[3].1, message(4, 64));
+    assert_eq!(sim.stats().dropped_filter, 1);
+}
+
+#[test]
+fn an_injected_packet_arrives_after_the_link_delay() {
+    let mut sim = Sim::new(23, NetConfig::with_link(LinkConfig::perfect(us(3))));
+    let a = sim.add_node([ip(1)], Toy::sink(ip(2)));
+    let b = sim.add_node([ip(2)], Toy::sink(ip(1)));
+    sim.advance_to(us(10)).unwrap();
+    sim.inject(a, b, message(42, 16));
+    let _ = sim.run_until(|_| false, Duration::from_secs(1));
+    assert_eq!(sim.node(b).received, vec![(us(13), message(42, 16))]);
+    assert_eq!(sim.stats().injected, 1);
+}
