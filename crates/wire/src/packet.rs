@@ -320,7 +320,7 @@ impl<'a> TransportPacket<'a> {
                 payload: body.len(),
             });
         }
-        if body.len() % 4 != 0 {
+        if body.len() & 3 != 0 {
             return Err(WireError::PayloadNotAligned { len: body.len() });
         }
         let opcode = transport.bth.opcode;
