@@ -82,7 +82,7 @@ pub(crate) fn complete_ready(qp: &mut Qp, ctx: &mut Ctx<'_>) {
 
 /// Start the local ACK timer if packets are outstanding and it is not running.
 pub(crate) fn arm_ack_timer(qp: &mut Qp, now: Instant) {
-    if qp.req.ack_deadline.is_none() && qp.req.una.is_before(qp.req.psn_hw) {
+    if qp.req.ack_deadline.is_none() && qp.req.una.is_before(qp.req.sent_hw) {
         qp.req.ack_deadline = ack_timeout(qp.attr.timeout).map(|d| now + d);
     }
 }
@@ -122,9 +122,11 @@ fn progress(qp: &mut Qp, ctx: &mut Ctx<'_>, new_una: Psn) {
     }
 }
 
-/// Go back to `psn` and send everything from there again (go-back-N). Sequence NAKs,
-/// implied NAKs and timeouts consume a retry (IBA 9.7.5.1.3 / 9.7.6.1.3 C9-140); when none
-/// is left the oldest WR fails with RETRY_EXC_ERR.
+/// Go back to `psn` and send everything from there again (go-back-N). Only local ACK
+/// timeouts consume a retry (IBA 9.7.6.1.3); when none is left the oldest WR fails with
+/// RETRY_EXC_ERR. A sequence NAK or an implied NAK proves the responder alive, and each
+/// can only repeat after progress (one NAK per gap, `last_rewind`), so they go back for
+/// free; Linux rxe charges them too, which makes heavy loss end in RETRY_EXC_ERR sooner.
 fn go_back(qp: &mut Qp, ctx: &mut Ctx<'_>, psn: Psn, consume_retry: bool) {
     if qp.req.last_rewind == Some(psn) {
         // Already going back to this PSN and no progress since: the same loss, told twice.
@@ -150,7 +152,7 @@ fn go_back(qp: &mut Qp, ctx: &mut Ctx<'_>, psn: Psn, consume_retry: bool) {
 fn implied_nak(qp: &mut Qp, ctx: &mut Ctx<'_>) {
     ctx.count(qp, Counter::CompImpliedNak);
     let una = qp.req.una;
-    go_back(qp, ctx, una, true);
+    go_back(qp, ctx, una, false);
 }
 
 /// Complete every WQE whose last PSN is before `upto` (a coalesced ACK acknowledges all
@@ -224,8 +226,9 @@ fn scatter_into_front(qp: &mut Qp, ctx: &mut Ctx<'_>, mut offset: u64, data: &[u
 pub(crate) fn handle_response(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &RoceV2Packet<'_>) {
     let t = &pkt.transport;
     let psn = t.bth.psn;
-    if !psn.is_before(qp.req.psn_hw) {
-        // A response for a PSN never sent: ignore it (IBA 9.7.5.1.? ghost ACK).
+    if !psn.is_before(qp.req.sent_hw) {
+        // A response for a PSN never sent (a "ghost" ACK, e.g. from a stale connection):
+        // acting on it would complete data that never left, so it is dropped.
         ctx.count(qp, Counter::CompGhostAck);
         return;
     }
@@ -261,9 +264,11 @@ pub(crate) fn handle_response(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &RoceV2Packet
                 }
                 Syndrome::Nak(NakCode::PsnSequenceError) => {
                     ctx.count(qp, Counter::CompSeqErrNakReceived);
+                    // The responder answers: the retries count unanswered rounds only.
+                    qp.req.retry_left = qp.attr.retry_cnt;
                     // The NAK acknowledges everything before its PSN (IBA 9.7.5.1.3).
                     if ack_up_to(qp, ctx, psn) {
-                        go_back(qp, ctx, psn, true);
+                        go_back(qp, ctx, psn, false);
                     }
                 }
                 Syndrome::Nak(code) => {
@@ -368,7 +373,7 @@ pub(crate) fn handle_timers(qp: &mut Qp, ctx: &mut Ctx<'_>) {
     if let Some(t) = qp.req.ack_deadline {
         if ctx.now >= t {
             qp.req.ack_deadline = None;
-            if qp.req.una.is_before(qp.req.psn_hw) {
+            if qp.req.una.is_before(qp.req.sent_hw) {
                 // IBA 9.7.6.1.3: local ACK timeout, resend everything unacknowledged.
                 ctx.count(qp, Counter::CompLocalAckTimeout);
                 qp.req.last_rewind = None;

@@ -663,6 +663,7 @@ impl Engine {
                         qp.req = ReqState {
                             next_psn: psn,
                             psn_hw: psn,
+                            sent_hw: psn,
                             una: psn,
                             retry_left: merged.retry_cnt,
                             rnr_retry_left: merged.rnr_retry,

@@ -96,6 +96,9 @@ pub(crate) struct ReqState {
     pub(crate) next_psn: Psn,
     /// One past the highest PSN ever assigned: anything at or after it was never sent.
     pub(crate) psn_hw: Psn,
+    /// One past the highest PSN actually transmitted (a READ request covers all its
+    /// response PSNs): responses beyond it are ghosts.
+    pub(crate) sent_hw: Psn,
     /// Oldest unacknowledged PSN.
     pub(crate) una: Psn,
     /// READ / ATOMIC WQEs sent and not yet completed.

@@ -327,7 +327,11 @@ pub(crate) fn transmit(qp: &mut Qp, ctx: &mut Ctx<'_>, buf: &mut [u8]) -> Option
             // the window is about to close, so the responder's ACKs keep us moving.
             let window_closing =
                 qp.req.next_psn.distance_from(qp.req.una) + 1 >= ctx.max_unacked as i32;
-            bth.ack_req = last || qp.req.since_ack_req + 1 >= ctx.ack_req_every || window_closing;
+            // Every retransmitted packet asks for an ACK too: after a loss, the sooner the
+            // requester hears of progress, the fewer retries a lossy path burns.
+            let resend = psn.is_before(qp.req.sent_hw);
+            bth.ack_req =
+                last || resend || qp.req.since_ack_req + 1 >= ctx.ack_req_every || window_closing;
             bth.solicited = last && wqe.flags.contains(SendFlags::SOLICITED);
             t = TransportRepr::new(bth);
             if first {
@@ -381,7 +385,7 @@ pub(crate) fn transmit(qp: &mut Qp, ctx: &mut Ctx<'_>, buf: &mut [u8]) -> Option
     // Commit.
     let is_rd_atomic = wqe.op.is_read_or_atomic();
     let is_read = matches!(wqe.op, SendOp::RdmaRead { .. });
-    let retransmit = !fresh && psn.is_before(qp.req.psn_hw);
+    let retransmit = psn.is_before(qp.req.sent_hw);
     let ack_req = t.bth.ack_req;
     let w = qp.sq.get_mut(idx)?;
     if fresh {
@@ -397,6 +401,9 @@ pub(crate) fn transmit(qp: &mut Qp, ctx: &mut Ctx<'_>, buf: &mut [u8]) -> Option
     // A READ request stands for all its response PSNs.
     let advance = if is_read { npkts - k } else { 1 };
     qp.req.next_psn = psn.add(advance);
+    if qp.req.next_psn.is_after(qp.req.sent_hw) {
+        qp.req.sent_hw = qp.req.next_psn;
+    }
     if k + advance >= npkts {
         qp.req.cur = idx + 1;
         qp.req.cur_pkt = 0;

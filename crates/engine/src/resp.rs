@@ -518,16 +518,9 @@ fn duplicate(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &RoceV2Packet<'_>) {
                     }
                 }
             };
-            // The retried READ supersedes whatever is still queued for the same request.
-            qp.resp.out.retain(|o| match *o {
-                RespOut::Read { first_psn, .. } => {
-                    first_psn.is_before(first) || first_psn.is_after(last)
-                }
-                _ => true,
-            });
             ctx.count(qp, Counter::RespReplayed);
             let msn = qp.resp.msn;
-            qp.resp.out.push_back(RespOut::Read {
+            let job = RespOut::Read {
                 first_psn: psn,
                 psn,
                 owner,
@@ -536,7 +529,17 @@ fn duplicate(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &RoceV2Packet<'_>) {
                 len,
                 done: 0,
                 msn,
+            };
+            // The retried READ supersedes what is still queued for the same request, in its
+            // place: moving it behind later ACKs would make them imply its loss.
+            let queued = qp.resp.out.iter().position(|o| {
+                matches!(*o, RespOut::Read { first_psn, .. }
+                    if !first_psn.is_before(first) && !first_psn.is_after(last))
             });
+            match queued {
+                Some(i) => qp.resp.out[i] = job,
+                None => qp.resp.out.push_back(job),
+            }
         }
         OpKind::CompareSwap | OpKind::FetchAdd => {
             let found = qp.resp.resources.iter().find_map(|r| match *r {
