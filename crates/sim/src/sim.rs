@@ -561,7 +561,13 @@ impl<N: Node> Sim<N> {
                 return Ok(());
             }
             self.check_livelock()?;
-            match self.next_event_time() {
+            let next = self.next_event_time();
+            // Collecting transmits calls into the nodes, which may have changed what the
+            // condition looks at (e.g. a local error completing a WR): look again.
+            if cond(self) {
+                return Ok(());
+            }
+            match next {
                 None => return Err(SimError::Idle { now: self.now }),
                 Some(t) if t > deadline => {
                     self.now = self.now.max(deadline);

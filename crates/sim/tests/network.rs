@@ -681,3 +681,31 @@ fn an_injected_packet_arrives_after_the_link_delay() {
     assert_eq!(sim.node(b).received, vec![(us(13), message(42, 16))]);
     assert_eq!(sim.stats().injected, 1);
 }
+
+/// A node whose state changes only when polled for transmits (like an engine completing a
+/// locally failed WR while looking for packets to send).
+struct ChangesOnPoll {
+    polled: bool,
+}
+
+impl Node for ChangesOnPoll {
+    fn handle_datagram(&mut self, _: Duration, _: &[u8]) {}
+    fn handle_timeout(&mut self, _: Duration) {}
+    fn poll_transmit(&mut self, _: Duration, _: &mut [u8]) -> Option<Transmit> {
+        self.polled = true;
+        None
+    }
+    fn poll_timeout(&self) -> Option<Duration> {
+        None
+    }
+}
+
+#[test]
+fn run_until_sees_changes_made_while_collecting_transmits_before_reporting_idle() {
+    let mut sim = Sim::new(24, NetConfig::default());
+    let n = sim.add_node([ip(1)], ChangesOnPoll { polled: false });
+    assert_eq!(
+        sim.run_until(|s| s.node(n).polled, Duration::from_secs(1)),
+        Ok(())
+    );
+}

@@ -489,3 +489,83 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     sim::Rng::new(seed).fill(&mut v);
     v
 }
+
+/// The transport headers of a RoCEv2 packet, if it parses.
+pub fn transport_of(packet: &[u8]) -> Option<wire::TransportRepr> {
+    wire::RoceV2Packet::parse(packet).ok().map(|p| p.transport)
+}
+
+/// The 24-bit PSN `base + n`.
+pub fn psn_plus(base: u32, n: u32) -> u32 {
+    base.wrapping_add(n) & 0xff_ffff
+}
+
+/// `packet` re-emitted with its PSN replaced (ICRC recomputed), e.g. to forge a ghost ACK.
+pub fn with_psn(packet: &[u8], psn: u32) -> Vec<u8> {
+    let p = wire::RoceV2Packet::parse(packet).expect("a RoCEv2 packet");
+    let mut t = p.transport;
+    t.bth.psn = wire::Psn::new(psn);
+    let mut buf = vec![0u8; packet.len() + 64];
+    let n = wire::emit_packet(
+        &p.ip,
+        p.udp.src_port,
+        p.udp.dst_port,
+        &t,
+        p.payload,
+        &mut buf,
+    )
+    .expect("re-emit");
+    buf.truncate(n);
+    buf
+}
+
+/// One packet a node sent, as seen on the wire.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    /// Virtual send time.
+    pub time: Duration,
+    /// Sender.
+    pub from: NodeId,
+    /// Transport headers.
+    pub t: wire::TransportRepr,
+    /// The whole packet.
+    pub bytes: Vec<u8>,
+}
+
+/// Records every packet sent in the sim (before loss), for scenario assertions.
+#[derive(Clone, Default)]
+pub struct Wiretap {
+    /// Everything sent so far, in order.
+    pub seen: Rc<RefCell<Vec<Seen>>>,
+}
+
+impl Wiretap {
+    /// Installs a wiretap on `sim` (replaces any trace hook).
+    pub fn install(sim: &mut Sim<Host>) -> Wiretap {
+        let tap = Wiretap::default();
+        let seen = Rc::clone(&tap.seen);
+        sim.set_trace(Box::new(move |ev| {
+            if ev.kind == sim::TraceKind::Sent {
+                if let (Some(from), Some(t)) = (ev.from, transport_of(ev.packet)) {
+                    seen.borrow_mut().push(Seen {
+                        time: ev.time,
+                        from,
+                        t,
+                        bytes: ev.packet.to_vec(),
+                    });
+                }
+            }
+        }));
+        tap
+    }
+
+    /// Relative PSNs (from `base`) of the packets `from` sent whose opcode satisfies `pick`.
+    pub fn psns(&self, from: NodeId, base: u32, pick: impl Fn(wire::Opcode) -> bool) -> Vec<u32> {
+        self.seen
+            .borrow()
+            .iter()
+            .filter(|s| s.from == from && pick(s.t.bth.opcode))
+            .map(|s| s.t.bth.psn.value().wrapping_sub(base) & 0xff_ffff)
+            .collect()
+    }
+}
