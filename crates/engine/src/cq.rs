@@ -176,6 +176,13 @@ pub struct WorkCompletion {
     pub pkey_index: u16,
 }
 
+impl Default for WorkCompletion {
+    /// An empty slot for [`crate::Engine::poll_cq_into`] buffers.
+    fn default() -> Self {
+        WorkCompletion::new(0, WcStatus::Success, WcOpcode::Send, 0)
+    }
+}
+
 impl WorkCompletion {
     /// A completion with only the identity, status and opcode set.
     pub(crate) fn new(wr_id: u64, status: WcStatus, opcode: WcOpcode, qp_num: u32) -> Self {

@@ -474,11 +474,27 @@ impl Engine {
         Ok(())
     }
 
-    /// `ibv_poll_cq`: take up to `max` completions, oldest first.
+    /// `ibv_poll_cq`: take up to `max` completions, oldest first (a convenience that
+    /// allocates; the data path should use [`Engine::poll_cq_into`]).
     pub fn poll_cq(&mut self, cq: CqHandle, max: usize) -> Result<Vec<WorkCompletion>, VerbsError> {
         let c = self.cqs.get_mut(cq.0).ok_or(VerbsError::InvalidCq)?;
         let n = max.min(c.entries.len());
         Ok(c.entries.drain(..n).collect())
+    }
+
+    /// `ibv_poll_cq` without allocating: move up to `out.len()` completions, oldest first,
+    /// into `out`; returns how many.
+    pub fn poll_cq_into(
+        &mut self,
+        cq: CqHandle,
+        out: &mut [WorkCompletion],
+    ) -> Result<usize, VerbsError> {
+        let c = self.cqs.get_mut(cq.0).ok_or(VerbsError::InvalidCq)?;
+        let n = out.len().min(c.entries.len());
+        for (slot, wc) in out.iter_mut().zip(c.entries.drain(..n)) {
+            *slot = wc;
+        }
+        Ok(n)
     }
 
     /// Completions waiting in a CQ.
