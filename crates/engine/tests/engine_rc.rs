@@ -136,7 +136,18 @@ impl Side {
     }
 }
 
-fn connect(s: &mut Side, peer_qpn: u32, peer_ip: IpAddr, mtu: PathMtu) {
+fn connect_with(s: &mut Side, peer_qpn: u32, peer_ip: IpAddr, mtu: PathMtu, rd_atomic: u8) {
+    connect_qp(&mut s.e, s.qpn, peer_qpn, peer_ip, mtu, rd_atomic);
+}
+
+fn connect_qp(
+    e: &mut Engine,
+    qpn: u32,
+    peer_qpn: u32,
+    peer_ip: IpAddr,
+    mtu: PathMtu,
+    rd_atomic: u8,
+) {
     let mut a = QpAttr {
         qp_state: QpState::Init,
         pkey_index: 0,
@@ -148,7 +159,7 @@ fn connect(s: &mut Side, peer_qpn: u32, peer_ip: IpAddr, mtu: PathMtu) {
     };
     let m =
         QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS;
-    s.e.modify_qp(s.qpn, &a, m).unwrap();
+    e.modify_qp(qpn, &a, m).unwrap();
     a.qp_state = QpState::Rtr;
     a.ah_attr = AhAttr {
         dgid: Gid::from_ip(peer_ip).0,
@@ -166,29 +177,29 @@ fn connect(s: &mut Side, peer_qpn: u32, peer_ip: IpAddr, mtu: PathMtu) {
         | QpAttrMask::RQ_PSN
         | QpAttrMask::MAX_DEST_RD_ATOMIC
         | QpAttrMask::MIN_RNR_TIMER;
-    s.e.modify_qp(s.qpn, &a, m).unwrap();
+    e.modify_qp(qpn, &a, m).unwrap();
     a.qp_state = QpState::Rts;
     a.sq_psn = 100;
     a.timeout = 10;
     a.retry_cnt = 7;
     a.rnr_retry = 7;
-    a.max_rd_atomic = 4;
+    a.max_rd_atomic = rd_atomic;
     let m = QpAttrMask::STATE
         | QpAttrMask::TIMEOUT
         | QpAttrMask::RETRY_CNT
         | QpAttrMask::RNR_RETRY
         | QpAttrMask::SQ_PSN
         | QpAttrMask::MAX_QP_RD_ATOMIC;
-    s.e.modify_qp(s.qpn, &a, m).unwrap();
+    e.modify_qp(qpn, &a, m).unwrap();
 }
 
-type Filter = Box<dyn FnMut(usize, &[u8]) -> bool>;
+type Filter = Box<dyn FnMut(usize, &[u8]) -> usize>;
 
 struct World {
     a: Side,
     b: Side,
     now: u64,
-    /// Called with (packet index, bytes); false drops the packet.
+    /// Called with (packet index, bytes); returns how many copies to deliver (0 drops it).
     filter: Option<Filter>,
     sent: usize,
     /// Every packet carried, for `SOFTRDMA_PCAP` dumps.
@@ -197,11 +208,15 @@ struct World {
 
 impl World {
     fn new(mtu: PathMtu) -> World {
+        World::with_rd_atomic(mtu, 4)
+    }
+
+    fn with_rd_atomic(mtu: PathMtu, rd_atomic: u8) -> World {
         let mut a = Side::new("10.0.0.1", 1, 1 << 22);
         let mut b = Side::new("10.0.0.2", 2, 1 << 22);
         let (qa, qb, ia, ib) = (a.qpn, b.qpn, a.ip, b.ip);
-        connect(&mut a, qb, ib, mtu);
-        connect(&mut b, qa, ia, mtu);
+        connect_with(&mut a, qb, ib, mtu, rd_atomic);
+        connect_with(&mut b, qa, ia, mtu, rd_atomic);
         World {
             a,
             b,
@@ -229,15 +244,15 @@ impl World {
                 while let Some(t) = src.e.poll_transmit(now, &mut buf) {
                     assert_eq!(t.dst, dst.ip);
                     let pkt = &buf[..t.len];
-                    let keep = match self.filter.as_mut() {
+                    let copies = match self.filter.as_mut() {
                         Some(f) => f(self.sent, pkt),
-                        None => true,
+                        None => 1,
                     };
                     self.sent += 1;
                     if std::env::var_os("SOFTRDMA_PCAP").is_some() {
                         self.log.push(pkt.to_vec());
                     }
-                    if keep {
+                    for _ in 0..copies {
                         dst.e.handle_datagram(now, pkt);
                     }
                     moved = true;
@@ -399,7 +414,7 @@ fn write_read_and_atomics_move_the_right_bytes() {
 fn lost_packets_are_retransmitted_and_everything_completes_once() {
     let mut w = World::new(PathMtu::Mtu512);
     // Drop every 7th packet either way.
-    w.filter = Some(Box::new(|i, _| i % 7 != 3));
+    w.filter = Some(Box::new(|i, _| usize::from(i % 7 != 3)));
     let data: Vec<u8> = (0..50_000u32).map(|i| (i * 13 % 256) as u8).collect();
     w.a.fill(BASE, &data);
     let rkey = w.b.mr.rkey;
@@ -486,7 +501,7 @@ fn bad_rkey_fails_with_remote_access_error_and_flushes_the_rest() {
 #[test]
 fn unreachable_peer_ends_in_retry_exceeded() {
     let mut w = World::new(PathMtu::Mtu1024);
-    w.filter = Some(Box::new(|_, _| false));
+    w.filter = Some(Box::new(|_, _| 0));
     let sge = w.a.sge(BASE, 10);
     w.a.e
         .post_send(w.a.qpn, SendWr::rdma_write(1, vec![sge], BASE, w.b.mr.rkey))
@@ -559,4 +574,275 @@ fn receive_too_small_is_a_local_length_error_there_and_invalid_request_here() {
     w.run(SEC);
     assert_eq!(one(&w.a.poll()).status, WcStatus::RemInvReqErr);
     assert_eq!(one(&w.b.poll()).status, WcStatus::LocLenErr);
+}
+
+#[test]
+fn duplicated_packets_execute_atomics_once_and_complete_once() {
+    let mut w = World::new(PathMtu::Mtu256);
+    // Every packet, both ways, arrives twice.
+    w.filter = Some(Box::new(|_, _| 2));
+    let rkey = w.b.mr.rkey;
+    w.b.fill(BASE + 0x100, &0u64.to_ne_bytes());
+    for i in 0..20u64 {
+        let res = w.a.sge(BASE + 0x1000 + 8 * i, 8);
+        let op = SendOp::AtomicFetchAdd {
+            remote_addr: BASE + 0x100,
+            rkey,
+            add: 1,
+        };
+        w.a.e
+            .post_send(w.a.qpn, SendWr::new(i, op, vec![res]))
+            .unwrap();
+    }
+    let data: Vec<u8> = (0..3000u32).map(|i| i as u8).collect();
+    w.a.fill(BASE + 0x8000, &data);
+    let r = w.b.sge(BASE + 0x9000, 4096);
+    w.b.e.post_recv(w.b.qpn, RecvWr::new(77, vec![r])).unwrap();
+    let s = w.a.sge(BASE + 0x8000, 3000);
+    w.a.e.post_send(w.a.qpn, SendWr::send(20, vec![s])).unwrap();
+    w.run(SEC);
+    let wcs = w.a.poll();
+    let ids: Vec<u64> = wcs.iter().map(|c| c.wr_id).collect();
+    assert_eq!(ids, (0..21).collect::<Vec<_>>());
+    assert!(wcs.iter().all(|c| c.status == WcStatus::Success));
+    // Each fetch-add saw the value the previous one left: executed exactly once each.
+    for i in 0..20u64 {
+        assert_eq!(w.a.bytes(BASE + 0x1000 + 8 * i, 8), i.to_ne_bytes());
+    }
+    assert_eq!(w.b.bytes(BASE + 0x100, 8), 20u64.to_ne_bytes());
+    let r = one(&w.b.poll());
+    assert_eq!((r.wr_id, r.byte_len), (77, 3000));
+    assert_eq!(w.b.bytes(BASE + 0x9000, 3000), data);
+    assert!(w.b.e.counters().get(Counter::RespDuplicateRequest) > 0);
+    assert!(w.b.e.counters().get(Counter::RespReplayed) > 0);
+}
+
+#[test]
+fn a_ghost_ack_for_an_unsent_psn_is_ignored() {
+    use wire::{AethRepr, BthRepr, IpRepr, Ipv4Repr, Msn, Opcode, Psn, Qpn, TransportRepr};
+    let mut w = World::new(PathMtu::Mtu1024);
+    let sge = w.a.sge(BASE, 10);
+    w.a.e
+        .post_send(w.a.qpn, SendWr::rdma_write(1, vec![sge], BASE, w.b.mr.rkey))
+        .unwrap();
+    // Forge an ACK from B for PSN 100 + 50, far beyond anything A sent, before A sends at all.
+    let ip = IpRepr::V4(Ipv4Repr {
+        src: "10.0.0.2".parse().unwrap(),
+        dst: "10.0.0.1".parse().unwrap(),
+        tos: 0,
+        ident: 0,
+        dont_frag: true,
+        ttl: 64,
+        payload_len: 0,
+    });
+    let mut t = TransportRepr::new(BthRepr::new(
+        Opcode::RcAcknowledge,
+        Qpn::new(w.a.qpn),
+        Psn::new(150),
+    ));
+    t.aeth = Some(AethRepr {
+        syndrome: wire::Syndrome::ACK_NO_CREDIT,
+        msn: Msn::new(1),
+    });
+    let mut buf = [0u8; 128];
+    let n = wire::emit_packet(&ip, 0xc000, 4791, &t, &[], &mut buf).unwrap();
+    w.a.e.handle_datagram(Instant::from_nanos(0), &buf[..n]);
+    assert!(w.a.poll().is_empty(), "a ghost ACK completed nothing");
+    assert_eq!(w.a.e.counters().get(Counter::CompGhostAck), 1);
+    w.run(SEC);
+    assert_eq!(one(&w.a.poll()).status, WcStatus::Success);
+}
+
+#[test]
+fn cq_overflow_raises_an_async_error_and_errors_the_qp() {
+    let mut w = World::new(PathMtu::Mtu1024);
+    let small = w.a.e.create_cq(2).unwrap();
+    // A second QP on A whose send CQ holds two completions.
+    let qpn =
+        w.a.e
+            .create_qp(&QpInitAttr {
+                pd: w.a.pd,
+                send_cq: small,
+                recv_cq: w.a.cq,
+                cap: QpCap {
+                    max_send_wr: 16,
+                    max_recv_wr: 16,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
+                },
+                qp_type: QpType::Rc,
+                sq_sig_all: true,
+            })
+            .unwrap();
+    let a = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        ..QpAttr::default()
+    };
+    let m =
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS;
+    w.a.e.modify_qp(qpn, &a, m).unwrap();
+    // Moving to ERR flushes posted receives into the big CQ; post 3 sends after: 3 flushes.
+    w.a.e
+        .modify_qp(
+            qpn,
+            &QpAttr {
+                qp_state: QpState::Err,
+                ..a
+            },
+            QpAttrMask::STATE,
+        )
+        .unwrap();
+    assert!(w.a.e.post_send(qpn, SendWr::send(1, vec![])).is_ok());
+    assert!(w.a.e.post_send(qpn, SendWr::send(2, vec![])).is_ok());
+    assert_eq!(w.a.e.get_async_event(), None);
+    assert!(w.a.e.post_send(qpn, SendWr::send(3, vec![])).is_ok());
+    assert_eq!(
+        w.a.e.get_async_event(),
+        Some(engine::AsyncEvent::CqErr { cq: small })
+    );
+    assert_eq!(w.a.e.poll_cq(small, 10).unwrap().len(), 2);
+    assert_eq!(w.a.e.counters().get(Counter::CqOverflow), 1);
+}
+
+#[test]
+fn max_rd_atomic_one_and_fences_still_complete_everything_in_order() {
+    let mut w = World::with_rd_atomic(PathMtu::Mtu512, 1);
+    let rkey = w.b.mr.rkey;
+    let pattern: Vec<u8> = (0..8192u32).map(|i| (i * 3) as u8).collect();
+    w.b.fill(BASE + 0x20000, &pattern);
+    for i in 0..8u64 {
+        let dst = w.a.sge(BASE + 0x40000 + i * 1024, 1024);
+        let wr = SendWr::rdma_read(i, vec![dst], BASE + 0x20000 + i * 1024, rkey);
+        w.a.e.post_send(w.a.qpn, wr).unwrap();
+        let src = w.a.sge(BASE + 0x40000 + i * 1024, 1024);
+        // A fenced WRITE copies what the READ just fetched: it must wait for the READ.
+        let wr = SendWr::rdma_write(100 + i, vec![src], BASE + 0x60000 + i * 1024, rkey)
+            .with_flags(SendFlags::FENCE);
+        w.a.e.post_send(w.a.qpn, wr).unwrap();
+    }
+    w.run(SEC);
+    let wcs = w.a.poll();
+    assert_eq!(wcs.len(), 16);
+    assert!(wcs.iter().all(|c| c.status == WcStatus::Success));
+    assert_eq!(w.b.bytes(BASE + 0x60000, 8192), pattern);
+}
+
+/// Memory that holds nothing: reads produce a pattern of the address, writes check it.
+struct Synthetic {
+    checked: Rc<RefCell<u64>>,
+}
+
+fn pattern(addr: u64) -> u8 {
+    (addr ^ (addr >> 9) ^ (addr >> 17)) as u8
+}
+
+impl Memory for Synthetic {
+    fn read(&mut self, _o: MemOwner, addr: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = pattern(addr + i as u64);
+        }
+        Ok(())
+    }
+    fn write(&mut self, _o: MemOwner, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
+        // The destination sits 4 GiB above the source.
+        for (i, b) in data.iter().enumerate() {
+            assert_eq!(
+                *b,
+                pattern(addr - (4 << 30) + i as u64),
+                "byte at {:#x}",
+                addr + i as u64
+            );
+        }
+        *self.checked.borrow_mut() += data.len() as u64;
+        Ok(())
+    }
+    fn compare_swap(
+        &mut self,
+        _o: MemOwner,
+        _a: u64,
+        _c: u64,
+        _s: u64,
+    ) -> Result<u64, MemoryError> {
+        Ok(0)
+    }
+    fn fetch_add(&mut self, _o: MemOwner, _a: u64, _x: u64) -> Result<u64, MemoryError> {
+        Ok(0)
+    }
+}
+
+#[test]
+fn a_two_gib_write_streams_through_without_materializing() {
+    let checked = Rc::new(RefCell::new(0u64));
+    let mk = |ip: &str, seed| {
+        let ip: IpAddr = ip.parse().unwrap();
+        let mem = Synthetic {
+            checked: checked.clone(),
+        };
+        (
+            Engine::new(EngineConfig::new(vec![ip], seed), Box::new(mem)),
+            ip,
+        )
+    };
+    let (mut ea, ia) = mk("10.0.0.1", 1);
+    let (mut eb, ib) = mk("10.0.0.2", 2);
+    let len: u64 = 1 << 31;
+    let setup = |e: &mut Engine| {
+        let pd = e.alloc_pd().unwrap();
+        let cq = e.create_cq(16).unwrap();
+        let all = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let mr = e.reg_mr(pd, MemOwner(0), 1 << 20, 8 << 30, all).unwrap();
+        let cap = QpCap {
+            max_send_wr: 4,
+            max_recv_wr: 4,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let qpn = e
+            .create_qp(&QpInitAttr {
+                pd,
+                send_cq: cq,
+                recv_cq: cq,
+                cap,
+                qp_type: QpType::Rc,
+                sq_sig_all: true,
+            })
+            .unwrap();
+        (cq, mr, qpn)
+    };
+    let (cqa, mra, qa) = setup(&mut ea);
+    let (_, mrb, qb) = setup(&mut eb);
+    connect_qp(&mut ea, qa, qb, ib, PathMtu::Mtu4096, 4);
+    connect_qp(&mut eb, qb, qa, ia, PathMtu::Mtu4096, 4);
+    let src = 1u64 << 20;
+    let sge = Sge::new(src, len as u32, mra.lkey);
+    ea.post_send(
+        qa,
+        SendWr::rdma_write(1, vec![sge], src + (4 << 30), mrb.rkey),
+    )
+    .unwrap();
+    let mut buf = vec![0u8; 4200];
+    let now = Instant::from_nanos(0);
+    let mut packets = 0u64;
+    loop {
+        let mut moved = false;
+        while let Some(t) = ea.poll_transmit(now, &mut buf) {
+            eb.handle_datagram(now, &buf[..t.len]);
+            packets += 1;
+            moved = true;
+        }
+        while let Some(t) = eb.poll_transmit(now, &mut buf) {
+            ea.handle_datagram(now, &buf[..t.len]);
+            moved = true;
+        }
+        if !moved {
+            break;
+        }
+    }
+    let c = one(&ea.poll_cq(cqa, 4).unwrap());
+    assert_eq!((c.status, c.byte_len), (WcStatus::Success, 1 << 31));
+    assert_eq!(*checked.borrow(), len);
+    assert_eq!(packets, len / 4096);
 }
