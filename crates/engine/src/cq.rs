@@ -212,6 +212,8 @@ pub(crate) struct Cq {
     pub(crate) overflowed: bool,
     /// How many QP work queues feed this CQ (a CQ in use cannot be destroyed).
     pub(crate) users: u32,
+    /// Armed by `req_notify_cq`: `Some(solicited_only)` until the next event fires.
+    pub(crate) armed: Option<bool>,
 }
 
 /// What pushing a completion did.
@@ -233,6 +235,7 @@ impl Cq {
             entries: VecDeque::with_capacity(depth.min(4096)),
             overflowed: false,
             users: 0,
+            armed: None,
         }
     }
 

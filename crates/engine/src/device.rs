@@ -220,6 +220,10 @@ pub struct EngineConfig {
     pub ack_req_every: u32,
     /// The requester never has more than this many PSNs outstanding (unacknowledged).
     pub max_unacked_psns: u32,
+    /// The UDP source port of every packet, for hosts that must send from one bound port
+    /// (the ICRC covers it, so the engine has to know). `None`: a port per QP derived from
+    /// the QPN, as rxe does, for ECMP entropy.
+    pub udp_src_port: Option<u16>,
 }
 
 impl EngineConfig {
@@ -232,6 +236,7 @@ impl EngineConfig {
             rng_seed,
             ack_req_every: 32,
             max_unacked_psns: 512,
+            udp_src_port: None,
         }
     }
 }

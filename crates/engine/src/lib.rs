@@ -121,6 +121,8 @@ pub(crate) struct Ctx<'a> {
     pub(crate) cqs: &'a mut Table<Cq>,
     pub(crate) counters: &'a mut Counters,
     pub(crate) events: &'a mut VecDeque<AsyncEvent>,
+    /// Completion events of armed CQs (`req_notify_cq`), for `get_cq_event`.
+    pub(crate) cq_events: &'a mut VecDeque<CqHandle>,
     /// CQs that overflowed during this call: their QPs go to ERR afterwards.
     pub(crate) overflowed: &'a mut Vec<CqHandle>,
     pub(crate) ack_req_every: u32,
@@ -142,9 +144,28 @@ impl Ctx<'_> {
 
     /// Store a completion; an overflow errors the CQ (IBA 11.4.2.1) once.
     pub(crate) fn push_cqe(&mut self, qp: &mut Qp, cq: CqHandle, wc: WorkCompletion) {
+        self.push_cqe_se(qp, cq, wc, false);
+    }
+
+    /// Store a completion of a message that carried the solicited-event bit or not: an
+    /// armed CQ raises its completion event (IBA 11.4.2.2: a solicited-only CQ fires for
+    /// solicited and for error completions).
+    pub(crate) fn push_cqe_se(
+        &mut self,
+        qp: &mut Qp,
+        cq: CqHandle,
+        wc: WorkCompletion,
+        solicited: bool,
+    ) {
         let Some(c) = self.cqs.get_mut(cq.0) else {
             return;
         };
+        if let Some(solicited_only) = c.armed {
+            if !solicited_only || solicited || wc.status != WcStatus::Success {
+                c.armed = None;
+                self.cq_events.push_back(cq);
+            }
+        }
         if let Push::Overflow { first } = c.push(wc) {
             self.count(qp, Counter::CqOverflow);
             if first {
@@ -168,6 +189,7 @@ pub struct Engine {
     next_qpn: u32,
     counters: Counters,
     events: VecDeque<AsyncEvent>,
+    cq_events: VecDeque<CqHandle>,
     /// The QP `poll_transmit` served last (round robin among QPs).
     tx_last: u32,
 }
@@ -191,6 +213,7 @@ macro_rules! ctx {
             cqs: &mut $self.cqs,
             counters: &mut $self.counters,
             events: &mut $self.events,
+            cq_events: &mut $self.cq_events,
             overflowed: &mut $overflowed,
             ack_req_every: $self.config.ack_req_every.max(1),
             max_unacked: $self.config.max_unacked_psns.clamp(1, 1 << 22),
@@ -220,6 +243,7 @@ impl Engine {
             next_qpn: FIRST_QPN,
             counters: Counters::default(),
             events: VecDeque::new(),
+            cq_events: VecDeque::new(),
             tx_last: 0,
         }
     }
@@ -497,6 +521,19 @@ impl Engine {
         Ok(n)
     }
 
+    /// `ibv_req_notify_cq`: raise one completion event for `cq` when its next completion
+    /// arrives (with `solicited_only`: the next solicited or error completion).
+    pub fn req_notify_cq(&mut self, cq: CqHandle, solicited_only: bool) -> Result<(), VerbsError> {
+        let c = self.cqs.get_mut(cq.0).ok_or(VerbsError::InvalidCq)?;
+        c.armed = Some(solicited_only);
+        Ok(())
+    }
+
+    /// `ibv_get_cq_event` without blocking: the next CQ whose armed notification fired.
+    pub fn get_cq_event(&mut self) -> Option<CqHandle> {
+        self.cq_events.pop_front()
+    }
+
     /// Completions waiting in a CQ.
     pub fn cq_len(&self, cq: CqHandle) -> Result<usize, VerbsError> {
         Ok(self
@@ -719,7 +756,10 @@ impl Engine {
             hop_limit: a.ah_attr.hop_limit,
             traffic_class: a.ah_attr.traffic_class,
             flow_label: a.ah_attr.flow_label,
-            udp_src_port: wire::src_port_for_qpn(Qpn::new(qpn)),
+            udp_src_port: self
+                .config
+                .udp_src_port
+                .unwrap_or_else(|| wire::src_port_for_qpn(Qpn::new(qpn))),
         })
     }
 

@@ -90,14 +90,22 @@ fn fatal_nak(qp: &mut Qp, ctx: &mut Ctx<'_>, psn: Psn, code: NakCode) {
     });
 }
 
-/// Complete the receive WQE at the head of the RQ.
-fn complete_recv(qp: &mut Qp, ctx: &mut Ctx<'_>, wc_fill: impl FnOnce(&mut WorkCompletion)) {
-    let Some(r) = qp.rq.pop_front() else { return };
+/// Complete the receive WQE at the head of the RQ (`solicited`: the message's last packet
+/// carried the solicited-event bit).
+fn complete_recv(
+    qp: &mut Qp,
+    ctx: &mut Ctx<'_>,
+    solicited: bool,
+    wc_fill: impl FnOnce(&mut WorkCompletion),
+) {
+    let Some(r) = qp.rq.pop_front() else {
+        return;
+    };
     let mut wc = WorkCompletion::new(r.wr_id, WcStatus::Success, WcOpcode::Recv, qp.qpn);
     wc.src_qp = qp.attr.dest_qp_num;
     wc_fill(&mut wc);
     let cq = qp.recv_cq;
-    ctx.push_cqe(qp, cq, wc);
+    ctx.push_cqe_se(qp, cq, wc, solicited);
 }
 
 /// Scatter `data` at byte `offset` of a receive WQE, checking each local key as it is used
@@ -262,7 +270,7 @@ fn do_send(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &RoceV2Packet<'_>) -> bool {
     if offset + plen > r.len {
         // The message does not fit: LOC_LEN_ERR here, Invalid Request at the requester.
         ctx.count(qp, Counter::RespLocalLengthError);
-        complete_recv(qp, ctx, |wc| {
+        complete_recv(qp, ctx, false, |wc| {
             wc.status = WcStatus::LocLenErr;
             wc.byte_len = (offset + plen) as u32;
         });
@@ -271,7 +279,7 @@ fn do_send(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &RoceV2Packet<'_>) -> bool {
     }
     if let Err(status) = scatter_recv(r, qp.pd, ctx.mrs, ctx.mem, offset, pkt.payload) {
         // A local error of the responder: the requester sees Remote Operational Error.
-        complete_recv(qp, ctx, |wc| wc.status = status);
+        complete_recv(qp, ctx, false, |wc| wc.status = status);
         fatal_nak(qp, ctx, psn, NakCode::RemoteOperationalError);
         return false;
     }
@@ -279,7 +287,7 @@ fn do_send(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &RoceV2Packet<'_>) -> bool {
     if t.bth.opcode.is_last() || t.bth.opcode.is_only() {
         let imm = t.immdt;
         let inv = t.ieth;
-        complete_recv(qp, ctx, |wc| {
+        complete_recv(qp, ctx, t.bth.solicited, |wc| {
             wc.byte_len = total as u32;
             if let Some(imm) = imm {
                 wc.imm_data = imm;
@@ -360,7 +368,7 @@ fn do_write(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &RoceV2Packet<'_>) -> bool {
     }
     if ends {
         if let Some(imm) = t.immdt {
-            complete_recv(qp, ctx, |wc| {
+            complete_recv(qp, ctx, t.bth.solicited, |wc| {
                 wc.opcode = WcOpcode::RecvRdmaWithImm;
                 wc.byte_len = total as u32;
                 wc.imm_data = imm;

@@ -846,3 +846,41 @@ fn a_two_gib_write_streams_through_without_materializing() {
     assert_eq!(*checked.borrow(), len);
     assert_eq!(packets, len / 4096);
 }
+
+#[test]
+fn armed_cq_fires_once_and_solicited_only_waits_for_the_solicited_message() {
+    let mut w = World::new(PathMtu::Mtu1024);
+    for i in 0..3 {
+        let r = w.b.sge(BASE + 0x100 * i, 0x100);
+        w.b.e.post_recv(w.b.qpn, RecvWr::new(i, vec![r])).unwrap();
+    }
+    w.b.e.req_notify_cq(w.b.cq, true).unwrap();
+    w.a.e.post_send(w.a.qpn, SendWr::send(1, vec![])).unwrap();
+    w.run(SEC);
+    assert_eq!(
+        w.b.e.get_cq_event(),
+        None,
+        "an unsolicited message does not wake"
+    );
+    let s = SendWr::send(2, vec![]).with_flags(SendFlags::SOLICITED);
+    w.a.e.post_send(w.a.qpn, s).unwrap();
+    w.run(SEC);
+    assert_eq!(w.b.e.get_cq_event(), Some(w.b.cq));
+    // Disarmed after firing.
+    w.a.e
+        .post_send(
+            w.a.qpn,
+            SendWr::send(3, vec![]).with_flags(SendFlags::SOLICITED),
+        )
+        .unwrap();
+    w.run(SEC);
+    assert_eq!(w.b.e.get_cq_event(), None);
+    assert_eq!(w.b.poll().len(), 3);
+    // Any completion fires a CQ armed without solicited_only.
+    w.a.e.req_notify_cq(w.a.cq, false).unwrap();
+    w.a.e
+        .post_send(w.a.qpn, SendWr::rdma_write(4, vec![], BASE, w.b.mr.rkey))
+        .unwrap();
+    w.run(SEC);
+    assert_eq!(w.a.e.get_cq_event(), Some(w.a.cq));
+}
