@@ -25,6 +25,7 @@ pub enum NakCode {
 
 impl NakCode {
     /// The 5-bit code.
+    #[inline]
     pub const fn code(self) -> u8 {
         match self {
             NakCode::PsnSequenceError => 0,
@@ -36,6 +37,7 @@ impl NakCode {
     }
 
     /// The NAK code for a 5-bit value; 5..=31 are reserved.
+    #[inline]
     pub const fn from_code(c: u8) -> Option<NakCode> {
         match c {
             0 => Some(NakCode::PsnSequenceError),
@@ -72,6 +74,7 @@ impl Syndrome {
 
     /// The syndrome byte (bit 7 reserved 0, bits 6..5 type, bits 4..0 value). Values wider
     /// than 5 bits are masked.
+    #[inline]
     pub const fn to_u8(self) -> u8 {
         match self {
             Syndrome::Ack { credits } => credits & 0x1f,
@@ -82,6 +85,7 @@ impl Syndrome {
 
     /// The syndrome for a byte, or [`WireError::BadSyndrome`] for the reserved encodings
     /// (bit 7 set, type 0b10, NAK code 5..=31).
+    #[inline]
     pub const fn from_u8(b: u8) -> Result<Syndrome, WireError> {
         let v = b & 0x1f;
         match b >> 5 {
@@ -97,6 +101,7 @@ impl Syndrome {
 
     /// The RNR NAK delay in microseconds for a 5-bit timer code (IBA table 45; code 0 is the
     /// longest, 655.36 ms).
+    #[inline]
     pub const fn rnr_timer_micros(timer: u8) -> u32 {
         const TABLE: [u32; 32] = [
             655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920,
@@ -115,32 +120,38 @@ pub struct Aeth<T: AsRef<[u8]>> {
 
 impl<T: AsRef<[u8]>> Aeth<T> {
     /// Wrap a buffer without checking it; accessors panic if it is shorter than 4 bytes.
+    #[inline]
     pub const fn new_unchecked(buf: T) -> Aeth<T> {
         Aeth { buf }
     }
 
     /// Wrap a buffer that holds at least 4 bytes.
+    #[inline]
     pub fn new_checked(buf: T) -> Result<Aeth<T>, WireError> {
         check_len(buf.as_ref().len(), AETH_LEN, HeaderKind::Aeth)?;
         Ok(Aeth { buf })
     }
 
     /// The underlying buffer.
+    #[inline]
     pub fn into_inner(self) -> T {
         self.buf
     }
 
     /// The syndrome byte as stored.
+    #[inline]
     pub fn syndrome_raw(&self) -> u8 {
         self.buf.as_ref()[0]
     }
 
     /// The syndrome, or why the byte is reserved.
+    #[inline]
     pub fn syndrome(&self) -> Result<Syndrome, WireError> {
         Syndrome::from_u8(self.syndrome_raw())
     }
 
     /// Message sequence number.
+    #[inline]
     pub fn msn(&self) -> Msn {
         Msn::new(u24_at(self.buf.as_ref(), 1))
     }
@@ -148,11 +159,13 @@ impl<T: AsRef<[u8]>> Aeth<T> {
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Aeth<T> {
     /// Set the syndrome.
+    #[inline]
     pub fn set_syndrome(&mut self, s: Syndrome) {
         self.buf.as_mut()[0] = s.to_u8();
     }
 
     /// Set the MSN.
+    #[inline]
     pub fn set_msn(&mut self, m: Msn) {
         set_u24(self.buf.as_mut(), 1, m.value());
     }
@@ -172,6 +185,7 @@ impl AethRepr {
     pub const LEN: usize = AETH_LEN;
 
     /// Parse; a reserved syndrome is [`WireError::BadSyndrome`].
+    #[inline]
     pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &Aeth<&T>) -> Result<AethRepr, WireError> {
         Ok(AethRepr {
             syndrome: p.syndrome()?,
@@ -180,11 +194,13 @@ impl AethRepr {
     }
 
     /// Bytes of header this Repr emits.
+    #[inline]
     pub const fn buffer_len(&self) -> usize {
         AETH_LEN
     }
 
     /// Write the fields.
+    #[inline]
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(&self, p: &mut Aeth<&mut T>) {
         p.set_syndrome(self.syndrome);
         p.set_msn(self.msn);

@@ -33,81 +33,97 @@ pub struct Bth<T: AsRef<[u8]>> {
 
 impl<T: AsRef<[u8]>> Bth<T> {
     /// Wrap a buffer without checking it; accessors panic if it is shorter than 12 bytes.
+    #[inline]
     pub const fn new_unchecked(buf: T) -> Bth<T> {
         Bth { buf }
     }
 
     /// Wrap a buffer that holds at least 12 bytes.
+    #[inline]
     pub fn new_checked(buf: T) -> Result<Bth<T>, WireError> {
         check_len(buf.as_ref().len(), BTH_LEN, HeaderKind::Bth)?;
         Ok(Bth { buf })
     }
 
     /// The underlying buffer.
+    #[inline]
     pub fn into_inner(self) -> T {
         self.buf
     }
 
     /// The opcode byte as stored.
+    #[inline]
     pub fn opcode_raw(&self) -> u8 {
         self.buf.as_ref()[field::OPCODE]
     }
 
     /// The opcode, or why the byte is not one.
+    #[inline]
     pub fn opcode(&self) -> Result<Opcode, WireError> {
         Opcode::from_u8(self.opcode_raw())
     }
 
+    #[inline]
     fn flags(&self) -> u8 {
         self.buf.as_ref()[field::FLAGS]
     }
 
     /// Solicited event: the receiver should raise a completion event.
+    #[inline]
     pub fn solicited(&self) -> bool {
         self.flags() & 0x80 != 0
     }
 
     /// Migration request (automatic path migration state).
+    #[inline]
     pub fn mig_req(&self) -> bool {
         self.flags() & 0x40 != 0
     }
 
     /// Pad count: bytes (0..=3) added after the payload to align it to 4 bytes.
+    #[inline]
     pub fn pad_count(&self) -> u8 {
         (self.flags() >> 4) & 3
     }
 
     /// Transport header version (0).
+    #[inline]
     pub fn tver(&self) -> u8 {
         self.flags() & 0x0f
     }
 
     /// Partition key.
+    #[inline]
     pub fn pkey(&self) -> u16 {
         u16_at(self.buf.as_ref(), field::PKEY)
     }
 
     /// Forward explicit congestion notification.
+    #[inline]
     pub fn fecn(&self) -> bool {
         self.buf.as_ref()[field::FECN_BECN] & 0x80 != 0
     }
 
     /// Backward explicit congestion notification.
+    #[inline]
     pub fn becn(&self) -> bool {
         self.buf.as_ref()[field::FECN_BECN] & 0x40 != 0
     }
 
     /// Destination queue pair.
+    #[inline]
     pub fn dest_qp(&self) -> Qpn {
         Qpn::new(u24_at(self.buf.as_ref(), field::DEST_QP))
     }
 
     /// Acknowledge request: the responder should ACK this packet.
+    #[inline]
     pub fn ack_req(&self) -> bool {
         self.buf.as_ref()[field::ACK_REQ] & 0x80 != 0
     }
 
     /// Packet sequence number.
+    #[inline]
     pub fn psn(&self) -> Psn {
         Psn::new(u24_at(self.buf.as_ref(), field::PSN))
     }
@@ -115,11 +131,13 @@ impl<T: AsRef<[u8]>> Bth<T> {
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Bth<T> {
     /// Set the opcode.
+    #[inline]
     pub fn set_opcode(&mut self, op: Opcode) {
         self.buf.as_mut()[field::OPCODE] = op.code();
     }
 
     /// Set SE, M, pad count (low two bits used) and TVer (low four bits used).
+    #[inline]
     pub fn set_flags(&mut self, solicited: bool, mig_req: bool, pad_count: u8, tver: u8) {
         self.buf.as_mut()[field::FLAGS] = (u8::from(solicited) << 7)
             | (u8::from(mig_req) << 6)
@@ -128,32 +146,38 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Bth<T> {
     }
 
     /// Set only the pad count, keeping the other bits of its byte.
+    #[inline]
     pub fn set_pad_count(&mut self, pad_count: u8) {
         let b = &mut self.buf.as_mut()[field::FLAGS];
         *b = (*b & !0x30) | ((pad_count & 3) << 4);
     }
 
     /// Set the partition key.
+    #[inline]
     pub fn set_pkey(&mut self, v: u16) {
         set_u16(self.buf.as_mut(), field::PKEY, v);
     }
 
     /// Set FECN and BECN (the six reserved bits of the byte are cleared).
+    #[inline]
     pub fn set_fecn_becn(&mut self, fecn: bool, becn: bool) {
         self.buf.as_mut()[field::FECN_BECN] = (u8::from(fecn) << 7) | (u8::from(becn) << 6);
     }
 
     /// Set the destination QP.
+    #[inline]
     pub fn set_dest_qp(&mut self, q: Qpn) {
         set_u24(self.buf.as_mut(), field::DEST_QP, q.value());
     }
 
     /// Set the AckReq bit (the seven reserved bits of the byte are cleared).
+    #[inline]
     pub fn set_ack_req(&mut self, v: bool) {
         self.buf.as_mut()[field::ACK_REQ] = u8::from(v) << 7;
     }
 
     /// Set the PSN.
+    #[inline]
     pub fn set_psn(&mut self, p: Psn) {
         set_u24(self.buf.as_mut(), field::PSN, p.value());
     }
@@ -192,6 +216,7 @@ impl BthRepr {
 
     /// A BTH with the given opcode, destination and PSN, and everything else at its usual
     /// value (default P_Key 0xffff, no flags, TVer 0).
+    #[inline]
     pub const fn new(opcode: Opcode, dest_qp: Qpn, psn: Psn) -> BthRepr {
         BthRepr {
             opcode,
@@ -210,6 +235,7 @@ impl BthRepr {
 
     /// Parse a BTH: the opcode must be one softrdma knows and TVer must be 0. Reserved bits
     /// are ignored, as IBA requires of receivers.
+    #[inline]
     pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &Bth<&T>) -> Result<BthRepr, WireError> {
         let opcode = p.opcode()?;
         if p.tver() != 0 {
@@ -231,11 +257,13 @@ impl BthRepr {
     }
 
     /// Bytes of header this Repr emits.
+    #[inline]
     pub const fn buffer_len(&self) -> usize {
         BTH_LEN
     }
 
     /// Write the header; reserved bits are written as zero.
+    #[inline]
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(&self, p: &mut Bth<&mut T>) {
         p.set_opcode(self.opcode);
         p.set_flags(self.solicited, self.mig_req, self.pad_count, self.tver);

@@ -308,7 +308,7 @@ pub fn compute_with_headers(
             max: max - UDP_HEADER_LEN - ICRC_LEN,
         });
     }
-    ip.with_payload_len(udp_len).emit(&mut hdr[..ip_len]);
+    ip.with_payload_len(udp_len).emit(&mut hdr[..ip_len])?;
     let u = UdpRepr {
         length: udp_len as u16,
         ..*udp

@@ -35,160 +35,191 @@ pub struct Ipv4<T: AsRef<[u8]>> {
 
 impl<T: AsRef<[u8]>> Ipv4<T> {
     /// Wrap a buffer without checking it; accessors panic if it is shorter than 20 bytes.
+    #[inline]
     pub const fn new_unchecked(buf: T) -> Ipv4<T> {
         Ipv4 { buf }
     }
 
     /// Wrap a buffer that holds at least the 20-byte fixed header.
+    #[inline]
     pub fn new_checked(buf: T) -> Result<Ipv4<T>, WireError> {
         check_len(buf.as_ref().len(), IPV4_HEADER_LEN, HeaderKind::Ipv4)?;
         Ok(Ipv4 { buf })
     }
 
     /// The underlying buffer.
+    #[inline]
     pub fn into_inner(self) -> T {
         self.buf
     }
 
     /// Version nibble (4 for IPv4).
+    #[inline]
     pub fn version(&self) -> u8 {
         self.buf.as_ref()[field::VER_IHL] >> 4
     }
 
     /// Header length in 32-bit words.
+    #[inline]
     pub fn ihl(&self) -> u8 {
         self.buf.as_ref()[field::VER_IHL] & 0x0f
     }
 
     /// Header length in bytes.
+    #[inline]
     pub fn header_len(&self) -> usize {
         usize::from(self.ihl()) * 4
     }
 
     /// Type of service byte (DSCP and ECN).
+    #[inline]
     pub fn tos(&self) -> u8 {
         self.buf.as_ref()[field::TOS]
     }
 
     /// DSCP, the top six bits of TOS.
+    #[inline]
     pub fn dscp(&self) -> u8 {
         self.tos() >> 2
     }
 
     /// ECN, the low two bits of TOS.
+    #[inline]
     pub fn ecn(&self) -> u8 {
         self.tos() & 3
     }
 
     /// Total length of the IP packet in bytes.
+    #[inline]
     pub fn total_len(&self) -> u16 {
         u16_at(self.buf.as_ref(), field::TOTAL_LEN)
     }
 
     /// Identification field.
+    #[inline]
     pub fn ident(&self) -> u16 {
         u16_at(self.buf.as_ref(), field::IDENT)
     }
 
     /// Don't Fragment flag.
+    #[inline]
     pub fn dont_frag(&self) -> bool {
         u16_at(self.buf.as_ref(), field::FLAGS_FRAG) & FLAG_DF != 0
     }
 
     /// More Fragments flag.
+    #[inline]
     pub fn more_frags(&self) -> bool {
         u16_at(self.buf.as_ref(), field::FLAGS_FRAG) & FLAG_MF != 0
     }
 
     /// Fragment offset in 8-byte units.
+    #[inline]
     pub fn frag_offset(&self) -> u16 {
         u16_at(self.buf.as_ref(), field::FLAGS_FRAG) & FRAG_OFFSET
     }
 
     /// Time to live.
+    #[inline]
     pub fn ttl(&self) -> u8 {
         self.buf.as_ref()[field::TTL]
     }
 
     /// Protocol of the payload (17 for UDP).
+    #[inline]
     pub fn protocol(&self) -> u8 {
         self.buf.as_ref()[field::PROTOCOL]
     }
 
     /// Header checksum as stored.
+    #[inline]
     pub fn checksum(&self) -> u16 {
         u16_at(self.buf.as_ref(), field::CHECKSUM)
     }
 
     /// Source address.
+    #[inline]
     pub fn src_addr(&self) -> Ipv4Addr {
         let b = &self.buf.as_ref()[field::SRC];
         Ipv4Addr::new(b[0], b[1], b[2], b[3])
     }
 
     /// Destination address.
+    #[inline]
     pub fn dst_addr(&self) -> Ipv4Addr {
         let b = &self.buf.as_ref()[field::DST];
         Ipv4Addr::new(b[0], b[1], b[2], b[3])
     }
 
     /// True when the header checksum verifies (over the 20-byte header).
+    #[inline]
     pub fn verify_checksum(&self) -> bool {
         checksum(&self.buf.as_ref()[..IPV4_HEADER_LEN]) == 0
     }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv4<T> {
+    #[inline]
     fn b(&mut self) -> &mut [u8] {
         self.buf.as_mut()
     }
 
     /// Set version 4 and IHL 5 (20 bytes, no options).
+    #[inline]
     pub fn set_version_ihl(&mut self) {
         self.b()[field::VER_IHL] = 0x45;
     }
 
     /// Set the type of service byte.
+    #[inline]
     pub fn set_tos(&mut self, v: u8) {
         self.b()[field::TOS] = v;
     }
 
     /// Set the total length.
+    #[inline]
     pub fn set_total_len(&mut self, v: u16) {
         set_u16(self.b(), field::TOTAL_LEN, v);
     }
 
     /// Set the identification.
+    #[inline]
     pub fn set_ident(&mut self, v: u16) {
         set_u16(self.b(), field::IDENT, v);
     }
 
     /// Set flags and fragment offset: DF as given, MF clear, offset 0.
+    #[inline]
     pub fn set_dont_frag(&mut self, df: bool) {
         set_u16(self.b(), field::FLAGS_FRAG, if df { FLAG_DF } else { 0 });
     }
 
     /// Set the time to live.
+    #[inline]
     pub fn set_ttl(&mut self, v: u8) {
         self.b()[field::TTL] = v;
     }
 
     /// Set the protocol.
+    #[inline]
     pub fn set_protocol(&mut self, v: u8) {
         self.b()[field::PROTOCOL] = v;
     }
 
     /// Set the source address.
+    #[inline]
     pub fn set_src_addr(&mut self, a: Ipv4Addr) {
         self.b()[field::SRC].copy_from_slice(&a.octets());
     }
 
     /// Set the destination address.
+    #[inline]
     pub fn set_dst_addr(&mut self, a: Ipv4Addr) {
         self.b()[field::DST].copy_from_slice(&a.octets());
     }
 
     /// Compute and store the header checksum.
+    #[inline]
     pub fn fill_checksum(&mut self) {
         set_u16(self.b(), field::CHECKSUM, 0);
         let c = checksum(&self.buf.as_ref()[..IPV4_HEADER_LEN]);
@@ -197,6 +228,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv4<T> {
 }
 
 /// The internet checksum (RFC 1071) of `data`: 0 when a header with its checksum verifies.
+#[inline]
 pub fn checksum(data: &[u8]) -> u16 {
     let mut sum: u32 = 0;
     let mut chunks = data.chunks_exact(2);
@@ -240,6 +272,7 @@ impl Ipv4Repr {
     /// Parse and validate a RoCEv2 IPv4 header: version 4, no options, valid checksum, not a
     /// fragment, UDP inside, total length within the buffer. Bytes after the total length
     /// (link-layer padding) are allowed and ignored.
+    #[inline]
     pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &Ipv4<&T>) -> Result<Ipv4Repr, WireError> {
         if p.version() != 4 {
             return Err(WireError::BadIpVersion {
@@ -281,6 +314,7 @@ impl Ipv4Repr {
     }
 
     /// Bytes of header this Repr emits.
+    #[inline]
     pub const fn buffer_len(&self) -> usize {
         IPV4_HEADER_LEN
     }
@@ -288,6 +322,7 @@ impl Ipv4Repr {
     /// Write the header (protocol UDP, no options, checksum filled). `payload_len` must be at
     /// most [`Ipv4Repr::MAX_PAYLOAD`] (the packet emitter checks this; larger values are
     /// clamped here rather than wrapped).
+    #[inline]
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(&self, p: &mut Ipv4<&mut T>) {
         p.set_version_ihl();
         p.set_tos(self.tos);

@@ -61,6 +61,7 @@ impl ExtHeaders {
     };
 
     /// Total bytes of the extension headers present.
+    #[inline]
     pub const fn len(&self) -> usize {
         (self.deth as usize) * crate::deth::DETH_LEN
             + (self.reth as usize) * crate::reth::RETH_LEN
@@ -72,6 +73,7 @@ impl ExtHeaders {
     }
 
     /// True when no extension header is present.
+    #[inline]
     pub const fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -83,6 +85,7 @@ const MIDDLE: u8 = 2;
 const LAST: u8 = 3;
 const ONLY: u8 = 4;
 
+#[inline]
 const fn ext(
     reth: bool,
     aeth: bool,
@@ -128,6 +131,7 @@ macro_rules! opcodes {
             pub const ALL: &'static [Opcode] = &[ $( Opcode::$var, )* ];
 
             /// The opcode for a BTH opcode byte, or why there is none.
+            #[inline]
             pub const fn from_u8(code: u8) -> Result<Opcode, WireError> {
                 match code {
                     $( $code => Ok(Opcode::$var), )*
@@ -136,25 +140,31 @@ macro_rules! opcodes {
             }
 
             /// The name as Wireshark's InfiniBand dissector spells it (e.g. "RC Send Only").
+            #[inline]
             pub const fn name(self) -> &'static str {
                 match self { $( Opcode::$var => $name, )* }
             }
 
             /// The operation, independent of transport.
+            #[inline]
             pub const fn kind(self) -> OpKind {
                 match self { $( Opcode::$var => OpKind::$kind, )* }
             }
 
+
+            #[inline]
             const fn position(self) -> u8 {
                 match self { $( Opcode::$var => $pos, )* }
             }
 
             /// Which extension headers follow the BTH.
+            #[inline]
             pub const fn ext(self) -> ExtHeaders {
                 match self { $( Opcode::$var => $ext, )* }
             }
 
             /// True when the packet may carry payload bytes after its headers.
+            #[inline]
             pub const fn has_payload(self) -> bool {
                 match self { $( Opcode::$var => $payload, )* }
             }
@@ -242,6 +252,7 @@ opcodes! {
 }
 
 /// The precise reason a byte is not an opcode of [`Opcode`].
+#[inline]
 const fn unknown(code: u8) -> WireError {
     match Transport::from_opcode_bits(code) {
         Some(Transport::Rd) | Some(Transport::Xrc) => WireError::UnsupportedTransport { code },
@@ -261,11 +272,13 @@ const fn unknown(code: u8) -> WireError {
 
 impl Opcode {
     /// The opcode byte.
+    #[inline]
     pub const fn code(self) -> u8 {
         self as u8
     }
 
     /// The transport service the opcode belongs to.
+    #[inline]
     pub const fn transport(self) -> Transport {
         match self.code() >> 5 {
             0 => Transport::Rc,
@@ -276,38 +289,45 @@ impl Opcode {
     }
 
     /// First packet of a multi-packet message.
+    #[inline]
     pub const fn is_first(self) -> bool {
         self.position() == FIRST
     }
 
     /// Middle packet of a multi-packet message.
+    #[inline]
     pub const fn is_middle(self) -> bool {
         self.position() == MIDDLE
     }
 
     /// Last packet of a multi-packet message.
+    #[inline]
     pub const fn is_last(self) -> bool {
         self.position() == LAST
     }
 
     /// A message of one packet (every non-segmented operation too: READ REQUEST, atomics,
     /// acknowledges, CNP).
+    #[inline]
     pub const fn is_only(self) -> bool {
         self.position() == ONLY
     }
 
     /// The packet starts a message (FIRST or ONLY).
+    #[inline]
     pub const fn starts_message(self) -> bool {
         self.is_first() || self.is_only()
     }
 
     /// The packet ends a message (LAST or ONLY).
+    #[inline]
     pub const fn ends_message(self) -> bool {
         self.is_last() || self.is_only()
     }
 
     /// True for packets a requester sends (SEND, WRITE, READ REQUEST, atomics); false for
     /// responses (READ RESPONSE, ACKNOWLEDGE, ATOMIC ACKNOWLEDGE) and CNP.
+    #[inline]
     pub const fn is_request(self) -> bool {
         matches!(
             self.kind(),
@@ -320,16 +340,19 @@ impl Opcode {
     }
 
     /// True when the opcode carries immediate data.
+    #[inline]
     pub const fn has_immediate(self) -> bool {
         self.ext().immdt
     }
 
     /// True when the opcode carries an IETH (send with invalidate).
+    #[inline]
     pub const fn has_invalidate(self) -> bool {
         self.ext().ieth
     }
 
     /// Bytes of BTH plus extension headers (plus the 16 reserved bytes of a CNP).
+    #[inline]
     pub const fn header_len(self) -> usize {
         let cnp = if matches!(self, Opcode::Cnp) {
             CNP_RESERVED_LEN
@@ -345,12 +368,14 @@ pub const CNP_RESERVED_LEN: usize = 16;
 
 impl TryFrom<u8> for Opcode {
     type Error = WireError;
+    #[inline]
     fn try_from(code: u8) -> Result<Opcode, WireError> {
         Opcode::from_u8(code)
     }
 }
 
 impl core::fmt::Display for Opcode {
+    #[inline]
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.write_str(self.name())
     }

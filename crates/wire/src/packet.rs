@@ -36,6 +36,7 @@ pub enum IpRepr {
 
 impl IpRepr {
     /// Bytes of IP header (20 or 40).
+    #[inline]
     pub const fn header_len(&self) -> usize {
         match self {
             IpRepr::V4(_) => IPV4_HEADER_LEN,
@@ -44,6 +45,7 @@ impl IpRepr {
     }
 
     /// Bytes after the IP header.
+    #[inline]
     pub const fn payload_len(&self) -> usize {
         match self {
             IpRepr::V4(r) => r.payload_len,
@@ -52,6 +54,7 @@ impl IpRepr {
     }
 
     /// The same header with another payload length.
+    #[inline]
     pub const fn with_payload_len(&self, payload_len: usize) -> IpRepr {
         match *self {
             IpRepr::V4(r) => IpRepr::V4(Ipv4Repr { payload_len, ..r }),
@@ -60,6 +63,7 @@ impl IpRepr {
     }
 
     /// Largest payload (UDP header onwards) the IP length field can describe.
+    #[inline]
     pub const fn max_payload_len(&self) -> usize {
         match self {
             IpRepr::V4(_) => Ipv4Repr::MAX_PAYLOAD,
@@ -68,6 +72,7 @@ impl IpRepr {
     }
 
     /// Source address.
+    #[inline]
     pub fn src(&self) -> IpAddr {
         match self {
             IpRepr::V4(r) => IpAddr::V4(r.src),
@@ -76,6 +81,7 @@ impl IpRepr {
     }
 
     /// Destination address.
+    #[inline]
     pub fn dst(&self) -> IpAddr {
         match self {
             IpRepr::V4(r) => IpAddr::V4(r.dst),
@@ -85,6 +91,7 @@ impl IpRepr {
 
     /// Parse and validate the IP header at the start of `bytes` (see [`Ipv4Repr::parse`],
     /// [`Ipv6Repr::parse`]).
+    #[inline]
     pub fn parse(bytes: &[u8]) -> Result<IpRepr, WireError> {
         let Some(&b0) = bytes.first() else {
             return Err(WireError::Truncated {
@@ -100,12 +107,21 @@ impl IpRepr {
         }
     }
 
-    /// Write the header at the start of `buf`, which must hold [`IpRepr::header_len`] bytes.
-    pub fn emit(&self, buf: &mut [u8]) {
+    /// Write the header at the start of `buf` (at least [`IpRepr::header_len`] bytes).
+    #[inline]
+    pub fn emit(&self, buf: &mut [u8]) -> Result<(), WireError> {
+        let need = self.header_len();
+        let Some(b) = buf.get_mut(..need) else {
+            return Err(WireError::BufferTooSmall {
+                needed: need,
+                available: buf.len(),
+            });
+        };
         match self {
-            IpRepr::V4(r) => r.emit(&mut Ipv4::new_unchecked(buf)),
-            IpRepr::V6(r) => r.emit(&mut Ipv6::new_unchecked(buf)),
+            IpRepr::V4(r) => r.emit(&mut Ipv4::new_unchecked(b)),
+            IpRepr::V6(r) => r.emit(&mut Ipv6::new_unchecked(b)),
         }
+        Ok(())
     }
 }
 
@@ -133,6 +149,7 @@ pub struct TransportRepr {
 impl TransportRepr {
     /// A transport header with this BTH and no extension header (fill those in to match the
     /// opcode).
+    #[inline]
     pub const fn new(bth: BthRepr) -> TransportRepr {
         TransportRepr {
             bth,
@@ -147,6 +164,7 @@ impl TransportRepr {
     }
 
     /// Which extension headers are present.
+    #[inline]
     pub const fn ext_present(&self) -> ExtHeaders {
         ExtHeaders {
             reth: self.reth.is_some(),
@@ -160,6 +178,7 @@ impl TransportRepr {
     }
 
     /// Ok when exactly the extension headers of the opcode are present.
+    #[inline]
     pub fn check(&self) -> Result<(), WireError> {
         let want = self.bth.opcode.ext();
         let have = self.ext_present();
@@ -173,12 +192,14 @@ impl TransportRepr {
     }
 
     /// Bytes of BTH plus extension headers (plus the 16 reserved bytes of a CNP).
+    #[inline]
     pub const fn header_len(&self) -> usize {
         self.bth.opcode.header_len()
     }
 
     /// Parse the BTH and the extension headers its opcode calls for from the start of
     /// `buf` (the UDP payload). The headers' total length is [`TransportRepr::header_len`].
+    #[inline]
     pub fn parse(buf: &[u8]) -> Result<TransportRepr, WireError> {
         let bth = BthRepr::parse(&Bth::new_checked(buf)?)?;
         let ext = bth.opcode.ext();
@@ -230,6 +251,7 @@ impl TransportRepr {
     /// Write the headers at the start of `buf`; returns their length. The BTH pad count is
     /// written as given (the packet emitters set it). Fails when the extension headers do not
     /// match the opcode or `buf` is too short.
+    #[inline]
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize, WireError> {
         self.check()?;
         let len = self.header_len();
@@ -282,6 +304,7 @@ impl TransportRepr {
 
 /// `buf[at..]`, or empty when `at` is past the end (the view's length check then reports
 /// the truncation).
+#[inline]
 fn rest(buf: &[u8], at: usize) -> &[u8] {
     buf.get(at..).unwrap_or(&[])
 }
@@ -302,6 +325,7 @@ pub struct TransportPacket<'a> {
 impl<'a> TransportPacket<'a> {
     /// Parse a UDP payload: headers by opcode, pad count within the payload, payload plus pad
     /// a multiple of 4, no payload on opcodes that carry none, 4 ICRC bytes at the end.
+    #[inline]
     pub fn parse(udp_payload: &'a [u8]) -> Result<TransportPacket<'a>, WireError> {
         let transport = TransportRepr::parse(udp_payload)?;
         let hdr = transport.header_len();
@@ -362,12 +386,14 @@ impl<'a> RoceV2Packet<'a> {
     /// compute the ICRC. A wrong ICRC is not an error here (`icrc_ok` is false) so that a
     /// decoder can still show the packet. Bytes after the IP length (link-layer padding) are
     /// ignored.
+    #[inline]
     pub fn parse(bytes: &'a [u8]) -> Result<RoceV2Packet<'a>, WireError> {
         Self::parse_inner(bytes).map(|(p, _)| p)
     }
 
     /// [`RoceV2Packet::parse`], and a wrong ICRC is [`WireError::BadIcrc`]: what a NIC uses on
     /// ingress.
+    #[inline]
     pub fn parse_checked(bytes: &'a [u8]) -> Result<RoceV2Packet<'a>, WireError> {
         let (p, computed) = Self::parse_inner(bytes)?;
         if p.icrc_ok {
@@ -380,6 +406,7 @@ impl<'a> RoceV2Packet<'a> {
         }
     }
 
+    #[inline]
     fn parse_inner(bytes: &'a [u8]) -> Result<(RoceV2Packet<'a>, u32), WireError> {
         let ip = IpRepr::parse(bytes)?;
         let ip_len = ip.header_len();
@@ -416,6 +443,7 @@ impl<'a> RoceV2Packet<'a> {
     }
 
     /// Bytes the packet takes when emitted.
+    #[inline]
     pub fn buffer_len(&self) -> usize {
         let pad = pad_for(self.payload.len());
         self.ip.header_len()
@@ -428,6 +456,7 @@ impl<'a> RoceV2Packet<'a> {
 
     /// Emit the packet again (lengths, pad, IPv4 checksum, UDP checksum 0 and ICRC freshly
     /// computed); returns the length.
+    #[inline]
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize, WireError> {
         emit_packet(
             &self.ip,
@@ -441,6 +470,7 @@ impl<'a> RoceV2Packet<'a> {
 }
 
 /// Pad bytes that align `payload_len` to 4.
+#[inline]
 pub const fn pad_for(payload_len: usize) -> usize {
     (4 - payload_len % 4) % 4
 }
@@ -461,6 +491,7 @@ impl PacketLayout {
     /// here; the UDP checksum is 0. Fails when the extension headers do not match the opcode,
     /// when an opcode without payload is given one, or when the packet would not fit the IP
     /// length field.
+    #[inline]
     pub fn new(
         ip: &IpRepr,
         src_port: u16,
@@ -504,35 +535,42 @@ impl PacketLayout {
     }
 
     /// Total bytes of the packet.
+    #[inline]
     pub const fn len(&self) -> usize {
         self.ip.header_len() + self.ip.payload_len()
     }
 
     /// Never true: a packet has at least its headers.
+    #[inline]
     pub const fn is_empty(&self) -> bool {
         false
     }
 
     /// Bytes of IP, UDP and transport headers.
+    #[inline]
     pub const fn header_len(&self) -> usize {
         self.ip.header_len() + UDP_HEADER_LEN + self.transport.header_len()
     }
 
     /// Where the payload goes in the packet.
+    #[inline]
     pub const fn payload_range(&self) -> Range<usize> {
         self.header_len()..self.header_len() + self.payload_len
     }
 
     /// The IP header as it will be written (with its length filled in).
+    #[inline]
     pub const fn ip(&self) -> &IpRepr {
         &self.ip
     }
 
     /// The transport headers as they will be written (with the pad count filled in).
+    #[inline]
     pub const fn transport(&self) -> &TransportRepr {
         &self.transport
     }
 
+    #[inline]
     fn check_buf(&self, buf: &[u8]) -> Result<(), WireError> {
         if buf.len() < self.len() {
             Err(WireError::BufferTooSmall {
@@ -545,10 +583,11 @@ impl PacketLayout {
     }
 
     /// Step 1: write IP, UDP and transport headers into `buf[..header_len()]`.
+    #[inline]
     pub fn emit_headers(&self, buf: &mut [u8]) -> Result<(), WireError> {
         self.check_buf(buf)?;
         let ip_len = self.ip.header_len();
-        self.ip.emit(&mut buf[..ip_len]);
+        self.ip.emit(&mut buf[..ip_len])?;
         self.udp.emit(&mut Udp::new_unchecked(
             &mut buf[ip_len..ip_len + UDP_HEADER_LEN],
         ));
@@ -557,6 +596,7 @@ impl PacketLayout {
     }
 
     /// Step 2: the payload area of `buf`, for the caller to fill.
+    #[inline]
     pub fn payload_mut<'b>(&self, buf: &'b mut [u8]) -> Result<&'b mut [u8], WireError> {
         self.check_buf(buf)?;
         Ok(&mut buf[self.payload_range()])
@@ -564,6 +604,7 @@ impl PacketLayout {
 
     /// Step 3: write the zero pad and the ICRC over everything before it; returns the packet
     /// length. The headers and payload must already be in `buf`.
+    #[inline]
     pub fn finish(&self, buf: &mut [u8]) -> Result<usize, WireError> {
         self.check_buf(buf)?;
         let len = self.len();
@@ -578,6 +619,7 @@ impl PacketLayout {
 /// Emit a whole RoCEv2 packet into `buf` and return its length: IP header (length and IPv4
 /// checksum filled), UDP header (length filled, checksum 0), transport headers (pad count
 /// filled), payload, zero pad, ICRC.
+#[inline]
 pub fn emit_packet(
     ip: &IpRepr,
     src_port: u16,

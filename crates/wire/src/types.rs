@@ -19,34 +19,40 @@ impl Psn {
     pub const MAX: Psn = Psn(MASK24);
 
     /// A PSN from the low 24 bits of `v` (higher bits are dropped).
+    #[inline]
     pub const fn new(v: u32) -> Psn {
         Psn(v & MASK24)
     }
 
     /// The PSN as a number in `0..2^24`.
+    #[inline]
     pub const fn value(self) -> u32 {
         self.0
     }
 
     /// This PSN advanced by `n`, wrapping modulo 2^24.
     #[allow(clippy::should_implement_trait)] // takes a count, not a Psn: `Add<Psn>` would be wrong
+    #[inline]
     pub const fn add(self, n: u32) -> Psn {
         Psn(self.0.wrapping_add(n) & MASK24)
     }
 
     /// This PSN moved back by `n`, wrapping modulo 2^24.
     #[allow(clippy::should_implement_trait)] // takes a count, not a Psn
+    #[inline]
     pub const fn sub(self, n: u32) -> Psn {
         Psn(self.0.wrapping_sub(n) & MASK24)
     }
 
     /// The PSN after this one.
+    #[inline]
     pub const fn next(self) -> Psn {
         self.add(1)
     }
 
     /// Signed distance `self - other` in the range `(-2^23, 2^23]`: positive when `self` is
     /// ahead of `other` by less than half the PSN space.
+    #[inline]
     pub const fn distance_from(self, other: Psn) -> i32 {
         let d = self.0.wrapping_sub(other.0) & MASK24;
         if d > (1 << 23) {
@@ -57,17 +63,20 @@ impl Psn {
     }
 
     /// True when `self` comes strictly before `other` (within half the PSN space).
+    #[inline]
     pub const fn is_before(self, other: Psn) -> bool {
         self.distance_from(other) < 0
     }
 
     /// True when `self` comes strictly after `other` (within half the PSN space).
+    #[inline]
     pub const fn is_after(self, other: Psn) -> bool {
         self.distance_from(other) > 0
     }
 }
 
 impl fmt::Display for Psn {
+    #[inline]
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.0)
     }
@@ -82,17 +91,20 @@ impl Qpn {
     pub const GSI: Qpn = Qpn(1);
 
     /// A QPN from the low 24 bits of `v`.
+    #[inline]
     pub const fn new(v: u32) -> Qpn {
         Qpn(v & MASK24)
     }
 
     /// The QPN as a number in `0..2^24`.
+    #[inline]
     pub const fn value(self) -> u32 {
         self.0
     }
 }
 
 impl fmt::Display for Qpn {
+    #[inline]
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:#x}", self.0)
     }
@@ -104,22 +116,26 @@ pub struct Msn(u32);
 
 impl Msn {
     /// An MSN from the low 24 bits of `v`.
+    #[inline]
     pub const fn new(v: u32) -> Msn {
         Msn(v & MASK24)
     }
 
     /// The MSN as a number in `0..2^24`.
+    #[inline]
     pub const fn value(self) -> u32 {
         self.0
     }
 
     /// The MSN after this one, wrapping modulo 2^24.
+    #[inline]
     pub const fn next(self) -> Msn {
         Msn(self.0.wrapping_add(1) & MASK24)
     }
 }
 
 impl fmt::Display for Msn {
+    #[inline]
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.0)
     }
@@ -131,17 +147,20 @@ pub struct Rkey(pub u32);
 
 impl Rkey {
     /// An R_Key from its 32-bit value.
+    #[inline]
     pub const fn new(v: u32) -> Rkey {
         Rkey(v)
     }
 
     /// The 32-bit value.
+    #[inline]
     pub const fn value(self) -> u32 {
         self.0
     }
 }
 
 impl fmt::Display for Rkey {
+    #[inline]
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:#010x}", self.0)
     }
@@ -153,23 +172,27 @@ pub struct Qkey(pub u32);
 
 impl Qkey {
     /// A Q_Key from its 32-bit value.
+    #[inline]
     pub const fn new(v: u32) -> Qkey {
         Qkey(v)
     }
 
     /// The 32-bit value.
+    #[inline]
     pub const fn value(self) -> u32 {
         self.0
     }
 
     /// IBA 10.2.4: a Q_Key with the high bit set is "controlled" (only privileged consumers
     /// may send with it).
+    #[inline]
     pub const fn is_controlled(self) -> bool {
         self.0 & 0x8000_0000 != 0
     }
 }
 
 impl fmt::Display for Qkey {
+    #[inline]
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:#010x}", self.0)
     }
@@ -201,6 +224,7 @@ impl Mtu {
     ];
 
     /// Payload bytes per packet.
+    #[inline]
     pub const fn bytes(self) -> usize {
         match self {
             Mtu::Mtu256 => 256,
@@ -212,6 +236,7 @@ impl Mtu {
     }
 
     /// The MTU whose size is exactly `n` bytes, if IBA defines one.
+    #[inline]
     pub const fn from_bytes(n: usize) -> Option<Mtu> {
         match n {
             256 => Some(Mtu::Mtu256),
@@ -225,6 +250,7 @@ impl Mtu {
 
     /// The largest MTU that is not larger than `n` bytes (e.g. for an Ethernet MTU minus
     /// headers), if any.
+    #[inline]
     pub const fn largest_within(n: usize) -> Option<Mtu> {
         if n >= 4096 {
             Some(Mtu::Mtu4096)
@@ -242,6 +268,7 @@ impl Mtu {
     }
 
     /// The `enum ibv_mtu` value (IBV_MTU_256 = 1 … IBV_MTU_4096 = 5).
+    #[inline]
     pub const fn to_ibv(self) -> u8 {
         match self {
             Mtu::Mtu256 => 1,
@@ -253,6 +280,7 @@ impl Mtu {
     }
 
     /// The MTU for an `enum ibv_mtu` value, if valid.
+    #[inline]
     pub const fn from_ibv(v: u8) -> Option<Mtu> {
         match v {
             1 => Some(Mtu::Mtu256),
@@ -285,6 +313,7 @@ pub enum Transport {
 impl Transport {
     /// The transport named by the top three bits of an opcode, if any (0b110 and 0b111 are
     /// manufacturer specific).
+    #[inline]
     pub const fn from_opcode_bits(code: u8) -> Option<Transport> {
         match code >> 5 {
             0 => Some(Transport::Rc),
@@ -298,6 +327,7 @@ impl Transport {
     }
 
     /// The short name ("RC", "UC", …).
+    #[inline]
     pub const fn name(self) -> &'static str {
         match self {
             Transport::Rc => "RC",

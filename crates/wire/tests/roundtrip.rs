@@ -176,7 +176,7 @@ proptest! {
     fn ip_and_udp_headers_round_trip(ip in arb_ip(), len in 0usize..2000, sport: u16, dport: u16, csum: u16) {
         let ip = ip.with_payload_len(len);
         let mut b = vec![0u8; ip.header_len() + len];
-        ip.emit(&mut b);
+        ip.emit(&mut b).unwrap();
         prop_assert_eq!(IpRepr::parse(&b), Ok(ip));
         let udp = UdpRepr { src_port: sport, dst_port: dport, length: (len.max(8)) as u16, checksum: csum };
         let mut u = vec![0u8; len.max(8)];
