@@ -1,0 +1,78 @@
+//! How to start a [`crate::Runtime`].
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use engine::DeviceAttr;
+use wire::Mtu;
+
+/// How the UDP source port of outgoing packets is chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum SrcPortPolicy {
+    /// The port the engine derived from the QPN (ECMP entropy, as Linux rxe does), sent from a
+    /// socket bound to that port, opened on first use. Where a port cannot be bound, that
+    /// QP's packets fall back to the fixed port (with the ICRC recomputed).
+    #[default]
+    PerQp,
+    /// Every packet leaves from the receiving socket's port (the ICRC is recomputed when the
+    /// engine emitted another port). One socket, no ECMP entropy.
+    Fixed,
+}
+
+/// Where received packets come from, and so which IP header the engine checks the ICRC of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum RxPath {
+    /// A UDP socket: the IP header is not visible, so it is rebuilt as softrdma senders emit
+    /// it (IPv4 ID 0 and DF). Packets from stacks that send other IDs fail the ICRC check and
+    /// are counted (`RxBadIcrc`) and dropped. See the crate docs, "Receive policy".
+    #[default]
+    Udp,
+}
+
+/// Everything a [`crate::Runtime`] needs.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RuntimeConfig {
+    /// The local address: the socket binds to it and it is the port's GID 0.
+    pub addr: IpAddr,
+    /// UDP port this device receives on (RoCEv2: 4791).
+    pub port: u16,
+    /// UDP port packets are sent to (RoCEv2: 4791). Differs from `port` only when several
+    /// devices share one address (e.g. `::1` in tests); see the crate docs on ports.
+    pub remote_port: u16,
+    /// UDP source port choice.
+    pub src_port_policy: SrcPortPolicy,
+    /// Receive path.
+    pub rx_path: RxPath,
+    /// How long the progress thread keeps polling after the last activity before it sleeps.
+    pub busy_poll: Duration,
+    /// Datagrams received per `recvmmsg` call.
+    pub rx_batch: usize,
+    /// Port MTU (the largest path MTU a QP may use).
+    pub mtu: Mtu,
+    /// Device attributes to report and enforce.
+    pub device: DeviceAttr,
+    /// Seed of the key generator; `None` draws one from the OS (keys must be unpredictable).
+    pub rng_seed: Option<u64>,
+}
+
+impl RuntimeConfig {
+    /// Defaults for a device on `addr`: port 4791 both ways, per-QP source ports, UDP receive
+    /// path, 50 µs of busy polling, MTU 4096.
+    pub fn new(addr: IpAddr) -> RuntimeConfig {
+        RuntimeConfig {
+            addr,
+            port: wire::ROCEV2_UDP_PORT,
+            remote_port: wire::ROCEV2_UDP_PORT,
+            src_port_policy: SrcPortPolicy::PerQp,
+            rx_path: RxPath::Udp,
+            busy_poll: Duration::from_micros(50),
+            rx_batch: 32,
+            mtu: Mtu::Mtu4096,
+            device: DeviceAttr::default(),
+            rng_seed: None,
+        }
+    }
+}

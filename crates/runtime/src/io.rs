@@ -1,0 +1,414 @@
+//! The socket layer: strip the IP and UDP headers the engine emits and send the rest from the
+//! right UDP source port; receive datagrams (batched with `recvmmsg`, with `IP_PKTINFO` /
+//! `IPV6_RECVPKTINFO`) and rebuild the headers the sender's ICRC covered.
+
+#![allow(unsafe_code)]
+
+use std::collections::HashMap;
+use std::io;
+use std::io::IoSliceMut;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::sync::Arc;
+
+use nix::sys::socket::{self as nsock, ControlMessageOwned, MsgFlags, SockaddrStorage};
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+use wire::{IpRepr, Ipv4, Ipv4Repr, Ipv6, Ipv6Repr, Udp, UdpRepr, ROCEV2_UDP_PORT};
+
+use crate::config::SrcPortPolicy;
+
+/// Room in front of every receive slot for the rebuilt headers (IPv6 40 + UDP 8; IPv4 uses
+/// the last 28 bytes).
+pub(crate) const HEADROOM: usize = 48;
+/// Largest UDP payload we accept: a 4096-byte MTU packet plus every RoCE header, with room.
+pub(crate) const MAX_DATAGRAM: usize = 8192;
+const SLOT: usize = HEADROOM + MAX_DATAGRAM;
+/// Socket buffer sizes asked for (the kernel caps them at `net.core.{r,w}mem_max`).
+const SOCKET_BUFFER: usize = 4 << 20;
+
+/// `IP_PMTUDISC_DO` / `IPV6_PMTUDISC_DO`: never fragment, so IPv4 datagrams carry DF and,
+/// on an unconnected socket, IP ID 0: the header the engine computed the ICRC over.
+fn set_pmtudisc_do(sock: &Socket, v6: bool) -> io::Result<()> {
+    let (level, name, value) = if v6 {
+        (
+            libc::IPPROTO_IPV6,
+            libc::IPV6_MTU_DISCOVER,
+            libc::IPV6_PMTUDISC_DO,
+        )
+    } else {
+        (
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            libc::IP_PMTUDISC_DO,
+        )
+    };
+    let value: libc::c_int = value;
+    // SAFETY: `sock` is an open socket for the duration of the call; the option value is a
+    // live c_int whose size we pass, as setsockopt(2) requires. No safe wrapper exists in
+    // socket2 or nix for this option.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            level,
+            name,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// A UDP socket bound to `addr`, set up for RoCEv2 (DF, no fragmentation, large buffers).
+pub(crate) fn udp_socket(addr: SocketAddr, reuse: bool) -> io::Result<Socket> {
+    let sock = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    if addr.is_ipv6() {
+        sock.set_only_v6(true)?;
+    }
+    if reuse {
+        // Send-only sockets of two devices on one address may share a source port.
+        sock.set_reuse_address(true)?;
+    }
+    set_pmtudisc_do(&sock, addr.is_ipv6())?;
+    // Best effort: a smaller buffer only costs throughput.
+    let _ = sock.set_recv_buffer_size(SOCKET_BUFFER);
+    let _ = sock.set_send_buffer_size(SOCKET_BUFFER);
+    sock.bind(&addr.into())?;
+    Ok(sock)
+}
+
+/// The receiving socket, with packet info enabled, non-blocking.
+pub(crate) fn rx_socket(addr: SocketAddr) -> io::Result<Socket> {
+    let sock = udp_socket(addr, false)?;
+    sock.set_nonblocking(true)?;
+    if addr.is_ipv6() {
+        nsock::setsockopt(&sock, nsock::sockopt::Ipv6RecvPacketInfo, &true)?;
+    } else {
+        nsock::setsockopt(&sock, nsock::sockopt::Ipv4PacketInfo, &true)?;
+    }
+    Ok(sock)
+}
+
+/// Counters of the socket layer (the engine counts everything after it).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct IoCounters {
+    /// Datagrams received and handed to the engine.
+    pub rx_datagrams: u64,
+    /// Datagrams dropped before the engine: truncated, empty, wrong family.
+    pub rx_dropped: u64,
+    /// Datagrams sent.
+    pub tx_datagrams: u64,
+    /// Packets the engine emitted that could not be sent (send error, unparsable header).
+    pub tx_errors: u64,
+    /// Packets sent from the fixed port after rewriting the source port and ICRC.
+    pub tx_port_rewrites: u64,
+}
+
+/// The sending side: one socket per UDP source port (opened lazily), or the fixed one.
+#[derive(Debug)]
+pub(crate) struct Tx {
+    local: IpAddr,
+    remote_port: u16,
+    policy: SrcPortPolicy,
+    /// The receiving socket, used for fixed-port sends.
+    fixed: Arc<Socket>,
+    fixed_port: u16,
+    per_port: HashMap<u16, Option<Socket>>,
+    pub(crate) counters: IoCounters,
+}
+
+impl Tx {
+    pub(crate) fn new(
+        local: IpAddr,
+        remote_port: u16,
+        policy: SrcPortPolicy,
+        fixed: Arc<Socket>,
+        fixed_port: u16,
+    ) -> Tx {
+        Tx {
+            local,
+            remote_port,
+            policy,
+            fixed,
+            fixed_port,
+            per_port: HashMap::new(),
+            counters: IoCounters::default(),
+        }
+    }
+
+    /// The socket for `port`, opened on first use; `None` when it cannot be had.
+    fn socket_for(&mut self, port: u16) -> Option<&Socket> {
+        let local = self.local;
+        self.per_port
+            .entry(port)
+            .or_insert_with(|| match udp_socket(SocketAddr::new(local, port), true) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::warn!(port, error = %e, "cannot bind UDP source port; using the fixed port for it");
+                    None
+                }
+            })
+            .as_ref()
+    }
+
+    /// Send the whole IP packet `pkt` (as the engine emitted it) to `dst`.
+    pub(crate) fn send(&mut self, pkt: &mut [u8], dst: IpAddr) {
+        let Some(hl) = ip_header_len(pkt) else {
+            self.counters.tx_errors += 1;
+            return;
+        };
+        if pkt.len() < hl + wire::UDP_HEADER_LEN {
+            self.counters.tx_errors += 1;
+            return;
+        }
+        let src_port = u16::from_be_bytes([pkt[hl], pkt[hl + 1]]);
+        let to = SockAddr::from(SocketAddr::new(dst, self.remote_port));
+        let per_qp = self.policy == SrcPortPolicy::PerQp && src_port != self.fixed_port;
+        let sent = if per_qp && self.socket_for(src_port).is_some() {
+            let sock = self.per_port.get(&src_port).and_then(Option::as_ref);
+            sock.map(|s| s.send_to(&pkt[hl + wire::UDP_HEADER_LEN..], &to))
+        } else {
+            None
+        };
+        let result = match sent {
+            Some(r) => r,
+            None => {
+                if src_port != self.fixed_port {
+                    // The ICRC covers the UDP source port: rewrite both.
+                    if rewrite_src_port(pkt, hl, self.fixed_port).is_err() {
+                        self.counters.tx_errors += 1;
+                        return;
+                    }
+                    self.counters.tx_port_rewrites += 1;
+                }
+                self.fixed.send_to(&pkt[hl + wire::UDP_HEADER_LEN..], &to)
+            }
+        };
+        match result {
+            Ok(_) => self.counters.tx_datagrams += 1,
+            Err(e) => {
+                self.counters.tx_errors += 1;
+                tracing::debug!(%dst, error = %e, "send failed; the transport will retransmit");
+            }
+        }
+    }
+}
+
+/// Header length of the IP packet at the start of `pkt`.
+fn ip_header_len(pkt: &[u8]) -> Option<usize> {
+    match pkt.first()? >> 4 {
+        4 => Some(usize::from(pkt[0] & 0x0f) * 4),
+        6 => Some(wire::IPV6_HEADER_LEN),
+        _ => None,
+    }
+}
+
+/// Set the UDP source port of a whole packet and recompute its ICRC.
+fn rewrite_src_port(pkt: &mut [u8], hl: usize, port: u16) -> Result<(), wire::WireError> {
+    pkt[hl..hl + 2].copy_from_slice(&port.to_be_bytes());
+    let n = pkt.len();
+    if n < wire::ICRC_LEN {
+        return Err(wire::WireError::Truncated {
+            header: wire::HeaderKind::Icrc,
+            needed: wire::ICRC_LEN,
+            available: n,
+        });
+    }
+    let icrc = wire::icrc::compute(&pkt[..n - wire::ICRC_LEN])?;
+    pkt[n - wire::ICRC_LEN..].copy_from_slice(&wire::icrc::icrc_bytes(icrc));
+    Ok(())
+}
+
+/// What `recvmmsg` said about one datagram.
+#[derive(Debug, Clone, Copy)]
+struct Meta {
+    len: usize,
+    /// Which slot holds it.
+    slot: usize,
+    /// Where the rebuilt packet starts in the slot.
+    start: usize,
+}
+
+/// The receiving side: a batch of slots, each with headroom for the rebuilt headers.
+pub(crate) struct Rx {
+    sock: Arc<Socket>,
+    local: IpAddr,
+    slots: Vec<u8>,
+    meta: Vec<Meta>,
+    headers: nsock::MultiHeaders<SockaddrStorage>,
+    batch: usize,
+}
+
+impl core::fmt::Debug for Rx {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Rx")
+            .field("local", &self.local)
+            .field("batch", &self.batch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Rx {
+    pub(crate) fn new(sock: Arc<Socket>, local: IpAddr, batch: usize) -> Rx {
+        let batch = batch.max(1);
+        let cmsg = if local.is_ipv6() {
+            nix::cmsg_space!(libc::in6_pktinfo)
+        } else {
+            nix::cmsg_space!(libc::in_pktinfo)
+        };
+        Rx {
+            sock,
+            local,
+            slots: vec![0; SLOT * batch],
+            meta: Vec::with_capacity(batch),
+            headers: nsock::MultiHeaders::preallocate(batch, Some(cmsg)),
+            batch,
+        }
+    }
+
+    /// The socket to wait on.
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.sock.as_fd()
+    }
+
+    /// Receive what is waiting (up to one batch) without blocking; rebuild each datagram's IP
+    /// and UDP headers. Returns the number of packets ready in [`Rx::packet`].
+    pub(crate) fn recv_batch(&mut self, counters: &mut IoCounters) -> usize {
+        self.meta.clear();
+        let mut iovs: Vec<[IoSliceMut<'_>; 1]> = self
+            .slots
+            .chunks_mut(SLOT)
+            .map(|c| [IoSliceMut::new(&mut c[HEADROOM..])])
+            .collect();
+        let res = nsock::recvmmsg(
+            self.sock.as_raw_fd(),
+            &mut self.headers,
+            iovs.iter_mut(),
+            MsgFlags::MSG_DONTWAIT,
+            None,
+        );
+        let results = match res {
+            Ok(r) => r,
+            Err(nix::errno::Errno::EAGAIN) => return 0,
+            Err(e) => {
+                tracing::debug!(error = %e, "recvmmsg failed");
+                return 0;
+            }
+        };
+        let mut raw = Vec::with_capacity(self.batch);
+        for m in results {
+            let truncated = m.flags.contains(MsgFlags::MSG_TRUNC);
+            let src = m.address.and_then(|a| storage_to_socket_addr(&a));
+            let mut dst = None;
+            if let Ok(cmsgs) = m.cmsgs() {
+                for c in cmsgs {
+                    match c {
+                        ControlMessageOwned::Ipv4PacketInfo(i) => {
+                            dst = Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(i.ipi_addr.s_addr))));
+                        }
+                        ControlMessageOwned::Ipv6PacketInfo(i) => {
+                            dst = Some(IpAddr::V6(Ipv6Addr::from(i.ipi6_addr.s6_addr)));
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            raw.push((m.bytes, truncated, src, dst));
+        }
+        for (i, (len, truncated, src, dst)) in raw.into_iter().enumerate() {
+            let Some(src) = src else {
+                counters.rx_dropped += 1;
+                continue;
+            };
+            if truncated || len == 0 || src.is_ipv4() != self.local.is_ipv4() {
+                counters.rx_dropped += 1;
+                continue;
+            }
+            let dst = dst.unwrap_or(self.local);
+            let slot = &mut self.slots[i * SLOT..(i + 1) * SLOT];
+            let Some(start) = rebuild_headers(slot, len, src, dst) else {
+                counters.rx_dropped += 1;
+                continue;
+            };
+            self.meta.push(Meta {
+                len,
+                slot: i,
+                start,
+            });
+        }
+        counters.rx_datagrams += self.meta.len() as u64;
+        self.meta.len()
+    }
+
+    /// The `i`-th rebuilt packet of the last batch (a whole IP packet).
+    pub(crate) fn packet(&self, i: usize) -> &[u8] {
+        let m = self.meta[i];
+        let base = SLOT * m.slot;
+        &self.slots[base + m.start..base + HEADROOM + m.len]
+    }
+}
+
+fn storage_to_socket_addr(a: &SockaddrStorage) -> Option<SocketAddr> {
+    if let Some(v4) = a.as_sockaddr_in() {
+        Some(SocketAddr::from((v4.ip(), v4.port())))
+    } else {
+        a.as_sockaddr_in6()
+            .map(|v6| SocketAddr::from((v6.ip(), v6.port())))
+    }
+}
+
+/// Write the IP and UDP headers of a datagram of `len` bytes (at `slot[HEADROOM..]`) into
+/// the headroom, as the sender's engine built them: IPv4 with ID 0 and DF, UDP destination
+/// port 4791 (the port the ICRC was computed with, whatever port carried it), checksum 0.
+/// Returns where the packet starts.
+pub(crate) fn rebuild_headers(
+    slot: &mut [u8],
+    len: usize,
+    src: SocketAddr,
+    dst: IpAddr,
+) -> Option<usize> {
+    let udp_len = len + wire::UDP_HEADER_LEN;
+    let ip = match (src.ip(), dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => IpRepr::V4(Ipv4Repr {
+            src: s,
+            dst: d,
+            tos: 0,
+            ident: 0,
+            dont_frag: true,
+            ttl: 64,
+            payload_len: udp_len,
+        }),
+        (IpAddr::V6(s), IpAddr::V6(d)) => IpRepr::V6(Ipv6Repr {
+            src: s,
+            dst: d,
+            traffic_class: 0,
+            flow_label: 0,
+            hop_limit: 64,
+            payload_len: udp_len,
+        }),
+        _ => return None,
+    };
+    let hl = ip.header_len();
+    let start = HEADROOM - wire::UDP_HEADER_LEN - hl;
+    let udp = UdpRepr {
+        src_port: src.port(),
+        dst_port: ROCEV2_UDP_PORT,
+        length: u16::try_from(udp_len).ok()?,
+        checksum: 0,
+    };
+    udp.emit(&mut Udp::new_unchecked(
+        &mut slot[HEADROOM - wire::UDP_HEADER_LEN..HEADROOM],
+    ));
+    match ip {
+        IpRepr::V4(r) => {
+            let mut v = Ipv4::new_unchecked(&mut slot[start..start + hl]);
+            r.emit(&mut v);
+        }
+        IpRepr::V6(r) => r.emit(&mut Ipv6::new_unchecked(&mut slot[start..start + hl])),
+    }
+    Some(start)
+}

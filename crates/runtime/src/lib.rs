@@ -1,0 +1,616 @@
+//! # softrdma `runtime`: the engine on real I/O
+//!
+//! The sans-IO [`engine`] knows RoCEv2 but no sockets, threads or clocks. This crate gives it
+//! all three: a [`Runtime`] owns one [`engine::Engine`], a UDP socket bound to one local
+//! address, and a progress thread that feeds received datagrams to the engine, runs its
+//! timers and sends what it emits. Both the embedded device of the `softrdma` API and (later)
+//! the host daemon are built on it.
+//!
+//! ## Threads and locking
+//!
+//! The engine lives behind one lock, taken with [`Runtime::lock`]. Application threads call
+//! verbs through the returned [`EngineGuard`]; when a guard that changed anything is dropped,
+//! it sends whatever the engine now has to transmit *on the calling thread* (a `post_send`
+//! leaves the host without a thread hop), signals completion waiters, and rings the doorbell
+//! (an `eventfd`) only if the engine's next timer is earlier than the one the progress thread
+//! sleeps until.
+//!
+//! The progress thread loops: `recvmmsg` (non-blocking, a batch at a time) → lock →
+//! `handle_datagram` for each packet, `handle_timeout` when due, `poll_transmit` until empty →
+//! unlock. After the last activity it keeps polling for [`RuntimeConfig::busy_poll`], then
+//! sleeps in `ppoll` on the socket and the doorbell with the engine's next timer as timeout,
+//! so an idle device uses no CPU.
+//!
+//! Completions are announced per CQ through an `eventfd` ([`CqNotifier`]), armed with
+//! [`Runtime::arm_cq`] like `ibv_req_notify_cq`: usable for blocking waits, in an epoll set, or
+//! by an async runtime. Asynchronous events (`ibv_get_async_event`) are queued by the runtime
+//! and announced on [`Runtime::async_event_fd`].
+//!
+//! ## Sending: IP ID, DF and the UDP source port
+//!
+//! The engine emits whole IP packets whose ICRC covers the IPv4 identification and flags and
+//! the UDP ports. IPv4 packets leave through *unconnected* sockets with
+//! `IP_MTU_DISCOVER = IP_PMTUDISC_DO`, so Linux sends them with DF and IP ID 0, the header the
+//! engine assumed. The UDP source port is the one the engine put in the packet (derived from
+//! the QPN, for ECMP entropy): with [`SrcPortPolicy::PerQp`] each source port gets its own
+//! socket bound to it (opened on first use, `SO_REUSEADDR` so devices sharing an address can
+//! share a port). Where a port cannot be bound, or with [`SrcPortPolicy::Fixed`], the packet
+//! leaves from the receiving socket's port and the runtime rewrites the source port and
+//! recomputes the ICRC, so the peer's check always passes.
+//!
+//! ## Ports
+//!
+//! RoCEv2 peers listen on UDP 4791 ([`RuntimeConfig::port`] and
+//! [`RuntimeConfig::remote_port`]). Several devices on one address (`::1` in tests) need
+//! distinct ports; the engine still builds and checks every packet as if its destination port
+//! were 4791, and the runtime maps that to the configured ports. Such traffic interoperates
+//! between softrdma devices only, and a capture of it does not ICRC-verify; on 4791 (the
+//! default) everything is standard.
+//!
+//! ## Receive policy
+//!
+//! A UDP socket does not show the IP header, and the ICRC covers two IPv4 fields that vary by
+//! sender: the identification and the flags. The runtime rebuilds the header as softrdma (and
+//! any sender that uses an unconnected `IP_PMTUDISC_DO` socket) emits it: **IPv4 ID 0 and DF
+//! set**, TTL/TOS/checksum don't matter (masked or not covered), lengths from the datagram,
+//! addresses from the source address and `IP_PKTINFO` / `IPV6_PKTINFO`, UDP destination port
+//! 4791 and checksum 0.
+//!
+//! - **softrdma peers, and any IPv6 peer**: every ICRC is checked exactly (IPv6 has no ID field;
+//!   its varying fields are masked).
+//! - **IPv4 peers that count the ID up (Linux rxe) or clear DF**: the rebuilt header differs
+//!   from the one they sent, so their packets fail the engine's ICRC check; they are counted
+//!   as `RxBadIcrc` and dropped — never accepted unchecked. We do not weaken the check (e.g. by
+//!   skipping it or solving the CRC for the ID, which would leave 16 bits of protection).
+//! - **The way to talk to such peers** is a receive path that sees the real header: a raw
+//!   socket (`SOCK_RAW`/`IPPROTO_UDP`, or `AF_PACKET`) needs root or `CAP_NET_RAW`. It is
+//!   planned as [`RxPath`] variant `Raw` (IPv4 only: IPv6 needs none) and not built yet; until
+//!   then softrdma receives IPv4 RoCEv2 from senders that use ID 0 + DF, and from all IPv6
+//!   senders. Sending to rxe works today (rxe accepts ID 0 + DF packets).
+//!
+//! ## `unsafe`
+//!
+//! Three places, each with a `// SAFETY:` comment: the [`engine::Memory`] implementation over
+//! process memory (`memory`), `setsockopt(IP_MTU_DISCOVER)` (`io`), and the `Send` promise of
+//! the engine wrapper (below). [`EngineGuard::reg_mr`] is `unsafe`: its caller promises the
+//! memory stays valid until it is deregistered.
+
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+mod config;
+mod io;
+mod memory;
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::ops::{Deref, DerefMut};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use engine::{
+    AccessFlags, AsyncEvent, CqHandle, Engine, EngineConfig, Instant, MemOwner, MrHandle, MrKeys,
+    PdHandle, VerbsError,
+};
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use nix::sys::time::TimeSpec;
+
+pub use config::{RuntimeConfig, RxPath, SrcPortPolicy};
+pub use io::IoCounters;
+
+/// Why a runtime could not start or an operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RuntimeError {
+    /// The receiving socket could not be bound (address not local, port in use...).
+    #[error("cannot bind {addr}: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A system call failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The engine refused a verb.
+    #[error(transparent)]
+    Verbs(#[from] VerbsError),
+}
+
+fn io_err(what: &'static str) -> impl FnOnce(nix::errno::Errno) -> RuntimeError {
+    move |e| RuntimeError::Io {
+        what,
+        source: e.into(),
+    }
+}
+
+/// The engine, promised `Send`.
+struct SendEngine(Engine);
+
+// SAFETY: `Engine` is `!Send` only because it holds a `Box<dyn Memory>` without a `Send`
+// bound. The only memory a runtime ever gives it is `memory::ProcessMemory`, which is `Send`
+// (an `Arc<Mutex<_>>`); every other field of the engine is plain owned data. Requested
+// upstream: `Box<dyn Memory + Send>` (plan/engine-bugs.txt).
+#[allow(unsafe_code)]
+unsafe impl Send for SendEngine {}
+
+/// An `eventfd` that announces completions on one CQ (the completion channel of
+/// `ibv_req_notify_cq`): readable once after each [`Runtime::arm_cq`] that found or later saw a
+/// completion.
+#[derive(Debug)]
+pub struct CqNotifier {
+    fd: EventFd,
+}
+
+impl CqNotifier {
+    fn new() -> Result<CqNotifier, RuntimeError> {
+        let fd = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+            .map_err(io_err("eventfd"))?;
+        Ok(CqNotifier { fd })
+    }
+
+    fn signal(&self) {
+        // An eventfd write fails only when the counter would overflow: it is readable anyway.
+        let _ = self.fd.write(1);
+    }
+
+    /// Consume a pending notification; true if there was one.
+    pub fn clear(&self) -> bool {
+        matches!(self.fd.read(), Ok(n) if n > 0)
+    }
+
+    /// Block until notified or `timeout` passes (`None`: no limit); consumes the notification.
+    /// Returns true if notified.
+    pub fn wait(&self, timeout: Option<Duration>) -> Result<bool, RuntimeError> {
+        if self.clear() {
+            return Ok(true);
+        }
+        wait_readable(self.fd.as_fd(), timeout)?;
+        Ok(self.clear())
+    }
+}
+
+impl AsFd for CqNotifier {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// Wait until `fd` is readable or `timeout` passes (`None`: no limit). A signal ends the
+/// wait early, as a spurious wakeup.
+pub fn wait_readable(fd: BorrowedFd<'_>, timeout: Option<Duration>) -> Result<(), RuntimeError> {
+    use nix::poll::{ppoll, PollFd, PollFlags};
+    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+    match ppoll(&mut fds, timeout.map(TimeSpec::from_duration), None) {
+        Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(()),
+        Err(e) => Err(io_err("ppoll")(e)),
+    }
+}
+
+/// What lives under the runtime's lock.
+struct Core {
+    engine: SendEngine,
+    tx: io::Tx,
+    txbuf: Vec<u8>,
+    regions: memory::SharedRegions,
+    mr_owners: HashMap<MrHandle, MemOwner>,
+    notifiers: HashMap<CqHandle, Arc<CqNotifier>>,
+    armed: Vec<CqHandle>,
+    events: VecDeque<AsyncEvent>,
+    rx_counters: IoCounters,
+}
+
+impl Core {
+    /// Send everything the engine has to send.
+    fn pump(&mut self, now: Instant) {
+        while let Some(t) = self.engine.0.poll_transmit(now, &mut self.txbuf) {
+            let (pkt, _) = self.txbuf.split_at_mut(t.len);
+            self.tx.send(pkt, t.dst);
+        }
+    }
+
+    /// Signal armed CQs that have completions and queue async events.
+    fn notify(&mut self, async_fd: &EventFd) {
+        let mut i = 0;
+        while i < self.armed.len() {
+            let cq = self.armed[i];
+            // A destroyed CQ (error) is dropped from the armed list too.
+            if self.engine.0.cq_len(cq).map_or(true, |n| n > 0) {
+                if let Some(n) = self.notifiers.get(&cq) {
+                    n.signal();
+                }
+                self.armed.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
+        let mut any = false;
+        while let Some(ev) = self.engine.0.get_async_event() {
+            self.events.push_back(ev);
+            any = true;
+        }
+        if any {
+            let _ = async_fd.write(1);
+        }
+    }
+}
+
+/// State shared by the handle and the progress thread.
+struct Shared {
+    core: Mutex<Core>,
+    doorbell: EventFd,
+    async_fd: EventFd,
+    stop: AtomicBool,
+    /// The engine time (ns) the sleeping progress thread will wake at: `u64::MAX` when it
+    /// sleeps without a timer, 0 while it is awake (it then sees every change itself).
+    sleep_deadline: AtomicU64,
+    origin: std::time::Instant,
+    local: SocketAddr,
+    busy_poll: Duration,
+}
+
+impl Shared {
+    fn now(&self) -> Instant {
+        Instant::from_nanos(u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Core> {
+        // A panic while holding the lock leaves the engine as the panicking verb left it; the
+        // engine keeps its own invariants per call, so carry on rather than poison every user.
+        self.core.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// One engine on a UDP socket with its progress thread. Dropping it stops the thread.
+pub struct Runtime {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl core::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("local", &self.shared.local)
+            .finish_non_exhaustive()
+    }
+}
+
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    // RandomState is keyed from the OS's randomness once per process and perturbed per
+    // instance: unpredictable to a peer, which is all the key tags need.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
+}
+
+impl Runtime {
+    /// Bind the socket, build the engine and start the progress thread.
+    pub fn start(config: RuntimeConfig) -> Result<Runtime, RuntimeError> {
+        let local = SocketAddr::new(config.addr, config.port);
+        let sock = Arc::new(io::rx_socket(local).map_err(|source| RuntimeError::Bind {
+            addr: local,
+            source,
+        })?);
+        let regions = memory::SharedRegions::default();
+        let mut ec = EngineConfig::new(
+            vec![config.addr],
+            config.rng_seed.unwrap_or_else(random_seed),
+        );
+        ec.device = config.device.clone();
+        ec.mtu = config.mtu;
+        let engine = Engine::new(ec, Box::new(memory::ProcessMemory::new(regions.clone())));
+        let tx = io::Tx::new(
+            config.addr,
+            config.remote_port,
+            config.src_port_policy,
+            sock.clone(),
+            config.port,
+        );
+        let core = Core {
+            engine: SendEngine(engine),
+            tx,
+            txbuf: vec![0; io::MAX_DATAGRAM + io::HEADROOM],
+            regions,
+            mr_owners: HashMap::new(),
+            notifiers: HashMap::new(),
+            armed: Vec::new(),
+            events: VecDeque::new(),
+            rx_counters: IoCounters::default(),
+        };
+        let flags = EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC;
+        let shared = Arc::new(Shared {
+            core: Mutex::new(core),
+            doorbell: EventFd::from_flags(flags).map_err(io_err("eventfd"))?,
+            async_fd: EventFd::from_flags(flags).map_err(io_err("eventfd"))?,
+            stop: AtomicBool::new(false),
+            sleep_deadline: AtomicU64::new(0),
+            origin: std::time::Instant::now(),
+            local,
+            busy_poll: config.busy_poll,
+        });
+        let s = shared.clone();
+        let (addr, batch) = (config.addr, config.rx_batch);
+        let thread = std::thread::Builder::new()
+            .name(format!("softrdma {local}"))
+            // The receive batch holds raw msghdr pointers (not Send): build it on the thread.
+            .spawn(move || progress(&s, io::Rx::new(sock, addr, batch)))
+            .map_err(|source| RuntimeError::Io {
+                what: "spawn progress thread",
+                source,
+            })?;
+        Ok(Runtime {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// The address and port the device receives on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.shared.local
+    }
+
+    /// The engine's clock: nanoseconds since the runtime started.
+    pub fn now(&self) -> Instant {
+        self.shared.now()
+    }
+
+    /// Take the engine lock to call verbs. Changes made through the guard take effect when it
+    /// is dropped (packets sent, waiters signalled, progress thread woken if needed).
+    pub fn lock(&self) -> EngineGuard<'_> {
+        EngineGuard {
+            core: self.shared.lock(),
+            shared: &self.shared,
+            dirty: false,
+        }
+    }
+
+    /// The notifier of `cq`, created on first use.
+    pub fn cq_notifier(&self, cq: CqHandle) -> Result<Arc<CqNotifier>, RuntimeError> {
+        let mut core = self.shared.lock();
+        core.engine.0.cq_len(cq)?;
+        if let Some(n) = core.notifiers.get(&cq) {
+            return Ok(n.clone());
+        }
+        let n = Arc::new(CqNotifier::new()?);
+        core.notifiers.insert(cq, n.clone());
+        Ok(n)
+    }
+
+    /// Request one notification on `cq`'s notifier for the next completion
+    /// (`ibv_req_notify_cq`). If the CQ already holds completions it is signalled at once, so
+    /// "arm, then wait" never misses one.
+    pub fn arm_cq(&self, cq: CqHandle) -> Result<(), RuntimeError> {
+        let mut core = self.shared.lock();
+        let len = core.engine.0.cq_len(cq)?;
+        let notifier = match core.notifiers.get(&cq) {
+            Some(n) => n.clone(),
+            None => {
+                let n = Arc::new(CqNotifier::new()?);
+                core.notifiers.insert(cq, n.clone());
+                n
+            }
+        };
+        if len > 0 {
+            notifier.signal();
+        } else if !core.armed.contains(&cq) {
+            core.armed.push(cq);
+        }
+        Ok(())
+    }
+
+    /// The next asynchronous event (QP fatal, CQ error...), if any.
+    pub fn get_async_event(&self) -> Option<AsyncEvent> {
+        let mut core = self.shared.lock();
+        let ev = core.events.pop_front();
+        if core.events.is_empty() {
+            let _ = self.shared.async_fd.read();
+        }
+        ev
+    }
+
+    /// Readable while asynchronous events are queued.
+    pub fn async_event_fd(&self) -> BorrowedFd<'_> {
+        self.shared.async_fd.as_fd()
+    }
+
+    /// Counters of the socket layer.
+    pub fn io_counters(&self) -> IoCounters {
+        let core = self.shared.lock();
+        let mut c = core.tx.counters;
+        c.rx_datagrams = core.rx_counters.rx_datagrams;
+        c.rx_dropped = core.rx_counters.rx_dropped;
+        c
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        let _ = self.shared.doorbell.write(1);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The engine, locked. Derefs to [`Engine`] for every verb; see [`Runtime::lock`].
+pub struct EngineGuard<'a> {
+    core: MutexGuard<'a, Core>,
+    shared: &'a Shared,
+    dirty: bool,
+}
+
+impl EngineGuard<'_> {
+    /// Register `length` bytes at `addr` of this process (`ibv_reg_mr`).
+    ///
+    /// # Safety
+    ///
+    /// `addr..addr + length` must be valid for reads and writes until the MR is deregistered
+    /// with [`EngineGuard::dereg_mr`] (or the runtime is dropped), and no Rust reference to it
+    /// may be used while the device might access it: the device writes it from another thread
+    /// whenever the access flags allow (receives, READ responses, remote WRITE and ATOMIC).
+    /// Accessing it only while holding this lock is always fine: the device touches
+    /// registered memory only under the lock.
+    #[allow(unsafe_code)]
+    pub unsafe fn reg_mr(
+        &mut self,
+        pd: PdHandle,
+        addr: *mut u8,
+        length: usize,
+        access: AccessFlags,
+    ) -> Result<MrKeys, VerbsError> {
+        let base = addr as usize;
+        if base.checked_add(length).is_none() {
+            return Err(VerbsError::InvalidLength);
+        }
+        let owner = memory::lock(&self.core.regions).insert(base, length);
+        match self
+            .core
+            .engine
+            .0
+            .reg_mr(pd, owner, base as u64, length as u64, access)
+        {
+            Ok(keys) => {
+                self.core.mr_owners.insert(keys.handle, owner);
+                Ok(keys)
+            }
+            Err(e) => {
+                memory::lock(&self.core.regions).remove(owner);
+                Err(e)
+            }
+        }
+    }
+
+    /// Deregister an MR (`ibv_dereg_mr`). Once this returns the device never touches its
+    /// memory again.
+    pub fn dereg_mr(&mut self, mr: MrHandle) -> Result<(), VerbsError> {
+        self.core.engine.0.dereg_mr(mr)?;
+        if let Some(owner) = self.core.mr_owners.remove(&mr) {
+            memory::lock(&self.core.regions).remove(owner);
+        }
+        Ok(())
+    }
+
+    /// Destroy a CQ (`ibv_destroy_cq`) and forget its notifier.
+    pub fn destroy_cq(&mut self, cq: CqHandle) -> Result<(), VerbsError> {
+        self.core.engine.0.destroy_cq(cq)?;
+        self.core.notifiers.remove(&cq);
+        self.core.armed.retain(|&c| c != cq);
+        Ok(())
+    }
+
+    /// Take up to `max` completions from `cq` without the work a changing call triggers on
+    /// unlock (polling changes nothing the network needs).
+    pub fn poll_cq(
+        &mut self,
+        cq: CqHandle,
+        max: usize,
+    ) -> Result<Vec<engine::WorkCompletion>, VerbsError> {
+        self.core.engine.0.poll_cq(cq, max)
+    }
+}
+
+impl Deref for EngineGuard<'_> {
+    type Target = Engine;
+    fn deref(&self) -> &Engine {
+        &self.core.engine.0
+    }
+}
+
+impl DerefMut for EngineGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Engine {
+        self.dirty = true;
+        &mut self.core.engine.0
+    }
+}
+
+impl Drop for EngineGuard<'_> {
+    fn drop(&mut self) {
+        if !self.dirty {
+            return;
+        }
+        let now = self.shared.now();
+        self.core.pump(now);
+        self.core.notify(&self.shared.async_fd);
+        let next = self
+            .core
+            .engine
+            .0
+            .poll_timeout()
+            .map_or(u64::MAX, Instant::as_nanos);
+        if next < self.shared.sleep_deadline.load(Ordering::SeqCst) {
+            let _ = self.shared.doorbell.write(1);
+        }
+    }
+}
+
+/// The progress thread.
+fn progress(shared: &Shared, mut rx: io::Rx) {
+    use nix::poll::{ppoll, PollFd, PollFlags};
+    let mut last_active = std::time::Instant::now();
+    let mut rx_counters = IoCounters::default();
+    while !shared.stop.load(Ordering::Relaxed) {
+        let n = rx.recv_batch(&mut rx_counters);
+        let rung = matches!(shared.doorbell.read(), Ok(v) if v > 0);
+        let deadline = {
+            let mut core = shared.lock();
+            let now = shared.now();
+            for i in 0..n {
+                core.engine.0.handle_datagram(now, rx.packet(i));
+            }
+            if core.engine.0.poll_timeout().is_some_and(|t| t <= now) {
+                core.engine.0.handle_timeout(now);
+            }
+            core.pump(now);
+            core.notify(&shared.async_fd);
+            core.rx_counters = rx_counters;
+            core.engine.0.poll_timeout()
+        };
+        if n > 0 || rung {
+            last_active = std::time::Instant::now();
+            continue;
+        }
+        if last_active.elapsed() < shared.busy_poll {
+            std::hint::spin_loop();
+            continue;
+        }
+        // Sleep until a packet, the doorbell or the next timer. The deadline is published
+        // under the lock so that a verb that arms an earlier timer afterwards rings the bell.
+        let timeout = {
+            let core = shared.lock();
+            let next = core.engine.0.poll_timeout().or(deadline);
+            let now = shared.now();
+            shared
+                .sleep_deadline
+                .store(next.map_or(u64::MAX, Instant::as_nanos), Ordering::SeqCst);
+            next.map(|t| t.saturating_duration_since(now))
+        };
+        if timeout != Some(Duration::ZERO) {
+            let mut fds = [
+                PollFd::new(rx.fd(), PollFlags::POLLIN),
+                PollFd::new(shared.doorbell.as_fd(), PollFlags::POLLIN),
+            ];
+            if let Err(e) = ppoll(&mut fds, timeout.map(TimeSpec::from_duration), None) {
+                if e != nix::errno::Errno::EINTR {
+                    tracing::warn!(error = %e, "ppoll failed");
+                }
+            }
+        }
+        shared.sleep_deadline.store(0, Ordering::SeqCst);
+        last_active = std::time::Instant::now() - shared.busy_poll;
+    }
+}

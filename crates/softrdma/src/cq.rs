@@ -1,0 +1,195 @@
+//! Completion queues: poll, block, or await.
+
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use engine::{CqHandle, WcStatus, WorkCompletion};
+use runtime::CqNotifier;
+
+use crate::device::Device;
+use crate::{Error, Result};
+
+/// A completion queue (`ibv_cq`). Cheap to clone; destroyed when the last clone and every QP
+/// using it are gone.
+#[derive(Clone, Debug)]
+pub struct Cq {
+    pub(crate) inner: Arc<CqInner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct CqInner {
+    pub(crate) dev: Device,
+    pub(crate) handle: CqHandle,
+    notifier: Arc<CqNotifier>,
+}
+
+impl Drop for CqInner {
+    fn drop(&mut self) {
+        // QPs hold their CQs, so nothing uses this one any more.
+        if let Err(e) = self.dev.inner.rt.lock().destroy_cq(self.handle) {
+            tracing::warn!(error = %e, "destroy_cq failed");
+        }
+    }
+}
+
+/// Wait until `fd` is readable or `timeout` passes.
+pub(crate) fn wait_fd(fd: BorrowedFd<'_>, timeout: Option<Duration>) -> Result<()> {
+    Ok(runtime::wait_readable(fd, timeout)?)
+}
+
+impl Cq {
+    pub(crate) fn new(dev: Device, handle: CqHandle) -> Result<Cq> {
+        let notifier = dev.inner.rt.cq_notifier(handle)?;
+        Ok(Cq {
+            inner: Arc::new(CqInner {
+                dev,
+                handle,
+                notifier,
+            }),
+        })
+    }
+
+    /// Take up to `max` completions, oldest first (`ibv_poll_cq`); never blocks.
+    pub fn poll(&self, max: usize) -> Result<Vec<WorkCompletion>> {
+        Ok(self
+            .inner
+            .dev
+            .inner
+            .rt
+            .lock()
+            .poll_cq(self.inner.handle, max)?)
+    }
+
+    /// Take the oldest completion, if any.
+    pub fn poll_one(&self) -> Result<Option<WorkCompletion>> {
+        Ok(self.poll(1)?.pop())
+    }
+
+    /// Completions waiting.
+    pub fn len(&self) -> Result<usize> {
+        Ok(self.inner.dev.inner.rt.lock().cq_len(self.inner.handle)?)
+    }
+
+    /// No completions waiting.
+    pub fn is_empty(&self) -> Result<bool> {
+        Ok(self.len()? == 0)
+    }
+
+    /// Block until at least one completion is there, then take up to `max`; at most `timeout`
+    /// (`None`: no limit), else [`Error::Timeout`]. Polls briefly, then sleeps on the CQ's
+    /// notifier: no busy spin.
+    pub fn wait(&self, max: usize, timeout: Option<Duration>) -> Result<Vec<WorkCompletion>> {
+        let start = Instant::now();
+        let deadline = timeout.map(|t| start + t);
+        let spin = self.inner.dev.inner.wait_spin;
+        loop {
+            let v = self.poll(max)?;
+            if !v.is_empty() {
+                return Ok(v);
+            }
+            if start.elapsed() < spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            // Arm, then look again: a completion that arrived in between signals at once.
+            self.inner.dev.inner.rt.arm_cq(self.inner.handle)?;
+            let left = match deadline {
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return Err(Error::Timeout);
+                    }
+                    Some(d - now)
+                }
+                None => None,
+            };
+            self.inner.notifier.wait(left)?;
+        }
+    }
+
+    /// Block for one completion (see [`Cq::wait`]).
+    pub fn wait_one(&self, timeout: Option<Duration>) -> Result<WorkCompletion> {
+        let mut v = self.wait(1, timeout)?;
+        v.pop().ok_or(Error::Timeout)
+    }
+
+    /// Block for one completion and turn an error status into [`Error::Completion`].
+    pub fn wait_ok(&self, timeout: Option<Duration>) -> Result<WorkCompletion> {
+        let wc = self.wait_one(timeout)?;
+        check(wc)
+    }
+
+    /// Request a notification for the next completion (`ibv_req_notify_cq`): the descriptor
+    /// of [`AsFd`] becomes readable. For callers with their own event loop.
+    pub fn req_notify(&self) -> Result<()> {
+        Ok(self.inner.dev.inner.rt.arm_cq(self.inner.handle)?)
+    }
+
+    /// Consume a notification (`ibv_get_cq_event` + ack); true if there was one.
+    pub fn clear_notification(&self) -> bool {
+        self.inner.notifier.clear()
+    }
+
+    /// Wait asynchronously until at least one completion is there, then take up to `max`.
+    #[cfg(feature = "tokio")]
+    pub async fn wait_async(&self, max: usize) -> Result<Vec<WorkCompletion>> {
+        use tokio::io::unix::AsyncFd;
+        use tokio::io::Interest;
+        let afd =
+            AsyncFd::with_interest(NotifierFd(self.inner.notifier.clone()), Interest::READABLE)?;
+        loop {
+            let v = self.poll(max)?;
+            if !v.is_empty() {
+                return Ok(v);
+            }
+            self.req_notify()?;
+            let v = self.poll(max)?;
+            if !v.is_empty() {
+                self.clear_notification();
+                return Ok(v);
+            }
+            let mut guard = afd.readable().await?;
+            self.clear_notification();
+            guard.clear_ready();
+        }
+    }
+
+    /// Wait asynchronously for one completion; an error status becomes [`Error::Completion`].
+    #[cfg(feature = "tokio")]
+    pub async fn wait_ok_async(&self) -> Result<WorkCompletion> {
+        let mut v = self.wait_async(1).await?;
+        check(v.pop().ok_or(Error::Timeout)?)
+    }
+}
+
+/// Turn an error status into [`Error::Completion`].
+pub(crate) fn check(wc: WorkCompletion) -> Result<WorkCompletion> {
+    if wc.status == WcStatus::Success {
+        Ok(wc)
+    } else {
+        Err(Error::Completion {
+            wr_id: wc.wr_id,
+            status: wc.status,
+        })
+    }
+}
+
+impl AsFd for Cq {
+    /// The notification descriptor: readable after [`Cq::req_notify`] once a completion is
+    /// there.
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.inner.notifier.as_fd()
+    }
+}
+
+#[cfg(feature = "tokio")]
+struct NotifierFd(Arc<CqNotifier>);
+
+#[cfg(feature = "tokio")]
+impl std::os::fd::AsRawFd for NotifierFd {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.0.as_fd().as_raw_fd()
+    }
+}

@@ -1,0 +1,110 @@
+//! # softrdma: RDMA in software, as a safe Rust API
+//!
+//! The verbs model (devices, protection domains, memory regions, completion queues, queue
+//! pairs) over a soft RNIC that speaks standard RoCEv2 on UDP port 4791. This crate is the
+//! layer applications use; underneath, a [`runtime::Runtime`] hosts the sans-IO engine on a
+//! progress thread with a real UDP socket (the embedded device; a host-daemon backend comes
+//! later behind the same types).
+//!
+//! ```no_run
+//! use softrdma::{AccessFlags, Buffer, Device};
+//! # fn main() -> Result<(), softrdma::Error> {
+//! let dev = Device::open("127.0.0.1".parse().unwrap())?;
+//! let pd = dev.alloc_pd()?;
+//! let cq = dev.create_cq(64)?;
+//! let mr = pd.register(Buffer::zeroed(4096), AccessFlags::LOCAL_WRITE)?;
+//! let qp = pd.qp_builder(&cq, &cq).build()?;
+//! let stream = std::net::TcpStream::connect("127.0.0.1:18515")?;
+//! let _peer = qp.handshake(stream, None)?; // exchange QPN/PSN/GID/MTU, walk to RTS
+//! mr.write(0, b"hello")?;
+//! qp.send(1, &[mr.sge(0..5)?])?;
+//! let wc = cq.wait_ok(None)?;
+//! assert_eq!(wc.wr_id, 1);
+//! # Ok(()) }
+//! ```
+//!
+//! ## Safety of registered memory
+//!
+//! The device reads and writes registered memory from its own thread, whenever a peer's
+//! operation or a posted work request says so. A [`MemoryRegion`] therefore *owns* its buffer
+//! (a [`Buffer`], `Vec<u8>` or `Box<[u8]>`; see [`RegisterableBuffer`]) and never lends it out
+//! as a plain reference while registered: reads and writes go through [`MemoryRegion::read`],
+//! [`MemoryRegion::write`], [`MemoryRegion::with`] and friends, which hold the device lock
+//! (the device touches memory only under that lock). Dropping the region, or
+//! [`MemoryRegion::into_inner`], deregisters it first: afterwards the device can never touch
+//! the buffer again, and a work request still naming its keys completes with a protection
+//! error. Work requests name memory by [`Sge`] (address, length, lkey) and are checked by the
+//! device against the registration when they execute, so posting them is safe.
+//! `mem::forget` on a region leaks the buffer (still registered), which is safe. Memory the
+//! crate cannot own goes through the `unsafe` [`Pd::register_raw`].
+//!
+//! ## What is not here yet
+//!
+//! SRQ, memory windows, address handles and UD QPs come with the engine's support for them
+//! ([`QpBuilder::qp_type`] is the extension point for UD; `Pd` will grow `create_srq`,
+//! `alloc_mw` and `create_ah`).
+
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+mod cq;
+mod device;
+pub mod handshake;
+mod mr;
+mod qp;
+
+pub use cq::Cq;
+pub use device::{Device, DeviceBuilder};
+pub use handshake::{Endpoint, HandshakeError, RemoteMr};
+pub use mr::{Buffer, MemoryRegion, RawMemoryRegion, RegisterableBuffer};
+pub use qp::{ConnectOptions, Pd, Qp, QpBuilder};
+
+pub use engine::qp_attr::Mtu;
+pub use engine::{
+    AccessFlags, AsyncEvent, Counter, Counters, DeviceAttr, Gid, PortAttr, QpAttr, QpAttrMask,
+    QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendPayload, SendWr, Sge, VerbsError,
+    WcFlags, WcOpcode, WcStatus, WorkCompletion,
+};
+pub use runtime::{RuntimeConfig, RuntimeError, SrcPortPolicy};
+
+/// Everything that can go wrong in this API.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The device (its socket or progress thread) failed.
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    /// A verb was refused (bad handle, limits, wrong QP state...).
+    #[error(transparent)]
+    Verbs(#[from] VerbsError),
+    /// An I/O error outside the device (the handshake's TCP stream, a wait).
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// The connection handshake failed.
+    #[error(transparent)]
+    Handshake(#[from] HandshakeError),
+    /// A wait ended before anything arrived.
+    #[error("timed out")]
+    Timeout,
+    /// A work request completed with an error status.
+    #[error("work request {wr_id} completed with {status}")]
+    Completion {
+        /// The `wr_id` of the failed work request.
+        wr_id: u64,
+        /// Its status.
+        status: WcStatus,
+    },
+    /// An offset range outside a memory region.
+    #[error("range {offset}..{offset}+{len} is outside the region of {size} bytes")]
+    OutOfBounds {
+        /// Start offset asked for.
+        offset: usize,
+        /// Length asked for.
+        len: usize,
+        /// Size of the region.
+        size: usize,
+    },
+}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
