@@ -7,6 +7,7 @@ use wire::{NakCode, OpKind, Psn, RoceV2Packet, Syndrome};
 
 use crate::counters::Counter;
 use crate::cq::{WcOpcode, WorkCompletion};
+use crate::memory::Memory;
 use crate::qp::{ack_timeout, rnr_timer, Qp, SendWqe};
 use crate::qp_attr::QpState;
 use crate::time::Instant;
@@ -14,7 +15,7 @@ use crate::wr::SendOp;
 use crate::{Ctx, WcStatus};
 
 /// Complete one send WQE that never ran, with WR_FLUSH_ERR.
-pub(crate) fn flush_one(qp: &mut Qp, ctx: &mut Ctx<'_>, wqe: &SendWqe) {
+pub(crate) fn flush_one<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, wqe: &SendWqe) {
     let wc = WorkCompletion::new(wqe.wr_id, WcStatus::WrFlushErr, wqe.op.wc_opcode(), qp.qpn);
     ctx.count(qp, Counter::WrFlushed);
     let cq = qp.send_cq;
@@ -23,7 +24,7 @@ pub(crate) fn flush_one(qp: &mut Qp, ctx: &mut Ctx<'_>, wqe: &SendWqe) {
 
 /// Move the QP to ERR: every send and receive WR still queued completes with WR_FLUSH_ERR,
 /// in order (IBA 10.3.1 Error state, 11.4.2.2).
-pub(crate) fn enter_error(qp: &mut Qp, ctx: &mut Ctx<'_>) {
+pub(crate) fn enter_error<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>) {
     if qp.attr.qp_state != QpState::Err {
         ctx.count(qp, Counter::QpErrors);
     }
@@ -48,7 +49,7 @@ pub(crate) fn enter_error(qp: &mut Qp, ctx: &mut Ctx<'_>) {
 }
 
 /// Pop the oldest WQE and produce its completion (always for errors, else if signaled).
-fn complete_front(qp: &mut Qp, ctx: &mut Ctx<'_>, status: WcStatus) {
+fn complete_front<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, status: WcStatus) {
     let Some(w) = qp.sq.pop_front() else { return };
     if qp.req.cur > 0 {
         qp.req.cur -= 1;
@@ -67,14 +68,14 @@ fn complete_front(qp: &mut Qp, ctx: &mut Ctx<'_>, status: WcStatus) {
 }
 
 /// The oldest WQE failed: it completes with `status`, and the QP goes to ERR.
-fn fail_front(qp: &mut Qp, ctx: &mut Ctx<'_>, status: WcStatus) {
+fn fail_front<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, status: WcStatus) {
     complete_front(qp, ctx, status);
     enter_error(qp, ctx);
 }
 
 /// Complete what can complete without the network: a WQE that failed its local checks, once
 /// every WQE before it has completed (completions stay in posting order).
-pub(crate) fn complete_ready(qp: &mut Qp, ctx: &mut Ctx<'_>) {
+pub(crate) fn complete_ready<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>) {
     if let Some(status) = qp.sq.front().and_then(|w| w.local_error) {
         fail_front(qp, ctx, status);
     }
@@ -107,7 +108,7 @@ fn reposition(qp: &mut Qp, psn: Psn) {
 
 /// Everything before `new_una` is acknowledged: forward progress resets the retry counters
 /// and the local ACK timer (IBA 9.7.6.1.3).
-fn progress(qp: &mut Qp, ctx: &mut Ctx<'_>, new_una: Psn) {
+fn progress<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, new_una: Psn) {
     if !new_una.is_after(qp.req.una) {
         return;
     }
@@ -127,7 +128,7 @@ fn progress(qp: &mut Qp, ctx: &mut Ctx<'_>, new_una: Psn) {
 /// RETRY_EXC_ERR. A sequence NAK or an implied NAK proves the responder alive, and each
 /// can only repeat after progress (one NAK per gap, `last_rewind`), so they go back for
 /// free; Linux rxe charges them too, which makes heavy loss end in RETRY_EXC_ERR sooner.
-fn go_back(qp: &mut Qp, ctx: &mut Ctx<'_>, psn: Psn, consume_retry: bool) {
+fn go_back<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn, consume_retry: bool) {
     if qp.req.last_rewind == Some(psn) {
         // Already going back to this PSN and no progress since: the same loss, told twice.
         return;
@@ -149,7 +150,7 @@ fn go_back(qp: &mut Qp, ctx: &mut Ctx<'_>, psn: Psn, consume_retry: bool) {
 
 /// An ACK or response for a later PSN arrived while the oldest WR is a READ or ATOMIC that
 /// got no (complete) response: the response was lost (IBA 9.7.5.1.5, implied NAK).
-fn implied_nak(qp: &mut Qp, ctx: &mut Ctx<'_>) {
+fn implied_nak<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>) {
     ctx.count(qp, Counter::CompImpliedNak);
     let una = qp.req.una;
     go_back(qp, ctx, una, false);
@@ -158,7 +159,7 @@ fn implied_nak(qp: &mut Qp, ctx: &mut Ctx<'_>) {
 /// Complete every WQE whose last PSN is before `upto` (a coalesced ACK acknowledges all
 /// earlier PSNs, IBA 9.7.5.1.2). Returns false if processing must stop (implied NAK or an
 /// error that ended the QP).
-fn ack_up_to(qp: &mut Qp, ctx: &mut Ctx<'_>, upto: Psn) -> bool {
+fn ack_up_to<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, upto: Psn) -> bool {
     loop {
         let Some(front) = qp.sq.front() else {
             return true;
@@ -199,7 +200,12 @@ fn nak_status(code: NakCode) -> WcStatus {
 
 /// Write `data` at byte `offset` of the oldest WQE's local buffers (READ response payload,
 /// ATOMIC original value); the buffers were checked when the WR started.
-fn scatter_into_front(qp: &mut Qp, ctx: &mut Ctx<'_>, mut offset: u64, data: &[u8]) -> bool {
+fn scatter_into_front<M: Memory + ?Sized>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<'_, M>,
+    mut offset: u64,
+    data: &[u8],
+) -> bool {
     let Some(w) = qp.sq.front() else { return false };
     let mut rest = data;
     for (i, sge) in w.sges().iter().enumerate() {
@@ -223,7 +229,11 @@ fn scatter_into_front(qp: &mut Qp, ctx: &mut Ctx<'_>, mut offset: u64, data: &[u
 }
 
 /// A response packet (ACK, NAK, READ response, ATOMIC ACK) for this QP's requests.
-pub(crate) fn handle_response(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &RoceV2Packet<'_>) {
+pub(crate) fn handle_response<M: Memory + ?Sized>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<'_, M>,
+    pkt: &RoceV2Packet<'_>,
+) {
     let t = &pkt.transport;
     let psn = t.bth.psn;
     if !psn.is_before(qp.req.sent_hw) {
@@ -358,7 +368,7 @@ pub(crate) fn next_timeout(qp: &Qp) -> Option<Instant> {
 }
 
 /// Run this QP's timers that are due.
-pub(crate) fn handle_timers(qp: &mut Qp, ctx: &mut Ctx<'_>) {
+pub(crate) fn handle_timers<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>) {
     if !qp.state().processes_responses() {
         return;
     }

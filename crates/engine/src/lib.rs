@@ -114,9 +114,9 @@ pub enum AsyncEvent {
 const FIRST_QPN: u32 = 0x11;
 
 /// What the transport functions share while one call runs (split borrows of the engine).
-pub(crate) struct Ctx<'a> {
+pub(crate) struct Ctx<'a, M: Memory + ?Sized> {
     pub(crate) now: Instant,
-    pub(crate) mem: &'a mut dyn Memory,
+    pub(crate) mem: &'a mut M,
     pub(crate) mrs: &'a MrTable,
     pub(crate) cqs: &'a mut Table<Cq>,
     pub(crate) counters: &'a mut Counters,
@@ -129,7 +129,7 @@ pub(crate) struct Ctx<'a> {
     pub(crate) max_unacked: u32,
 }
 
-impl Ctx<'_> {
+impl<M: Memory + ?Sized> Ctx<'_, M> {
     /// Count an event against the QP and the device.
     pub(crate) fn count(&mut self, qp: &mut Qp, c: Counter) {
         qp.counters.inc(c);
@@ -177,10 +177,14 @@ impl Ctx<'_> {
 }
 
 /// One soft HCA with one RoCEv2 port.
-pub struct Engine {
+///
+/// `M` is how it reaches memory: `dyn Memory` by default ([`Engine::new`]); a host that
+/// needs the engine to be `Send` uses `Engine<dyn Memory + Send>` or a concrete type
+/// ([`Engine::with_memory`]), which also lets the compiler inline the memory accesses.
+pub struct Engine<M: Memory + ?Sized = dyn Memory> {
     config: EngineConfig,
     gids: Vec<Gid>,
-    mem: Box<dyn Memory>,
+    mem: Box<M>,
     rng: Rng,
     pds: Table<Pd>,
     mrs: MrTable,
@@ -194,7 +198,7 @@ pub struct Engine {
     tx_last: u32,
 }
 
-impl core::fmt::Debug for Engine {
+impl<M: Memory + ?Sized> core::fmt::Debug for Engine<M> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Engine")
             .field("gids", &self.gids)
@@ -221,10 +225,18 @@ macro_rules! ctx {
     };
 }
 
-impl Engine {
+impl Engine<dyn Memory> {
     /// A device with the port addresses, limits and RNG seed of `config`, reaching registered
     /// memory through `memory`.
     pub fn new(config: EngineConfig, memory: Box<dyn Memory>) -> Engine {
+        Engine::with_memory(config, memory)
+    }
+}
+
+impl<M: Memory + ?Sized> Engine<M> {
+    /// Like [`Engine::new`] for any memory type (e.g. `dyn Memory + Send`, or a concrete
+    /// type).
+    pub fn with_memory(config: EngineConfig, memory: Box<M>) -> Engine<M> {
         let gids = config
             .addresses
             .iter()
@@ -384,8 +396,8 @@ impl Engine {
     }
 
     /// The memory the engine accesses (for the host: it is the host's own object).
-    pub fn memory_mut(&mut self) -> &mut dyn Memory {
-        &mut *self.mem
+    pub fn memory_mut(&mut self) -> &mut M {
+        &mut self.mem
     }
 
     // ----- PD -----
@@ -793,11 +805,27 @@ impl Engine {
 /// Largest message (IBA: 2^31 bytes).
 pub const MAX_MSG_SIZE: u32 = 1 << 31;
 
-fn transmit_one(qp: &mut Qp, ctx: &mut Ctx<'_>, buf: &mut [u8]) -> Option<Transmit> {
+fn transmit_one<M: Memory + ?Sized>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<'_, M>,
+    buf: &mut [u8],
+) -> Option<Transmit> {
     if !qp.may_transmit() {
         return None;
     }
     let dst = qp.path?.dst_ip;
     let len = resp::transmit(qp, ctx, buf).or_else(|| req::transmit(qp, ctx, buf))?;
     Some(Transmit { len, dst })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send<T: Send>() {}
+
+    #[test]
+    fn an_engine_over_send_memory_is_send() {
+        assert_send::<Engine<dyn Memory + Send>>();
+    }
 }

@@ -8,6 +8,7 @@ use wire::{OpKind, RoceV2Packet, Transport, WireError};
 
 use crate::counters::Counter;
 use crate::device::Gid;
+use crate::memory::Memory;
 use crate::qp::Qp;
 use crate::qp_attr::QpType;
 use crate::{comp, resp, Ctx};
@@ -18,7 +19,12 @@ fn pkey_matches(a: u16, b: u16) -> bool {
     (a & 0x7fff) == (b & 0x7fff) && (a & 0x8000 != 0 || b & 0x8000 != 0)
 }
 
-pub(crate) fn handle(ctx: &mut Ctx<'_>, gids: &[Gid], qps: &mut BTreeMap<u32, Qp>, bytes: &[u8]) {
+pub(crate) fn handle<M: Memory + ?Sized>(
+    ctx: &mut Ctx<'_, M>,
+    gids: &[Gid],
+    qps: &mut BTreeMap<u32, Qp>,
+    bytes: &[u8],
+) {
     let pkt = match RoceV2Packet::parse_checked(bytes) {
         Ok(p) => p,
         Err(WireError::BadIcrc { .. }) => {

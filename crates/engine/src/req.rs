@@ -15,6 +15,7 @@ use wire::{
 use crate::counters::Counter;
 use crate::error::VerbsError;
 use crate::memory::MemOwner;
+use crate::memory::Memory;
 use crate::mr::MrTable;
 use crate::pd::PdHandle;
 use crate::qp::{Path, Qp, SendWqe};
@@ -22,7 +23,11 @@ use crate::wr::{SendFlags, SendOp, SendPayload, SendWr};
 use crate::{comp, Ctx, WcStatus, MAX_MSG_SIZE};
 
 /// `ibv_post_send` checks (IBA 10.8.2 / 11.4.1.1) and queueing.
-pub(crate) fn post(qp: &mut Qp, ctx: &mut Ctx<'_>, wr: SendWr) -> Result<(), VerbsError> {
+pub(crate) fn post<M: Memory + ?Sized>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<'_, M>,
+    wr: SendWr,
+) -> Result<(), VerbsError> {
     let state = qp.state();
     if !state.can_post_send() {
         return Err(VerbsError::InvalidState(state));
@@ -142,9 +147,9 @@ pub(crate) fn ip_repr(path: &Path) -> IpRepr {
 
 /// Gather `out.len()` bytes of the message starting at byte `offset` from its SGEs (or inline
 /// data) into `out`.
-fn gather(
+fn gather<M: Memory + ?Sized>(
     wqe: &SendWqe,
-    mem: &mut dyn crate::Memory,
+    mem: &mut M,
     mut offset: u64,
     out: &mut [u8],
 ) -> Result<(), WcStatus> {
@@ -211,7 +216,11 @@ fn send_opcode(op: &SendOp, first: bool, last: bool) -> Opcode {
 }
 
 /// Build the next request packet of this QP into `buf`, if the requester may send one now.
-pub(crate) fn transmit(qp: &mut Qp, ctx: &mut Ctx<'_>, buf: &mut [u8]) -> Option<usize> {
+pub(crate) fn transmit<M: Memory + ?Sized>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<'_, M>,
+    buf: &mut [u8],
+) -> Option<usize> {
     let state = qp.state();
     if !state.processes_responses() || qp.req.rnr_until.is_some() {
         return None;

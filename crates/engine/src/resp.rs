@@ -12,6 +12,7 @@ use wire::{
 use crate::counters::Counter;
 use crate::cq::{WcFlags, WcOpcode, WorkCompletion};
 use crate::error::VerbsError;
+use crate::memory::Memory;
 use crate::mr::MrTable;
 use crate::pd::PdHandle;
 use crate::qp::{InProgress, Qp, RecvWqe, Resource, RespOut};
@@ -24,7 +25,11 @@ use crate::{comp, Ctx, WcStatus};
 const ACK: Syndrome = Syndrome::ACK_NO_CREDIT;
 
 /// `ibv_post_recv` checks and queueing.
-pub(crate) fn post_recv(qp: &mut Qp, ctx: &mut Ctx<'_>, wr: RecvWr) -> Result<(), VerbsError> {
+pub(crate) fn post_recv<M: Memory + ?Sized>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<'_, M>,
+    wr: RecvWr,
+) -> Result<(), VerbsError> {
     let state = qp.state();
     if !state.can_post_recv() {
         return Err(VerbsError::InvalidState(state));
@@ -72,7 +77,7 @@ fn queue_ack(qp: &mut Qp, psn: Psn, syndrome: Syndrome) {
 
 /// A class C / D error (IBA 9.9.? responder errors on RC): NAK the packet and move the QP to
 /// ERR; the NAK is the last thing it sends.
-fn fatal_nak(qp: &mut Qp, ctx: &mut Ctx<'_>, psn: Psn, code: NakCode) {
+fn fatal_nak<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn, code: NakCode) {
     ctx.count(
         qp,
         match code {
@@ -92,9 +97,9 @@ fn fatal_nak(qp: &mut Qp, ctx: &mut Ctx<'_>, psn: Psn, code: NakCode) {
 
 /// Complete the receive WQE at the head of the RQ (`solicited`: the message's last packet
 /// carried the solicited-event bit).
-fn complete_recv(
+fn complete_recv<M: Memory + ?Sized>(
     qp: &mut Qp,
-    ctx: &mut Ctx<'_>,
+    ctx: &mut Ctx<'_, M>,
     solicited: bool,
     wc_fill: impl FnOnce(&mut WorkCompletion),
 ) {
@@ -110,11 +115,11 @@ fn complete_recv(
 
 /// Scatter `data` at byte `offset` of a receive WQE, checking each local key as it is used
 /// (IBA 10.6.3.2; LOCAL_WRITE is required).
-fn scatter_recv(
+fn scatter_recv<M: Memory + ?Sized>(
     r: &RecvWqe,
     pd: PdHandle,
     mrs: &MrTable,
-    mem: &mut dyn crate::Memory,
+    mem: &mut M,
     mut offset: u64,
     data: &[u8],
 ) -> Result<(), WcStatus> {
@@ -145,7 +150,7 @@ fn scatter_recv(
     }
 }
 
-fn rnr_nak(qp: &mut Qp, ctx: &mut Ctx<'_>, psn: Psn) {
+fn rnr_nak<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn) {
     ctx.count(qp, Counter::RespRnrNakSent);
     let timer = qp.attr.min_rnr_timer & 0x1f;
     queue_ack(qp, psn, Syndrome::RnrNak { timer });
@@ -155,7 +160,11 @@ fn rnr_nak(qp: &mut Qp, ctx: &mut Ctx<'_>, psn: Psn) {
 }
 
 /// A request packet for this QP.
-pub(crate) fn handle_request(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &RoceV2Packet<'_>) {
+pub(crate) fn handle_request<M: Memory + ?Sized>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<'_, M>,
+    pkt: &RoceV2Packet<'_>,
+) {
     let t = &pkt.transport;
     let psn = t.bth.psn;
     let d = psn.distance_from(qp.resp.epsn);
@@ -252,7 +261,7 @@ fn end_message(qp: &mut Qp) {
 }
 
 /// SEND FIRST / MIDDLE / LAST / ONLY into the receive WQE at the head of the RQ.
-fn do_send(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &RoceV2Packet<'_>) -> bool {
+fn do_send<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &RoceV2Packet<'_>) -> bool {
     let t = &pkt.transport;
     let psn = t.bth.psn;
     let offset = match qp.resp.in_progress {
@@ -309,7 +318,7 @@ fn do_send(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &RoceV2Packet<'_>) -> bool {
 }
 
 /// RDMA WRITE FIRST / MIDDLE / LAST / ONLY (with immediate: also consumes a receive WQE).
-fn do_write(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &RoceV2Packet<'_>) -> bool {
+fn do_write<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &RoceV2Packet<'_>) -> bool {
     let t = &pkt.transport;
     let psn = t.bth.psn;
     let op = t.bth.opcode;
@@ -396,7 +405,7 @@ fn remember(qp: &mut Qp, r: Resource) {
 }
 
 /// RDMA READ REQUEST: check, remember, and queue the responses (built at transmit time).
-fn do_read(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &RoceV2Packet<'_>) {
+fn do_read<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &RoceV2Packet<'_>) {
     let t = &pkt.transport;
     let psn = t.bth.psn;
     let Some(reth) = t.reth else { return };
@@ -444,7 +453,7 @@ fn do_read(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &RoceV2Packet<'_>) {
 }
 
 /// COMPARE SWAP / FETCH ADD on an 8-byte aligned word (IBA 9.4.5).
-fn do_atomic(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &RoceV2Packet<'_>) {
+fn do_atomic<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &RoceV2Packet<'_>) {
     let t = &pkt.transport;
     let psn = t.bth.psn;
     let Some(a) = t.atomic_eth else { return };
@@ -484,7 +493,7 @@ fn do_atomic(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &RoceV2Packet<'_>) {
 /// A request with a PSN already executed (IBA 9.7.5.2.3 / C9-?): SEND and WRITE are
 /// ACKed again without executing; READ and ATOMIC are answered again from the responder
 /// resources (an ATOMIC is never executed twice).
-fn duplicate(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &RoceV2Packet<'_>) {
+fn duplicate<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &RoceV2Packet<'_>) {
     ctx.count(qp, Counter::RespDuplicateRequest);
     let t = &pkt.transport;
     let psn = t.bth.psn;
@@ -568,7 +577,11 @@ fn duplicate(qp: &mut Qp, ctx: &mut Ctx<'_>, pkt: &RoceV2Packet<'_>) {
 }
 
 /// Build the next responder packet (ACK / NAK, ATOMIC ACK, or one READ response) into `buf`.
-pub(crate) fn transmit(qp: &mut Qp, ctx: &mut Ctx<'_>, buf: &mut [u8]) -> Option<usize> {
+pub(crate) fn transmit<M: Memory + ?Sized>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<'_, M>,
+    buf: &mut [u8],
+) -> Option<usize> {
     let path = qp.path?;
     let ip = ip_repr(&path);
     let dest = Qpn::new(path.dest_qpn);
