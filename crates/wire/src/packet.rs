@@ -488,7 +488,7 @@ pub struct PacketLayout {
 
 impl PacketLayout {
     /// Lay out a packet. `ip.payload_len`, the UDP length and the BTH pad count are computed
-    /// here; the UDP checksum is 0. Fails when the extension headers do not match the opcode,
+    /// here; the UDP checksum is 0 over IPv4 and computed by [`PacketLayout::finish`] over IPv6. Fails when the extension headers do not match the opcode,
     /// when an opcode without payload is given one, or when the packet would not fit the IP
     /// length field.
     #[inline]
@@ -602,23 +602,31 @@ impl PacketLayout {
         Ok(&mut buf[self.payload_range()])
     }
 
-    /// Step 3: write the zero pad and the ICRC over everything before it; returns the packet
-    /// length. The headers and payload must already be in `buf`.
+    /// Step 3: write the zero pad, the ICRC over everything before it and (IPv6) the UDP
+    /// checksum; returns the packet length. The headers and payload must already be in `buf`.
     #[inline]
     pub fn finish(&self, buf: &mut [u8]) -> Result<usize, WireError> {
         self.check_buf(buf)?;
         let len = self.len();
         let icrc_at = len - ICRC_LEN;
         buf[self.payload_range().end..icrc_at].fill(0);
-        let icrc = icrc::compute_unchecked(&buf[..icrc_at], self.ip.header_len());
+        let ip_len = self.ip.header_len();
+        let icrc = icrc::compute_unchecked(&buf[..icrc_at], ip_len);
         buf[icrc_at..len].copy_from_slice(&icrc::icrc_bytes(icrc));
+        // IPv6 forbids a zero UDP checksum (RFC 8200 8.1; Linux drops such datagrams unless
+        // told otherwise), so it is computed there, over everything including the ICRC.
+        // IPv4 keeps 0 as rxe sends. The ICRC masks the field either way.
+        if let IpRepr::V6(v6) = &self.ip {
+            let c = crate::udp::checksum_ipv6(&v6.src, &v6.dst, &buf[ip_len..len]);
+            Udp::new_unchecked(&mut buf[ip_len..ip_len + UDP_HEADER_LEN]).set_checksum(c);
+        }
         Ok(len)
     }
 }
 
 /// Emit a whole RoCEv2 packet into `buf` and return its length: IP header (length and IPv4
-/// checksum filled), UDP header (length filled, checksum 0), transport headers (pad count
-/// filled), payload, zero pad, ICRC.
+/// checksum filled), UDP header (length filled; checksum 0 over IPv4, computed over IPv6),
+/// transport headers (pad count filled), payload, zero pad, ICRC.
 #[inline]
 pub fn emit_packet(
     ip: &IpRepr,
@@ -697,7 +705,17 @@ mod tests {
                 let p = RoceV2Packet::parse_checked(&buf[..n]).unwrap();
                 assert_eq!(p.payload, &payload[..len]);
                 assert_eq!(usize::from(p.transport.bth.pad_count), pad);
-                assert_eq!(p.udp.checksum, 0);
+                match ip {
+                    IpRepr::V4(_) => assert_eq!(p.udp.checksum, 0),
+                    IpRepr::V6(r) => {
+                        let mut seg = buf[40..n].to_vec();
+                        seg[6..8].fill(0);
+                        assert_eq!(
+                            p.udp.checksum,
+                            crate::udp::checksum_ipv6(&r.src, &r.dst, &seg)
+                        );
+                    }
+                }
                 assert_eq!(usize::from(p.udp.length), n - ip.header_len());
                 assert_eq!(p.ip.payload_len(), n - ip.header_len());
                 // pad bytes are zero

@@ -194,8 +194,17 @@ proptest! {
         prop_assert_eq!(p.transport, want);
         prop_assert_eq!(p.payload, payload);
         prop_assert_eq!(p.ip, ip.with_payload_len(bytes.len() - ip.header_len()));
-        prop_assert_eq!(p.udp, UdpRepr { src_port: sport, dst_port: ROCEV2_UDP_PORT,
-                                         length: (bytes.len() - ip.header_len()) as u16, checksum: 0 });
+        prop_assert_eq!((p.udp.src_port, p.udp.dst_port, usize::from(p.udp.length)),
+                        (sport, ROCEV2_UDP_PORT, bytes.len() - ip.header_len()));
+        // UDP checksum: 0 over IPv4; over IPv6 computed, and it verifies.
+        match ip {
+            IpRepr::V4(_) => prop_assert_eq!(p.udp.checksum, 0),
+            IpRepr::V6(r) => {
+                let mut seg = bytes[40..].to_vec();
+                seg[6..8].fill(0);
+                prop_assert_eq!(p.udp.checksum, wire::udp::checksum_ipv6(&r.src, &r.dst, &seg));
+            }
+        }
         prop_assert!(icrc::verify(&bytes).is_ok());
         // and re-emitting the parse gives the same bytes
         let mut again = vec![0u8; p.buffer_len()];
