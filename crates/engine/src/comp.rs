@@ -65,6 +65,22 @@ fn complete_front<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, status:
         let cq = qp.send_cq;
         ctx.push_cqe(qp, cq, wc);
     }
+    check_drained(qp, ctx);
+}
+
+/// In SQD, the send queue has drained once no started message is left (IBA 10.3.1 SQD:
+/// then the SQ Drained event, if asked for, and modify may leave SQD).
+pub(crate) fn check_drained<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>) {
+    if qp.attr.qp_state == QpState::Sqd
+        && qp.attr.sq_draining
+        && !qp.sq.front().is_some_and(|w| w.started)
+    {
+        qp.attr.sq_draining = false;
+        if qp.attr.en_sqd_async_notify {
+            ctx.events
+                .push_back(crate::AsyncEvent::SqDrained { qpn: qp.qpn });
+        }
+    }
 }
 
 /// The oldest WQE failed: it completes with `status`, and the QP goes to ERR.

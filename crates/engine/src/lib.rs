@@ -102,6 +102,12 @@ pub enum AsyncEvent {
         /// The CQ.
         cq: CqHandle,
     },
+    /// A QP in SQD finished the messages it had started (`IBV_EVENT_SQ_DRAINED`; only if
+    /// `en_sqd_async_notify` was set).
+    SqDrained {
+        /// The QP number.
+        qpn: u32,
+    },
     /// A QP hit an error it cannot report through a completion (`IBV_EVENT_QP_FATAL`), e.g.
     /// its CQ overflowed; it is in ERR.
     QpFatal {
@@ -736,6 +742,10 @@ impl<M: Memory + ?Sized> Engine<M> {
                         };
                     }
                     QpState::Err => comp::enter_error(qp, &mut ctx),
+                    QpState::Sqd => {
+                        qp.attr.sq_draining = true;
+                        comp::check_drained(qp, &mut ctx);
+                    }
                     _ => {}
                 }
             }

@@ -396,6 +396,20 @@ fn do_write<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &RoceV2P
     true
 }
 
+/// Whether a new READ / ATOMIC would exceed what this responder serves at once. A peer
+/// that respects our `max_dest_rd_atomic` never gets here; one that does not must not make
+/// the responder queue grow without bound.
+fn over_rd_atomic_limit(qp: &Qp) -> bool {
+    let cap = usize::from(qp.attr.max_dest_rd_atomic.max(1));
+    let queued = qp
+        .resp
+        .out
+        .iter()
+        .filter(|o| matches!(o, RespOut::Read { .. } | RespOut::Atomic { .. }))
+        .count();
+    queued >= 2 * cap
+}
+
 fn remember(qp: &mut Qp, r: Resource) {
     let cap = usize::from(qp.attr.max_dest_rd_atomic.max(1));
     while qp.resp.resources.len() >= cap {
@@ -408,6 +422,10 @@ fn remember(qp: &mut Qp, r: Resource) {
 fn do_read<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &RoceV2Packet<'_>) {
     let t = &pkt.transport;
     let psn = t.bth.psn;
+    if over_rd_atomic_limit(qp) {
+        fatal_nak(qp, ctx, psn, NakCode::InvalidRequest);
+        return;
+    }
     let Some(reth) = t.reth else { return };
     let len = u64::from(reth.dma_len);
     let owner = if len == 0 {
@@ -456,6 +474,10 @@ fn do_read<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &RoceV2Pa
 fn do_atomic<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &RoceV2Packet<'_>) {
     let t = &pkt.transport;
     let psn = t.bth.psn;
+    if over_rd_atomic_limit(qp) {
+        fatal_nak(qp, ctx, psn, NakCode::InvalidRequest);
+        return;
+    }
     let Some(a) = t.atomic_eth else { return };
     if a.va % 8 != 0 {
         // C9-? : a misaligned atomic is an invalid request.

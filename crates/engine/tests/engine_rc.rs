@@ -884,3 +884,44 @@ fn armed_cq_fires_once_and_solicited_only_waits_for_the_solicited_message() {
     w.run(SEC);
     assert_eq!(w.a.e.get_cq_event(), Some(w.a.cq));
 }
+
+#[test]
+fn sqd_finishes_started_messages_then_reports_drained_and_resumes_in_rts() {
+    let mut w = World::new(PathMtu::Mtu256);
+    let rkey = w.b.mr.rkey;
+    let sge = w.a.sge(BASE, 4096);
+    w.a.e
+        .post_send(w.a.qpn, SendWr::rdma_write(1, vec![sge], BASE, rkey))
+        .unwrap();
+    // Let the first packets of WR 1 leave, then drain.
+    let mut buf = [0u8; 1024];
+    let t0 = Instant::from_nanos(0);
+    let t = w.a.e.poll_transmit(t0, &mut buf).unwrap();
+    w.b.e.handle_datagram(t0, &buf[..t.len]);
+    let sqd = QpAttr {
+        qp_state: QpState::Sqd,
+        en_sqd_async_notify: true,
+        ..QpAttr::default()
+    };
+    let m = QpAttrMask::STATE | QpAttrMask::EN_SQD_ASYNC_NOTIFY;
+    w.a.e.modify_qp(w.a.qpn, &sqd, m).unwrap();
+    assert!(w.a.e.query_qp(w.a.qpn).unwrap().sq_draining);
+    w.a.e
+        .post_send(w.a.qpn, SendWr::rdma_write(2, vec![sge], BASE, rkey))
+        .unwrap();
+    w.run(SEC);
+    let ids: Vec<u64> = w.a.poll().iter().map(|c| c.wr_id).collect();
+    assert_eq!(ids, vec![1], "WR 2 waits in SQD");
+    assert_eq!(
+        w.a.e.get_async_event(),
+        Some(engine::AsyncEvent::SqDrained { qpn: w.a.qpn })
+    );
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        ..QpAttr::default()
+    };
+    w.a.e.modify_qp(w.a.qpn, &rts, QpAttrMask::STATE).unwrap();
+    w.run(SEC);
+    let ids: Vec<u64> = w.a.poll().iter().map(|c| c.wr_id).collect();
+    assert_eq!(ids, vec![2]);
+}
