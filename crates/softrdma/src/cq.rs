@@ -136,8 +136,12 @@ impl Cq {
     pub async fn wait_async(&self, max: usize) -> Result<Vec<WorkCompletion>> {
         use tokio::io::unix::AsyncFd;
         use tokio::io::Interest;
-        let afd =
-            AsyncFd::with_interest(NotifierFd(self.inner.notifier.clone()), Interest::READABLE)?;
+        let fd = NotifierFd(self.inner.notifier.clone());
+        // SAFETY: `NotifierFd` holds the notifier (and so its eventfd) alive for as long as the
+        // AsyncFd lives, and always reports that same descriptor.
+        #[allow(unsafe_code)]
+        let afd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }
+            .map_err(|e| Error::Io(std::io::Error::from(e)))?;
         loop {
             let v = self.poll(max)?;
             if !v.is_empty() {
@@ -189,7 +193,6 @@ struct NotifierFd(Arc<CqNotifier>);
 #[cfg(feature = "tokio")]
 impl std::os::fd::AsRawFd for NotifierFd {
     fn as_raw_fd(&self) -> std::os::fd::RawFd {
-        use std::os::fd::AsRawFd;
         self.0.as_fd().as_raw_fd()
     }
 }

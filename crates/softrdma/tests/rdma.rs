@@ -1,0 +1,126 @@
+//! RDMA WRITE, READ and ATOMIC between two devices over real UDP on loopback.
+
+mod common;
+
+use common::{pair_v4, pair_v6, WAIT};
+use softrdma::{Error, WcFlags, WcOpcode, WcStatus};
+
+#[test]
+fn rdma_write_places_bytes_in_the_peer_region_without_a_receive() {
+    let (a, b) = pair_v4(25791, 64 * 1024);
+    let data: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
+    a.mr.write(0, &data).unwrap();
+    let remote = b.mr.remote(1000..).unwrap();
+    a.qp.write(1, &[a.mr.sge(..data.len()).unwrap()], &remote)
+        .unwrap();
+    let wc = a.cq.wait_ok(WAIT).unwrap();
+    assert_eq!(wc.opcode, WcOpcode::RdmaWrite);
+    let mut got = vec![0u8; data.len()];
+    b.mr.read(1000, &mut got).unwrap();
+    assert_eq!(got, data);
+    assert!(
+        b.cq.poll_one().unwrap().is_none(),
+        "a plain WRITE completes nothing at the target"
+    );
+}
+
+#[test]
+fn rdma_write_with_immediate_consumes_a_receive() {
+    let (a, b) = pair_v4(25793, 4096);
+    b.qp.recv(5, &[]).unwrap();
+    a.mr.write(0, b"imm").unwrap();
+    let remote = b.mr.remote(..).unwrap();
+    a.qp.write_with_imm(1, &[a.mr.sge(..3).unwrap()], &remote, 42)
+        .unwrap();
+    a.cq.wait_ok(WAIT).unwrap();
+    let wc = b.cq.wait_ok(WAIT).unwrap();
+    assert_eq!(wc.opcode, WcOpcode::RecvRdmaWithImm);
+    assert_eq!(wc.imm_data, 42);
+    assert!(wc.wc_flags.contains(WcFlags::WITH_IMM));
+    let mut got = [0u8; 3];
+    b.mr.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"imm");
+}
+
+#[test]
+fn rdma_read_fetches_the_peer_bytes() {
+    let (a, b) = pair_v4(25795, 64 * 1024);
+    let data: Vec<u8> = (0..30_000u32).map(|i| (i * 13 % 256) as u8).collect();
+    b.mr.write(0, &data).unwrap();
+    let remote = b.mr.remote(..data.len()).unwrap();
+    a.qp.read(3, &[a.mr.sge(100..100 + data.len()).unwrap()], &remote)
+        .unwrap();
+    let wc = a.cq.wait_ok(WAIT).unwrap();
+    assert_eq!(wc.opcode, WcOpcode::RdmaRead);
+    assert_eq!(wc.byte_len as usize, data.len());
+    let mut got = vec![0u8; data.len()];
+    a.mr.read(100, &mut got).unwrap();
+    assert_eq!(got, data);
+}
+
+#[test]
+fn rdma_read_over_ipv6() {
+    let (a, b) = pair_v6(25797, 8192);
+    b.mr.write(0, b"read me over v6").unwrap();
+    a.qp.read(3, &[a.mr.sge(0..15).unwrap()], &b.mr.remote(0..15).unwrap())
+        .unwrap();
+    a.cq.wait_ok(WAIT).unwrap();
+    let mut got = [0u8; 15];
+    a.mr.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"read me over v6");
+}
+
+#[test]
+fn atomics_act_on_the_peer_word_and_return_the_original() {
+    let (a, b) = pair_v4(25799, 4096);
+    b.mr.write_u64(64, 100).unwrap();
+    let word = b.mr.remote(64..72).unwrap();
+    a.qp.fetch_add(1, a.mr.sge(0..8).unwrap(), &word, 5)
+        .unwrap();
+    let wc = a.cq.wait_ok(WAIT).unwrap();
+    assert_eq!(wc.opcode, WcOpcode::FetchAdd);
+    assert_eq!(a.mr.read_u64(0).unwrap(), 100);
+    assert_eq!(b.mr.read_u64(64).unwrap(), 105);
+
+    // A compare that fails leaves the word; one that matches swaps it.
+    a.qp.compare_swap(2, a.mr.sge(8..16).unwrap(), &word, 1, 7)
+        .unwrap();
+    assert_eq!(a.cq.wait_ok(WAIT).unwrap().opcode, WcOpcode::CompSwap);
+    assert_eq!(a.mr.read_u64(8).unwrap(), 105);
+    assert_eq!(b.mr.read_u64(64).unwrap(), 105);
+    a.qp.compare_swap(3, a.mr.sge(16..24).unwrap(), &word, 105, 7)
+        .unwrap();
+    a.cq.wait_ok(WAIT).unwrap();
+    assert_eq!(a.mr.read_u64(16).unwrap(), 105);
+    assert_eq!(b.mr.read_u64(64).unwrap(), 7);
+}
+
+#[test]
+fn a_wrong_rkey_is_a_remote_access_error() {
+    let (a, b) = pair_v4(25801, 4096);
+    let mut remote = b.mr.remote(..).unwrap();
+    remote.rkey ^= 0x5a5;
+    a.qp.write(1, &[a.mr.sge(..8).unwrap()], &remote).unwrap();
+    match a.cq.wait_ok(WAIT) {
+        Err(Error::Completion { wr_id: 1, status }) => assert_eq!(status, WcStatus::RemAccessErr),
+        other => panic!("expected a remote access error, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_deregistered_region_cannot_be_reached_any_more() {
+    let (a, b) = pair_v4(25803, 4096);
+    let remote = b.mr.remote(..).unwrap();
+    let b_mr = b.mr;
+    let buf = b_mr.into_inner();
+    assert_eq!(buf.as_slice().len(), 4096);
+    a.qp.write(1, &[a.mr.sge(..8).unwrap()], &remote).unwrap();
+    match a.cq.wait_ok(WAIT) {
+        Err(Error::Completion { status, .. }) => assert_eq!(status, WcStatus::RemAccessErr),
+        other => panic!("expected a remote access error, got {other:?}"),
+    }
+    assert!(
+        buf.as_slice().iter().all(|&x| x == 0),
+        "the returned buffer was not written"
+    );
+}

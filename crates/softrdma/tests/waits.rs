@@ -1,0 +1,121 @@
+//! Blocking and async waits, the TCP handshake, and asynchronous events.
+
+mod common;
+
+use std::net::{IpAddr, TcpListener, TcpStream};
+use std::thread;
+use std::time::Duration;
+
+use common::{all_access, pair_v4, WAIT};
+use softrdma::{AsyncEvent, Buffer, Device, Error, WcStatus};
+
+#[test]
+fn a_thread_blocked_in_wait_wakes_when_the_message_arrives() {
+    let (a, b) = pair_v4(26791, 4096);
+    b.qp.recv(1, &[b.mr.sge(..).unwrap()]).unwrap();
+    let cq = b.cq.clone();
+    let waiter = thread::spawn(move || cq.wait_ok(WAIT));
+    // Give the waiter a chance to block (correct either way: arm-then-wait never misses).
+    thread::sleep(Duration::from_millis(20));
+    a.mr.write(0, b"wake").unwrap();
+    a.qp.send(1, &[a.mr.sge(..4).unwrap()]).unwrap();
+    let wc = waiter.join().unwrap().unwrap();
+    assert_eq!(wc.byte_len, 4);
+}
+
+#[test]
+fn a_wait_with_nothing_coming_times_out() {
+    let (a, _b) = pair_v4(26793, 64);
+    match a.cq.wait(1, Some(Duration::from_millis(10))) {
+        Err(Error::Timeout) => {}
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+}
+
+#[test]
+fn two_programs_connect_over_tcp_in_a_few_lines() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let tcp = listener.local_addr().unwrap();
+    let server = thread::spawn(move || {
+        let dev = Device::builder("127.0.0.2".parse().unwrap())
+            .port(26795)
+            .remote_port(26795)
+            .open()
+            .unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let cq = dev.create_cq(16).unwrap();
+        let qp = pd.qp_builder(&cq, &cq).build().unwrap();
+        let mr = pd.register(Buffer::zeroed(1024), all_access()).unwrap();
+        let (stream, _) = listener.accept().unwrap();
+        let peer = qp.handshake(stream, Some(mr.remote(..).unwrap())).unwrap();
+        assert!(peer.mr.is_none());
+        // The client writes, then sends to say it is done.
+        qp.recv(1, &[]).unwrap();
+        let wc = cq.wait_ok(WAIT).unwrap();
+        assert_eq!(wc.byte_len, 0);
+        mr.to_vec()
+    });
+    let ip: IpAddr = "127.0.0.1".parse().unwrap();
+    let dev = Device::builder(ip)
+        .port(26795)
+        .remote_port(26795)
+        .open()
+        .unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(16).unwrap();
+    let qp = pd.qp_builder(&cq, &cq).build().unwrap();
+    let mr = pd
+        .register(Buffer::from_slice(b"written by the client"), all_access())
+        .unwrap();
+    let peer = qp
+        .handshake(TcpStream::connect(tcp).unwrap(), None)
+        .unwrap();
+    let remote = peer.mr.expect("the server offered its region");
+    assert_eq!(remote.len, 1024);
+    qp.write(1, &[mr.sge(..).unwrap()], &remote).unwrap();
+    cq.wait_ok(WAIT).unwrap();
+    qp.send(2, &[]).unwrap();
+    cq.wait_ok(WAIT).unwrap();
+    let got = server.join().unwrap();
+    assert_eq!(&got[..21], b"written by the client");
+}
+
+#[test]
+fn a_cq_overflow_is_an_async_event_and_errors_the_qp() {
+    let a = Device::builder("127.0.0.1".parse().unwrap())
+        .port(26797)
+        .open()
+        .unwrap();
+    let pd = a.alloc_pd().unwrap();
+    let cq = a.create_cq(1).unwrap();
+    let qp = pd.qp_builder(&cq, &cq).build().unwrap();
+    // Two flushed receives into a CQ of one entry.
+    qp.recv(1, &[]).unwrap();
+    qp.recv(2, &[]).unwrap();
+    qp.set_error().unwrap();
+    let ev = a.wait_async_event(WAIT).unwrap();
+    assert!(
+        matches!(ev, AsyncEvent::CqErr { .. } | AsyncEvent::QpFatal { .. }),
+        "{ev:?}"
+    );
+    let wc = cq.wait_one(WAIT).unwrap();
+    assert_eq!(wc.status, WcStatus::WrFlushErr);
+}
+
+#[cfg(feature = "tokio")]
+#[tokio::test(flavor = "current_thread")]
+async fn an_async_wait_resolves_when_the_message_arrives() {
+    let (a, b) = pair_v4(26799, 4096);
+    b.qp.recv(1, &[b.mr.sge(..).unwrap()]).unwrap();
+    let cq = b.cq.clone();
+    let wait = tokio::spawn(async move { cq.wait_ok_async().await });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    a.mr.write(0, b"async").unwrap();
+    a.qp.send(1, &[a.mr.sge(..5).unwrap()]).unwrap();
+    let wc = tokio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(wc.byte_len, 5);
+}
