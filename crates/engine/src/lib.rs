@@ -1,40 +1,65 @@
 //! The soft HCA of softrdma, sans-IO.
 //!
 //! This crate is what a hardware vendor puts in silicon: the verbs objects (protection
-//! domains, memory regions, completion queues, queue pairs), the IBA QP state machine and the
-//! RoCEv2 RC transport, split the way a NIC splits it:
+//! domains, memory regions, completion queues, queue pairs), the IBA QP state machine
+//! ([`qp_attr`]) and the RoCEv2 RC transport, split the way a NIC splits it (one file per
+//! function, as Linux rxe does):
 //!
-//! - [`recv`](crate::recv): ingress checks (ICRC, address, QP, state, opcode, P_Key) and dispatch;
+//! - `recv`: ingress checks (ICRC, destination address, QP, QP state, opcode for the QP type,
+//!   P_Key, source address) and dispatch;
 //! - `req`: the requester, turning send WQEs into packets (segmentation by path MTU, PSNs,
-//!   AckReq, window and `max_rd_atomic` limits, fences, go-back-N retransmission);
-//! - `comp`: the completer, turning ACKs, NAKs, READ responses and ATOMIC ACKs into ordered
-//!   completions, running the local ACK and RNR timers, and flushing on error;
-//! - `resp`: the responder, executing requests against memory (PSN checks, duplicates,
-//!   READ/ATOMIC replay from the responder resources, key checks, RNR, ACK coalescing);
-//! - `counters`: a counter for every drop and error reason, per QP and per device.
+//!   AckReq, the unacknowledged-PSN window, `max_rd_atomic`, fences, go-back-N);
+//! - `comp`: the completer, turning ACKs, NAKs, RNR NAKs, READ responses and ATOMIC ACKs into
+//!   completions in posting order, running the local ACK and RNR timers, and flushing on error;
+//! - `resp`: the responder, executing requests against memory (PSN checks, one NAK per gap,
+//!   duplicates re-ACKed, READ/ATOMIC replayed from the responder resources, key / PD / bounds
+//!   / rights checks, RNR NAKs, receive completions, ACK coalescing);
+//! - [`counters`]: a counter for every drop and error reason, per QP and per device.
 //!
 //! # Driving it
 //!
 //! The engine does no I/O, reads no clock and starts no thread. Its host (the `sim` in tests,
 //! the runtime in production) calls:
 //!
-//! - [`Engine::handle_datagram`] with every received packet (a whole IP packet: IPv4 or IPv6
-//!   header, UDP to port 4791, BTH, ..., ICRC);
-//! - [`Engine::poll_transmit`] until it returns `None`, sending each packet to
-//!   [`Transmit::dst`] (the packet carries IPv4 ID 0 and DF, as an unconnected UDP socket with
-//!   `IP_PMTUDISC_DO` sends it, so the ICRC the receiver checks is the one computed here);
-//! - [`Engine::handle_timeout`] when the time [`Engine::poll_timeout`] returned has come;
-//! - the verbs ([`Engine::alloc_pd`], [`Engine::reg_mr`], [`Engine::create_cq`],
-//!   [`Engine::create_qp`], [`Engine::modify_qp`], [`Engine::post_send`],
-//!   [`Engine::post_recv`], [`Engine::poll_cq`], ...).
+//! - [`Engine::handle_datagram`] with every received packet, a whole IP packet (IPv4 or IPv6
+//!   header, UDP to port 4791, BTH, ..., ICRC). The ICRC is verified over the IP header too,
+//!   so the host must hand in the header as it arrived; packets that fail are counted
+//!   ([`Counter::RxBadIcrc`]) and dropped.
+//! - [`Engine::poll_transmit`] until it returns `None`, sending `buf[..len]` to
+//!   [`Transmit::dst`]. IPv4 packets carry ID 0 and DF, as an unconnected UDP socket with
+//!   `IP_PMTUDISC_DO` sends them, so the ICRC computed here is the one the peer checks. The UDP
+//!   source port is derived from the QPN (rxe's hash) or fixed by
+//!   [`EngineConfig::udp_src_port`].
+//! - [`Engine::handle_timeout`] once the time [`Engine::poll_timeout`] returned has come
+//!   (re-read `poll_timeout` after every call: sending arms timers).
+//! - The verbs, below.
 //!
-//! Registered memory is reached through the [`Memory`] trait, after the engine has checked
-//! keys, protection domains, bounds and access rights. Message data is never gathered into a
-//! buffer: each packet's payload is read from memory straight into the transmit buffer, and
-//! each received payload is written straight to memory.
+//! Time is an [`Instant`] handed in by the caller. Registered memory is reached through the
+//! [`Memory`] trait, after the engine checked keys, protection domains, bounds and rights;
+//! message data is never gathered into a buffer: each packet's payload is read from memory
+//! straight into the transmit buffer, and each received payload is written straight to memory.
 //!
-//! After `poll_transmit` or `handle_datagram`, the caller should look at `poll_timeout` again
-//! (a send may arm a timer) and poll the CQs it cares about.
+//! # Verbs
+//!
+//! | libibverbs | here |
+//! |---|---|
+//! | `ibv_query_device` / `_port` / `_gid` | [`Engine::query_device`], [`Engine::query_port`], [`Engine::query_gid`] (RoCEv2 GIDs: `::ffff:a.b.c.d` for IPv4) |
+//! | `ibv_alloc_pd` / `ibv_dealloc_pd` | [`Engine::alloc_pd`], [`Engine::dealloc_pd`] |
+//! | `ibv_reg_mr` / `ibv_dereg_mr` | [`Engine::reg_mr`] (with a [`MemOwner`] token passed back to [`Memory`]), [`Engine::dereg_mr`] |
+//! | `ibv_create_cq` / `ibv_destroy_cq` / `ibv_poll_cq` | [`Engine::create_cq`], [`Engine::destroy_cq`], [`Engine::poll_cq_into`] (or [`Engine::poll_cq`]) |
+//! | `ibv_req_notify_cq` / `ibv_get_cq_event` | [`Engine::req_notify_cq`], [`Engine::get_cq_event`] |
+//! | `ibv_create_qp` / `ibv_modify_qp` / `ibv_query_qp` / `ibv_destroy_qp` | [`Engine::create_qp`], [`Engine::modify_qp`], [`Engine::query_qp`], [`Engine::destroy_qp`] |
+//! | `ibv_post_send` / `ibv_post_recv` | [`Engine::post_send`] ([`SendWr`]), [`Engine::post_recv`] ([`RecvWr`]) |
+//! | `ibv_get_async_event` | [`Engine::get_async_event`] |
+//!
+//! Verb failures are [`VerbsError`]s with [`VerbsError::errno`]; failures of accepted work
+//! requests come back as completions with a [`WcStatus`] (numbered as `ibv_wc_status`).
+//!
+//! # What is not here yet
+//!
+//! UC, UD, SRQ, memory windows and address handles (the object tables, the `recv` dispatch
+//! by QP type and the `resp` receive path are where they plug in), congestion control
+//! (CNPs are counted and ignored), and selective retransmission (go-back-N only).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

@@ -289,7 +289,8 @@ pub(crate) fn transmit<M: Memory + ?Sized>(
             bth.opcode = Opcode::RcRdmaReadRequest;
             bth.ack_req = true;
             t = TransportRepr::new(bth);
-            // A retried READ asks only for the part not yet received (IBA 9.7.5.1.1 / o9-?):
+            // A retried READ asks only for the part not yet received (IBA 9.7.5.1,
+            // as rxe does):
             // the responder answers it as a new request starting at this PSN.
             t.reth = Some(RethRepr {
                 va: remote_addr.wrapping_add(offset),

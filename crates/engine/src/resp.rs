@@ -60,7 +60,7 @@ pub(crate) fn post_recv<M: Memory + ?Sized>(
 }
 
 /// Queue an ACK / NAK. A plain ACK behind another plain ACK replaces it: one ACK for the
-/// later PSN acknowledges both (IBA 9.7.5.2.? coalescing).
+/// later PSN acknowledges both (IBA 9.7.5.1: ACKs are cumulative).
 fn queue_ack(qp: &mut Qp, psn: Psn, syndrome: Syndrome) {
     let msn = qp.resp.msn;
     if matches!(syndrome, Syndrome::Ack { .. }) {
@@ -75,7 +75,7 @@ fn queue_ack(qp: &mut Qp, psn: Psn, syndrome: Syndrome) {
     qp.resp.out.push_back(RespOut::Ack { psn, syndrome, msn });
 }
 
-/// A class C / D error (IBA 9.9.? responder errors on RC): NAK the packet and move the QP to
+/// A class C / D error (IBA 9.9, responder error behaviour on RC): NAK the packet and move the QP to
 /// ERR; the NAK is the last thing it sends.
 fn fatal_nak<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn, code: NakCode) {
     ctx.count(
@@ -188,7 +188,7 @@ pub(crate) fn handle_request<M: Memory + ?Sized>(
     let kind = op.kind();
     let starts = op.is_first() || op.is_only();
     let continues = op.is_middle() || op.is_last();
-    // IBA 9.7.5.2.1 / C9-?: a message in progress must continue with the same operation;
+    // IBA 9.7.5.2 (opcode sequence check): a message in progress must continue with the same operation;
     // otherwise only FIRST / ONLY or a READ / ATOMIC may come.
     let seq_ok = match (qp.resp.in_progress, kind) {
         (Some(InProgress::Send { .. }), OpKind::Send) => continues,
@@ -215,7 +215,7 @@ pub(crate) fn handle_request<M: Memory + ?Sized>(
     }
     let mtu = qp.path.map_or(256, |p| p.mtu) as usize;
     let plen = pkt.payload.len();
-    // IBA 9.7.5.2.? (C9-?): FIRST and MIDDLE carry exactly one MTU, LAST and ONLY at most one.
+    // IBA 9.7.5.2 (length check): FIRST and MIDDLE carry exactly one MTU, LAST and ONLY at most one.
     let len_ok = if op.is_first() || op.is_middle() {
         plen == mtu
     } else {
@@ -303,7 +303,7 @@ fn do_send<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &RoceV2Pa
                 wc.wc_flags |= WcFlags::WITH_IMM;
             }
             if let Some(rkey) = inv {
-                // IBA 10.6.? : SEND with Invalidate names an rkey of this PD to invalidate.
+                // IBA 10.6.6 / 9.4: SEND with Invalidate names an rkey of this PD to invalidate.
                 // Only memory windows and fast-registered MRs can be invalidated, and neither
                 // exists yet, so the key is reported and nothing else happens.
                 wc.invalidated_rkey = rkey.value();
@@ -329,7 +329,7 @@ fn do_write<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &RoceV2P
     if op.is_first() || op.is_only() {
         let Some(reth) = t.reth else { return false };
         let len = u64::from(reth.dma_len);
-        // IBA 9.7.5.2.? : a zero-length RDMA WRITE carries no address to check.
+        // IBA 9.4.4: a zero-length RDMA WRITE carries no address to check.
         let owner = if len == 0 {
             crate::MemOwner::default()
         } else {
@@ -365,7 +365,7 @@ fn do_write<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &RoceV2P
     };
     let plen = pkt.payload.len() as u64;
     let ends = op.is_last() || op.is_only();
-    // The packets must carry exactly the DMA length of the RETH (IBA 9.7.5.2.? C9-?).
+    // The packets must carry exactly the DMA length of the RETH (IBA 9.7.5.2, length check).
     if plen > remaining || (ends && plen != remaining) {
         fatal_nak(qp, ctx, psn, NakCode::InvalidRequest);
         return false;
@@ -480,7 +480,7 @@ fn do_atomic<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &RoceV2
     }
     let Some(a) = t.atomic_eth else { return };
     if a.va % 8 != 0 {
-        // C9-? : a misaligned atomic is an invalid request.
+        // IBA 9.4.5: a misaligned atomic is an invalid request.
         fatal_nak(qp, ctx, psn, NakCode::InvalidRequest);
         return;
     }
@@ -512,7 +512,7 @@ fn do_atomic<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &RoceV2
     qp.resp.epsn = psn.next();
 }
 
-/// A request with a PSN already executed (IBA 9.7.5.2.3 / C9-?): SEND and WRITE are
+/// A request with a PSN already executed (IBA 9.7.5.2, duplicate requests): SEND and WRITE are
 /// ACKed again without executing; READ and ATOMIC are answered again from the responder
 /// resources (an ATOMIC is never executed twice).
 fn duplicate<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &RoceV2Packet<'_>) {
