@@ -22,12 +22,14 @@ use core::time::Duration;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use common::{pattern, Pair, PairConfig, Side, OWNER};
-use engine::{PathMtu, RecvWr, SendOp, SendWr, Sge, WcFlags, WcOpcode, WcStatus, WorkCompletion};
+use engine::{
+    PathMtu, RecvWr, SendFlags, SendOp, SendWr, Sge, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+};
 use sim::seeds::{for_each_seed, Replay};
 use sim::{LinkConfig, NetConfig, Rng};
 
 /// Seeds of the default run: each of the 32 fault combinations gets several seeds.
-const DEFAULT_SEEDS: u64 = 96;
+const DEFAULT_SEEDS: u64 = 320;
 
 const LOSS: [f64; 4] = [0.0, 0.01, 0.10, 0.30];
 
@@ -47,6 +49,28 @@ fn rc_operations_survive_faults_and_complete_exactly_once() {
         TALLY[2].load(Relaxed),
         TALLY[3].load(Relaxed),
     );
+}
+
+#[test]
+fn the_same_seed_replays_the_same_run_packet_for_packet() {
+    let replay = Replay::new(
+        "softrdma-engine",
+        "sweep",
+        "the_same_seed_replays_the_same_run_packet_for_packet",
+    );
+    // Seeds with loss, duplication, reordering and corruption all on (combinations 28..32).
+    for_each_seed(&replay, 4, |i| {
+        let seed = if i < 4 { 28 + i } else { i };
+        let first = scenario(seed)?;
+        let second = scenario(seed)?;
+        if first == second {
+            Ok(())
+        } else {
+            Err(format!(
+                "seed {seed}: trace hash {first:#x} then {second:#x}"
+            ))
+        }
+    });
 }
 
 /// WRs posted, bytes in them, partitioned scenarios, scenarios that ended in RETRY_EXC_ERR
@@ -92,6 +116,12 @@ struct Op {
     imm: u32,
     compare: u64,
     swap_add: u64,
+    /// Produces a completion on success (failures always complete).
+    signaled: bool,
+    /// SEND / WRITE data travels in the WR (`IBV_SEND_INLINE`).
+    inline: bool,
+    /// Waits for earlier READ / ATOMIC to complete (`IBV_SEND_FENCE`).
+    fence: bool,
 }
 
 /// Bump allocator over one side's memory, with random gaps so neighbours are not adjacent.
@@ -198,7 +228,13 @@ fn plan_ops(
             imm: rng.next_u64() as u32,
             compare: 0,
             swap_add: rng.next_u64(),
+            // The last WR is always signaled, so its completion marks the end of the queue.
+            signaled: i + 1 == count || rng.chance(0.8),
+            inline: false,
+            fence: rng.chance(0.1),
         };
+        let inline_ok = len <= 256 && !matches!(kind, Kind::Read | Kind::Cas | Kind::Fadd);
+        op.inline = inline_ok && rng.chance(0.3);
         match kind {
             Kind::Send | Kind::SendImm => {
                 op.data = pattern(rng.next_u64(), len);
@@ -270,7 +306,43 @@ fn send_wr(d: &Dir, op: &Op) -> SendWr {
             add: op.swap_add,
         },
     };
-    SendWr::new(op.wr_id, send_op, sges(&d.req, &op.local))
+    let mut wr = SendWr::new(op.wr_id, send_op, sges(&d.req, &op.local)).signaled(op.signaled);
+    if op.inline {
+        wr = wr.inline(op.data.clone());
+    }
+    if op.fence {
+        wr = wr.with_flags(SendFlags::FENCE);
+    }
+    wr
+}
+
+/// Completions taken out of the CQs so far: send CQs of A and B, receive CQs of B and A (so
+/// that index `d` is the direction A->B for 0 and B->A for 1 in both).
+#[derive(Default)]
+struct Collected {
+    send: [Vec<WorkCompletion>; 2],
+    recv: [Vec<WorkCompletion>; 2],
+}
+
+impl Collected {
+    fn collect(&mut self, s: &mut sim::Sim<common::Host>, a: &Side, b: &Side) {
+        let mut take = |side: &Side, cq, into: &mut Vec<WorkCompletion>| {
+            // Look before touching: `node_mut` makes the sim poll the node for packets again.
+            if s.node(side.node).engine.cq_len(cq).unwrap_or(0) > 0 {
+                let e = &mut s.node_mut(side.node).engine;
+                into.extend(e.poll_cq(cq, usize::MAX).unwrap_or_default());
+            }
+        };
+        take(a, a.send_cq, &mut self.send[0]);
+        take(b, b.send_cq, &mut self.send[1]);
+        take(b, b.recv_cq, &mut self.recv[0]);
+        take(a, a.recv_cq, &mut self.recv[1]);
+    }
+
+    /// Whether direction `d`'s last WR has completed (trivially, when there are no WRs).
+    fn finished(&self, d: usize, last: Option<u64>) -> bool {
+        last.is_none_or(|id| self.send[d].iter().any(|c| c.wr_id == id))
+    }
 }
 
 /// The expected memory image of one side, with the bytes whose value is not determined.
@@ -315,6 +387,11 @@ fn first_diff(actual: &[u8], img: &Image) -> Option<usize> {
 
 /// Runs one seeded scenario; Err describes the first broken invariant.
 fn run_scenario(seed: u64) -> Result<(), String> {
+    scenario(seed).map(|_| ())
+}
+
+/// One seeded scenario; returns the sim's trace hash (every delivery and timeout).
+fn scenario(seed: u64) -> Result<u64, String> {
     let mut rng = Rng::new(seed ^ 0x5eed_5eed);
     // The default run walks the 32 fault combinations in order; soak seeds pick at random.
     let combo = if seed < DEFAULT_SEEDS {
@@ -384,7 +461,13 @@ fn run_scenario(seed: u64) -> Result<(), String> {
         max_rd_atomic: rng.range_inclusive(1, 16) as u8,
         max_dest_rd_atomic: 16,
         mem_len,
-        psn_a: rng.below(1 << 24) as u32,
+        // A third of the runs start just before the 24-bit PSN wraps.
+        psn_a: if rng.chance(0.3) {
+            0xff_ffff - rng.below(20_000) as u32
+        } else {
+            rng.below(1 << 24) as u32
+        },
+        ipv6: rng.chance(0.3),
         ..PairConfig::default()
     };
     let mut p = Pair::new(cfg.clone());
@@ -496,27 +579,34 @@ fn run_scenario(seed: u64) -> Result<(), String> {
         }
     }
     let total = [dirs[0].ops.len(), dirs[1].ops.len()];
+    // Completions are taken out of the CQs as they arrive (unsignaled WRs make counts
+    // meaningless); each direction's last WR is signaled, so its completion ends the queue.
+    let mut got = Collected::default();
+    let last = [
+        dirs[0].ops.last().map(|o| o.wr_id),
+        dirs[1].ops.last().map(|o| o.wr_id),
+    ];
     if partition {
-        // Cut the link while A still waits for some of its completions, for far longer than
-        // the retry budget (timeout × (retry_cnt + 1)).
-        let a_node = a.node;
-        let a_cq = a.send_cq;
+        // Cut the link while A still waits for its last completion, for far longer than the
+        // retry budget (timeout × (retry_cnt + 1)).
         let want = rng.below(total[0] as u64) as usize;
         let r = p.sim.run_until(
-            |s| s.node(a_node).engine.cq_len(a_cq).unwrap_or(0) > want,
+            |s| {
+                got.collect(s, &a, &b);
+                got.send[0].len() > want || got.finished(0, last[0])
+            },
             p.sim.now() + deadline_span,
         );
         if r.is_err() {
             return Err(format!("no progress before the partition: {r:?}"));
         }
-        if p.sim.node(a_node).engine.cq_len(a_cq).unwrap_or(0) < total[0] {
+        if !got.finished(0, last[0]) {
             partition_at = Some(p.sim.now());
             p.sim.partition(a.node, b.node);
         }
     }
 
-    // Run until every send WR has completed (and, without a partition, every receive).
-    let (an, bn) = (a.node, b.node);
+    // Run until every send queue has finished (and, when nothing may fail, every receive).
     let recvs = [
         dirs[0]
             .ops
@@ -530,35 +620,32 @@ fn run_scenario(seed: u64) -> Result<(), String> {
             .count(),
     ];
     let cut = partition_at.is_some();
-    // At 30 % loss a run of retry_cnt + 1 fruitless rewinds is a real possibility (each
-    // rewind fails when its first packet or the answer is lost, p ≈ 0.5): RETRY_EXC_ERR
-    // then flushes is a correct outcome there, exactly as with a partition.
+    // At 30 % loss a run of retry_cnt + 1 fruitless timeouts is a real possibility: a
+    // RETRY_EXC_ERR followed by flushes is a correct outcome there, exactly as with a partition.
     let may_fail = cut || net.loss >= 0.3;
     let deadline = p.sim.now() + deadline_span;
     let r = p.sim.run_until(
         |s| {
-            let e_a = &s.node(an).engine;
-            let e_b = &s.node(bn).engine;
-            let sends = e_a.cq_len(a.send_cq).unwrap_or(0) >= total[0]
-                && e_b.cq_len(b.send_cq).unwrap_or(0) >= total[1];
-            sends
-                && (may_fail
-                    || (e_b.cq_len(b.recv_cq).unwrap_or(0) >= recvs[0]
-                        && e_a.cq_len(a.recv_cq).unwrap_or(0) >= recvs[1]))
+            got.collect(s, &a, &b);
+            got.finished(0, last[0])
+                && got.finished(1, last[1])
+                && (may_fail || (got.recv[0].len() >= recvs[0] && got.recv[1].len() >= recvs[1]))
         },
         deadline,
     );
     if let Err(e) = r {
         return Err(format!(
-            "{e}: A send CQ {}/{}, B send CQ {}/{}, B recv CQ {}/{}, A recv CQ {}/{}, states \
-             A {:?} B {:?}; {}",
-            p.sim.node(an).engine.cq_len(a.send_cq).unwrap_or(0),
-            total[0],
-            p.sim.node(bn).engine.cq_len(b.send_cq).unwrap_or(0),
-            total[1],
-            p.sim.node(bn).engine.cq_len(b.recv_cq).unwrap_or(0),
+            "{e}: A send completions {} (last WR {:?} done: {}), B send completions {} (last WR \
+             {:?} done: {}), B recv {}/{}, A recv {}/{}, states A {:?} B {:?}; {}",
+            got.send[0].len(),
+            last[0],
+            got.finished(0, last[0]),
+            got.send[1].len(),
+            last[1],
+            got.finished(1, last[1]),
+            got.recv[0].len(),
             recvs[0],
-            p.sim.node(an).engine.cq_len(a.recv_cq).unwrap_or(0),
+            got.recv[1].len(),
             recvs[1],
             p.qp_state(&a),
             p.qp_state(&b),
@@ -566,10 +653,11 @@ fn run_scenario(seed: u64) -> Result<(), String> {
         ));
     }
     if may_fail {
-        // Let stragglers settle (nothing more can cross the cut).
+        // Let stragglers settle (e.g. flushes of the receive queues).
         p.sim
             .advance(Duration::from_secs(1))
             .map_err(|e| format!("sim error after the partition: {e}"))?;
+        got.collect(&mut p.sim, &a, &b);
     }
 
     let ctx = describe(&p, &cfg, &net, partition_at, late_recv);
@@ -579,8 +667,8 @@ fn run_scenario(seed: u64) -> Result<(), String> {
     if cut {
         TALLY[2].fetch_add(1, Relaxed);
     }
-    let send_wcs = [p.poll(&a, a.send_cq), p.poll(&b, b.send_cq)];
-    let recv_wcs = [p.poll(&b, b.recv_cq), p.poll(&a, a.recv_cq)];
+    let send_wcs = [got.send[0].clone(), got.send[1].clone()];
+    let recv_wcs = [got.recv[0].clone(), got.recv[1].clone()];
     let mut words_known = [true; 2];
 
     for (di, d) in dirs.iter().enumerate() {
@@ -590,11 +678,22 @@ fn run_scenario(seed: u64) -> Result<(), String> {
         } else {
             (&mut img_b, &mut img_a)
         };
-        let resp_mem = p.mem(&d.resp);
         let wcs = &send_wcs[di];
-        // Exactly once, in post order.
+        // Where the queue failed, if it did: every WR before it succeeded (completions are in
+        // order), it and every WR after it complete with an error whether signaled or not.
+        let fail_at = wcs
+            .iter()
+            .find(|c| c.status != WcStatus::Success)
+            .and_then(|c| d.ops.iter().position(|o| o.wr_id == c.wr_id));
+        let k = fail_at.unwrap_or(d.ops.len());
+        // Exactly once, in post order: the signaled successes, then every failed WR.
         let ids: Vec<u64> = wcs.iter().map(|c| c.wr_id).collect();
-        let want: Vec<u64> = d.ops.iter().map(|o| o.wr_id).collect();
+        let want: Vec<u64> = d.ops[..k]
+            .iter()
+            .filter(|o| o.signaled)
+            .chain(&d.ops[k..])
+            .map(|o| o.wr_id)
+            .collect();
         if ids != want {
             return Err(format!(
                 "{name}: send completions {ids:?}, expected {want:?} ({ctx})"
@@ -638,9 +737,10 @@ fn run_scenario(seed: u64) -> Result<(), String> {
         // Requester-side results and the responder's image.
         let base = if di == 0 { atomic_b } else { atomic_a };
         let mut model = atomics[di];
-        for (op, wc) in d.ops.iter().zip(wcs) {
-            let success = wc.status == WcStatus::Success;
-            if success {
+        for (i, op) in d.ops.iter().enumerate() {
+            let success = i < k;
+            let wc = wcs.iter().find(|c| c.wr_id == op.wr_id);
+            if let Some(wc) = wc.filter(|_| success) {
                 let (want_op, want_len) = match op.kind {
                     Kind::Send | Kind::SendImm => (WcOpcode::Send, None),
                     Kind::Write | Kind::WriteImm => (WcOpcode::RdmaWrite, None),
@@ -771,9 +871,7 @@ fn run_scenario(seed: u64) -> Result<(), String> {
         }
         // A send the requester saw succeed must have consumed its receive.
         for (i, op) in rops.iter().enumerate() {
-            let sent_ok = wcs
-                .iter()
-                .any(|c| c.wr_id == op.wr_id && c.status == WcStatus::Success);
+            let sent_ok = d.ops[..k].iter().any(|o| o.wr_id == op.wr_id);
             let recv_ok = rwcs.get(i).is_some_and(|c| c.status == WcStatus::Success);
             if sent_ok && !recv_ok {
                 return Err(format!(
@@ -782,7 +880,6 @@ fn run_scenario(seed: u64) -> Result<(), String> {
                 ));
             }
         }
-        drop(resp_mem);
     }
 
     // Every byte of both memories is what the completed operations say, and nothing else.
@@ -797,7 +894,10 @@ fn run_scenario(seed: u64) -> Result<(), String> {
             ));
         }
     }
-    Ok(())
+    if std::env::var_os("SOFTRDMA_SWEEP_VERBOSE").is_some() {
+        eprintln!("seed {seed}: ok; {ctx}");
+    }
+    Ok(p.sim.trace_hash())
 }
 
 /// Which planned buffer holds offset `off` of side A (`is_a`) or B, for error messages.
@@ -834,7 +934,8 @@ fn describe(
     let _ = write!(
         s,
         "loss {} dup {} reorder {} corrupt {}, mtu {:?}, timeout {}, max_rd_atomic {}, \
-         psn_a {:#x}, late_recv {late_recv}, partition at {partition_at:?}, now {:?}, net {:?}",
+         psn_a {:#x}, ipv6 {}, late_recv {late_recv}, partition at {partition_at:?}, now {:?}, \
+         net {:?}",
         net.loss,
         net.dup,
         net.reorder,
@@ -843,6 +944,7 @@ fn describe(
         cfg.timeout,
         cfg.max_rd_atomic,
         cfg.psn_a,
+        cfg.ipv6,
         p.sim.now(),
         p.sim.stats()
     );

@@ -24,9 +24,12 @@ pub struct LinkConfig {
     /// Fixed one-way propagation delay.
     pub delay: Duration,
     /// Upper bound of a uniform random delay added to every packet.
-    ///
-    /// Jitter alone can reorder packets sent closer together than the jitter.
     pub jitter: Duration,
+    /// Whether the link keeps order despite jitter, as a real link (a queue) does: a packet
+    /// never arrives before one sent earlier on the same directed link, unless it was picked
+    /// for reordering (`reorder`). With `false`, jitter alone reorders packets sent closer
+    /// together than the jitter.
+    pub fifo: bool,
     /// Link rate in bits per second; `None` means no serialization delay.
     ///
     /// With a rate, packets on the same directed link queue behind each other.
@@ -45,6 +48,7 @@ impl LinkConfig {
             corrupt_max_bits: 1,
             delay,
             jitter: Duration::ZERO,
+            fifo: true,
             bandwidth_bps: None,
         }
     }
@@ -79,6 +83,12 @@ impl LinkConfig {
     pub fn with_delay(mut self, delay: Duration, jitter: Duration) -> Self {
         self.delay = delay;
         self.jitter = jitter;
+        self
+    }
+
+    /// Sets whether jitter keeps packet order (see [`LinkConfig::fifo`]).
+    pub fn with_fifo(mut self, fifo: bool) -> Self {
+        self.fifo = fifo;
         self
     }
 
@@ -170,6 +180,8 @@ pub struct Stats {
     pub reordered: u64,
     /// Timeouts fired into nodes.
     pub timeouts: u64,
+    /// Most packets in flight at once.
+    pub max_in_flight: u64,
 }
 
 impl Stats {

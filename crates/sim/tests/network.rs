@@ -709,3 +709,28 @@ fn run_until_sees_changes_made_while_collecting_transmits_before_reporting_idle(
         Ok(())
     );
 }
+
+#[test]
+fn jitter_keeps_order_on_a_fifo_link_and_reorders_without_fifo() {
+    let link = LinkConfig::perfect(us(10)).with_delay(us(10), us(20));
+    let (sim, b) = one_way(25, link.clone(), 2000, us(1));
+    let seqs: Vec<u32> = sim
+        .node(b)
+        .received
+        .iter()
+        .map(|(_, m)| seq_of(m))
+        .collect();
+    assert_eq!(seqs, (0..2000).collect::<Vec<_>>());
+    assert_eq!(sim.stats().reordered, 0);
+
+    let (sim, b) = one_way(25, link.with_fifo(false), 2000, us(1));
+    let seqs: Vec<u32> = sim
+        .node(b)
+        .received
+        .iter()
+        .map(|(_, m)| seq_of(m))
+        .collect();
+    assert_eq!(seqs.len(), 2000);
+    assert!(seqs.windows(2).filter(|w| w[0] > w[1]).count() > 100);
+    assert!(sim.stats().reordered > 100);
+}

@@ -197,6 +197,8 @@ pub struct PairConfig {
     pub qp_access: AccessFlags,
     /// First send PSN of side A (side B uses A's plus 0x80_0000, so PSNs wrap somewhere).
     pub psn_a: u32,
+    /// Address the sides with IPv6 (fd00::1, fd00::2) instead of IPv4 (10.0.0.1, 10.0.0.2).
+    pub ipv6: bool,
 }
 
 impl Default for PairConfig {
@@ -222,6 +224,7 @@ impl Default for PairConfig {
                 | AccessFlags::REMOTE_READ
                 | AccessFlags::REMOTE_ATOMIC,
             psn_a: 0xff_fff0,
+            ipv6: false,
         }
     }
 }
@@ -273,16 +276,29 @@ pub struct Pair {
     pub cfg: PairConfig,
 }
 
+/// The address of side `n` (1 = A, 2 = B).
+pub fn side_ip(ipv6: bool, n: u8) -> IpAddr {
+    if ipv6 {
+        IpAddr::V6(std::net::Ipv6Addr::new(
+            0xfd00,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            u16::from(n),
+        ))
+    } else {
+        IpAddr::V4(Ipv4Addr::new(10, 0, 0, n))
+    }
+}
+
 fn create_side(sim: &mut Sim<Host>, cfg: &PairConfig, ip: IpAddr, base: u64) -> Side {
     let mem = TestMemory::default();
     mem.add_region(OWNER, base, cfg.mem_len);
-    let key_seed = sim::rng::mix(
-        cfg.seed
-            ^ u64::from(u32::from(match ip {
-                IpAddr::V4(v4) => v4,
-                IpAddr::V6(_) => Ipv4Addr::UNSPECIFIED,
-            })),
-    );
+    // Each side's keys come from the scenario seed, so a seed replays with the same keys.
+    let key_seed = sim::rng::mix(cfg.seed ^ base);
     let mut engine = Engine::new(EngineConfig::new(vec![ip], key_seed), Box::new(mem.clone()));
     let pd = engine.alloc_pd().expect("alloc_pd");
     let mr = engine
@@ -401,18 +417,8 @@ impl Pair {
     /// Builds the sim, both engines and the connected QPs.
     pub fn new(cfg: PairConfig) -> Pair {
         let mut sim = Sim::new(cfg.seed, cfg.net.clone());
-        let a = create_side(
-            &mut sim,
-            &cfg,
-            IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
-            0x1000_0000,
-        );
-        let b = create_side(
-            &mut sim,
-            &cfg,
-            IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2)),
-            0x7000_0000,
-        );
+        let a = create_side(&mut sim, &cfg, side_ip(cfg.ipv6, 1), 0x1000_0000);
+        let b = create_side(&mut sim, &cfg, side_ip(cfg.ipv6, 2), 0x7000_0000);
         let psn_b = cfg.psn_a.wrapping_add(0x80_0000) & 0xff_ffff;
         connect(
             &mut sim.node_mut(a.node).engine,
