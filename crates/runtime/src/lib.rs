@@ -78,6 +78,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod capture;
 mod config;
 mod io;
 mod memory;
@@ -98,6 +99,7 @@ use engine::{
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use nix::sys::time::TimeSpec;
 
+pub use capture::Capture;
 pub use config::{RuntimeConfig, RxPath, SrcPortPolicy};
 pub use io::IoCounters;
 
@@ -207,6 +209,8 @@ struct Core {
     armed: Vec<CqHandle>,
     events: VecDeque<AsyncEvent>,
     rx_counters: IoCounters,
+    /// Where every sent and received packet is recorded, if anywhere.
+    capture: Option<Arc<Capture>>,
 }
 
 impl Core {
@@ -215,6 +219,9 @@ impl Core {
         while let Some(t) = self.engine.0.poll_transmit(now, &mut self.txbuf) {
             let (pkt, _) = self.txbuf.split_at_mut(t.len);
             self.tx.send(pkt, t.dst);
+            if let Some(c) = &self.capture {
+                c.record(pkt);
+            }
         }
     }
 
@@ -330,6 +337,7 @@ impl Runtime {
             armed: Vec::new(),
             events: VecDeque::new(),
             rx_counters: IoCounters::default(),
+            capture: Capture::from_env(),
         };
         let flags = EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC;
         let shared = Arc::new(Shared {
@@ -425,6 +433,12 @@ impl Runtime {
     /// Readable while asynchronous events are queued.
     pub fn async_event_fd(&self) -> BorrowedFd<'_> {
         self.shared.async_fd.as_fd()
+    }
+
+    /// Record every packet this device sends and receives into `capture` from now on
+    /// (`None` stops). Runtimes started with `SOFTRDMA_CAPTURE` set already record.
+    pub fn set_capture(&self, capture: Option<Arc<Capture>>) {
+        self.shared.lock().capture = capture;
     }
 
     /// Counters of the socket layer.
@@ -570,6 +584,9 @@ fn progress(shared: &Shared, mut rx: io::Rx) {
             let mut core = shared.lock();
             let now = shared.now();
             for i in 0..n {
+                if let Some(c) = &core.capture {
+                    c.record(rx.packet(i));
+                }
                 core.engine.0.handle_datagram(now, rx.packet(i));
             }
             if core.engine.0.poll_timeout().is_some_and(|t| t <= now) {
@@ -592,6 +609,9 @@ fn progress(shared: &Shared, mut rx: io::Rx) {
         // under the lock so that a verb that arms an earlier timer afterwards rings the bell.
         let timeout = {
             let core = shared.lock();
+            if let Some(c) = &core.capture {
+                c.flush();
+            }
             let next = core.engine.0.poll_timeout().or(deadline);
             let now = shared.now();
             shared
