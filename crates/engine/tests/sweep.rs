@@ -402,6 +402,8 @@ fn scenario(seed: u64) -> Result<u64, String> {
     let net = Net::from_index(combo);
     let partition = rng.chance(0.15);
     let late_recv = !partition && rng.chance(0.25);
+    // A short outage that the retries must ride out (it may not fail anything).
+    let blip = !partition && rng.chance(0.2);
     let mtu = [PathMtu::Mtu256, PathMtu::Mtu1024, PathMtu::Mtu4096][rng.below(3) as usize];
     let max_len = match net.loss {
         l if l <= 0.01 => 1 << 20,
@@ -450,16 +452,19 @@ fn scenario(seed: u64) -> Result<u64, String> {
     );
     let mem_len = (la.next.max(lb.next) + 4096) as usize;
 
+    let max_rd_atomic = rng.range_inclusive(1, 16) as u8;
     let cfg = PairConfig {
         seed,
         net: NetConfig::with_link(link),
         mtu,
-        timeout: rng.range_inclusive(8, 12) as u8,
+        timeout: rng.range_inclusive(5, 12) as u8,
         retry_cnt: 7,
         rnr_retry: 7,
         min_rnr_timer: rng.range_inclusive(1, 8) as u8,
-        max_rd_atomic: rng.range_inclusive(1, 16) as u8,
-        max_dest_rd_atomic: 16,
+        max_rd_atomic,
+        max_dest_rd_atomic: rng.range_inclusive(u64::from(max_rd_atomic), 16) as u8,
+        ack_req_every: [1, 4, 32, 64][rng.below(4) as usize],
+        max_unacked_psns: [8, 64, 512, 4096][rng.below(4) as usize],
         mem_len,
         // A third of the runs start just before the 24-bit PSN wraps.
         psn_a: if rng.chance(0.3) {
@@ -471,6 +476,18 @@ fn scenario(seed: u64) -> Result<u64, String> {
         ..PairConfig::default()
     };
     let mut p = Pair::new(cfg.clone());
+    let mut blip_window = None;
+    if blip {
+        // Shorter than retry_cnt - 1 local ACK timeouts, so at most retry_cnt - 1 retries are
+        // spent on it (each wait spans a whole timeout).
+        let t = Duration::from_nanos(4096 << cfg.timeout);
+        let start = Duration::from_micros(rng.range_inclusive(0, 3000));
+        let len =
+            Duration::from_nanos(rng.below((t * u32::from(cfg.retry_cnt - 2)).as_nanos() as u64));
+        p.sim
+            .partition_window(p.a.node, p.b.node, start, Some(start + len));
+        blip_window = Some((start, start + len));
+    }
     let (a, b) = (p.a, p.b);
     let mut dirs = [
         Dir {
@@ -649,7 +666,7 @@ fn scenario(seed: u64) -> Result<u64, String> {
             recvs[1],
             p.qp_state(&a),
             p.qp_state(&b),
-            describe(&p, &cfg, &net, partition_at, late_recv),
+            describe(blip_window, &p, &cfg, &net, partition_at, late_recv),
         ));
     }
     if may_fail {
@@ -660,7 +677,7 @@ fn scenario(seed: u64) -> Result<u64, String> {
         got.collect(&mut p.sim, &a, &b);
     }
 
-    let ctx = describe(&p, &cfg, &net, partition_at, late_recv);
+    let ctx = describe(blip_window, &p, &cfg, &net, partition_at, late_recv);
     TALLY[0].fetch_add((total[0] + total[1]) as u64, Relaxed);
     let bytes: usize = dirs.iter().flat_map(|d| d.ops.iter()).map(|o| o.len).sum();
     TALLY[1].fetch_add(bytes as u64, Relaxed);
@@ -924,6 +941,7 @@ fn owner_of(dirs: &[Dir; 2], off: u64, is_a: bool) -> String {
 }
 
 fn describe(
+    blip: Option<(Duration, Duration)>,
     p: &Pair,
     cfg: &PairConfig,
     net: &Net,
@@ -933,7 +951,8 @@ fn describe(
     let mut s = String::new();
     let _ = write!(
         s,
-        "loss {} dup {} reorder {} corrupt {}, mtu {:?}, timeout {}, max_rd_atomic {}, \
+        "loss {} dup {} reorder {} corrupt {}, mtu {:?}, timeout {}, max_rd_atomic {}/{}, \
+         ack_req_every {}, max_unacked {}, blip {blip:?}, \
          psn_a {:#x}, ipv6 {}, late_recv {late_recv}, partition at {partition_at:?}, now {:?}, \
          net {:?}",
         net.loss,
@@ -943,6 +962,9 @@ fn describe(
         cfg.mtu,
         cfg.timeout,
         cfg.max_rd_atomic,
+        cfg.max_dest_rd_atomic,
+        cfg.ack_req_every,
+        cfg.max_unacked_psns,
         cfg.psn_a,
         cfg.ipv6,
         p.sim.now(),

@@ -199,6 +199,10 @@ pub struct PairConfig {
     pub psn_a: u32,
     /// Address the sides with IPv6 (fd00::1, fd00::2) instead of IPv4 (10.0.0.1, 10.0.0.2).
     pub ipv6: bool,
+    /// Engine setting: AckReq at least every this many packets.
+    pub ack_req_every: u32,
+    /// Engine setting: most unacknowledged PSNs per QP.
+    pub max_unacked_psns: u32,
 }
 
 impl Default for PairConfig {
@@ -225,6 +229,8 @@ impl Default for PairConfig {
                 | AccessFlags::REMOTE_ATOMIC,
             psn_a: 0xff_fff0,
             ipv6: false,
+            ack_req_every: 32,
+            max_unacked_psns: 512,
         }
     }
 }
@@ -299,7 +305,10 @@ fn create_side(sim: &mut Sim<Host>, cfg: &PairConfig, ip: IpAddr, base: u64) -> 
     mem.add_region(OWNER, base, cfg.mem_len);
     // Each side's keys come from the scenario seed, so a seed replays with the same keys.
     let key_seed = sim::rng::mix(cfg.seed ^ base);
-    let mut engine = Engine::new(EngineConfig::new(vec![ip], key_seed), Box::new(mem.clone()));
+    let mut ec = EngineConfig::new(vec![ip], key_seed);
+    ec.ack_req_every = cfg.ack_req_every;
+    ec.max_unacked_psns = cfg.max_unacked_psns;
+    let mut engine = Engine::new(ec, Box::new(mem.clone()));
     let pd = engine.alloc_pd().expect("alloc_pd");
     let mr = engine
         .reg_mr(pd, OWNER, base, cfg.mem_len as u64, cfg.mr_access)
