@@ -666,8 +666,8 @@ pub(crate) fn transmit<M: Memory + ?Sized>(
                         .check_remote(rkey, qp.pd, va + done, plen, AccessFlags::REMOTE_READ)
                         .is_err()
                 {
-                    qp.resp.out.pop_front();
-                    ctx.count(qp, Counter::MemoryFault);
+                    // The requester learns it the way it would have at request time.
+                    fatal_nak(qp, ctx, psn, NakCode::RemoteAccessError);
                     continue;
                 }
                 let mut t = TransportRepr::new(BthRepr::new(opcode, dest, psn));
@@ -684,8 +684,8 @@ pub(crate) fn transmit<M: Memory + ?Sized>(
                 if plen > 0 {
                     let out = layout.payload_mut(buf).ok()?;
                     if ctx.mem.read(owner, va + done, out).is_err() {
-                        qp.resp.out.pop_front();
                         ctx.count(qp, Counter::MemoryFault);
+                        fatal_nak(qp, ctx, psn, NakCode::RemoteOperationalError);
                         continue;
                     }
                 }

@@ -925,3 +925,21 @@ fn sqd_finishes_started_messages_then_reports_drained_and_resumes_in_rts() {
     let ids: Vec<u64> = w.a.poll().iter().map(|c| c.wr_id).collect();
     assert_eq!(ids, vec![2]);
 }
+
+#[test]
+fn deregistering_the_mr_under_a_long_read_ends_it_with_remote_access_error() {
+    let mut w = World::new(PathMtu::Mtu1024);
+    let dst = w.a.sge(BASE, 65_536);
+    let rd = SendWr::rdma_read(1, vec![dst], BASE + 0x10_0000, w.b.mr.rkey);
+    w.a.e.post_send(w.a.qpn, rd).unwrap();
+    let mut buf = [0u8; 2048];
+    let t0 = Instant::from_nanos(0);
+    let t = w.a.e.poll_transmit(t0, &mut buf).unwrap();
+    w.b.e.handle_datagram(t0, &buf[..t.len]);
+    let t = w.b.e.poll_transmit(t0, &mut buf).unwrap();
+    w.a.e.handle_datagram(t0, &buf[..t.len]);
+    w.b.e.dereg_mr(w.b.mr.handle).unwrap();
+    w.run(SEC);
+    assert_eq!(one(&w.a.poll()).status, WcStatus::RemAccessErr);
+    assert_eq!(w.b.e.query_qp(w.b.qpn).unwrap().qp_state, QpState::Err);
+}
