@@ -270,11 +270,28 @@ fn plan_ops(
     ops
 }
 
-/// What one direction (requester `req` → responder `resp`) expects.
+/// What one direction (requester `req` → responder `resp`, on one QP pair) expects.
 struct Dir {
+    /// "A->B #0" and the like, for messages.
+    name: String,
     req: Side,
     resp: Side,
+    /// Whether the requester is engine A (so its memory image is A's).
+    req_is_a: bool,
+    /// The responder's four ATOMIC words (offset in its memory) and their initial values.
+    atomic_base: u64,
+    words: [u64; 4],
     ops: Vec<Op>,
+}
+
+/// The images of (requester, responder) for a direction.
+fn split(imgs: &mut [Image; 2], req_is_a: bool) -> (&mut Image, &mut Image) {
+    let [a, b] = imgs;
+    if req_is_a {
+        (a, b)
+    } else {
+        (b, a)
+    }
 }
 
 fn sges(side: &Side, pieces: &[(u64, usize)]) -> Vec<Sge> {
@@ -316,16 +333,22 @@ fn send_wr(d: &Dir, op: &Op) -> SendWr {
     wr
 }
 
-/// Completions taken out of the CQs so far: send CQs of A and B, receive CQs of B and A (so
-/// that index `d` is the direction A->B for 0 and B->A for 1 in both).
-#[derive(Default)]
+/// Completions taken out of the CQs so far, per direction: the requester's send CQ and the
+/// responder's receive CQ (every QP has its own pair of CQs).
 struct Collected {
-    send: [Vec<WorkCompletion>; 2],
-    recv: [Vec<WorkCompletion>; 2],
+    send: Vec<Vec<WorkCompletion>>,
+    recv: Vec<Vec<WorkCompletion>>,
 }
 
 impl Collected {
-    fn collect(&mut self, s: &mut sim::Sim<common::Host>, a: &Side, b: &Side) {
+    fn new(dirs: usize) -> Collected {
+        Collected {
+            send: vec![Vec::new(); dirs],
+            recv: vec![Vec::new(); dirs],
+        }
+    }
+
+    fn collect(&mut self, s: &mut sim::Sim<common::Host>, dirs: &[Dir]) {
         let mut take = |side: &Side, cq, into: &mut Vec<WorkCompletion>| {
             // Look before touching: `node_mut` makes the sim poll the node for packets again.
             if s.node(side.node).engine.cq_len(cq).unwrap_or(0) > 0 {
@@ -333,10 +356,10 @@ impl Collected {
                 into.extend(e.poll_cq(cq, usize::MAX).unwrap_or_default());
             }
         };
-        take(a, a.send_cq, &mut self.send[0]);
-        take(b, b.send_cq, &mut self.send[1]);
-        take(b, b.recv_cq, &mut self.recv[0]);
-        take(a, a.recv_cq, &mut self.recv[1]);
+        for (d, dir) in dirs.iter().enumerate() {
+            take(&dir.req, dir.req.send_cq, &mut self.send[d]);
+            take(&dir.resp, dir.resp.recv_cq, &mut self.recv[d]);
+        }
     }
 
     /// Whether direction `d`'s last WR has completed (trivially, when there are no WRs).
@@ -421,36 +444,41 @@ fn scenario(seed: u64) -> Result<u64, String> {
         )
         .with_corrupt(net.corrupt, 3);
 
-    // Plan both directions and the memory they need.
-    let mut la = Layout { next: 64 };
-    let mut lb = Layout { next: 64 };
-    let atomic_a = la.alloc(&mut rng, 32);
-    let atomic_b = lb.alloc(&mut rng, 32);
+    // Plan every direction of every QP pair, and the memory they need.
+    let n_pairs = if rng.chance(0.3) {
+        rng.range_inclusive(2, 3) as usize
+    } else {
+        1
+    };
+    let mut layouts = [Layout { next: 64 }, Layout { next: 64 }];
     let mut budget = Budget {
         max_len,
         left: 3 << 20,
     };
-    let n_ab = rng.range_inclusive(1, 30) as usize;
-    let n_ba = rng.range_inclusive(0, 20) as usize;
-    let ops_ab = plan_ops(
-        &mut rng,
-        n_ab,
-        &mut budget,
-        &mut la,
-        &mut lb,
-        atomic_b,
-        1_000,
-    );
-    let ops_ba = plan_ops(
-        &mut rng,
-        n_ba,
-        &mut budget,
-        &mut lb,
-        &mut la,
-        atomic_a,
-        2_000,
-    );
-    let mem_len = (la.next.max(lb.next) + 4096) as usize;
+    let mut plans = Vec::new();
+    for d in 0..2 * n_pairs {
+        let req_is_a = d % 2 == 0;
+        let count = if d == 0 {
+            rng.range_inclusive(1, 30)
+        } else {
+            rng.range_inclusive(0, 20)
+        } as usize;
+        let [la, lb] = &mut layouts;
+        let (req_l, resp_l) = if req_is_a { (la, lb) } else { (lb, la) };
+        let atomic_base = resp_l.alloc(&mut rng, 32);
+        let wr_base = 1_000 * (d as u64 + 1);
+        let ops = plan_ops(
+            &mut rng,
+            count,
+            &mut budget,
+            req_l,
+            resp_l,
+            atomic_base,
+            wr_base,
+        );
+        plans.push((req_is_a, atomic_base, ops));
+    }
+    let mem_len = (layouts[0].next.max(layouts[1].next) + 4096) as usize;
 
     let max_rd_atomic = rng.range_inclusive(1, 16) as u8;
     let cfg = PairConfig {
@@ -489,34 +517,36 @@ fn scenario(seed: u64) -> Result<u64, String> {
         blip_window = Some((start, start + len));
     }
     let (a, b) = (p.a, p.b);
-    let mut dirs = [
-        Dir {
-            req: a,
-            resp: b,
-            ops: ops_ab,
-        },
-        Dir {
-            req: b,
-            resp: a,
-            ops: ops_ba,
-        },
-    ];
+    let mut pairs = vec![(a, b)];
+    for _ in 1..n_pairs {
+        pairs.push(p.add_qp_pair());
+    }
+    let mut dirs: Vec<Dir> = plans
+        .into_iter()
+        .enumerate()
+        .map(|(d, (req_is_a, atomic_base, ops))| {
+            let (qa, qb) = pairs[d / 2];
+            let (req, resp) = if req_is_a { (qa, qb) } else { (qb, qa) };
+            Dir {
+                name: format!("{} #{}", if req_is_a { "A->B" } else { "B->A" }, d / 2),
+                req,
+                resp,
+                req_is_a,
+                atomic_base,
+                words: [0; 4],
+                ops,
+            }
+        })
+        .collect();
 
     // Initial memory: sources filled, atomic words random; the images start identical.
-    let mut img_a = Image::new(mem_len);
-    let mut img_b = Image::new(mem_len);
-    let mut atomics = [[0u64; 4]; 2]; // words at atomic_b (dir 0's target) and atomic_a
-    for (di, d) in dirs.iter_mut().enumerate() {
-        let (req_img, resp_img) = if di == 0 {
-            (&mut img_a, &mut img_b)
-        } else {
-            (&mut img_b, &mut img_a)
-        };
+    let mut imgs = [Image::new(mem_len), Image::new(mem_len)];
+    for d in dirs.iter_mut() {
+        let (req_img, resp_img) = split(&mut imgs, d.req_is_a);
         let req_mem = p.mem(&d.req);
         let resp_mem = p.mem(&d.resp);
-        let words = &mut atomics[di];
-        let atomic_base = if di == 0 { atomic_b } else { atomic_a };
-        for (w, slot) in words.iter_mut().enumerate() {
+        let atomic_base = d.atomic_base;
+        for (w, slot) in d.words.iter_mut().enumerate() {
             *slot = rng.next_u64() & 0xffff; // small, so some CAS compares can match
             resp_mem.set_word(OWNER, d.resp.addr(atomic_base + w as u64 * 8), *slot);
             resp_img.set(atomic_base + w as u64 * 8, &slot.to_ne_bytes());
@@ -540,9 +570,9 @@ fn scenario(seed: u64) -> Result<u64, String> {
         }
     }
     // CAS compares: half of them match the value the word will hold when they execute.
-    for (di, d) in dirs.iter_mut().enumerate() {
-        let base = if di == 0 { atomic_b } else { atomic_a };
-        let mut model = atomics[di];
+    for d in dirs.iter_mut() {
+        let base = d.atomic_base;
+        let mut model = d.words;
         for op in d.ops.iter_mut() {
             if !matches!(op.kind, Kind::Cas | Kind::Fadd) {
                 continue;
@@ -564,10 +594,10 @@ fn scenario(seed: u64) -> Result<u64, String> {
     }
 
     // Post in batches, letting the network run between them.
-    let mut posted = [0usize; 2];
+    let mut posted = vec![0usize; dirs.len()];
     let mut partition_at = None;
     let deadline_span = Duration::from_secs(600);
-    while posted[0] < dirs[0].ops.len() || posted[1] < dirs[1].ops.len() {
+    while dirs.iter().zip(&posted).any(|(d, &n)| n < d.ops.len()) {
         let mut recvs_later: Vec<(Side, RecvWr)> = Vec::new();
         for (di, d) in dirs.iter().enumerate() {
             let n = rng.range_inclusive(1, 8) as usize;
@@ -595,21 +625,18 @@ fn scenario(seed: u64) -> Result<u64, String> {
             p.post_recv(&side, wr);
         }
     }
-    let total = [dirs[0].ops.len(), dirs[1].ops.len()];
+    let total: Vec<usize> = dirs.iter().map(|d| d.ops.len()).collect();
     // Completions are taken out of the CQs as they arrive (unsignaled WRs make counts
     // meaningless); each direction's last WR is signaled, so its completion ends the queue.
-    let mut got = Collected::default();
-    let last = [
-        dirs[0].ops.last().map(|o| o.wr_id),
-        dirs[1].ops.last().map(|o| o.wr_id),
-    ];
+    let mut got = Collected::new(dirs.len());
+    let last: Vec<Option<u64>> = dirs.iter().map(|d| d.ops.last().map(|o| o.wr_id)).collect();
     if partition {
         // Cut the link while A still waits for its last completion, for far longer than the
         // retry budget (timeout × (retry_cnt + 1)).
         let want = rng.below(total[0] as u64) as usize;
         let r = p.sim.run_until(
             |s| {
-                got.collect(s, &a, &b);
+                got.collect(s, &dirs);
                 got.send[0].len() > want || got.finished(0, last[0])
             },
             p.sim.now() + deadline_span,
@@ -624,18 +651,10 @@ fn scenario(seed: u64) -> Result<u64, String> {
     }
 
     // Run until every send queue has finished (and, when nothing may fail, every receive).
-    let recvs = [
-        dirs[0]
-            .ops
-            .iter()
-            .filter(|o| o.kind.consumes_recv())
-            .count(),
-        dirs[1]
-            .ops
-            .iter()
-            .filter(|o| o.kind.consumes_recv())
-            .count(),
-    ];
+    let recvs: Vec<usize> = dirs
+        .iter()
+        .map(|d| d.ops.iter().filter(|o| o.kind.consumes_recv()).count())
+        .collect();
     let cut = partition_at.is_some();
     // At 30 % loss a run of retry_cnt + 1 fruitless timeouts is a real possibility: a
     // RETRY_EXC_ERR followed by flushes is a correct outcome there, exactly as with a partition.
@@ -643,27 +662,28 @@ fn scenario(seed: u64) -> Result<u64, String> {
     let deadline = p.sim.now() + deadline_span;
     let r = p.sim.run_until(
         |s| {
-            got.collect(s, &a, &b);
-            got.finished(0, last[0])
-                && got.finished(1, last[1])
-                && (may_fail || (got.recv[0].len() >= recvs[0] && got.recv[1].len() >= recvs[1]))
+            got.collect(s, &dirs);
+            (0..last.len()).all(|d| got.finished(d, last[d]))
+                && (may_fail || (0..recvs.len()).all(|d| got.recv[d].len() >= recvs[d]))
         },
         deadline,
     );
     if let Err(e) = r {
+        let mut queues = String::new();
+        for (d, dir) in dirs.iter().enumerate() {
+            let _ = write!(
+                queues,
+                "{}: {} send completions (last WR {:?} done: {}), {}/{} receives; ",
+                dir.name,
+                got.send[d].len(),
+                last[d],
+                got.finished(d, last[d]),
+                got.recv[d].len(),
+                recvs[d]
+            );
+        }
         return Err(format!(
-            "{e}: A send completions {} (last WR {:?} done: {}), B send completions {} (last WR \
-             {:?} done: {}), B recv {}/{}, A recv {}/{}, states A {:?} B {:?}; {}",
-            got.send[0].len(),
-            last[0],
-            got.finished(0, last[0]),
-            got.send[1].len(),
-            last[1],
-            got.finished(1, last[1]),
-            got.recv[0].len(),
-            recvs[0],
-            got.recv[1].len(),
-            recvs[1],
+            "{e}: {queues}states A {:?} B {:?}; {}",
             p.qp_state(&a),
             p.qp_state(&b),
             describe(blip_window, &p, &cfg, &net, partition_at, late_recv),
@@ -674,28 +694,21 @@ fn scenario(seed: u64) -> Result<u64, String> {
         p.sim
             .advance(Duration::from_secs(1))
             .map_err(|e| format!("sim error after the partition: {e}"))?;
-        got.collect(&mut p.sim, &a, &b);
+        got.collect(&mut p.sim, &dirs);
     }
 
     let ctx = describe(blip_window, &p, &cfg, &net, partition_at, late_recv);
-    TALLY[0].fetch_add((total[0] + total[1]) as u64, Relaxed);
+    TALLY[0].fetch_add(total.iter().sum::<usize>() as u64, Relaxed);
     let bytes: usize = dirs.iter().flat_map(|d| d.ops.iter()).map(|o| o.len).sum();
     TALLY[1].fetch_add(bytes as u64, Relaxed);
     if cut {
         TALLY[2].fetch_add(1, Relaxed);
     }
-    let send_wcs = [got.send[0].clone(), got.send[1].clone()];
-    let recv_wcs = [got.recv[0].clone(), got.recv[1].clone()];
-    let mut words_known = [true; 2];
-
     for (di, d) in dirs.iter().enumerate() {
-        let name = if di == 0 { "A->B" } else { "B->A" };
-        let (req_img, resp_img) = if di == 0 {
-            (&mut img_a, &mut img_b)
-        } else {
-            (&mut img_b, &mut img_a)
-        };
-        let wcs = &send_wcs[di];
+        let name = &d.name;
+        let (req_img, resp_img) = split(&mut imgs, d.req_is_a);
+        let wcs = &got.send[di];
+        let mut words_known = true;
         // Where the queue failed, if it did: every WR before it succeeded (completions are in
         // order), it and every WR after it complete with an error whether signaled or not.
         let fail_at = wcs
@@ -752,8 +765,8 @@ fn scenario(seed: u64) -> Result<u64, String> {
             ));
         }
         // Requester-side results and the responder's image.
-        let base = if di == 0 { atomic_b } else { atomic_a };
-        let mut model = atomics[di];
+        let base = d.atomic_base;
+        let mut model = d.words;
         for (i, op) in d.ops.iter().enumerate() {
             let success = i < k;
             let wc = wcs.iter().find(|c| c.wr_id == op.wr_id);
@@ -803,7 +816,7 @@ fn scenario(seed: u64) -> Result<u64, String> {
                 }
                 Kind::Cas | Kind::Fadd => {
                     let w = ((op.remote.0 - base) / 8) as usize;
-                    if success && words_known[di] {
+                    if success && words_known {
                         let orig = model[w];
                         req_img.set(op.local[0].0, &orig.to_ne_bytes());
                         if op.kind == Kind::Cas {
@@ -815,7 +828,7 @@ fn scenario(seed: u64) -> Result<u64, String> {
                         }
                     } else {
                         // It may or may not have executed at the responder.
-                        words_known[di] = false;
+                        words_known = false;
                         req_img.dont_care_all(&op.local);
                     }
                 }
@@ -823,7 +836,7 @@ fn scenario(seed: u64) -> Result<u64, String> {
         }
         for (w, v) in model.iter().enumerate() {
             let off = base + w as u64 * 8;
-            if words_known[di] {
+            if words_known {
                 resp_img.set(off, &v.to_ne_bytes());
             } else {
                 resp_img.dont_care(off, 8);
@@ -831,7 +844,7 @@ fn scenario(seed: u64) -> Result<u64, String> {
         }
         // Receive completions: in post order, each success exact.
         let rops: Vec<&Op> = d.ops.iter().filter(|o| o.kind.consumes_recv()).collect();
-        let rwcs = &recv_wcs[di];
+        let rwcs = &got.recv[di];
         if rwcs.len() > rops.len() || (!may_fail && rwcs.len() != rops.len()) {
             return Err(format!(
                 "{name}: {} receive completions for {} receives ({ctx})",
@@ -900,7 +913,7 @@ fn scenario(seed: u64) -> Result<u64, String> {
     }
 
     // Every byte of both memories is what the completed operations say, and nothing else.
-    for (side, img, label) in [(a, &img_a, "A"), (b, &img_b, "B")] {
+    for (side, img, label) in [(a, &imgs[0], "A"), (b, &imgs[1], "B")] {
         let actual = p.mem(&side).get(OWNER, side.base, mem_len);
         if let Some(i) = first_diff(&actual, img) {
             return Err(format!(
@@ -918,10 +931,10 @@ fn scenario(seed: u64) -> Result<u64, String> {
 }
 
 /// Which planned buffer holds offset `off` of side A (`is_a`) or B, for error messages.
-fn owner_of(dirs: &[Dir; 2], off: u64, is_a: bool) -> String {
+fn owner_of(dirs: &[Dir], off: u64, is_a: bool) -> String {
     let inside = |r: &(u64, usize)| off >= r.0 && off < r.0 + r.1 as u64;
-    for (di, d) in dirs.iter().enumerate() {
-        let req_is_a = di == 0;
+    for d in dirs {
+        let req_is_a = d.req_is_a;
         for op in &d.ops {
             if req_is_a == is_a && op.local.iter().any(inside) {
                 return format!(

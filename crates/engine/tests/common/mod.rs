@@ -313,6 +313,23 @@ fn create_side(sim: &mut Sim<Host>, cfg: &PairConfig, ip: IpAddr, base: u64) -> 
     let mr = engine
         .reg_mr(pd, OWNER, base, cfg.mem_len as u64, cfg.mr_access)
         .expect("reg_mr");
+    let (send_cq, recv_cq, qpn) = create_qp(&mut engine, cfg, pd);
+    let node = sim.add_node([ip], Host { engine, mem });
+    Side {
+        node,
+        ip,
+        pd,
+        send_cq,
+        recv_cq,
+        qpn,
+        mr,
+        base,
+        len: cfg.mem_len as u64,
+    }
+}
+
+/// A new RC QP with its own send and receive CQs, in RESET.
+fn create_qp(engine: &mut Engine, cfg: &PairConfig, pd: PdHandle) -> (CqHandle, CqHandle, u32) {
     let send_cq = engine.create_cq(cfg.cq_depth).expect("create_cq");
     let recv_cq = engine.create_cq(cfg.cq_depth).expect("create_cq");
     let qpn = engine
@@ -331,18 +348,7 @@ fn create_side(sim: &mut Sim<Host>, cfg: &PairConfig, ip: IpAddr, base: u64) -> 
             sq_sig_all: false,
         })
         .expect("create_qp");
-    let node = sim.add_node([ip], Host { engine, mem });
-    Side {
-        node,
-        ip,
-        pd,
-        send_cq,
-        recv_cq,
-        qpn,
-        mr,
-        base,
-        len: cfg.mem_len as u64,
-    }
+    (send_cq, recv_cq, qpn)
 }
 
 /// Moves `me` through INIT and RTR to RTS, connected to `peer`.
@@ -446,6 +452,25 @@ impl Pair {
             cfg.psn_a,
         );
         Pair { sim, a, b, cfg }
+    }
+
+    /// Another pair of connected RC QPs between the same two engines (same PD and MRs, own
+    /// CQs), returned as (A's side, B's side).
+    pub fn add_qp_pair(&mut self) -> (Side, Side) {
+        let cfg = self.cfg.clone();
+        let mut sides = [self.a, self.b];
+        for side in sides.iter_mut() {
+            let pd = side.pd;
+            let (send_cq, recv_cq, qpn) = create_qp(self.engine(side), &cfg, pd);
+            side.send_cq = send_cq;
+            side.recv_cq = recv_cq;
+            side.qpn = qpn;
+        }
+        let [a, b] = sides;
+        let psn_b = cfg.psn_a.wrapping_add(0x80_0000) & 0xff_ffff;
+        connect(self.engine(&a), &cfg, &a, &b, cfg.psn_a, psn_b);
+        connect(self.engine(&b), &cfg, &b, &a, psn_b, cfg.psn_a);
+        (a, b)
     }
 
     /// The engine of `side`.
