@@ -212,8 +212,12 @@ impl World {
     }
 
     fn with_rd_atomic(mtu: PathMtu, rd_atomic: u8) -> World {
-        let mut a = Side::new("10.0.0.1", 1, 1 << 22);
-        let mut b = Side::new("10.0.0.2", 2, 1 << 22);
+        World::with_addrs(mtu, rd_atomic, "10.0.0.1", "10.0.0.2")
+    }
+
+    fn with_addrs(mtu: PathMtu, rd_atomic: u8, ia: &str, ib: &str) -> World {
+        let mut a = Side::new(ia, 1, 1 << 22);
+        let mut b = Side::new(ib, 2, 1 << 22);
         let (qa, qb, ia, ib) = (a.qpn, b.qpn, a.ip, b.ip);
         connect_with(&mut a, qb, ib, mtu, rd_atomic);
         connect_with(&mut b, qa, ia, mtu, rd_atomic);
@@ -942,4 +946,49 @@ fn deregistering_the_mr_under_a_long_read_ends_it_with_remote_access_error() {
     w.run(SEC);
     assert_eq!(one(&w.a.poll()).status, WcStatus::RemAccessErr);
     assert_eq!(w.b.e.query_qp(w.b.qpn).unwrap().qp_state, QpState::Err);
+}
+
+#[test]
+fn ipv6_gids_give_ipv6_packets_that_work_end_to_end() {
+    let mut w = World::with_addrs(PathMtu::Mtu1024, 4, "fd00::1", "fd00::2");
+    assert_eq!(
+        w.a.e.query_gid(1, 0).unwrap(),
+        Gid::from_ip("fd00::1".parse().unwrap())
+    );
+    let data: Vec<u8> = (0..5000u32).map(|i| (i * 11) as u8).collect();
+    w.a.fill(BASE, &data);
+    let sge = w.a.sge(BASE, 5000);
+    w.a.e
+        .post_send(
+            w.a.qpn,
+            SendWr::rdma_write(1, vec![sge], BASE + 0x8000, w.b.mr.rkey),
+        )
+        .unwrap();
+    let back = w.a.sge(BASE + 0x10000, 5000);
+    w.a.e
+        .post_send(
+            w.a.qpn,
+            SendWr::rdma_read(2, vec![back], BASE + 0x8000, w.b.mr.rkey),
+        )
+        .unwrap();
+    w.run(SEC);
+    let wcs = w.a.poll();
+    assert!(
+        wcs.len() == 2 && wcs.iter().all(|c| c.status == WcStatus::Success),
+        "{wcs:?}"
+    );
+    assert_eq!(w.a.bytes(BASE + 0x10000, 5000), data);
+    // Every packet was IPv6.
+    assert!(w.a.e.counters().get(Counter::RxPackets) > 0);
+    let mut buf = [0u8; 2048];
+    let sge = w.a.sge(BASE, 10);
+    w.a.e
+        .post_send(w.a.qpn, SendWr::rdma_write(3, vec![sge], BASE, w.b.mr.rkey))
+        .unwrap();
+    let t =
+        w.a.e
+            .poll_transmit(Instant::from_nanos(0), &mut buf)
+            .unwrap();
+    assert_eq!(buf[0] >> 4, 6);
+    assert_eq!(t.dst, "fd00::2".parse::<IpAddr>().unwrap());
 }
