@@ -213,3 +213,51 @@ fn post_send_before_rts_is_refused_by_the_verb() {
     let r = e.post_send(qpn, SendWr::send(1, vec![]));
     assert!(r.is_err(), "{r:?}");
 }
+
+#[test]
+fn a_full_send_queue_refuses_more_work_requests() {
+    let cfg = PairConfig {
+        depth: 4,
+        ..PairConfig::default()
+    };
+    let mut p = Pair::new(cfg);
+    let (a, b) = (p.a, p.b);
+    p.sim.partition(a.node, b.node); // nothing completes, so nothing frees a slot
+    for i in 0..4 {
+        p.post_send(
+            &a,
+            SendWr::rdma_write(i, vec![a.sge(0, 8)], b.addr(0), b.mr.rkey),
+        );
+    }
+    let qpn = a.qpn;
+    let r = p.engine(&a).post_send(
+        qpn,
+        SendWr::rdma_write(4, vec![a.sge(0, 8)], b.addr(0), b.mr.rkey),
+    );
+    assert_eq!(r, Err(engine::VerbsError::QueueFull));
+}
+
+#[test]
+fn a_cq_overflow_raises_an_async_error_and_errors_the_qp() {
+    let cfg = PairConfig {
+        cq_depth: 4,
+        ..PairConfig::default()
+    };
+    let mut p = Pair::new(cfg);
+    let (a, b) = (p.a, p.b);
+    for i in 0..8 {
+        p.post_send(
+            &a,
+            SendWr::rdma_write(i, vec![a.sge(0, 8)], b.addr(0), b.mr.rkey),
+        );
+    }
+    let _ = p.sim.run_until(|_| false, DEADLINE);
+    let events: Vec<_> = std::iter::from_fn(|| p.engine(&a).get_async_event()).collect();
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, engine::AsyncEvent::CqErr { cq } if *cq == a.send_cq)),
+        "{events:?}"
+    );
+    assert_eq!(p.qp_state(&a), QpState::Err);
+}

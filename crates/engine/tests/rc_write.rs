@@ -168,3 +168,24 @@ fn writes_and_sends_interleave_in_post_order() {
         );
     }
 }
+
+#[test]
+fn a_sixteen_mebibyte_write_arrives_intact() {
+    let len = 16 << 20;
+    let cfg = PairConfig {
+        mtu: PathMtu::Mtu4096,
+        mem_len: len + 4096,
+        ..PairConfig::default()
+    };
+    let mut p = Pair::new(cfg);
+    let (a, b) = (p.a, p.b);
+    let data = pattern(13, len);
+    p.mem(&a).set(OWNER, a.addr(0), &data);
+    p.post_send(
+        &a,
+        SendWr::rdma_write(1, vec![a.sge(0, len as u32)], b.addr(0), b.mr.rkey),
+    );
+    let sc = p.wait_cq(&a, a.send_cq, 1, DEADLINE).unwrap();
+    assert_eq!((sc[0].wr_id, sc[0].status), (1, WcStatus::Success));
+    assert!(p.mem(&b).get(OWNER, b.addr(0), len) == data);
+}
