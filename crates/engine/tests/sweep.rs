@@ -23,7 +23,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use common::{pattern, Pair, PairConfig, Side, OWNER};
 use engine::{
-    PathMtu, RecvWr, SendFlags, SendOp, SendWr, Sge, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    Counter, PathMtu, RecvWr, SendFlags, SendOp, SendWr, Sge, WcFlags, WcOpcode, WcStatus,
+    WorkCompletion,
 };
 use sim::seeds::{for_each_seed, Replay};
 use sim::{LinkConfig, NetConfig, Rng};
@@ -743,6 +744,18 @@ fn scenario(seed: u64) -> Result<u64, String> {
             }
             if !cut {
                 TALLY[3].fetch_add(1, Relaxed);
+            }
+            // RETRY_EXC_ERR means retry_cnt retries after as many local ACK timeouts, plus the
+            // one that found none left.
+            let qpn = d.req.qpn;
+            let timeouts = p
+                .engine(&d.req)
+                .qp_counters(qpn)
+                .map_or(0, |c| c.get(Counter::CompLocalAckTimeout));
+            if timeouts < u64::from(cfg.retry_cnt) + 1 {
+                return Err(format!(
+                    "{name}: RETRY_EXC_ERR after only {timeouts} local ACK timeouts ({ctx})"
+                ));
             }
             if wcs[ok].status != WcStatus::RetryExcErr {
                 return Err(format!(
