@@ -3,9 +3,15 @@
 //! A [`Sim`] hosts nodes (anything implementing [`Node`]: the four sans-IO driving calls), a
 //! virtual clock, one seeded random generator and a network between the nodes that can lose,
 //! duplicate, reorder, corrupt and delay packets, limit bandwidth, and cut pairs of nodes apart
-//! for a while. Nothing reads the wall clock and nothing iterates in hash order, so a seed plus
-//! the nodes' code determine the whole run: a failing seed replays exactly. [`seeds`] runs
-//! randomized tests over many seeds and prints the command that replays a failure.
+//! for a while. Links keep packet order (a queue) unless the reordering fault picks a packet.
+//! Nothing reads the wall clock and nothing iterates in hash order, so a seed plus the nodes'
+//! code determine the whole run: a failing seed replays exactly ([`Sim::trace_hash`] proves it).
+//! [`seeds`] runs randomized tests over many seeds and prints the command that replays a
+//! failure.
+//!
+//! Focused tests can also drop or rewrite chosen packets ([`Sim::set_filter`]), forge packets
+//! ([`Sim::inject`]), watch every packet ([`Sim::set_trace`], e.g. into a [`pcap`] file) and
+//! read the network's counters ([`Sim::stats`]).
 //!
 //! This crate does not depend on the engine; engine tests wrap `engine::Engine` in a type that
 //! implements [`Node`].
