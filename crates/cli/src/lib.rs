@@ -1,14 +1,21 @@
 //! The `softrdma` command-line tools, as a library so that their output can be tested.
 //!
-//! This is the top layer of softrdma: it only reads files and prints. Today it holds
-//! `softrdma decode`, a tcpdump-style decoder for RoCEv2 captures built on the `wire` codec;
-//! `devinfo`, `pingpong` and the benchmarks join it as the lower layers grow.
+//! This is the top layer of softrdma. It holds `softrdma decode`, a tcpdump-style decoder
+//! for RoCEv2 captures built on the `wire` codec, and the device tools built on the
+//! `softrdma` API: `devinfo`, `pingpong`, the perftest-compatible benchmarks ([`perf`]) with
+//! their raw-socket [`baseline`], and `demo`.
 
 #![warn(missing_docs)]
 
+pub mod baseline;
 pub mod capture;
 pub mod decode;
+pub mod demo;
+pub mod devinfo;
 pub mod link;
+pub mod perf;
+pub mod pingpong;
+pub mod tool;
 
 use std::io::{Read, Write};
 use std::time::Duration;

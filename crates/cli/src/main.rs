@@ -1,4 +1,5 @@
-//! `softrdma`: command-line tools for softrdma (today: `decode`).
+//! `softrdma`: command-line tools for softrdma: decode, devinfo, pingpong, the
+//! perftest-compatible benchmarks, and demo.
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
@@ -6,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use softrdma_cli::{decode_capture, DecodeError, DecodeSummary};
+use softrdma_cli::perf::{PerfArgs, Test};
+use softrdma_cli::{decode_capture, demo, devinfo, perf, pingpong, DecodeError, DecodeSummary};
 
 /// RDMA in software: tools for softrdma.
 #[derive(Parser)]
@@ -25,6 +27,36 @@ enum Command {
         /// `-` reads standard input.
         file: PathBuf,
     },
+    /// Show a device's attributes, as ibv_devinfo does.
+    Devinfo(devinfo::DevinfoArgs),
+    /// Ping-pong messages between two devices, as ibv_rc_pingpong does (server when no peer).
+    Pingpong(pingpong::PingpongArgs),
+    /// RDMA WRITE bandwidth (ib_write_bw).
+    #[command(name = "write_bw", alias = "write-bw")]
+    WriteBw(PerfArgs),
+    /// RDMA READ bandwidth (ib_read_bw).
+    #[command(name = "read_bw", alias = "read-bw")]
+    ReadBw(PerfArgs),
+    /// SEND bandwidth (ib_send_bw).
+    #[command(name = "send_bw", alias = "send-bw")]
+    SendBw(PerfArgs),
+    /// ATOMIC bandwidth (ib_atomic_bw).
+    #[command(name = "atomic_bw", alias = "atomic-bw")]
+    AtomicBw(PerfArgs),
+    /// RDMA WRITE ping-pong latency (ib_write_lat).
+    #[command(name = "write_lat", alias = "write-lat")]
+    WriteLat(PerfArgs),
+    /// RDMA READ latency (ib_read_lat).
+    #[command(name = "read_lat", alias = "read-lat")]
+    ReadLat(PerfArgs),
+    /// SEND ping-pong latency (ib_send_lat).
+    #[command(name = "send_lat", alias = "send-lat")]
+    SendLat(PerfArgs),
+    /// ATOMIC latency (ib_atomic_lat).
+    #[command(name = "atomic_lat", alias = "atomic-lat")]
+    AtomicLat(PerfArgs),
+    /// A few-second narrated tour of RDMA between two devices on loopback.
+    Demo(demo::DemoArgs),
 }
 
 fn summary_line(s: &DecodeSummary) -> String {
@@ -80,9 +112,38 @@ fn decode(file: &Path) -> ExitCode {
     }
 }
 
+/// Print a device tool's failure and turn it into the exit status.
+fn finish(tool: &str, r: Result<(), softrdma_cli::tool::ToolError>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let _ = std::io::stdout().flush();
+            eprintln!("softrdma {tool}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn bench(test: Test, args: &PerfArgs) -> ExitCode {
+    let mut out = std::io::stdout();
+    finish(test.name(), perf::run(test, args, &mut out).map(|_| ()))
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let mut out = std::io::stdout();
     match cli.command {
         Command::Decode { file } => decode(&file),
+        Command::Devinfo(a) => finish("devinfo", devinfo::run(&a)),
+        Command::Pingpong(a) => finish("pingpong", pingpong::run(&a, &mut out).map(|_| ())),
+        Command::WriteBw(a) => bench(Test::WriteBw, &a),
+        Command::ReadBw(a) => bench(Test::ReadBw, &a),
+        Command::SendBw(a) => bench(Test::SendBw, &a),
+        Command::AtomicBw(a) => bench(Test::AtomicBw, &a),
+        Command::WriteLat(a) => bench(Test::WriteLat, &a),
+        Command::ReadLat(a) => bench(Test::ReadLat, &a),
+        Command::SendLat(a) => bench(Test::SendLat, &a),
+        Command::AtomicLat(a) => bench(Test::AtomicLat, &a),
+        Command::Demo(a) => finish("demo", demo::run(&a, &mut out)),
     }
 }

@@ -1,0 +1,1101 @@
+//! The perftest-compatible benchmarks: `write_bw read_bw send_bw atomic_bw` and
+//! `write_lat read_lat send_lat atomic_lat`.
+//!
+//! As with perftest, the same command without a peer is the server and with one is the
+//! client; here the server follows the client's parameters (size, iterations, depth...), so
+//! only the client needs them. The two talk over TCP (`-p`, default 18515): the client sends
+//! its parameters as one text line, both run the QP handshake of `softrdma::handshake`, then
+//! each message size is one `SIZE` / `READY` / `DONE` exchange around the measured run, and
+//! `--baseline` adds raw-socket measurements on the same two addresses (see
+//! [`crate::baseline`]). `--loopback` runs both sides in this process (server on
+//! 127.0.0.2, client on 127.0.0.1).
+//!
+//! What is measured follows perftest: bandwidth tests keep `-t` work requests outstanding
+//! (one signaled every `min(100, t/4)`), from the first post to the last completion;
+//! `write_lat` and `send_lat` are ping-pongs reporting half the round trip; `read_lat` and
+//! `atomic_lat` report the whole operation. Completions are busy-polled (`-e` sleeps on the
+//! completion channel instead).
+
+pub mod report;
+
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use softrdma::{
+    AccessFlags, Buffer, ConnectOptions, Cq, Device, MemoryRegion, Pd, Qp, RemoteMr, SendFlags,
+    SendOp, SendWr, WcStatus, WorkCompletion,
+};
+
+use crate::baseline;
+use crate::tool::{io_ctx, open_device, parse_mtu, progress_bar, Ctrl, Result, ToolError};
+use report::{BwResult, LatStats, RULE};
+
+/// Which benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Test {
+    /// RDMA WRITE bandwidth (`ib_write_bw`).
+    WriteBw,
+    /// RDMA READ bandwidth (`ib_read_bw`).
+    ReadBw,
+    /// SEND bandwidth (`ib_send_bw`).
+    SendBw,
+    /// ATOMIC bandwidth (`ib_atomic_bw`).
+    AtomicBw,
+    /// RDMA WRITE ping-pong latency (`ib_write_lat`).
+    WriteLat,
+    /// RDMA READ latency (`ib_read_lat`).
+    ReadLat,
+    /// SEND ping-pong latency (`ib_send_lat`).
+    SendLat,
+    /// ATOMIC latency (`ib_atomic_lat`).
+    AtomicLat,
+}
+
+impl Test {
+    /// Every test.
+    pub const ALL: [Test; 8] = [
+        Test::WriteBw,
+        Test::ReadBw,
+        Test::SendBw,
+        Test::AtomicBw,
+        Test::WriteLat,
+        Test::ReadLat,
+        Test::SendLat,
+        Test::AtomicLat,
+    ];
+
+    /// The command name (`write_bw`...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Test::WriteBw => "write_bw",
+            Test::ReadBw => "read_bw",
+            Test::SendBw => "send_bw",
+            Test::AtomicBw => "atomic_bw",
+            Test::WriteLat => "write_lat",
+            Test::ReadLat => "read_lat",
+            Test::SendLat => "send_lat",
+            Test::AtomicLat => "atomic_lat",
+        }
+    }
+
+    /// The test named `s`.
+    pub fn from_name(s: &str) -> Option<Test> {
+        Test::ALL.into_iter().find(|t| t.name() == s)
+    }
+
+    /// A latency test (else bandwidth).
+    pub fn is_lat(self) -> bool {
+        matches!(
+            self,
+            Test::WriteLat | Test::ReadLat | Test::SendLat | Test::AtomicLat
+        )
+    }
+
+    fn is_atomic(self) -> bool {
+        matches!(self, Test::AtomicBw | Test::AtomicLat)
+    }
+
+    fn is_send(self) -> bool {
+        matches!(self, Test::SendBw | Test::SendLat)
+    }
+
+    /// Ping-pongs report half the round trip.
+    fn halves_rtt(self) -> bool {
+        matches!(self, Test::WriteLat | Test::SendLat)
+    }
+
+    fn title(self, cas: bool) -> String {
+        let op = match self {
+            Test::WriteBw | Test::WriteLat => "RDMA_Write",
+            Test::ReadBw | Test::ReadLat => "RDMA_Read",
+            Test::SendBw | Test::SendLat => "Send",
+            Test::AtomicBw | Test::AtomicLat if cas => "Atomic CMP_AND_SWAP",
+            Test::AtomicBw | Test::AtomicLat => "Atomic FETCH_AND_ADD",
+        };
+        let kind = if self.is_lat() { "Latency" } else { "BW" };
+        format!("{op} {kind} Test")
+    }
+
+    /// Bytes of the UDP payload of one RoCEv2 request packet carrying `payload` bytes (BTH,
+    /// extension headers, pad, ICRC): the datagram size the raw-socket baseline uses.
+    pub fn datagram_len(self, payload: u64) -> usize {
+        let pad = |n: u64| ((4 - n % 4) % 4) as usize;
+        let p = payload as usize;
+        match self {
+            Test::WriteBw | Test::WriteLat => 12 + 16 + p + pad(payload) + 4,
+            Test::SendBw | Test::SendLat => 12 + p + pad(payload) + 4,
+            // READ: the response carries the data (BTH, AETH on first/last/only).
+            Test::ReadBw | Test::ReadLat => 12 + 4 + p + pad(payload) + 4,
+            Test::AtomicBw | Test::AtomicLat => 12 + 28 + 4,
+        }
+    }
+}
+
+/// Atomic operation of the atomic tests (perftest `-A`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[allow(non_camel_case_types)]
+pub enum AtomicType {
+    /// Fetch-and-add (perftest's default).
+    #[default]
+    FETCH_AND_ADD,
+    /// Compare-and-swap.
+    CMP_AND_SWAP,
+}
+
+/// Options of every benchmark (perftest's common ones where they make sense).
+#[derive(Debug, Clone, clap::Args)]
+pub struct PerfArgs {
+    /// The server to connect to; without it this is the server and waits for a client.
+    pub peer: Option<String>,
+    /// Message size in bytes (default: 65536 for bandwidth, 2 for latency; 8 for atomics).
+    #[arg(short = 's', long, conflicts_with = "all")]
+    pub size: Option<u64>,
+    /// Run every size from 2 to 2^23 bytes (powers of two).
+    #[arg(short = 'a', long)]
+    pub all: bool,
+    /// Iterations per size (default: 5000 for bandwidth, 1000 for latency).
+    #[arg(short = 'n', long, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
+    pub iters: Option<u64>,
+    /// Work requests kept outstanding (bandwidth tests; default 128).
+    #[arg(short = 't', long = "tx-depth", alias = "tx_depth",
+          value_parser = clap::value_parser!(u32).range(1..=8192))]
+    pub tx_depth: Option<u32>,
+    /// Run each size for this many seconds instead of a number of iterations (bandwidth).
+    #[arg(short = 'D', long, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub duration: Option<u64>,
+    /// TCP port of the handshake (0 with --loopback: any free port).
+    #[arg(short = 'p', long, default_value_t = crate::tool::DEFAULT_TCP_PORT)]
+    pub port: u16,
+    /// Report bandwidth in Gb/sec (10^9 bits) instead of MB/sec (2^20 bytes).
+    #[arg(long = "report_gbits", alias = "report-gbits")]
+    pub report_gbits: bool,
+    /// Local address: the device's (and, on the server, the one it listens on). Default:
+    /// the address of the TCP connection (server: all addresses).
+    #[arg(short = 'B', long)]
+    pub bind: Option<IpAddr>,
+    /// UDP port both devices use (RoCEv2: 4791). Captures of other ports still decode: they
+    /// record packets as the engine builds them.
+    #[arg(long, default_value_t = wire::ROCEV2_UDP_PORT)]
+    pub udp_port: u16,
+    /// Path MTU in bytes (256, 512, 1024, 2048, 4096).
+    #[arg(short = 'm', long, default_value_t = 4096)]
+    pub mtu: u32,
+    /// Atomic operation of the atomic tests.
+    #[arg(short = 'A', long = "atomic_type", value_enum, default_value_t = AtomicType::FETCH_AND_ADD)]
+    pub atomic_type: AtomicType,
+    /// Also measure raw sockets on the same path (UDP ping-pong; UDP and TCP streams) and
+    /// print them and the ratio under the table.
+    #[arg(long)]
+    pub baseline: bool,
+    /// Run server and client in this process on loopback (127.0.0.2 and 127.0.0.1).
+    #[arg(long, conflicts_with = "peer")]
+    pub loopback: bool,
+    /// Write every packet this side's device sends and receives to a pcap file.
+    #[arg(long, value_name = "FILE.pcap")]
+    pub capture: Option<PathBuf>,
+    /// Sleep on the completion channel instead of busy-polling completions.
+    #[arg(short = 'e', long = "events")]
+    pub events: bool,
+}
+
+/// What the client asks the server for; one text line on the control channel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Params {
+    test: Test,
+    sizes: Vec<u64>,
+    iters: u64,
+    duration_ms: u64,
+    tx_depth: u32,
+    mtu: u32,
+    cas: bool,
+}
+
+/// Largest message (perftest's -a limit) and so the largest region each side registers.
+const MAX_SIZE: u64 = 1 << 23;
+/// Receives kept posted by the side that receives SENDs.
+const RX_DEPTH: u32 = 512;
+/// Latency loops signal one send in this many (and poll the send CQ every iteration).
+const LAT_SIGNAL_EVERY: u64 = 16;
+/// Longest wait for any one completion or memory change before the run is declared stuck.
+const STALL: Duration = Duration::from_secs(10);
+
+impl Params {
+    fn from_args(test: Test, a: &PerfArgs) -> Result<Params> {
+        parse_mtu(a.mtu)?;
+        let sizes = if test.is_atomic() {
+            vec![8]
+        } else if a.all {
+            (1..=23).map(|i| 1u64 << i).collect()
+        } else {
+            let s = a.size.unwrap_or(if test.is_lat() { 2 } else { 65536 });
+            if s == 0 || s > MAX_SIZE {
+                return Err(ToolError::Usage(format!(
+                    "size {s} out of range: 1..={MAX_SIZE}"
+                )));
+            }
+            vec![s]
+        };
+        if test.is_lat() && a.duration.is_some() {
+            return Err(ToolError::Usage(
+                "-D is for bandwidth tests; latency tests run -n iterations".into(),
+            ));
+        }
+        Ok(Params {
+            test,
+            sizes,
+            iters: a.iters.unwrap_or(if test.is_lat() { 1000 } else { 5000 }),
+            duration_ms: a.duration.map_or(0, |d| d * 1000),
+            tx_depth: a.tx_depth.unwrap_or(if test.is_lat() { 1 } else { 128 }),
+            mtu: a.mtu,
+            cas: a.atomic_type == AtomicType::CMP_AND_SWAP,
+        })
+    }
+
+    fn to_line(&self) -> String {
+        let sizes: Vec<String> = self.sizes.iter().map(u64::to_string).collect();
+        format!(
+            "PARAMS test={} sizes={} iters={} duration_ms={} tx_depth={} mtu={} cas={}",
+            self.test.name(),
+            sizes.join(","),
+            self.iters,
+            self.duration_ms,
+            self.tx_depth,
+            self.mtu,
+            u8::from(self.cas)
+        )
+    }
+
+    /// Parse and bound-check a client's line (untrusted input).
+    fn from_line(line: &str) -> Result<Params> {
+        let bad = |what: &str| ToolError::Protocol(format!("bad PARAMS ({what}): {line:?}"));
+        let mut it = line.split_ascii_whitespace();
+        if it.next() != Some("PARAMS") {
+            return Err(bad("not PARAMS"));
+        }
+        let mut p = Params {
+            test: Test::WriteBw,
+            sizes: vec![],
+            iters: 0,
+            duration_ms: 0,
+            tx_depth: 0,
+            mtu: 0,
+            cas: false,
+        };
+        let mut seen_test = false;
+        for kv in it {
+            let (k, v) = kv.split_once('=').ok_or_else(|| bad(kv))?;
+            let num = |v: &str| v.parse::<u64>().map_err(|_| bad(k));
+            match k {
+                "test" => {
+                    p.test = Test::from_name(v).ok_or_else(|| bad("test"))?;
+                    seen_test = true;
+                }
+                "sizes" => {
+                    p.sizes = v.split(',').map(num).collect::<Result<_>>()?;
+                }
+                "iters" => p.iters = num(v)?,
+                "duration_ms" => p.duration_ms = num(v)?,
+                "tx_depth" => p.tx_depth = u32::try_from(num(v)?).map_err(|_| bad(k))?,
+                "mtu" => p.mtu = u32::try_from(num(v)?).map_err(|_| bad(k))?,
+                "cas" => p.cas = num(v)? != 0,
+                // Later clients may send more; ignore what we do not know.
+                _ => {}
+            }
+        }
+        let sizes_ok = !p.sizes.is_empty()
+            && p.sizes.len() <= 64
+            && p.sizes.iter().all(|&s| (1..=MAX_SIZE).contains(&s));
+        if !seen_test
+            || !sizes_ok
+            || !(1..=1_000_000_000).contains(&p.iters)
+            || p.duration_ms > 3_600_000
+            || !(1..=8192).contains(&p.tx_depth)
+            || parse_mtu(p.mtu).is_err()
+        {
+            return Err(bad("values out of range"));
+        }
+        Ok(p)
+    }
+
+    fn max_size(&self) -> u64 {
+        self.sizes.iter().copied().max().unwrap_or(8).max(8)
+    }
+}
+
+/// Everything one side of a benchmark holds.
+struct Side {
+    dev: Device,
+    _pd: Pd,
+    scq: Cq,
+    rcq: Cq,
+    qp: Qp,
+    /// `[0, max)`: what this side sends / where READ results land; `[max, 2 max)`: where the
+    /// peer's ping-pong writes land.
+    mr: MemoryRegion<Buffer>,
+    max: u64,
+    /// Receives currently posted.
+    recvs_posted: u32,
+    events: bool,
+}
+
+fn all_access() -> AccessFlags {
+    AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_ATOMIC
+}
+
+impl Side {
+    fn new(
+        p: &Params,
+        ip: IpAddr,
+        udp_port: u16,
+        capture: Option<&std::path::Path>,
+        events: bool,
+    ) -> Result<Side> {
+        let dev = open_device(ip, udp_port, capture)?;
+        let pd = dev.alloc_pd()?;
+        let send_depth = p.tx_depth.max(128) + 1;
+        let scq = dev.create_cq(send_depth + 64)?;
+        let rcq = dev.create_cq(RX_DEPTH + 64)?;
+        let qp = pd
+            .qp_builder(&scq, &rcq)
+            .max_send_wr(send_depth)
+            .max_recv_wr(RX_DEPTH)
+            .build()?;
+        let max = p.max_size();
+        let mr = pd.register(Buffer::zeroed((2 * max) as usize), all_access())?;
+        let mut side = Side {
+            dev,
+            _pd: pd,
+            scq,
+            rcq,
+            qp,
+            mr,
+            max,
+            recvs_posted: 0,
+            events,
+        };
+        if p.test.is_send() {
+            side.fill_recvs()?;
+        }
+        Ok(side)
+    }
+
+    fn connect_opts(p: &Params) -> Result<ConnectOptions> {
+        let mut o = ConnectOptions::default();
+        o.mtu = parse_mtu(p.mtu)?;
+        Ok(o)
+    }
+
+    /// Keep [`RX_DEPTH`] receives posted, each able to take the largest message.
+    fn fill_recvs(&mut self) -> Result<()> {
+        while self.recvs_posted < RX_DEPTH {
+            self.qp.recv(0, &[self.mr.sge(0..self.max as usize)?])?;
+            self.recvs_posted += 1;
+        }
+        Ok(())
+    }
+
+    /// Wait for completions on `cq`: busy-poll, or sleep on its channel with `-e`.
+    fn wait(&self, cq: &Cq, max: usize) -> Result<Vec<WorkCompletion>> {
+        let v = if self.events {
+            cq.wait(max, Some(STALL))?
+        } else {
+            let t0 = Instant::now();
+            loop {
+                let v = cq.poll(max)?;
+                if !v.is_empty() {
+                    break v;
+                }
+                if t0.elapsed() > STALL {
+                    return Err(softrdma::Error::Timeout.into());
+                }
+                std::hint::spin_loop();
+            }
+        };
+        for wc in &v {
+            if wc.status != WcStatus::Success {
+                return Err(softrdma::Error::Completion {
+                    wr_id: wc.wr_id,
+                    status: wc.status,
+                }
+                .into());
+            }
+        }
+        Ok(v)
+    }
+
+    /// Take receive completions from the receive CQ (without waiting) and repost.
+    fn reap_recvs(&mut self) -> Result<u64> {
+        let v = self.rcq.poll(64)?;
+        for wc in &v {
+            if wc.status != WcStatus::Success {
+                return Err(softrdma::Error::Completion {
+                    wr_id: wc.wr_id,
+                    status: wc.status,
+                }
+                .into());
+            }
+        }
+        self.recvs_posted -= v.len() as u32;
+        self.fill_recvs()?;
+        Ok(v.len() as u64)
+    }
+
+    /// Drain send completions without waiting (latency loops signal one send in
+    /// [`LAT_SIGNAL_EVERY`]).
+    fn drain_sends(&self) -> Result<()> {
+        for wc in self.scq.poll(64)? {
+            if wc.status != WcStatus::Success {
+                return Err(softrdma::Error::Completion {
+                    wr_id: wc.wr_id,
+                    status: wc.status,
+                }
+                .into());
+            }
+        }
+        Ok(())
+    }
+
+    /// The byte at `off` of the region, read under the device lock.
+    fn byte_at(&self, off: usize) -> u8 {
+        self.mr.with(|s| s[off])
+    }
+
+    /// Busy-wait until the byte at `off` equals `v` (the peer's WRITE landed; its last byte
+    /// lands last).
+    fn wait_byte(&self, off: usize, v: u8) -> Result<()> {
+        let t0 = Instant::now();
+        let mut n = 0u32;
+        while self.byte_at(off) != v {
+            // Let the progress thread take the lock between looks.
+            for _ in 0..32 {
+                std::hint::spin_loop();
+            }
+            n = n.wrapping_add(1);
+            if n % 4096 == 0 && t0.elapsed() > STALL {
+                return Err(ToolError::Verify(format!(
+                    "the peer's write (tag {v}) did not arrive within {STALL:?}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The WR of one operation of `test` on `size` bytes.
+fn work_request(
+    test: Test,
+    cas: bool,
+    side: &Side,
+    size: u64,
+    remote: &RemoteMr,
+    wr_id: u64,
+    signaled: bool,
+) -> Result<SendWr> {
+    let sge = side.mr.sge(0..size as usize)?;
+    let op = match test {
+        Test::WriteBw | Test::WriteLat => SendOp::RdmaWrite {
+            remote_addr: remote.addr,
+            rkey: remote.rkey,
+        },
+        Test::ReadBw | Test::ReadLat => SendOp::RdmaRead {
+            remote_addr: remote.addr,
+            rkey: remote.rkey,
+        },
+        Test::SendBw | Test::SendLat => SendOp::Send,
+        Test::AtomicBw | Test::AtomicLat if cas => SendOp::AtomicCmpSwap {
+            remote_addr: remote.addr,
+            rkey: remote.rkey,
+            compare: 0,
+            swap: 0,
+        },
+        Test::AtomicBw | Test::AtomicLat => SendOp::AtomicFetchAdd {
+            remote_addr: remote.addr,
+            rkey: remote.rkey,
+            add: 1,
+        },
+    };
+    let mut wr = SendWr::new(wr_id, op, vec![sge]);
+    if !signaled {
+        wr.flags.remove(SendFlags::SIGNALED);
+    }
+    Ok(wr)
+}
+
+/// The client's side of one bandwidth run.
+fn bw_client(side: &Side, p: &Params, size: u64, remote: &RemoteMr) -> Result<BwResult> {
+    let tx = u64::from(p.tx_depth);
+    let cq_mod = (tx / 4).clamp(1, 100);
+    let timed = p.duration_ms > 0;
+    let mut target = if timed { u64::MAX } else { p.iters };
+    let (mut posted, mut done) = (0u64, 0u64);
+    let mut marks = Vec::new();
+    let show = timed || size * p.iters >= 1 << 30;
+    let pb = progress_bar(
+        if timed { p.duration_ms / 1000 } else { p.iters },
+        &format!("{size} B"),
+        show,
+    );
+    let start = Instant::now();
+    let deadline = start + Duration::from_millis(p.duration_ms);
+    loop {
+        while posted < target && posted - done < tx {
+            if timed && target == u64::MAX && Instant::now() >= deadline {
+                target = posted + 1;
+            }
+            posted += 1;
+            let signaled = posted % cq_mod == 0 || posted == target;
+            side.qp.post_send(work_request(
+                p.test, p.cas, side, size, remote, posted, signaled,
+            )?)?;
+        }
+        if done >= target {
+            break;
+        }
+        for wc in side.wait(&side.scq, 64)? {
+            done = done.max(wc.wr_id);
+        }
+        let t = start.elapsed();
+        marks.push((t, done));
+        if timed {
+            pb.set_position(t.as_secs().min(p.duration_ms / 1000));
+        } else {
+            pb.set_position(done);
+        }
+    }
+    pb.finish_and_clear();
+    let elapsed = start.elapsed();
+    Ok(BwResult {
+        size,
+        iters: done,
+        elapsed,
+        peak_bytes_per_sec: report::peak_rate(size, &marks, elapsed, done),
+    })
+}
+
+/// The client's side of one latency run: samples in microseconds.
+fn lat_client(side: &mut Side, p: &Params, size: u64, remote: &RemoteMr) -> Result<Vec<f64>> {
+    let mut samples = Vec::with_capacity(p.iters as usize);
+    let pb = progress_bar(p.iters, &format!("{size} B"), p.iters >= 100_000);
+    let max = side.max as usize;
+    let last = size as usize - 1;
+    // Ping-pong writes land in the peer's second half.
+    let pong_remote = remote.offset(side.max).unwrap_or(*remote);
+    for i in 0..p.iters {
+        let tag = (i % 255 + 1) as u8;
+        let signaled = (i + 1) % LAT_SIGNAL_EVERY == 0;
+        let t0 = Instant::now();
+        match p.test {
+            Test::WriteLat => {
+                side.mr.write(last, &[tag])?;
+                side.qp.post_send(work_request(
+                    p.test,
+                    p.cas,
+                    side,
+                    size,
+                    &pong_remote,
+                    i,
+                    signaled,
+                )?)?;
+                side.wait_byte(max + last, tag)?;
+                side.drain_sends()?;
+            }
+            Test::SendLat => {
+                side.qp.post_send(work_request(
+                    p.test, p.cas, side, size, remote, i, signaled,
+                )?)?;
+                let rcq = side.rcq.clone();
+                side.wait(&rcq, 1)?;
+                side.recvs_posted -= 1;
+                side.fill_recvs()?;
+                side.drain_sends()?;
+            }
+            _ => {
+                side.qp
+                    .post_send(work_request(p.test, p.cas, side, size, remote, i, true)?)?;
+                side.wait(&side.scq, 1)?;
+            }
+        }
+        let us = t0.elapsed().as_secs_f64() * 1e6;
+        samples.push(if p.test.halves_rtt() { us / 2.0 } else { us });
+        if i % 1024 == 0 {
+            pb.set_position(i);
+        }
+    }
+    pb.finish_and_clear();
+    Ok(samples)
+}
+
+/// The server's side of one latency ping-pong run.
+fn lat_server(side: &mut Side, p: &Params, size: u64, remote: &RemoteMr) -> Result<()> {
+    let max = side.max as usize;
+    let last = size as usize - 1;
+    let pong_remote = remote.offset(side.max).unwrap_or(*remote);
+    for i in 0..p.iters {
+        let tag = (i % 255 + 1) as u8;
+        let signaled = (i + 1) % LAT_SIGNAL_EVERY == 0;
+        match p.test {
+            Test::WriteLat => {
+                side.wait_byte(max + last, tag)?;
+                side.mr.write(last, &[tag])?;
+                side.qp.post_send(work_request(
+                    p.test,
+                    p.cas,
+                    side,
+                    size,
+                    &pong_remote,
+                    i,
+                    signaled,
+                )?)?;
+            }
+            Test::SendLat => {
+                let rcq = side.rcq.clone();
+                side.wait(&rcq, 1)?;
+                side.recvs_posted -= 1;
+                side.fill_recvs()?;
+                side.qp.post_send(work_request(
+                    p.test, p.cas, side, size, remote, i, signaled,
+                )?)?;
+            }
+            _ => return Ok(()),
+        }
+        side.drain_sends()?;
+    }
+    Ok(())
+}
+
+/// What one benchmark run measured (client side).
+#[derive(Debug, Clone, Default)]
+pub struct Summary {
+    /// Bandwidth rows.
+    pub bw: Vec<BwResult>,
+    /// Latency rows.
+    pub lat: Vec<LatStats>,
+    /// Baseline rows, one per size, when `--baseline` was given.
+    pub baseline: Vec<BaselineRow>,
+}
+
+/// The raw-socket figures for one size.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BaselineRow {
+    /// Message size.
+    pub size: u64,
+    /// Datagram size used.
+    pub dgram: usize,
+    /// Latency tests: UDP ping-pong statistics (one-way for ping-pong tests, else the round
+    /// trip), in microseconds.
+    pub udp_lat: Option<LatStats>,
+    /// Bandwidth tests: UDP stream, bytes per second received.
+    pub udp_bw: Option<f64>,
+    /// Bandwidth tests: TCP stream, bytes per second received.
+    pub tcp_bw: Option<f64>,
+}
+
+/// Run benchmark `test` with `args`: server, client, or both (`--loopback`). Tables go to
+/// `out`.
+pub fn run(test: Test, args: &PerfArgs, out: &mut dyn Write) -> Result<Summary> {
+    if args.loopback {
+        return loopback(test, args, out);
+    }
+    match &args.peer {
+        Some(host) => client(test, args, host, out),
+        None => {
+            let ip = args.bind.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+            let listener = TcpListener::bind(SocketAddr::new(ip, args.port)).map_err(io_ctx(
+                format!("cannot listen on TCP {ip} port {}", args.port),
+            ))?;
+            let _ = writeln!(out, "\n************************************");
+            let _ = writeln!(out, "* Waiting for client to connect... *");
+            let _ = writeln!(out, "************************************");
+            let _ = out.flush();
+            server(test, args, &listener, out)?;
+            Ok(Summary::default())
+        }
+    }
+}
+
+fn loopback(test: Test, args: &PerfArgs, out: &mut dyn Write) -> Result<Summary> {
+    let server_ip = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+    let listener = TcpListener::bind(SocketAddr::new(server_ip, args.port)).map_err(io_ctx(
+        format!("cannot listen on TCP {server_ip} port {}", args.port),
+    ))?;
+    let port = listener
+        .local_addr()
+        .map_err(io_ctx("listener address"))?
+        .port();
+    let mut sargs = args.clone();
+    sargs.loopback = false;
+    sargs.peer = None;
+    sargs.bind = Some(server_ip);
+    sargs.capture = None;
+    let server = std::thread::Builder::new()
+        .name("benchmark server".into())
+        .spawn(move || server(test, &sargs, &listener, &mut std::io::sink()))
+        .map_err(io_ctx("spawn the server thread"))?;
+    let mut cargs = args.clone();
+    cargs.loopback = false;
+    cargs.port = port;
+    cargs.bind = Some(args.bind.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+    let res = client(test, &cargs, &server_ip.to_string(), out);
+    let srv = server
+        .join()
+        .map_err(|_| ToolError::Protocol("the server thread panicked".into()))?;
+    // The client's error says more when both failed.
+    let summary = res?;
+    srv?;
+    Ok(summary)
+}
+
+fn header(
+    out: &mut dyn Write,
+    test: Test,
+    p: &Params,
+    dev: &Device,
+    local: &softrdma::Endpoint,
+    remote: &softrdma::Endpoint,
+    gbits: bool,
+) {
+    let _ = writeln!(out, "{RULE}");
+    let _ = writeln!(out, "                    {}", test.title(p.cas));
+    let _ = writeln!(
+        out,
+        " Device          : softrdma (embedded, UDP {})",
+        dev.local_addr()
+    );
+    let _ = writeln!(out, " Number of qps   : 1\t\tTransport type : IB");
+    let _ = writeln!(out, " Connection type : RC\t\tUsing SRQ      : OFF");
+    if !test.is_lat() {
+        let _ = writeln!(out, " TX depth        : {}", p.tx_depth);
+    }
+    let _ = writeln!(out, " Mtu             : {}[B]", p.mtu);
+    let _ = writeln!(out, " Link type       : Ethernet (RoCEv2)");
+    if p.duration_ms > 0 {
+        let _ = writeln!(out, " Duration        : {} [sec]", p.duration_ms / 1000);
+    }
+    let _ = writeln!(out, "{RULE}");
+    let _ = writeln!(out, "{}", crate::tool::address_line("local", local));
+    let _ = writeln!(out, "{}", crate::tool::address_line("remote", remote));
+    let _ = writeln!(out, "{RULE}");
+    if test.is_lat() {
+        let _ = writeln!(out, "{}", report::lat_header());
+    } else {
+        let _ = writeln!(out, "{}", report::bw_header(gbits));
+    }
+    let _ = out.flush();
+}
+
+fn client(test: Test, args: &PerfArgs, host: &str, out: &mut dyn Write) -> Result<Summary> {
+    let p = Params::from_args(test, args)?;
+    let mut ctrl = Ctrl::connect(host, args.port, Duration::from_secs(10))?;
+    ctrl.send(&p.to_line())?;
+    ctrl.expect("OK")?;
+    let local_ip = match args.bind {
+        Some(ip) => ip,
+        None => ctrl.local_ip()?,
+    };
+    let server_ip = ctrl.peer_ip()?;
+    let mut side = Side::new(
+        &p,
+        local_ip,
+        args.udp_port,
+        args.capture.as_deref(),
+        args.events,
+    )?;
+    let local_mr = side.mr.remote(..)?;
+    let remote = ctrl.connect_qp(&side.qp, Some(local_mr), &Side::connect_opts(&p)?)?;
+    let rmr = remote
+        .mr
+        .ok_or_else(|| ToolError::Protocol("the server advertised no memory region".into()))?;
+    header(
+        out,
+        test,
+        &p,
+        &side.dev,
+        &side.qp.endpoint(None)?,
+        &remote,
+        args.report_gbits,
+    );
+    let mut summary = Summary::default();
+    for &size in &p.sizes {
+        // Clear where the peer's ping-pong writes land, so tags restart cleanly.
+        let max = side.max as usize;
+        side.mr.write(max, &vec![0u8; size as usize])?;
+        ctrl.send(&format!("SIZE {size}"))?;
+        ctrl.expect("READY")?;
+        if test.is_lat() {
+            let mut samples = lat_client(&mut side, &p, size, &rmr)?;
+            ctrl.send(&format!("DONE {}", p.iters))?;
+            ctrl.expect("DONE")?;
+            if let Some(s) = LatStats::from_samples(size, &mut samples) {
+                let _ = writeln!(out, "{}", report::lat_row(&s));
+                summary.lat.push(s);
+            }
+        } else {
+            let r = bw_client(&side, &p, size, &rmr)?;
+            ctrl.send(&format!("DONE {}", r.iters))?;
+            ctrl.expect("DONE")?;
+            let _ = writeln!(out, "{}", report::bw_row(&r, args.report_gbits));
+            summary.bw.push(r);
+        }
+        let _ = out.flush();
+    }
+    let _ = writeln!(out, "{RULE}");
+    if args.baseline {
+        for &size in &p.sizes {
+            let row = baseline_row(&mut ctrl, &p, size, local_ip, server_ip, &summary)?;
+            summary.baseline.push(row);
+        }
+        print_baseline(out, test, &summary, args.report_gbits);
+    }
+    ctrl.send("BYE")?;
+    Ok(summary)
+}
+
+fn baseline_row(
+    ctrl: &mut Ctrl,
+    p: &Params,
+    size: u64,
+    local: IpAddr,
+    server: IpAddr,
+    summary: &Summary,
+) -> Result<BaselineRow> {
+    let payload = size.min(u64::from(p.mtu));
+    let dgram = p.test.datagram_len(payload);
+    let mut row = BaselineRow {
+        size,
+        dgram,
+        udp_lat: None,
+        udp_bw: None,
+        tcp_bw: None,
+    };
+    if p.test.is_lat() {
+        let mut rtts = baseline::udp_pingpong(ctrl, local, server, dgram, p.iters.min(100_000))?;
+        if p.test.halves_rtt() {
+            rtts.iter_mut().for_each(|x| *x /= 2.0);
+        }
+        row.udp_lat = LatStats::from_samples(size, &mut rtts);
+    } else {
+        // As long as the RDMA run took, within reason.
+        let rdma = summary
+            .bw
+            .iter()
+            .find(|r| r.size == size)
+            .map_or(Duration::from_millis(500), |r| r.elapsed);
+        let dur = rdma.clamp(Duration::from_millis(300), Duration::from_secs(3));
+        row.udp_bw = Some(baseline::udp_stream(ctrl, local, server, dgram, dur)?.rate());
+        let chunk = (size as usize).clamp(1, 1 << 20);
+        row.tcp_bw = Some(baseline::tcp_stream(ctrl, server, chunk, dur)?.rate());
+    }
+    Ok(row)
+}
+
+fn ratio(a: f64, b: f64) -> String {
+    if b > 0.0 {
+        format!("{:.2}x", a / b)
+    } else {
+        "-".into()
+    }
+}
+
+fn print_baseline(out: &mut dyn Write, test: Test, s: &Summary, gbits: bool) {
+    let _ = writeln!(
+        out,
+        " Baseline: raw sockets over the same path, in the same run"
+    );
+    if test.is_lat() {
+        let what = if test.halves_rtt() {
+            "one-way = round trip / 2"
+        } else {
+            "round trip"
+        };
+        let _ = writeln!(
+            out,
+            " UDP ping-pong, busy-polled, datagrams as large as the RoCEv2 ones ({what}):"
+        );
+        let _ = writeln!(out, " #bytes  datagram[B]  t_typical[usec]  t_avg[usec]  t_99%[usec]   softrdma/UDP t_typical  t_avg");
+        for b in &s.baseline {
+            let (Some(u), Some(r)) = (b.udp_lat, s.lat.iter().find(|l| l.size == b.size)) else {
+                continue;
+            };
+            let _ = writeln!(
+                out,
+                " {:<7} {:<12} {:<16.2} {:<12.2} {:<13.2} {:<23} {}",
+                b.size,
+                b.dgram,
+                u.typical,
+                u.avg,
+                u.p99,
+                ratio(r.typical, u.typical),
+                ratio(r.avg, u.avg)
+            );
+        }
+    } else {
+        let u = report::bw_unit_label(gbits);
+        let _ = writeln!(out, " UDP stream of datagrams as large as the RoCEv2 ones; TCP stream of message-size writes:");
+        let _ = writeln!(
+            out,
+            " #bytes     datagram[B]  UDP stream[{u}]  TCP stream[{u}]  softrdma/UDP  softrdma/TCP"
+        );
+        for b in &s.baseline {
+            let Some(r) = s.bw.iter().find(|r| r.size == b.size) else {
+                continue;
+            };
+            let (ub, tb) = (b.udp_bw.unwrap_or(0.0), b.tcp_bw.unwrap_or(0.0));
+            let _ = writeln!(
+                out,
+                " {:<10} {:<12} {:<18.2} {:<18.2} {:<13} {}",
+                b.size,
+                b.dgram,
+                report::bw_units(ub, gbits),
+                report::bw_units(tb, gbits),
+                ratio(r.avg_bytes_per_sec(), ub),
+                ratio(r.avg_bytes_per_sec(), tb)
+            );
+        }
+    }
+    let _ = writeln!(out, "{RULE}");
+    let _ = out.flush();
+}
+
+fn server(test: Test, args: &PerfArgs, listener: &TcpListener, out: &mut dyn Write) -> Result<()> {
+    let mut ctrl = Ctrl::accept(listener)?;
+    let line = ctrl.recv()?;
+    let p = match Params::from_line(&line) {
+        Ok(p) if p.test == test => p,
+        Ok(p) => {
+            let msg = format!(
+                "this server runs {}, the client asked for {}",
+                test.name(),
+                p.test.name()
+            );
+            ctrl.send(&format!("ERR {msg}"))?;
+            return Err(ToolError::Protocol(msg));
+        }
+        Err(e) => {
+            ctrl.send(&format!("ERR {e}"))?;
+            return Err(e);
+        }
+    };
+    let ip = match args.bind {
+        Some(ip) if !ip.is_unspecified() => ip,
+        _ => ctrl.local_ip()?,
+    };
+    let mut side = match Side::new(&p, ip, args.udp_port, args.capture.as_deref(), args.events) {
+        Ok(s) => s,
+        Err(e) => {
+            ctrl.send(&format!("ERR {e}"))?;
+            return Err(e);
+        }
+    };
+    ctrl.send("OK")?;
+    let local_mr = side.mr.remote(..)?;
+    let remote = ctrl.connect_qp(&side.qp, Some(local_mr), &Side::connect_opts(&p)?)?;
+    let rmr = remote
+        .mr
+        .ok_or_else(|| ToolError::Protocol("the client advertised no memory region".into()))?;
+    header(
+        out,
+        test,
+        &p,
+        &side.dev,
+        &side.qp.endpoint(None)?,
+        &remote,
+        args.report_gbits,
+    );
+    loop {
+        let line = ctrl.recv()?;
+        let words: Vec<String> = line.split_ascii_whitespace().map(str::to_string).collect();
+        match words.first().map(String::as_str) {
+            Some("SIZE") => {
+                let size: u64 = words
+                    .get(1)
+                    .and_then(|s| s.parse().ok())
+                    .filter(|s| (1..=side.max).contains(s))
+                    .ok_or_else(|| ToolError::Protocol(format!("bad SIZE line {line:?}")))?;
+                let max = side.max as usize;
+                side.mr.write(max, &vec![0u8; size as usize])?;
+                ctrl.send("READY")?;
+                match test {
+                    Test::WriteLat | Test::SendLat => {
+                        lat_server(&mut side, &p, size, &rmr)?;
+                        ctrl.expect("DONE")?;
+                    }
+                    Test::SendBw => {
+                        let mut got = 0u64;
+                        let mut expected = u64::MAX;
+                        while got < expected {
+                            got += side.reap_recvs()?;
+                            if expected == u64::MAX && ctrl.readable()? {
+                                let w = ctrl.expect("DONE")?;
+                                expected = w
+                                    .first()
+                                    .and_then(|x| x.parse().ok())
+                                    .ok_or_else(|| ToolError::Protocol("bad DONE".into()))?;
+                            } else if got < expected {
+                                // Sleep on the receive CQ briefly rather than spin: the
+                                // progress thread needs the core more.
+                                side.rcq.req_notify()?;
+                                let _ = runtime::wait_readable(
+                                    std::os::fd::AsFd::as_fd(&side.rcq),
+                                    Some(Duration::from_millis(1)),
+                                );
+                                side.rcq.clear_notification();
+                            }
+                        }
+                    }
+                    _ => {
+                        ctrl.expect("DONE")?;
+                    }
+                }
+                ctrl.send("DONE")?;
+            }
+            Some("BASELINE") => baseline::serve(&mut ctrl, &words[1..], ip)?,
+            Some("BYE") => break,
+            _ => return Err(ToolError::Protocol(format!("unexpected {line:?}"))),
+        }
+    }
+    let _ = writeln!(out, "{RULE}");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_round_trip_and_reject_nonsense() {
+        let p = Params {
+            test: Test::SendBw,
+            sizes: vec![2, 4, 65536],
+            iters: 100,
+            duration_ms: 0,
+            tx_depth: 64,
+            mtu: 1024,
+            cas: false,
+        };
+        assert_eq!(Params::from_line(&p.to_line()).unwrap(), p);
+        for bad in [
+            "PARAMS",
+            "HELLO test=write_bw",
+            "PARAMS test=nope sizes=2 iters=1 tx_depth=1 mtu=1024",
+            "PARAMS test=write_bw sizes=0 iters=1 tx_depth=1 mtu=1024",
+            "PARAMS test=write_bw sizes=2 iters=0 tx_depth=1 mtu=1024",
+            "PARAMS test=write_bw sizes=2 iters=1 tx_depth=1 mtu=1000",
+            "PARAMS test=write_bw sizes=99999999999 iters=1 tx_depth=1 mtu=1024",
+            "PARAMS test=write_bw sizes=2 iters=1 tx_depth=1 mtu=1024 junk",
+        ] {
+            assert!(Params::from_line(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn datagram_sizes_match_the_rocev2_headers() {
+        assert_eq!(Test::SendLat.datagram_len(2), 12 + 2 + 2 + 4);
+        assert_eq!(Test::WriteBw.datagram_len(4096), 12 + 16 + 4096 + 4);
+        assert_eq!(Test::AtomicLat.datagram_len(8), 44);
+    }
+}
