@@ -992,3 +992,132 @@ fn ipv6_gids_give_ipv6_packets_that_work_end_to_end() {
     assert_eq!(buf[0] >> 4, 6);
     assert_eq!(t.dst, "fd00::2".parse::<IpAddr>().unwrap());
 }
+
+#[test]
+fn write_with_immediate_consumes_a_receive_and_send_with_invalidate_reports_the_key() {
+    let mut w = World::new(PathMtu::Mtu1024);
+    for i in 0..2 {
+        let r = w.b.sge(BASE + 0x100 * i, 0x100);
+        w.b.e
+            .post_recv(w.b.qpn, RecvWr::new(10 + i, vec![r]))
+            .unwrap();
+    }
+    let data: Vec<u8> = (0..2500u32).map(|i| (i * 5) as u8).collect();
+    w.a.fill(BASE, &data);
+    let sge = w.a.sge(BASE, 2500);
+    let op = SendOp::RdmaWriteWithImm {
+        remote_addr: BASE + 0x4000,
+        rkey: w.b.mr.rkey,
+        imm: 0x1234_5678,
+    };
+    w.a.e
+        .post_send(w.a.qpn, SendWr::new(1, op, vec![sge]))
+        .unwrap();
+    let op = SendOp::SendWithInv { rkey: 0xabcd_ef01 };
+    w.a.e
+        .post_send(w.a.qpn, SendWr::new(2, op, vec![w.a.sge(BASE, 16)]))
+        .unwrap();
+    w.run(SEC);
+    let a = w.a.poll();
+    assert_eq!(
+        a.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        vec![(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    assert_eq!(a[0].opcode, WcOpcode::RdmaWrite);
+    let b = w.b.poll();
+    assert_eq!(b.len(), 2);
+    assert_eq!(
+        (b[0].wr_id, b[0].opcode, b[0].byte_len, b[0].imm_data),
+        (10, WcOpcode::RecvRdmaWithImm, 2500, 0x1234_5678)
+    );
+    assert!(b[0].wc_flags.contains(WcFlags::WITH_IMM));
+    assert_eq!(w.b.bytes(BASE + 0x4000, 2500), data);
+    assert_eq!(
+        (b[1].wr_id, b[1].opcode, b[1].byte_len),
+        (11, WcOpcode::Recv, 16)
+    );
+    assert!(b[1].wc_flags.contains(WcFlags::WITH_INV));
+    assert_eq!(b[1].invalidated_rkey, 0xabcd_ef01);
+}
+
+#[test]
+fn verbs_reject_what_verbs_reject() {
+    let mut w = World::new(PathMtu::Mtu1024);
+    let e = &mut w.a.e;
+    // post_send before RTS, SGE and queue limits.
+    let init = QpInitAttr {
+        pd: w.a.pd,
+        send_cq: w.a.cq,
+        recv_cq: w.a.cq,
+        cap: QpCap {
+            max_send_wr: 1,
+            max_recv_wr: 1,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        },
+        qp_type: QpType::Rc,
+        sq_sig_all: false,
+    };
+    let q = e.create_qp(&init).unwrap();
+    let err = e.post_send(q, SendWr::send(1, vec![])).unwrap_err();
+    assert_eq!(err.errno(), 22);
+    assert_eq!(
+        e.post_recv(q, RecvWr::new(1, vec![])).unwrap_err().errno(),
+        22,
+        "RESET rejects receives"
+    );
+    let sges = vec![Sge::new(BASE, 1, 0), Sge::new(BASE, 1, 0)];
+    let a = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        ..QpAttr::default()
+    };
+    e.modify_qp(
+        q,
+        &a,
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+    )
+    .unwrap();
+    assert!(matches!(
+        e.post_recv(q, RecvWr::new(1, sges)),
+        Err(engine::VerbsError::TooManySge { .. })
+    ));
+    e.post_recv(q, RecvWr::new(1, vec![])).unwrap();
+    assert_eq!(
+        e.post_recv(q, RecvWr::new(2, vec![])).unwrap_err().errno(),
+        12,
+        "queue full is ENOMEM"
+    );
+    // A wrong transition is EINVAL, not a panic.
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        ..QpAttr::default()
+    };
+    assert_eq!(
+        e.modify_qp(q, &rts, QpAttrMask::STATE).unwrap_err().errno(),
+        22
+    );
+    // PD and CQ in use cannot go away; MR access rules.
+    assert_eq!(e.dealloc_pd(w.a.pd).unwrap_err().errno(), 16);
+    assert_eq!(e.destroy_cq(w.a.cq).unwrap_err().errno(), 16);
+    assert!(e
+        .reg_mr(w.a.pd, MemOwner(1), BASE, 10, AccessFlags::REMOTE_WRITE)
+        .is_err());
+    assert!(e.create_cq(0).is_err());
+    assert_eq!(e.query_port(2).unwrap_err().errno(), 22);
+    assert!(e.query_gid(1, 5).is_err());
+    let port = e.query_port(1).unwrap();
+    assert_eq!(
+        (port.state, port.link_layer, port.gid_tbl_len),
+        (engine::PortState::Active, engine::LinkLayer::Ethernet, 1)
+    );
+    let d = e.query_device();
+    assert!(d.max_qp > 0 && d.max_sge >= 4 && d.max_qp_rd_atom > 0 && d.max_inline_data > 0);
+    // Destroy in order, then the PD goes.
+    e.destroy_qp(q).unwrap();
+    e.destroy_qp(w.a.qpn).unwrap();
+    e.dereg_mr(w.a.mr.handle).unwrap();
+    e.dealloc_pd(w.a.pd).unwrap();
+    e.destroy_cq(w.a.cq).unwrap();
+}
