@@ -43,12 +43,13 @@ fn rc_operations_survive_faults_and_complete_exactly_once() {
     );
     let n = for_each_seed(&replay, DEFAULT_SEEDS, run_scenario);
     eprintln!(
-        "sweep: {n} scenarios, {} WRs, {} bytes moved, {} partitions, {} retry-exhausted at 30 % \
-         loss",
+        "sweep: {n} scenarios, {} WRs, {} bytes moved, {} partitions, {} retry-exhausted without a \
+         partition, {} with a wrong rkey",
         TALLY[0].load(Relaxed),
         TALLY[1].load(Relaxed),
         TALLY[2].load(Relaxed),
         TALLY[3].load(Relaxed),
+        TALLY[4].load(Relaxed),
     );
 }
 
@@ -74,9 +75,10 @@ fn the_same_seed_replays_the_same_run_packet_for_packet() {
     });
 }
 
-/// WRs posted, bytes in them, partitioned scenarios, scenarios that ended in RETRY_EXC_ERR
-/// without a partition.
-static TALLY: [AtomicU64; 4] = [
+/// WRs posted, bytes in them, partitioned scenarios, queues that ended in RETRY_EXC_ERR
+/// without a partition, scenarios with a wrong rkey.
+static TALLY: [AtomicU64; 5] = [
+    AtomicU64::new(0),
     AtomicU64::new(0),
     AtomicU64::new(0),
     AtomicU64::new(0),
@@ -123,6 +125,8 @@ struct Op {
     inline: bool,
     /// Waits for earlier READ / ATOMIC to complete (`IBV_SEND_FENCE`).
     fence: bool,
+    /// Uses a wrong rkey: the responder must refuse it (REM_ACCESS_ERR).
+    bad_rkey: bool,
 }
 
 /// Bump allocator over one side's memory, with random gaps so neighbours are not adjacent.
@@ -233,6 +237,7 @@ fn plan_ops(
             signaled: i + 1 == count || rng.chance(0.8),
             inline: false,
             fence: rng.chance(0.1),
+            bad_rkey: false,
         };
         let inline_ok = len <= 256 && !matches!(kind, Kind::Read | Kind::Cas | Kind::Fadd);
         op.inline = inline_ok && rng.chance(0.3);
@@ -300,7 +305,8 @@ fn sges(side: &Side, pieces: &[(u64, usize)]) -> Vec<Sge> {
 }
 
 fn send_wr(d: &Dir, op: &Op) -> SendWr {
-    let rkey = d.resp.mr.rkey;
+    // Flipping a tag bit keeps the MR index: the key names the right MR but does not match.
+    let rkey = d.resp.mr.rkey ^ u32::from(op.bad_rkey);
     let remote_addr = d.resp.addr(op.remote.0);
     let send_op = match op.kind {
         Kind::Send => SendOp::Send,
@@ -505,6 +511,13 @@ fn scenario(seed: u64) -> Result<u64, String> {
         ..PairConfig::default()
     };
     let mut p = Pair::new(cfg.clone());
+    if let Some(path) = std::env::var_os("SOFTRDMA_SWEEP_PCAP") {
+        // Debugging aid: every packet as sent, with virtual timestamps.
+        let file = std::fs::File::create(&path).map_err(|e| format!("pcap: {e}"))?;
+        let hook = sim::pcap::trace_hook(std::io::BufWriter::new(file), sim::pcap::Capture::Sent)
+            .map_err(|e| format!("pcap: {e}"))?;
+        p.sim.set_trace(hook);
+    }
     let mut blip_window = None;
     if blip {
         // Shorter than retry_cnt - 1 local ACK timeouts, so at most retry_cnt - 1 retries are
@@ -594,6 +607,28 @@ fn scenario(seed: u64) -> Result<u64, String> {
         }
     }
 
+    // One scenario in ten has one WR with a wrong rkey: its QP pair must fail cleanly (the
+    // responder NAKs and errors its QP; both send queues then fail and flush) while the other
+    // QP pairs carry on.
+    let mut broken: Option<(usize, usize)> = None;
+    if rng.chance(0.1) {
+        let d = rng.below(dirs.len() as u64) as usize;
+        let candidates: Vec<usize> = dirs[d]
+            .ops
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| matches!(o.kind, Kind::Write | Kind::Read | Kind::Cas | Kind::Fadd))
+            .map(|(i, _)| i)
+            .collect();
+        if !candidates.is_empty() {
+            let j = candidates[rng.below(candidates.len() as u64) as usize];
+            dirs[d].ops[j].bad_rkey = true;
+            broken = Some((d, j));
+            TALLY[4].fetch_add(1, Relaxed);
+        }
+    }
+    let broken_pair = broken.map(|(d, _)| d / 2);
+
     // Post in batches, letting the network run between them.
     let mut posted = vec![0usize; dirs.len()];
     let mut partition_at = None;
@@ -660,12 +695,21 @@ fn scenario(seed: u64) -> Result<u64, String> {
     // At 30 % loss a run of retry_cnt + 1 fruitless timeouts is a real possibility: a
     // RETRY_EXC_ERR followed by flushes is a correct outcome there, exactly as with a partition.
     let may_fail = cut || net.loss >= 0.3;
+    // While a requester waits out RNR NAKs its PSN does not move, so local ACK timeouts from
+    // lost packets add up across the RNR NAKs (as in Linux rxe): with late receives and 10 %
+    // loss a queue may also end in RETRY_EXC_ERR. Checked below: only if it did get RNR NAKs.
+    let rnr_may_fail = late_recv && net.loss >= 0.1;
     let deadline = p.sim.now() + deadline_span;
     let r = p.sim.run_until(
         |s| {
             got.collect(s, &dirs);
             (0..last.len()).all(|d| got.finished(d, last[d]))
-                && (may_fail || (0..recvs.len()).all(|d| got.recv[d].len() >= recvs[d]))
+                && (0..recvs.len()).all(|d| {
+                    may_fail
+                        || rnr_may_fail
+                        || broken_pair == Some(d / 2)
+                        || got.recv[d].len() >= recvs[d]
+                })
         },
         deadline,
     );
@@ -687,10 +731,10 @@ fn scenario(seed: u64) -> Result<u64, String> {
             "{e}: {queues}states A {:?} B {:?}; {}",
             p.qp_state(&a),
             p.qp_state(&b),
-            describe(blip_window, &p, &cfg, &net, partition_at, late_recv),
+            describe(broken, blip_window, &p, &cfg, &net, partition_at, late_recv),
         ));
     }
-    if may_fail {
+    if may_fail || rnr_may_fail || broken.is_some() {
         // Let stragglers settle (e.g. flushes of the receive queues).
         p.sim
             .advance(Duration::from_secs(1))
@@ -698,7 +742,7 @@ fn scenario(seed: u64) -> Result<u64, String> {
         got.collect(&mut p.sim, &dirs);
     }
 
-    let ctx = describe(blip_window, &p, &cfg, &net, partition_at, late_recv);
+    let ctx = describe(broken, blip_window, &p, &cfg, &net, partition_at, late_recv);
     TALLY[0].fetch_add(total.iter().sum::<usize>() as u64, Relaxed);
     let bytes: usize = dirs.iter().flat_map(|d| d.ops.iter()).map(|o| o.len).sum();
     TALLY[1].fetch_add(bytes as u64, Relaxed);
@@ -735,46 +779,101 @@ fn scenario(seed: u64) -> Result<u64, String> {
             .iter()
             .take_while(|c| c.status == WcStatus::Success)
             .count();
-        if ok < wcs.len() {
-            if !may_fail {
-                return Err(format!(
-                    "{name}: WR {} failed with {:?} without a partition ({ctx})",
-                    wcs[ok].wr_id, wcs[ok].status
-                ));
-            }
-            if !cut {
-                TALLY[3].fetch_add(1, Relaxed);
-            }
-            // RETRY_EXC_ERR means retry_cnt retries after as many local ACK timeouts, plus the
-            // one that found none left.
+        let rnr_naks = {
             let qpn = d.req.qpn;
-            let timeouts = p
-                .engine(&d.req)
+            p.engine(&d.req)
                 .qp_counters(qpn)
-                .map_or(0, |c| c.get(Counter::CompLocalAckTimeout));
-            if timeouts < u64::from(cfg.retry_cnt) + 1 {
+                .map_or(0, |c| c.get(Counter::CompRnrNakReceived))
+        };
+        let dir_may_fail =
+            may_fail || broken_pair == Some(di / 2) || (rnr_may_fail && rnr_naks > 0);
+        let bad_index = broken.filter(|&(bd, _)| bd == di).map(|(_, j)| j);
+        if ok < wcs.len() {
+            let first = wcs[ok].status;
+            if !dir_may_fail {
+                let qpn = d.req.qpn;
+                let counters: Vec<String> = p
+                    .engine(&d.req)
+                    .qp_counters(qpn)
+                    .map(|c| {
+                        c.iter()
+                            .filter(|(_, v)| *v > 0)
+                            .map(|(k, v)| format!("{} {v}", k.name()))
+                            .collect()
+                    })
+                    .unwrap_or_default();
                 return Err(format!(
-                    "{name}: RETRY_EXC_ERR after only {timeouts} local ACK timeouts ({ctx})"
+                    "{name}: WR {} failed with {first:?} without a partition; requester QP {qpn:#x} \
+                     counters: {} ({ctx})",
+                    wcs[ok].wr_id,
+                    counters.join(", ")
                 ));
             }
-            if wcs[ok].status != WcStatus::RetryExcErr {
+            // The bad WR fails with REM_ACCESS_ERR, or, when the NAK is lost and the responder
+            // has already moved to ERR, with RETRY_EXC_ERR (then possibly on an earlier WR whose
+            // ACK was lost too). The reverse direction of that pair sees its peer go to ERR.
+            let allowed: &[WcStatus] = if bad_index.is_some() {
+                &[WcStatus::RemAccessErr, WcStatus::RetryExcErr]
+            } else if broken_pair == Some(di / 2) {
+                &[WcStatus::RetryExcErr, WcStatus::WrFlushErr]
+            } else {
+                &[WcStatus::RetryExcErr]
+            };
+            if !allowed.contains(&first) {
                 return Err(format!(
-                    "{name}: first failure is {:?}, expected RetryExcErr ({ctx})",
-                    wcs[ok].status
+                    "{name}: first failure is {first:?} on WR {}, expected one of {allowed:?} \
+                     (bad WR index {bad_index:?}) ({ctx})",
+                    wcs[ok].wr_id
                 ));
+            }
+            if let Some(j) = bad_index {
+                if k > j {
+                    return Err(format!(
+                        "{name}: WR {} with a wrong rkey succeeded ({ctx})",
+                        d.ops[j].wr_id
+                    ));
+                }
+                if first == WcStatus::RemAccessErr && k != j {
+                    return Err(format!(
+                        "{name}: REM_ACCESS_ERR on WR {}, but the bad WR is {} ({ctx})",
+                        wcs[ok].wr_id, d.ops[j].wr_id
+                    ));
+                }
+            }
+            if first == WcStatus::RetryExcErr {
+                if !cut && broken_pair != Some(di / 2) {
+                    TALLY[3].fetch_add(1, Relaxed);
+                }
+                // RETRY_EXC_ERR means retry_cnt retries after as many local ACK timeouts, plus
+                // the one that found none left.
+                let qpn = d.req.qpn;
+                let timeouts = p
+                    .engine(&d.req)
+                    .qp_counters(qpn)
+                    .map_or(0, |c| c.get(Counter::CompLocalAckTimeout));
+                if timeouts < u64::from(cfg.retry_cnt) + 1 {
+                    return Err(format!(
+                        "{name}: RETRY_EXC_ERR after only {timeouts} local ACK timeouts ({ctx})"
+                    ));
+                }
             }
             if let Some(c) = wcs[ok + 1..]
                 .iter()
                 .find(|c| c.status != WcStatus::WrFlushErr)
             {
                 return Err(format!(
-                    "{name}: WR {} after the retry error has {:?}, expected WrFlushErr ({ctx})",
+                    "{name}: WR {} after the first error has {:?}, expected WrFlushErr ({ctx})",
                     c.wr_id, c.status
                 ));
             }
         } else if cut && di == 0 {
             return Err(format!(
                 "A->B: every WR succeeded although A was cut off with WRs outstanding ({ctx})"
+            ));
+        } else if let Some(j) = bad_index {
+            return Err(format!(
+                "{name}: WR {} with a wrong rkey succeeded ({ctx})",
+                d.ops[j].wr_id
             ));
         }
         // Requester-side results and the responder's image.
@@ -858,7 +957,7 @@ fn scenario(seed: u64) -> Result<u64, String> {
         // Receive completions: in post order, each success exact.
         let rops: Vec<&Op> = d.ops.iter().filter(|o| o.kind.consumes_recv()).collect();
         let rwcs = &got.recv[di];
-        if rwcs.len() > rops.len() || (!may_fail && rwcs.len() != rops.len()) {
+        if rwcs.len() > rops.len() || (!dir_may_fail && rwcs.len() != rops.len()) {
             return Err(format!(
                 "{name}: {} receive completions for {} receives ({ctx})",
                 rwcs.len(),
@@ -903,7 +1002,7 @@ fn scenario(seed: u64) -> Result<u64, String> {
                         }
                     }
                 }
-                WcStatus::WrFlushErr if may_fail => flushed = true,
+                WcStatus::WrFlushErr if dir_may_fail => flushed = true,
                 s => {
                     return Err(format!(
                         "{name}: receive for WR {} completed with {s:?} ({ctx})",
@@ -967,6 +1066,7 @@ fn owner_of(dirs: &[Dir], off: u64, is_a: bool) -> String {
 }
 
 fn describe(
+    broken: Option<(usize, usize)>,
     blip: Option<(Duration, Duration)>,
     p: &Pair,
     cfg: &PairConfig,
@@ -978,7 +1078,7 @@ fn describe(
     let _ = write!(
         s,
         "loss {} dup {} reorder {} corrupt {}, mtu {:?}, timeout {}, max_rd_atomic {}/{}, \
-         ack_req_every {}, max_unacked {}, blip {blip:?}, \
+         ack_req_every {}, max_unacked {}, blip {blip:?}, wrong rkey {broken:?}, \
          psn_a {:#x}, ipv6 {}, late_recv {late_recv}, partition at {partition_at:?}, now {:?}, \
          net {:?}",
         net.loss,
