@@ -257,8 +257,8 @@ struct Shared {
     doorbell: EventFd,
     async_fd: EventFd,
     stop: AtomicBool,
-    /// The engine time (ns) the sleeping progress thread will wake at: `u64::MAX` when it
-    /// sleeps without a timer, 0 while it is awake (it then sees every change itself).
+    /// The engine time (ns) of the next timer the progress thread knows of (`u64::MAX`: none).
+    /// A verb that arms an earlier one rings the doorbell; otherwise no wakeup is needed.
     sleep_deadline: AtomicU64,
     origin: std::time::Instant,
     local: SocketAddr,
@@ -345,7 +345,7 @@ impl Runtime {
             doorbell: EventFd::from_flags(flags).map_err(io_err("eventfd"))?,
             async_fd: EventFd::from_flags(flags).map_err(io_err("eventfd"))?,
             stop: AtomicBool::new(false),
-            sleep_deadline: AtomicU64::new(0),
+            sleep_deadline: AtomicU64::new(u64::MAX),
             origin: std::time::Instant::now(),
             local,
             busy_poll: config.busy_poll,
@@ -577,10 +577,51 @@ fn progress(shared: &Shared, mut rx: io::Rx) {
     use nix::poll::{ppoll, PollFd, PollFlags};
     let mut last_active = std::time::Instant::now();
     let mut rx_counters = IoCounters::default();
+    // The engine's next timer as last seen under the lock (verbs that arm an earlier one
+    // ring the doorbell: see `sleep_deadline`).
+    let mut deadline: Option<Instant> = None;
+    let mut sleeping_ok = false;
     while !shared.stop.load(Ordering::Relaxed) {
-        let n = rx.recv_batch(&mut rx_counters);
-        let rung = matches!(shared.doorbell.read(), Ok(v) if v > 0);
-        let deadline = {
+        // One non-blocking ppoll tells whether the socket or the doorbell has anything, so an
+        // idle spin costs one syscall and never takes the engine lock (which application
+        // threads need for their verbs).
+        let (readable, rung) = {
+            let mut fds = [
+                PollFd::new(rx.fd(), PollFlags::POLLIN),
+                PollFd::new(shared.doorbell.as_fd(), PollFlags::POLLIN),
+            ];
+            let timeout = if sleeping_ok {
+                // Sleep until a packet, the doorbell or the next timer.
+                deadline.map(|t| TimeSpec::from_duration(t.saturating_duration_since(shared.now())))
+            } else {
+                Some(TimeSpec::from_duration(Duration::ZERO))
+            };
+            if let Err(e) = ppoll(&mut fds, timeout, None) {
+                if e != nix::errno::Errno::EINTR {
+                    tracing::warn!(error = %e, "ppoll failed");
+                }
+            }
+            let ready = |f: &PollFd<'_>| f.revents().is_some_and(|r| !r.is_empty());
+            (ready(&fds[0]), ready(&fds[1]))
+        };
+        if sleeping_ok {
+            sleeping_ok = false;
+            shared.sleep_deadline.store(
+                deadline.map_or(u64::MAX, Instant::as_nanos),
+                Ordering::SeqCst,
+            );
+        }
+        if rung {
+            let _ = shared.doorbell.read();
+        }
+        let n = if readable {
+            rx.recv_batch(&mut rx_counters)
+        } else {
+            0
+        };
+        let now = shared.now();
+        let timer_due = deadline.is_some_and(|t| t <= now);
+        if n > 0 || rung || timer_due {
             let mut core = shared.lock();
             let now = shared.now();
             for i in 0..n {
@@ -595,42 +636,33 @@ fn progress(shared: &Shared, mut rx: io::Rx) {
             core.pump(now);
             core.notify(&shared.async_fd);
             core.rx_counters = rx_counters;
-            core.engine.0.poll_timeout()
-        };
-        if n > 0 || rung {
-            last_active = std::time::Instant::now();
+            deadline = core.engine.0.poll_timeout();
+            // Published under the lock: a verb arming an earlier timer after this rings.
+            shared.sleep_deadline.store(
+                deadline.map_or(u64::MAX, Instant::as_nanos),
+                Ordering::SeqCst,
+            );
+            drop(core);
+            if n > 0 || rung {
+                last_active = std::time::Instant::now();
+            }
             continue;
         }
         if last_active.elapsed() < shared.busy_poll {
             std::hint::spin_loop();
             continue;
         }
-        // Sleep until a packet, the doorbell or the next timer. The deadline is published
-        // under the lock so that a verb that arms an earlier timer afterwards rings the bell.
-        let timeout = {
-            let core = shared.lock();
-            if let Some(c) = &core.capture {
-                c.flush();
-            }
-            let next = core.engine.0.poll_timeout().or(deadline);
-            let now = shared.now();
-            shared
-                .sleep_deadline
-                .store(next.map_or(u64::MAX, Instant::as_nanos), Ordering::SeqCst);
-            next.map(|t| t.saturating_duration_since(now))
-        };
-        if timeout != Some(Duration::ZERO) {
-            let mut fds = [
-                PollFd::new(rx.fd(), PollFlags::POLLIN),
-                PollFd::new(shared.doorbell.as_fd(), PollFlags::POLLIN),
-            ];
-            if let Err(e) = ppoll(&mut fds, timeout.map(TimeSpec::from_duration), None) {
-                if e != nix::errno::Errno::EINTR {
-                    tracing::warn!(error = %e, "ppoll failed");
-                }
-            }
+        // Idle: flush the capture, refresh the deadline, then sleep in the next ppoll.
+        let core = shared.lock();
+        if let Some(c) = &core.capture {
+            c.flush();
         }
-        shared.sleep_deadline.store(0, Ordering::SeqCst);
-        last_active = std::time::Instant::now() - shared.busy_poll;
+        deadline = core.engine.0.poll_timeout();
+        shared.sleep_deadline.store(
+            deadline.map_or(u64::MAX, Instant::as_nanos),
+            Ordering::SeqCst,
+        );
+        drop(core);
+        sleeping_ok = true;
     }
 }
