@@ -143,3 +143,56 @@ fn a_send_larger_than_the_receive_buffer_fails_with_a_length_error() {
     let sc = p.wait_cq(&a, a.send_cq, 1, DEADLINE).unwrap();
     assert_eq!((sc[0].wr_id, sc[0].status), (2, WcStatus::RemInvReqErr));
 }
+
+#[test]
+fn a_send_gathers_from_the_device_maximum_of_sges_and_scatters_into_as_many() {
+    let cfg = PairConfig {
+        max_sge: 32,
+        ..PairConfig::default()
+    };
+    let mut p = Pair::new(cfg);
+    let (a, b) = (p.a, p.b);
+    let max = p.engine(&a).query_device().max_sge;
+    assert_eq!(max, 32);
+    // 32 pieces of 1..=100 bytes, each at its own place, on both sides.
+    let lens: Vec<u32> = (0..32).map(|i| 1 + (i * 37 % 100)).collect();
+    let total: u32 = lens.iter().sum();
+    let data = pattern(4, total as usize);
+    let mut at = 0usize;
+    let mut send_sges = Vec::new();
+    let mut recv_sges = Vec::new();
+    for (i, &l) in lens.iter().enumerate() {
+        let off = i as u64 * 1000;
+        p.mem(&a)
+            .set(OWNER, a.addr(off), &data[at..at + l as usize]);
+        send_sges.push(a.sge(off, l));
+        // The receive side splits differently: reversed lengths.
+        recv_sges.push(b.sge(off, lens[31 - i]));
+        at += l as usize;
+    }
+    p.post_recv(&b, RecvWr::new(1, recv_sges));
+    p.post_send(&a, SendWr::send(2, send_sges));
+    let rc = p.wait_cq(&b, b.recv_cq, 1, DEADLINE).unwrap();
+    assert_eq!((rc[0].status, rc[0].byte_len), (WcStatus::Success, total));
+    let mut got = Vec::new();
+    for i in 0..32 {
+        got.extend(
+            p.mem(&b)
+                .get(OWNER, b.addr(i as u64 * 1000), lens[31 - i] as usize),
+        );
+    }
+    assert_eq!(got, data);
+}
+
+#[test]
+fn more_sges_than_the_qp_allows_are_refused_at_post_time() {
+    let mut p = Pair::new(PairConfig::default());
+    let a = p.a;
+    let sges: Vec<_> = (0..5).map(|i| a.sge(i * 10, 10)).collect();
+    let qpn = a.qpn;
+    let r = p.engine(&a).post_send(qpn, SendWr::send(1, sges));
+    assert!(
+        matches!(r, Err(engine::VerbsError::TooManySge { sges: 5, max: 4 })),
+        "{r:?}"
+    );
+}

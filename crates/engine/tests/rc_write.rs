@@ -7,7 +7,7 @@ use std::cell::Cell;
 use std::rc::Rc;
 
 use common::{pattern, psn_plus, transport_of, Pair, PairConfig, Wiretap, OWNER};
-use engine::{PathMtu, RecvWr, SendOp, SendWr, WcFlags, WcOpcode, WcStatus};
+use engine::{Counter, PathMtu, RecvWr, SendOp, SendWr, WcFlags, WcOpcode, WcStatus};
 use wire::OpKind;
 
 const DEADLINE: Duration = Duration::from_secs(10);
@@ -136,6 +136,9 @@ fn a_lost_middle_packet_of_a_write_is_resent_from_that_packet_on() {
         sent[10..].iter().all(|&x| x >= 4),
         "packets before the loss are not resent: {sent:?}"
     );
+    // The responder asked for it with one PSN sequence error NAK.
+    let naks = p.engine(&b).counters().get(Counter::RespSeqErrNakSent);
+    assert_eq!(naks, 1);
 }
 
 #[test]

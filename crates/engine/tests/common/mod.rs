@@ -199,6 +199,8 @@ pub struct PairConfig {
     pub psn_a: u32,
     /// Address the sides with IPv6 (fd00::1, fd00::2) instead of IPv4 (10.0.0.1, 10.0.0.2).
     pub ipv6: bool,
+    /// Scatter/gather entries per send and receive WR.
+    pub max_sge: u32,
     /// Engine setting: AckReq at least every this many packets.
     pub ack_req_every: u32,
     /// Engine setting: most unacknowledged PSNs per QP.
@@ -229,6 +231,7 @@ impl Default for PairConfig {
                 | AccessFlags::REMOTE_ATOMIC,
             psn_a: 0xff_fff0,
             ipv6: false,
+            max_sge: 4,
             ack_req_every: 32,
             max_unacked_psns: 512,
         }
@@ -340,8 +343,8 @@ fn create_qp(engine: &mut Engine, cfg: &PairConfig, pd: PdHandle) -> (CqHandle, 
             cap: QpCap {
                 max_send_wr: cfg.depth,
                 max_recv_wr: cfg.depth,
-                max_send_sge: 4,
-                max_recv_sge: 4,
+                max_send_sge: cfg.max_sge,
+                max_recv_sge: cfg.max_sge,
                 max_inline_data: 256,
             },
             qp_type: QpType::Rc,
