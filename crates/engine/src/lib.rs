@@ -83,7 +83,7 @@ mod resp;
 mod rng;
 mod table;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::IpAddr;
 
 use wire::{Psn, Qpn};
@@ -221,6 +221,9 @@ pub struct Engine<M: Memory + ?Sized = dyn Memory> {
     mrs: MrTable,
     cqs: Table<Cq>,
     qps: BTreeMap<u32, Qp>,
+    /// QPs that may have something to send: `poll_transmit` looks only at these, so idle
+    /// QPs cost nothing (a QP leaves the set when it has nothing queued at all).
+    active: BTreeSet<u32>,
     next_qpn: u32,
     counters: Counters,
     events: VecDeque<AsyncEvent>,
@@ -283,6 +286,7 @@ impl<M: Memory + ?Sized> Engine<M> {
             mrs: MrTable::default(),
             cqs: Table::default(),
             qps: BTreeMap::new(),
+            active: BTreeSet::new(),
             next_qpn: FIRST_QPN,
             counters: Counters::default(),
             events: VecDeque::new(),
@@ -298,7 +302,9 @@ impl<M: Memory + ?Sized> Engine<M> {
         let mut overflowed = Vec::new();
         {
             let mut ctx = ctx!(self, now, overflowed);
-            recv::handle(&mut ctx, &self.gids, &mut self.qps, packet);
+            if let Some(qpn) = recv::handle(&mut ctx, &self.gids, &mut self.qps, packet) {
+                self.active.insert(qpn);
+            }
         }
         self.error_overflowed(overflowed);
     }
@@ -308,8 +314,11 @@ impl<M: Memory + ?Sized> Engine<M> {
         let mut overflowed = Vec::new();
         {
             let mut ctx = ctx!(self, now, overflowed);
-            for qp in self.qps.values_mut() {
-                comp::handle_timers(qp, &mut ctx);
+            for (&qpn, qp) in self.qps.iter_mut() {
+                if comp::next_timeout(qp).is_some_and(|t| t <= now) {
+                    comp::handle_timers(qp, &mut ctx);
+                    self.active.insert(qpn);
+                }
             }
         }
         self.error_overflowed(overflowed);
@@ -324,21 +333,29 @@ impl<M: Memory + ?Sized> Engine<M> {
         {
             let mut ctx = ctx!(self, now, overflowed);
             let start = self.tx_last;
-            // Round robin: the QPs after the one served last, then the rest.
+            // Round robin among the active QPs: those after the one served last, then the
+            // rest.
             let mut found = None;
-            for (&qpn, qp) in self.qps.range_mut(start.saturating_add(1)..) {
+            let mut idle = Vec::new();
+            let order = self
+                .active
+                .range(start.saturating_add(1)..)
+                .chain(self.active.range(..=start));
+            for &qpn in order {
+                let Some(qp) = self.qps.get_mut(&qpn) else {
+                    idle.push(qpn);
+                    continue;
+                };
                 if let Some(t) = transmit_one(qp, &mut ctx, buf) {
                     found = Some((qpn, t));
                     break;
                 }
-            }
-            if found.is_none() {
-                for (&qpn, qp) in self.qps.range_mut(..=start) {
-                    if let Some(t) = transmit_one(qp, &mut ctx, buf) {
-                        found = Some((qpn, t));
-                        break;
-                    }
+                if !qp.may_transmit() {
+                    idle.push(qpn);
                 }
+            }
+            for qpn in idle {
+                self.active.remove(&qpn);
             }
             if let Some((qpn, t)) = found {
                 self.tx_last = qpn;
@@ -661,6 +678,7 @@ impl<M: Memory + ?Sized> Engine<M> {
     /// `ibv_destroy_qp`. Its WRs vanish without completions, as in verbs.
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError> {
         let qp = self.qps.remove(&qpn).ok_or(VerbsError::InvalidQp)?;
+        self.active.remove(&qpn);
         if let Some(p) = self.pds.get_mut(qp.pd.0) {
             p.users = p.users.saturating_sub(1);
         }
@@ -780,6 +798,7 @@ impl<M: Memory + ?Sized> Engine<M> {
                 p.dest_qpn = qp.attr.dest_qp_num;
             }
         }
+        self.active.insert(qpn);
         self.error_overflowed(overflowed);
         Ok(())
     }
@@ -820,6 +839,7 @@ impl<M: Memory + ?Sized> Engine<M> {
             let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::InvalidQp)?;
             req::post(qp, &mut ctx, wr)
         };
+        self.active.insert(qpn);
         self.error_overflowed(overflowed);
         r
     }

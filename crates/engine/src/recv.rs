@@ -19,37 +19,38 @@ fn pkey_matches(a: u16, b: u16) -> bool {
     (a & 0x7fff) == (b & 0x7fff) && (a & 0x8000 != 0 || b & 0x8000 != 0)
 }
 
+/// Returns the QP the packet was handed to, if any.
 pub(crate) fn handle<M: Memory + ?Sized>(
     ctx: &mut Ctx<'_, M>,
     gids: &[Gid],
     qps: &mut BTreeMap<u32, Qp>,
     bytes: &[u8],
-) {
+) -> Option<u32> {
     let pkt = match RoceV2Packet::parse_checked(bytes) {
         Ok(p) => p,
         Err(WireError::BadIcrc { .. }) => {
             ctx.counters.inc(Counter::RxBadIcrc);
-            return;
+            return None;
         }
         Err(_) => {
             ctx.counters.inc(Counter::RxMalformed);
-            return;
+            return None;
         }
     };
     let dst = Gid::from_ip(pkt.ip.dst());
     if !gids.contains(&dst) {
         ctx.counters.inc(Counter::RxNotOurAddress);
-        return;
+        return None;
     }
     let bth = &pkt.transport.bth;
     if bth.opcode.kind() == OpKind::Cnp {
         // Congestion control is not implemented: a CNP is accepted and ignored.
         ctx.counters.inc(Counter::RxCnp);
-        return;
+        return None;
     }
     let Some(qp) = qps.get_mut(&bth.dest_qp.value()) else {
         ctx.counters.inc(Counter::RxUnknownQp);
-        return;
+        return None;
     };
     let transport_ok = match qp.qp_type {
         QpType::Rc => bth.opcode.transport() == Transport::Rc,
@@ -57,11 +58,11 @@ pub(crate) fn handle<M: Memory + ?Sized>(
     };
     if !transport_ok {
         ctx.count(qp, Counter::RxBadOpcode);
-        return;
+        return None;
     }
     if !pkey_matches(bth.pkey, wire::DEFAULT_PKEY) {
         ctx.count(qp, Counter::RxPkeyMismatch);
-        return;
+        return None;
     }
     let is_response = matches!(
         bth.opcode.kind(),
@@ -75,7 +76,7 @@ pub(crate) fn handle<M: Memory + ?Sized>(
     };
     if !state_ok {
         ctx.count(qp, Counter::RxBadQpState);
-        return;
+        return None;
     }
     // A connected QP talks to one peer only (IBA 9.6.1.5.1 for RC: the source must be the
     // path's destination).
@@ -83,7 +84,7 @@ pub(crate) fn handle<M: Memory + ?Sized>(
         Some(p) if p.dst_ip == pkt.ip.src() => {}
         _ => {
             ctx.count(qp, Counter::RxAddressMismatch);
-            return;
+            return None;
         }
     }
     ctx.count(qp, Counter::RxPackets);
@@ -93,6 +94,7 @@ pub(crate) fn handle<M: Memory + ?Sized>(
     } else {
         resp::handle_request(qp, ctx, &pkt);
     }
+    Some(qp.qpn)
 }
 
 #[cfg(test)]
