@@ -261,3 +261,18 @@ fn a_cq_overflow_raises_an_async_error_and_errors_the_qp() {
     );
     assert_eq!(p.qp_state(&a), QpState::Err);
 }
+
+#[test]
+fn zero_length_rdma_does_not_check_the_rkey() {
+    // IBA: the responder validates the R_Key only when the DMA length is not zero.
+    let mut p = Pair::new(PairConfig::default());
+    let (a, b) = (p.a, p.b);
+    p.post_send(&a, SendWr::rdma_write(1, vec![], b.addr(0), b.mr.rkey ^ 1));
+    p.post_send(&a, SendWr::rdma_read(2, vec![], b.addr(0), b.mr.rkey ^ 1));
+    let sc = p.wait_cq(&a, a.send_cq, 2, DEADLINE).unwrap();
+    assert_eq!(
+        statuses(&sc),
+        vec![(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    assert_eq!(p.qp_state(&a), QpState::Rts);
+}

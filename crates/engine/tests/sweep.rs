@@ -617,7 +617,11 @@ fn scenario(seed: u64) -> Result<u64, String> {
             .ops
             .iter()
             .enumerate()
-            .filter(|(_, o)| matches!(o.kind, Kind::Write | Kind::Read | Kind::Cas | Kind::Fadd))
+            // Not zero-length RDMA: the responder does not check the R_Key of a zero-length
+            // WRITE or READ (IBA 9.4.4 / 9.4.5), so that one succeeds.
+            .filter(|(_, o)| {
+                matches!(o.kind, Kind::Write | Kind::Read | Kind::Cas | Kind::Fadd) && o.len > 0
+            })
             .map(|(i, _)| i)
             .collect();
         if !candidates.is_empty() {
