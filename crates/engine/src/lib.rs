@@ -28,7 +28,7 @@
 //! - [`Engine::poll_transmit`] until it returns `None`, sending `buf[..len]` to
 //!   [`Transmit::dst`]. IPv4 packets carry ID 0 and DF, as an unconnected UDP socket with
 //!   `IP_PMTUDISC_DO` sends them, so the ICRC computed here is the one the peer checks. The UDP
-//!   source port is derived from the QPN (rxe's hash) or fixed by
+//!   source port is derived from the QPNs and flow label as Linux rxe derives it, or fixed by
 //!   [`EngineConfig::udp_src_port`].
 //! - [`Engine::handle_timeout`] once the time [`Engine::poll_timeout`] returned has come
 //!   (re-read `poll_timeout` after every call: sending arms timers).
@@ -86,7 +86,7 @@ mod table;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::IpAddr;
 
-use wire::{Psn, Qpn};
+use wire::Psn;
 
 pub use counters::{Counter, Counters};
 pub use cq::{CqHandle, WcFlags, WcOpcode, WcStatus, WorkCompletion};
@@ -825,7 +825,7 @@ impl<M: Memory + ?Sized> Engine<M> {
             udp_src_port: self
                 .config
                 .udp_src_port
-                .unwrap_or_else(|| wire::src_port_for_qpn(Qpn::new(qpn))),
+                .unwrap_or_else(|| qp::udp_src_port(a.ah_attr.flow_label, qpn, a.dest_qp_num)),
         })
     }
 

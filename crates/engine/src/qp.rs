@@ -214,6 +214,23 @@ impl Qp {
     }
 }
 
+/// The UDP source port of a connected QP's packets, as Linux computes it for RoCEv2
+/// (`rdma_get_udp_sport`, used by rxe since 5.x and seen in our rxe captures): the GRH flow
+/// label, or if it is 0 one derived from both QPNs, folded into the dynamic port range
+/// 0xC000..=0xFFFF. One port per connection keeps its packets on one ECMP path, in order.
+pub(crate) fn udp_src_port(flow_label: u32, lqpn: u32, rqpn: u32) -> u16 {
+    let fl = if flow_label & 0xf_ffff != 0 {
+        flow_label & 0xf_ffff
+    } else {
+        let mut v = u64::from(lqpn) * u64::from(rqpn);
+        v ^= v >> 20;
+        v ^= v >> 40;
+        (v & 0xf_ffff) as u32
+    };
+    let low = (fl & 0x3fff) ^ ((fl & 0xf_c000) >> 14);
+    0xc000 | low as u16
+}
+
 /// Local ACK timeout: 4.096 µs × 2^timeout (IBA 9.7.6.1.3); 0 means no timer.
 pub(crate) fn ack_timeout(code: u8) -> Option<core::time::Duration> {
     if code == 0 {
@@ -236,6 +253,17 @@ pub(crate) fn rnr_timer(code: u8) -> core::time::Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn udp_source_ports_match_linux_rxe_captures() {
+        // shared/testdata/rxe-verbs-suite.pcap: QPs 0x11..0x14 talking to peers of the same
+        // number use ports 49441, 49476, 49513, 49552.
+        assert_eq!(udp_src_port(0, 0x11, 0x11), 49441);
+        assert_eq!(udp_src_port(0, 0x12, 0x12), 49476);
+        assert_eq!(udp_src_port(0, 0x13, 0x13), 49513);
+        assert_eq!(udp_src_port(0, 0x14, 0x14), 49552);
+        assert!(udp_src_port(0xf_ffff, 1, 2) >= 0xc000);
+    }
 
     #[test]
     fn timers_follow_iba() {
