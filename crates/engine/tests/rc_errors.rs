@@ -276,3 +276,45 @@ fn zero_length_rdma_does_not_check_the_rkey() {
     );
     assert_eq!(p.qp_state(&a), QpState::Rts);
 }
+
+#[test]
+fn a_qp_in_error_can_be_reset_and_reconnected() {
+    let mut p = Pair::new(PairConfig::default());
+    let (a, b) = (p.a, p.b);
+    p.post_send(
+        &a,
+        SendWr::rdma_write(1, vec![a.sge(0, 8)], b.addr(0), b.mr.rkey ^ 1),
+    );
+    let sc = p.wait_cq(&a, a.send_cq, 1, DEADLINE).unwrap();
+    assert_eq!(statuses(&sc), vec![(1, WcStatus::RemAccessErr)]);
+    assert_eq!(p.qp_state(&a), QpState::Err);
+    let _ = p.sim.run_until(|_| false, p.sim.now() + DEADLINE);
+    let _ = p.poll(&b, b.recv_cq);
+    let _ = p.poll(&b, b.send_cq);
+
+    p.reconnect(&a, &b, 0x12_3456);
+    assert_eq!(
+        (p.qp_state(&a), p.qp_state(&b)),
+        (QpState::Rts, QpState::Rts)
+    );
+    let data = pattern(6, 5000);
+    p.mem(&a).set(OWNER, a.addr(0), &data);
+    p.post_recv(&b, RecvWr::new(7, vec![b.sge(10_000, 5000)]));
+    p.post_send(&a, SendWr::send(2, vec![a.sge(0, 5000)]));
+    p.post_send(
+        &a,
+        SendWr::rdma_write(3, vec![a.sge(0, 5000)], b.addr(20_000), b.mr.rkey),
+    );
+    let sc = p.wait_cq(&a, a.send_cq, 2, DEADLINE).unwrap();
+    assert_eq!(
+        statuses(&sc),
+        vec![(2, WcStatus::Success), (3, WcStatus::Success)]
+    );
+    let rc = p.wait_cq(&b, b.recv_cq, 1, DEADLINE).unwrap();
+    assert_eq!(
+        (rc[0].wr_id, rc[0].status, rc[0].byte_len),
+        (7, WcStatus::Success, 5000)
+    );
+    assert_eq!(p.mem(&b).get(OWNER, b.addr(10_000), 5000), data);
+    assert_eq!(p.mem(&b).get(OWNER, b.addr(20_000), 5000), data);
+}

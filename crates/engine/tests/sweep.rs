@@ -485,7 +485,9 @@ fn scenario(seed: u64) -> Result<u64, String> {
         );
         plans.push((req_is_a, atomic_base, ops));
     }
-    let mem_len = (layouts[0].next.max(layouts[1].next) + 4096) as usize;
+    // After the planned buffers: a spare 16 KiB for the traffic after a reconnection.
+    let spare = layouts[0].next.max(layouts[1].next) + 4096;
+    let mem_len = spare as usize + 16 * 1024;
 
     let max_rd_atomic = rng.range_inclusive(1, 16) as u8;
     let cfg = PairConfig {
@@ -1038,6 +1040,61 @@ fn scenario(seed: u64) -> Result<u64, String> {
                 img.bytes[i],
                 owner_of(&dirs, i as u64, label == "A") + &format!(" ({ctx})")
             ));
+        }
+    }
+    if cut {
+        // The application's way out of a dead connection: heal, reset and reconnect every QP
+        // pair, and use it again.
+        p.sim.heal(a.node, b.node);
+        for &(qa, qb) in &pairs {
+            let psn = rng.below(1 << 24) as u32;
+            p.reconnect(&qa, &qb, psn);
+        }
+        let (qa, qb) = pairs[0];
+        let data = pattern(rng.next_u64(), 4096);
+        p.mem(&qa).set(OWNER, qa.addr(spare), &data);
+        p.post_send(
+            &qa,
+            SendWr::rdma_write(1, vec![qa.sge(spare, 4096)], qb.addr(spare), qb.mr.rkey),
+        );
+        p.post_send(
+            &qa,
+            SendWr::rdma_read(
+                2,
+                vec![qa.sge(spare + 8192, 4096)],
+                qb.addr(spare),
+                qb.mr.rkey,
+            ),
+        );
+        let node = qa.node;
+        let cq = qa.send_cq;
+        let mut wcs = Vec::new();
+        let r = p.sim.run_until(
+            |s| {
+                if s.node(node).engine.cq_len(cq).unwrap_or(0) > 0 {
+                    let e = &mut s.node_mut(node).engine;
+                    wcs.extend(e.poll_cq(cq, usize::MAX).unwrap_or_default());
+                }
+                wcs.len() >= 2
+            },
+            p.sim.now() + deadline_span,
+        );
+        if let Err(e) = r {
+            return Err(format!("after reconnecting: {e} ({ctx})"));
+        }
+        let statuses: Vec<(u64, WcStatus)> = wcs.iter().map(|c| (c.wr_id, c.status)).collect();
+        let ok = statuses == [(1, WcStatus::Success), (2, WcStatus::Success)];
+        if !ok && !(net.loss >= 0.3 && statuses.first().map(|s| s.1) == Some(WcStatus::RetryExcErr))
+        {
+            return Err(format!(
+                "after reconnecting: completions {statuses:?} ({ctx})"
+            ));
+        }
+        if ok
+            && (p.mem(&qb).get(OWNER, qb.addr(spare), 4096) != data
+                || p.mem(&qa).get(OWNER, qa.addr(spare + 8192), 4096) != data)
+        {
+            return Err(format!("after reconnecting: the bytes differ ({ctx})"));
         }
     }
     if std::env::var_os("SOFTRDMA_SWEEP_VERBOSE").is_some() {

@@ -476,6 +476,25 @@ impl Pair {
         (a, b)
     }
 
+    /// Moves both QPs of the pair (`a`, `b`) to RESET and connects them again, A starting at
+    /// send PSN `psn_a` (as an application does after a QP error).
+    pub fn reconnect(&mut self, a: &Side, b: &Side, psn_a: u32) {
+        let cfg = self.cfg.clone();
+        for side in [a, b] {
+            let qpn = side.qpn;
+            let reset = QpAttr {
+                qp_state: QpState::Reset,
+                ..QpAttr::default()
+            };
+            self.engine(side)
+                .modify_qp(qpn, &reset, QpAttrMask::STATE)
+                .expect("-> RESET");
+        }
+        let psn_b = psn_a.wrapping_add(0x80_0000) & 0xff_ffff;
+        connect(self.engine(a), &cfg, a, b, psn_a, psn_b);
+        connect(self.engine(b), &cfg, b, a, psn_b, psn_a);
+    }
+
     /// The engine of `side`.
     pub fn engine(&mut self, side: &Side) -> &mut Engine {
         &mut self.sim.node_mut(side.node).engine
