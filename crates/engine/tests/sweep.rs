@@ -1084,8 +1084,10 @@ fn scenario(seed: u64) -> Result<u64, String> {
         }
         let statuses: Vec<(u64, WcStatus)> = wcs.iter().map(|c| (c.wr_id, c.status)).collect();
         let ok = statuses == [(1, WcStatus::Success), (2, WcStatus::Success)];
-        if !ok && !(net.loss >= 0.3 && statuses.first().map(|s| s.1) == Some(WcStatus::RetryExcErr))
-        {
+        // At 30 % loss the reconnected pair may legitimately run out of retries again.
+        let tolerated =
+            net.loss >= 0.3 && statuses.first().map(|s| s.1) == Some(WcStatus::RetryExcErr);
+        if !ok && !tolerated {
             return Err(format!(
                 "after reconnecting: completions {statuses:?} ({ctx})"
             ));
