@@ -12,8 +12,18 @@
 //!   exact;
 //! - nothing hangs: a run that does not finish within the virtual deadline fails.
 //!
-//! A failure prints the seed and the command that replays it. `SOFTRDMA_SOAK_SEEDS=N` runs N
-//! fresh seeds (`cargo test --release -p softrdma-engine --test sweep`).
+//! Scenarios also vary the path MTU, timeouts, window and AckReq spacing, max_rd_atomic,
+//! IPv4/IPv6, PSNs about to wrap, unsignaled, inline and fenced WRs, one to three QP pairs, late
+//! receives (RNR), short outages the retries must ride out, a WR with a wrong rkey (its QP pair
+//! fails cleanly while the others carry on), and after a partition a reset and reconnection.
+//!
+//! A failure prints the seed and the command that replays it. Environment:
+//! - `SOFTRDMA_SEED=n`: run only seed n (the replay);
+//! - `SOFTRDMA_SOAK_SEEDS=N` (optionally `SOFTRDMA_SEED_START=s`): run N fresh seeds, e.g.
+//!   `SOFTRDMA_SOAK_SEEDS=10000 cargo test --release -p softrdma-engine --test sweep`;
+//! - `SOFTRDMA_SWEEP_VERBOSE=1`: print every scenario's settings and network counters;
+//! - `SOFTRDMA_SWEEP_PCAP=file.pcap`: write every packet sent (virtual timestamps) to a pcap
+//!   that Wireshark / tshark decode, to study one seed.
 
 mod common;
 
