@@ -318,3 +318,28 @@ fn a_qp_in_error_can_be_reset_and_reconnected() {
     assert_eq!(p.mem(&b).get(OWNER, b.addr(10_000), 5000), data);
     assert_eq!(p.mem(&b).get(OWNER, b.addr(20_000), 5000), data);
 }
+
+#[test]
+fn a_receive_buffer_with_a_bad_lkey_fails_the_send_on_both_sides() {
+    let mut p = Pair::new(PairConfig::default());
+    let (a, b) = (p.a, p.b);
+    let bad = Sge::new(b.addr(0), 64, b.mr.lkey ^ 1);
+    p.post_recv(&b, RecvWr::new(1, vec![bad]));
+    p.post_send(&a, SendWr::send(2, vec![a.sge(0, 32)]));
+    let sc = p.wait_cq(&a, a.send_cq, 1, DEADLINE).unwrap();
+    assert!(
+        matches!(
+            sc[0].status,
+            WcStatus::RemAccessErr | WcStatus::RemOpErr | WcStatus::RemInvReqErr
+        ),
+        "requester saw {:?}",
+        sc[0].status
+    );
+    let rc = p.wait_cq(&b, b.recv_cq, 1, DEADLINE).unwrap();
+    assert!(
+        matches!(rc[0].status, WcStatus::LocProtErr | WcStatus::LocAccessErr),
+        "responder saw {:?}",
+        rc[0].status
+    );
+    assert_eq!(p.mem(&b).get(OWNER, b.addr(0), 64), vec![0; 64]);
+}
