@@ -303,7 +303,9 @@ pub fn side_ip(ipv6: bool, n: u8) -> IpAddr {
     }
 }
 
-fn create_side(sim: &mut Sim<Host>, cfg: &PairConfig, ip: IpAddr, base: u64) -> Side {
+/// Adds an engine at `ip` to `sim`, with a PD, one MR over `cfg.mem_len` bytes at `base`, and
+/// one RC QP (in RESET) with its own CQs.
+pub fn create_side(sim: &mut Sim<Host>, cfg: &PairConfig, ip: IpAddr, base: u64) -> Side {
     let mem = TestMemory::default();
     mem.add_region(OWNER, base, cfg.mem_len);
     // Each side's keys come from the scenario seed, so a seed replays with the same keys.
@@ -331,6 +333,18 @@ fn create_side(sim: &mut Sim<Host>, cfg: &PairConfig, ip: IpAddr, base: u64) -> 
     }
 }
 
+/// Another RC QP (in RESET, with its own CQs) on the engine of `side`, sharing its PD and MR.
+pub fn add_qp(sim: &mut Sim<Host>, cfg: &PairConfig, side: &Side) -> Side {
+    let pd = side.pd;
+    let (send_cq, recv_cq, qpn) = create_qp(&mut sim.node_mut(side.node).engine, cfg, pd);
+    Side {
+        send_cq,
+        recv_cq,
+        qpn,
+        ..*side
+    }
+}
+
 /// A new RC QP with its own send and receive CQs, in RESET.
 fn create_qp(engine: &mut Engine, cfg: &PairConfig, pd: PdHandle) -> (CqHandle, CqHandle, u32) {
     let send_cq = engine.create_cq(cfg.cq_depth).expect("create_cq");
@@ -355,7 +369,7 @@ fn create_qp(engine: &mut Engine, cfg: &PairConfig, pd: PdHandle) -> (CqHandle, 
 }
 
 /// Moves `me` through INIT and RTR to RTS, connected to `peer`.
-fn connect(
+pub fn connect(
     engine: &mut Engine,
     cfg: &PairConfig,
     me: &Side,
