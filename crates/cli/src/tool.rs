@@ -58,10 +58,21 @@ pub const DEFAULT_TCP_PORT: u16 = 18515;
 /// Open an embedded device on `ip`, receiving on and sending to UDP `udp_port`, recording
 /// into `capture` if given.
 pub fn open_device(ip: IpAddr, udp_port: u16, capture: Option<&Path>) -> Result<Device> {
-    let dev = Device::builder(ip)
-        .port(udp_port)
-        .remote_port(udp_port)
-        .open()?;
+    open_device_with(ip, udp_port, capture, None)
+}
+
+/// [`open_device`], with the progress thread's busy-poll time set (`None`: the default).
+pub fn open_device_with(
+    ip: IpAddr,
+    udp_port: u16,
+    capture: Option<&Path>,
+    busy_poll: Option<Duration>,
+) -> Result<Device> {
+    let mut b = Device::builder(ip).port(udp_port).remote_port(udp_port);
+    if let Some(d) = busy_poll {
+        b = b.busy_poll(d);
+    }
+    let dev = b.open()?;
     if let Some(path) = capture {
         let cap = runtime::Capture::create(path)
             .map_err(io_ctx(format!("cannot create {}", path.display())))?;

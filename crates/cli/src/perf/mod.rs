@@ -29,7 +29,7 @@ use softrdma::{
 };
 
 use crate::baseline;
-use crate::tool::{io_ctx, open_device, parse_mtu, progress_bar, Ctrl, Result, ToolError};
+use crate::tool::{io_ctx, open_device_with, parse_mtu, progress_bar, Ctrl, Result, ToolError};
 use report::{BwResult, LatStats, RULE};
 
 /// Which benchmark.
@@ -198,6 +198,10 @@ pub struct PerfArgs {
     /// Sleep on the completion channel instead of busy-polling completions.
     #[arg(short = 'e', long = "events")]
     pub events: bool,
+    /// How long each device's progress thread keeps polling its socket after activity
+    /// before it sleeps, in microseconds (default: the runtime's).
+    #[arg(long, value_name = "USEC")]
+    pub busy_poll: Option<u64>,
 }
 
 /// What the client asks the server for; one text line on the control channel.
@@ -348,14 +352,10 @@ fn all_access() -> AccessFlags {
 }
 
 impl Side {
-    fn new(
-        p: &Params,
-        ip: IpAddr,
-        udp_port: u16,
-        capture: Option<&std::path::Path>,
-        events: bool,
-    ) -> Result<Side> {
-        let dev = open_device(ip, udp_port, capture)?;
+    fn new(p: &Params, ip: IpAddr, a: &PerfArgs) -> Result<Side> {
+        let busy = a.busy_poll.map(Duration::from_micros);
+        let dev = open_device_with(ip, a.udp_port, a.capture.as_deref(), busy)?;
+        let events = a.events;
         let pd = dev.alloc_pd()?;
         let send_depth = p.tx_depth.max(128) + 1;
         let scq = dev.create_cq(send_depth + 64)?;
@@ -476,7 +476,7 @@ impl Side {
                 std::hint::spin_loop();
             }
             n = n.wrapping_add(1);
-            if n % 4096 == 0 && t0.elapsed() > STALL {
+            if n.is_multiple_of(4096) && t0.elapsed() > STALL {
                 return Err(ToolError::Verify(format!(
                     "the peer's write (tag {v}) did not arrive within {STALL:?}"
                 )));
@@ -548,7 +548,7 @@ fn bw_client(side: &Side, p: &Params, size: u64, remote: &RemoteMr) -> Result<Bw
                 target = posted + 1;
             }
             posted += 1;
-            let signaled = posted % cq_mod == 0 || posted == target;
+            let signaled = posted.is_multiple_of(cq_mod) || posted == target;
             side.qp.post_send(work_request(
                 p.test, p.cas, side, size, remote, posted, signaled,
             )?)?;
@@ -587,7 +587,7 @@ fn lat_client(side: &mut Side, p: &Params, size: u64, remote: &RemoteMr) -> Resu
     let pong_remote = remote.offset(side.max).unwrap_or(*remote);
     for i in 0..p.iters {
         let tag = (i % 255 + 1) as u8;
-        let signaled = (i + 1) % LAT_SIGNAL_EVERY == 0;
+        let signaled = (i + 1).is_multiple_of(LAT_SIGNAL_EVERY);
         let t0 = Instant::now();
         match p.test {
             Test::WriteLat => {
@@ -637,7 +637,7 @@ fn lat_server(side: &mut Side, p: &Params, size: u64, remote: &RemoteMr) -> Resu
     let pong_remote = remote.offset(side.max).unwrap_or(*remote);
     for i in 0..p.iters {
         let tag = (i % 255 + 1) as u8;
-        let signaled = (i + 1) % LAT_SIGNAL_EVERY == 0;
+        let signaled = (i + 1).is_multiple_of(LAT_SIGNAL_EVERY);
         match p.test {
             Test::WriteLat => {
                 side.wait_byte(max + last, tag)?;
@@ -719,6 +719,8 @@ pub fn run(test: Test, args: &PerfArgs, out: &mut dyn Write) -> Result<Summary> 
 }
 
 fn loopback(test: Test, args: &PerfArgs, out: &mut dyn Write) -> Result<Summary> {
+    // Bad parameters fail here, before a server waits for a client that never comes.
+    Params::from_args(test, args)?;
     let server_ip = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
     let listener = TcpListener::bind(SocketAddr::new(server_ip, args.port)).map_err(io_ctx(
         format!("cannot listen on TCP {server_ip} port {}", args.port),
@@ -741,6 +743,11 @@ fn loopback(test: Test, args: &PerfArgs, out: &mut dyn Write) -> Result<Summary>
     cargs.port = port;
     cargs.bind = Some(args.bind.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)));
     let res = client(test, &cargs, &server_ip.to_string(), out);
+    if res.is_err() {
+        // A client that failed before connecting would leave the server in accept():
+        // a connection that closes at once ends it.
+        let _ = std::net::TcpStream::connect(SocketAddr::new(server_ip, port));
+    }
     let srv = server
         .join()
         .map_err(|_| ToolError::Protocol("the server thread panicked".into()))?;
@@ -798,13 +805,7 @@ fn client(test: Test, args: &PerfArgs, host: &str, out: &mut dyn Write) -> Resul
         None => ctrl.local_ip()?,
     };
     let server_ip = ctrl.peer_ip()?;
-    let mut side = Side::new(
-        &p,
-        local_ip,
-        args.udp_port,
-        args.capture.as_deref(),
-        args.events,
-    )?;
+    let mut side = Side::new(&p, local_ip, args)?;
     let local_mr = side.mr.remote(..)?;
     let remote = ctrl.connect_qp(&side.qp, Some(local_mr), &Side::connect_opts(&p)?)?;
     let rmr = remote
@@ -984,7 +985,7 @@ fn server(test: Test, args: &PerfArgs, listener: &TcpListener, out: &mut dyn Wri
         Some(ip) if !ip.is_unspecified() => ip,
         _ => ctrl.local_ip()?,
     };
-    let mut side = match Side::new(&p, ip, args.udp_port, args.capture.as_deref(), args.events) {
+    let mut side = match Side::new(&p, ip, args) {
         Ok(s) => s,
         Err(e) => {
             ctrl.send(&format!("ERR {e}"))?;

@@ -1,0 +1,403 @@
+//! The device tools over real UDP on loopback: devinfo, pingpong as two processes, every
+//! benchmark, the demo, captures (flag and environment variable) read by tshark and decode,
+//! and bad input. Each test has its own addresses and ports, so they run in parallel.
+//! No test asserts a timing.
+
+mod tools;
+
+use std::time::Duration;
+
+use tools::{assert_tshark_clean, decode, decode_counts, run, run_ok, scratch, softrdma, Proc};
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+#[test]
+fn devinfo_prints_the_ibv_devinfo_fields_of_a_device() {
+    let out = run_ok(
+        &[
+            "devinfo",
+            "--addr",
+            "127.0.3.1",
+            "--udp-port",
+            "28101",
+            "-v",
+        ],
+        LIMIT,
+    );
+    for key in [
+        "hca_id:",
+        "transport:\t\t\tInfiniBand (0)",
+        "phys_port_cnt:\t\t\t1",
+        "state:\t\t\tPORT_ACTIVE (4)",
+        "link_layer:\t\tEthernet",
+        "GID[  0]:",
+        "127.0.3.1",
+    ] {
+        assert!(out.contains(key), "{key:?} missing from devinfo:\n{out}");
+    }
+}
+
+#[test]
+fn pingpong_between_two_processes_prints_the_ibv_rc_pingpong_summary() {
+    let server = Proc::spawn(
+        "pingpong server",
+        softrdma(&[
+            "pingpong",
+            "-p",
+            "27102",
+            "-B",
+            "127.0.3.2",
+            "--udp-port",
+            "28102",
+            "-s",
+            "1000",
+            "-n",
+            "200",
+            "--chk",
+        ]),
+    );
+    let client = Proc::spawn(
+        "pingpong client",
+        softrdma(&[
+            "pingpong",
+            "127.0.3.2",
+            "-p",
+            "27102",
+            "-B",
+            "127.0.3.3",
+            "--udp-port",
+            "28102",
+            "-s",
+            "1000",
+            "-n",
+            "200",
+            "--chk",
+        ]),
+    );
+    let c = client.success(LIMIT);
+    let s = server.success(LIMIT);
+    for out in [&c, &s] {
+        assert!(out.contains("local address:"), "{out}");
+        assert!(out.contains("remote address:"), "{out}");
+        assert!(
+            out.contains("400000 bytes in ") && out.contains(" Mbit/sec"),
+            "byte summary missing:\n{out}"
+        );
+        assert!(
+            out.contains("200 iters in ") && out.contains(" usec/iter"),
+            "iteration summary missing:\n{out}"
+        );
+    }
+}
+
+#[test]
+fn pingpong_modes_the_engine_lacks_fail_with_a_clear_message() {
+    for mode in ["uc", "ud", "srq"] {
+        let out = run(&["pingpong", "--mode", mode, "-p", "27103"], LIMIT);
+        assert!(!out.status.success(), "--mode {mode} must fail");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("not supported yet by the engine"),
+            "--mode {mode}: {err}"
+        );
+    }
+}
+
+#[test]
+fn write_bw_between_two_processes_prints_the_perftest_table() {
+    let server = Proc::spawn(
+        "write_bw server",
+        softrdma(&[
+            "write_bw",
+            "-p",
+            "27104",
+            "-B",
+            "127.0.3.4",
+            "--udp-port",
+            "28104",
+        ]),
+    );
+    let out = Proc::spawn(
+        "write_bw client",
+        softrdma(&[
+            "write_bw",
+            "127.0.3.4",
+            "-p",
+            "27104",
+            "-B",
+            "127.0.3.5",
+            "--udp-port",
+            "28104",
+            "-s",
+            "16384",
+            "-n",
+            "200",
+        ]),
+    )
+    .success(LIMIT);
+    server.success(LIMIT);
+    assert!(
+        out.contains(
+            " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]"
+        ),
+        "{out}"
+    );
+    let row = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("16384 "))
+        .unwrap_or_else(|| panic!("no 16384-byte row:\n{out}"));
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cols[1], "200", "iterations column: {row}");
+    assert!(cols[3].parse::<f64>().unwrap() > 0.0, "average BW: {row}");
+}
+
+#[test]
+fn every_benchmark_runs_in_loopback_mode() {
+    for (i, test) in [
+        "write_bw",
+        "read_bw",
+        "send_bw",
+        "atomic_bw",
+        "write_lat",
+        "read_lat",
+        "send_lat",
+        "atomic_lat",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let udp = (28110 + i).to_string();
+        let out = run_ok(
+            &[
+                test,
+                "--loopback",
+                "-p",
+                "0",
+                "--udp-port",
+                &udp,
+                "-n",
+                "50",
+                "-s",
+                "64",
+            ],
+            LIMIT,
+        );
+        let header = if test.ends_with("_lat") {
+            "t_typical[usec]"
+        } else {
+            "BW average[MB/sec]"
+        };
+        assert!(out.contains(header), "{test}:\n{out}");
+        let size = if test.starts_with("atomic") {
+            "8"
+        } else {
+            "64"
+        };
+        let row = out
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(size))
+            .unwrap_or_else(|| panic!("{test}: no row for {size} bytes:\n{out}"));
+        assert_eq!(row.split_whitespace().nth(1), Some("50"), "{test}: {row}");
+    }
+}
+
+#[test]
+fn baseline_prints_raw_socket_figures_and_ratios_under_the_tables() {
+    let bw = run_ok(
+        &[
+            "send_bw",
+            "--loopback",
+            "-p",
+            "0",
+            "--udp-port",
+            "28120",
+            "-n",
+            "100",
+            "-s",
+            "8192",
+            "--baseline",
+            "--report_gbits",
+        ],
+        LIMIT,
+    );
+    assert!(bw.contains("BW average[Gb/sec]"), "{bw}");
+    assert!(
+        bw.contains("UDP stream[Gb/sec]") && bw.contains("TCP stream[Gb/sec]"),
+        "{bw}"
+    );
+    assert!(bw.contains("softrdma/UDP"), "{bw}");
+    let lat = run_ok(
+        &[
+            "write_lat",
+            "--loopback",
+            "-p",
+            "0",
+            "--udp-port",
+            "28121",
+            "-n",
+            "100",
+            "--baseline",
+        ],
+        LIMIT,
+    );
+    assert!(lat.contains("UDP ping-pong"), "{lat}");
+    let row = lat
+        .lines()
+        .rev()
+        .find(|l| l.split_whitespace().next() == Some("2"))
+        .unwrap_or_else(|| panic!("no baseline row:\n{lat}"));
+    assert!(row.contains('x'), "ratio missing: {row}");
+}
+
+#[test]
+fn all_sizes_runs_every_power_of_two() {
+    let out = run_ok(
+        &[
+            "write_bw",
+            "--loopback",
+            "-p",
+            "0",
+            "--udp-port",
+            "28122",
+            "-a",
+            "-n",
+            "5",
+        ],
+        LIMIT,
+    );
+    for k in 1..=23 {
+        let size = (1u64 << k).to_string();
+        assert!(
+            out.lines()
+                .any(|l| l.split_whitespace().next() == Some(size.as_str())),
+            "no row for {size}:\n{out}"
+        );
+    }
+}
+
+#[test]
+fn demo_tours_the_model_and_exits_zero() {
+    let out = run_ok(&["demo", "--udp-port", "28123"], LIMIT);
+    for step in [
+        "SEND / RECV",
+        "RDMA WRITE",
+        "RDMA READ",
+        "fetch_add(5):          returned 100, B's word is now 105",
+        "compare_swap(105 -> 7): returned 105, B's word is now 7",
+        "UD message: not available yet",
+        "BW average[MB/sec]",
+        "t_typical[usec]",
+        "softrdma/UDP",
+        "demo done",
+    ] {
+        assert!(out.contains(step), "{step:?} missing from the demo:\n{out}");
+    }
+}
+
+#[test]
+fn a_capture_of_a_benchmark_decodes_cleanly_in_tshark_and_decode() {
+    let pcap = scratch("loopback-read_bw.pcap");
+    let _ = std::fs::remove_file(&pcap);
+    run_ok(
+        &[
+            "read_bw",
+            "--loopback",
+            "-p",
+            "0",
+            "--udp-port",
+            "28124",
+            "-n",
+            "40",
+            "-s",
+            "10000",
+            "--capture",
+            pcap.to_str().unwrap(),
+        ],
+        LIMIT,
+    );
+    let packets = assert_tshark_clean(&pcap);
+    let (_, summary) = decode(&pcap);
+    let (total, good, bad, malformed, other) = decode_counts(&summary);
+    assert_eq!(total as usize, packets);
+    assert_eq!((bad, malformed, other), (0, 0, 0), "{summary}");
+    assert_eq!(good, total, "{summary}");
+    // 40 reads of 10000 bytes: 40 requests and 3 response packets each, at least.
+    assert!(total >= 160, "{summary}");
+}
+
+#[test]
+fn the_capture_environment_variable_records_any_program_using_the_api() {
+    let pcap = scratch("env-pingpong.pcap");
+    let _ = std::fs::remove_file(&pcap);
+    let server = Proc::spawn(
+        "pingpong server",
+        softrdma(&[
+            "pingpong",
+            "-p",
+            "27125",
+            "-B",
+            "127.0.3.6",
+            "--udp-port",
+            "28125",
+            "-n",
+            "20",
+        ]),
+    );
+    let mut c = softrdma(&[
+        "pingpong",
+        "127.0.3.6",
+        "-p",
+        "27125",
+        "-B",
+        "127.0.3.7",
+        "--udp-port",
+        "28125",
+        "-n",
+        "20",
+    ]);
+    c.env("SOFTRDMA_CAPTURE", &pcap);
+    Proc::spawn("pingpong client", c).success(LIMIT);
+    server.success(LIMIT);
+    let packets = assert_tshark_clean(&pcap);
+    let (text, summary) = decode(&pcap);
+    let (total, good, ..) = decode_counts(&summary);
+    assert_eq!(total as usize, packets);
+    assert_eq!(good, total, "{summary}");
+    // 20 messages of 4096 bytes each way (four 1024-byte packets), seen by the client once
+    // as sent or received.
+    assert!(text.matches("RC Send Last").count() >= 40, "{text}");
+}
+
+#[test]
+fn bad_command_lines_are_usage_errors_not_panics() {
+    for args in [
+        vec!["write_bw", "-s", "abc"],
+        vec!["write_lat", "-n", "0"],
+        vec!["read_bw", "-t", "0"],
+        vec!["pingpong", "--mode", "xyz"],
+        vec!["send_bw", "-s", "8", "-a"],
+        vec!["devinfo", "--addr", "not-an-ip"],
+        vec!["nonsense"],
+    ] {
+        let out = run(&args, LIMIT);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?} should be a usage error"
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    // Errors clap cannot see are reported, not panicked over.
+    for args in [
+        vec!["write_bw", "--loopback", "-p", "0", "-m", "1000"],
+        vec!["write_bw", "--loopback", "-p", "0", "-s", "99999999999"],
+        vec!["write_lat", "--loopback", "-p", "0", "-D", "2"],
+    ] {
+        let out = run(&args, LIMIT);
+        assert_eq!(out.status.code(), Some(1), "{args:?} should fail");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.starts_with("softrdma "), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
