@@ -228,6 +228,7 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> Result<()> {
             loopback: true,
             capture: None,
             events: false,
+            busy: false,
             busy_poll: None,
         };
         say!(

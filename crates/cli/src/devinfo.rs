@@ -20,6 +20,10 @@ pub struct DevinfoArgs {
     /// Print every device attribute and the GID table, as `ibv_devinfo -v` does.
     #[arg(short, long)]
     pub verbose: bool,
+    /// Keep the device open this many seconds after printing (to watch an idle device's CPU
+    /// use or capture).
+    #[arg(long, value_name = "SECS", default_value_t = 0)]
+    pub hold: u64,
 }
 
 /// Open the device and print its attributes.
@@ -33,6 +37,11 @@ pub fn run(args: &DevinfoArgs) -> Result<()> {
         args.verbose,
     );
     print!("{text}");
+    if args.hold > 0 {
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        std::thread::sleep(std::time::Duration::from_secs(args.hold));
+    }
     Ok(())
 }
 

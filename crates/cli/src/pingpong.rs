@@ -7,10 +7,11 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use softrdma::{AccessFlags, Buffer, ConnectOptions, Cq, WcStatus, WorkCompletion};
+use softrdma::{AccessFlags, Buffer, ConnectOptions, Cq, WorkCompletion};
 
 use crate::tool::{
-    address_line, io_ctx, open_device, parse_mtu, Ctrl, Result, ToolError, DEFAULT_TCP_PORT,
+    address_line, io_ctx, open_device_with, parse_mtu, wait_cq, Ctrl, PollMode, Result, ToolError,
+    DEFAULT_TCP_PORT,
 };
 
 /// Transport of the ping-pong (which ibv_*_pingpong it mimics).
@@ -55,9 +56,12 @@ pub struct PingpongArgs {
     /// Source GID index.
     #[arg(short = 'g', long = "gid-idx", default_value_t = 0)]
     pub gid_idx: u8,
-    /// Sleep on completion events instead of busy-polling.
-    #[arg(short = 'e', long = "events")]
+    /// Sleep on completion events at once (default: poll briefly, then sleep).
+    #[arg(short = 'e', long = "events", conflicts_with = "busy")]
     pub events: bool,
+    /// Spin on completions without ever sleeping.
+    #[arg(long)]
+    pub busy: bool,
     /// Check the content of every message received.
     #[arg(short = 'c', long = "chk")]
     pub chk: bool,
@@ -71,6 +75,10 @@ pub struct PingpongArgs {
     /// Write every packet this side's device sends and receives to a pcap file.
     #[arg(long, value_name = "FILE.pcap")]
     pub capture: Option<PathBuf>,
+    /// Keep the device and its connected QP open this many seconds after the run (to watch
+    /// an idle device's CPU use).
+    #[arg(long, value_name = "SECS", default_value_t = 0)]
+    pub hold: u64,
 }
 
 /// What a ping-pong measured.
@@ -135,7 +143,8 @@ pub fn run(args: &PingpongArgs, out: &mut dyn Write) -> Result<PingpongResult> {
         Some(ip) if !ip.is_unspecified() => ip,
         _ => ctrl.local_ip()?,
     };
-    let dev = open_device(ip, args.udp_port, args.capture.as_deref())?;
+    let mode = PollMode::from_flags(args.events, args.busy);
+    let dev = open_device_with(ip, args.udp_port, args.capture.as_deref(), None, mode)?;
     let pd = dev.alloc_pd()?;
     let cq = dev.create_cq(args.rx_depth + 2)?;
     let qp = pd
@@ -160,28 +169,8 @@ pub fn run(args: &PingpongArgs, out: &mut dyn Write) -> Result<PingpongResult> {
     let _ = out.flush();
 
     let wait = |cq: &Cq| -> Result<WorkCompletion> {
-        let t0 = Instant::now();
-        let wc = if args.events {
-            cq.wait_one(Some(STALL))?
-        } else {
-            loop {
-                if let Some(wc) = cq.poll_one()? {
-                    break wc;
-                }
-                if t0.elapsed() > STALL {
-                    return Err(softrdma::Error::Timeout.into());
-                }
-                std::hint::spin_loop();
-            }
-        };
-        if wc.status != WcStatus::Success {
-            return Err(softrdma::Error::Completion {
-                wr_id: wc.wr_id,
-                status: wc.status,
-            }
-            .into());
-        }
-        Ok(wc)
+        let mut v = wait_cq(cq, 1, mode, STALL)?;
+        v.pop().ok_or(ToolError::Api(softrdma::Error::Timeout))
     };
     // Wait for our receive, taking the send completion that may come first or after.
     let recv_one = |i: u64| -> Result<()> {
@@ -238,6 +227,9 @@ pub fn run(args: &PingpongArgs, out: &mut dyn Write) -> Result<PingpongResult> {
     // Let the last ACKs go out before the device closes.
     ctrl.send("BYE")?;
     let _ = ctrl.recv();
+    if args.hold > 0 {
+        std::thread::sleep(Duration::from_secs(args.hold));
+    }
     Ok(r)
 }
 

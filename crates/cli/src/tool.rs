@@ -58,19 +58,49 @@ pub const DEFAULT_TCP_PORT: u16 = 18515;
 /// Open an embedded device on `ip`, receiving on and sending to UDP `udp_port`, recording
 /// into `capture` if given.
 pub fn open_device(ip: IpAddr, udp_port: u16, capture: Option<&Path>) -> Result<Device> {
-    open_device_with(ip, udp_port, capture, None)
+    open_device_with(ip, udp_port, capture, None, PollMode::Hybrid)
 }
 
-/// [`open_device`], with the progress thread's busy-poll time set (`None`: the default).
+/// How a tool waits for completions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PollMode {
+    /// Poll briefly, then sleep on the completion channel (the API's blocking wait). The
+    /// default: a soft RNIC's progress threads share the cores with the application, and a
+    /// spinning waiter can starve the very thread that would complete its work.
+    #[default]
+    Hybrid,
+    /// Spin on the CQ without sleeping (perftest's way; best with cores to spare).
+    Busy,
+    /// Sleep on the completion channel at once (`-e`).
+    Events,
+}
+
+impl PollMode {
+    /// From the `-e` and `--busy` flags.
+    pub fn from_flags(events: bool, busy: bool) -> PollMode {
+        match (events, busy) {
+            (true, _) => PollMode::Events,
+            (false, true) => PollMode::Busy,
+            _ => PollMode::Hybrid,
+        }
+    }
+}
+
+/// [`open_device`], with the progress thread's busy-poll time set (`None`: the default) and
+/// completion waits shaped for `mode`.
 pub fn open_device_with(
     ip: IpAddr,
     udp_port: u16,
     capture: Option<&Path>,
     busy_poll: Option<Duration>,
+    mode: PollMode,
 ) -> Result<Device> {
     let mut b = Device::builder(ip).port(udp_port).remote_port(udp_port);
     if let Some(d) = busy_poll {
         b = b.busy_poll(d);
+    }
+    if mode == PollMode::Events {
+        b = b.wait_spin(Duration::ZERO);
     }
     let dev = b.open()?;
     if let Some(path) = capture {
@@ -309,4 +339,39 @@ pub fn address_line(which: &str, e: &Endpoint) -> String {
         e.psn,
         e.gid.to_ip()
     )
+}
+
+/// Wait for one completion on `cq` the way `mode` says, at most `stall`; an error status is an
+/// error.
+pub fn wait_cq(
+    cq: &softrdma::Cq,
+    max: usize,
+    mode: PollMode,
+    stall: Duration,
+) -> Result<Vec<softrdma::WorkCompletion>> {
+    let v = if mode == PollMode::Busy {
+        let t0 = std::time::Instant::now();
+        loop {
+            let v = cq.poll(max)?;
+            if !v.is_empty() {
+                break v;
+            }
+            if t0.elapsed() > stall {
+                return Err(softrdma::Error::Timeout.into());
+            }
+            std::hint::spin_loop();
+        }
+    } else {
+        cq.wait(max, Some(stall))?
+    };
+    for wc in &v {
+        if wc.status != softrdma::WcStatus::Success {
+            return Err(softrdma::Error::Completion {
+                wr_id: wc.wr_id,
+                status: wc.status,
+            }
+            .into());
+        }
+    }
+    Ok(v)
 }
