@@ -27,6 +27,7 @@ pub(crate) fn flush_one<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, w
 pub(crate) fn enter_error<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>) {
     if qp.attr.qp_state != QpState::Err {
         ctx.count(qp, Counter::QpErrors);
+        crate::srq::entered_error(qp, ctx);
     }
     qp.attr.qp_state = QpState::Err;
     qp.attr.cur_qp_state = QpState::Err;

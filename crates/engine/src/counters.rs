@@ -106,6 +106,18 @@ counters! {
     WrFlushed = "wr_flushed",
     /// Memory accesses that failed in the host's Memory implementation.
     MemoryFault = "memory_fault",
+    /// Dropped: a UD datagram's Q_Key differs from the QP's.
+    RxQkeyMismatch = "rx_qkey_mismatch",
+    /// Dropped: a UC or UD message found no receive WQE (no RNR NAK on these services).
+    RxNoRecvWqe = "rx_no_recv_wqe",
+    /// A message needed a receive WQE and the QP's SRQ was empty.
+    RxSrqEmpty = "rx_srq_empty",
+    /// UC: a message in progress was given up (a gap, or it never ended).
+    UcMessageDropped = "uc_message_dropped",
+    /// UC: a packet was dropped while waiting for the next FIRST or ONLY.
+    UcPacketDropped = "uc_packet_dropped",
+    /// UC: a WRITE failed its rkey / PD / bounds / rights checks and was dropped.
+    UcRemoteAccessDropped = "uc_remote_access_dropped",
 }
 
 /// A set of counter values.

@@ -73,6 +73,16 @@ pub enum VerbsError {
     /// The operation does not exist for this QP type, or inline data on a READ / ATOMIC.
     #[error("operation not supported on this QP")]
     OpNotSupported,
+    /// The handle names no memory window of this device (or the wrong type for the call).
+    #[error("no such memory window")]
+    InvalidMw,
+    /// The handle names no shared receive queue of this device.
+    #[error("no such shared receive queue")]
+    InvalidSrq,
+    /// The handle names no address handle of this device, or one of another PD, or its
+    /// attributes are unusable on RoCE.
+    #[error("invalid address handle")]
+    InvalidAh,
     /// The QP type is not implemented yet.
     #[error("QP type not supported")]
     QpTypeNotSupported,
@@ -98,6 +108,9 @@ impl VerbsError {
             | VerbsError::InvalidCq
             | VerbsError::InvalidQp
             | VerbsError::InvalidMr
+            | VerbsError::InvalidMw
+            | VerbsError::InvalidSrq
+            | VerbsError::InvalidAh
             | VerbsError::InvalidGidIndex(_)
             | VerbsError::InvalidPort(_)
             | VerbsError::InvalidAccess

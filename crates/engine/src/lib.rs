@@ -76,12 +76,22 @@ pub mod qp_attr;
 pub mod time;
 pub mod wr;
 
+pub mod ah;
+pub mod mw;
+pub mod srq;
+pub mod ud;
+
 mod comp;
+mod events;
+mod local;
+mod qp_ext;
 mod recv;
+mod recv_wqe;
 mod req;
 mod resp;
 mod rng;
 mod table;
+mod uc;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::IpAddr;
@@ -101,6 +111,11 @@ pub use qp_attr::{
 };
 pub use time::Instant;
 pub use wr::{RecvWr, SendFlags, SendOp, SendPayload, SendWr, Sge};
+
+pub use ah::AhHandle;
+pub use mw::{MwBind, MwHandle, MwKeys, MwType};
+pub use srq::{SrqAttr, SrqAttrMask, SrqHandle};
+pub use ud::{UdDest, GRH_LEN};
 
 use cq::{Cq, Push};
 use mr::{Mr, MrTable};
@@ -139,6 +154,28 @@ pub enum AsyncEvent {
         /// The QP number.
         qpn: u32,
     },
+    /// An SRQ fell below its armed limit (`IBV_EVENT_SRQ_LIMIT_REACHED`); the limit is
+    /// disarmed until `modify_srq` sets it again.
+    SrqLimitReached {
+        /// The SRQ.
+        srq: SrqHandle,
+    },
+    /// A QP attached to an SRQ entered ERR and will consume no more WQEs
+    /// (`IBV_EVENT_QP_LAST_WQE_REACHED`, IBA 11.6.3.1).
+    QpLastWqeReached {
+        /// The QP number.
+        qpn: u32,
+    },
+    /// The port became active (`IBV_EVENT_PORT_ACTIVE`).
+    PortActive {
+        /// The port number.
+        port: u8,
+    },
+    /// The port went down (`IBV_EVENT_PORT_ERR`).
+    PortErr {
+        /// The port number.
+        port: u8,
+    },
 }
 
 /// First QPN handed out: QP0 and QP1 are the special QPs of IBA 10.2.5 (SMI, GSI).
@@ -148,7 +185,9 @@ const FIRST_QPN: u32 = 0x11;
 pub(crate) struct Ctx<'a, M: Memory + ?Sized> {
     pub(crate) now: Instant,
     pub(crate) mem: &'a mut M,
-    pub(crate) mrs: &'a MrTable,
+    pub(crate) mrs: &'a mut MrTable,
+    pub(crate) mws: &'a mut mw::MwTable,
+    pub(crate) srqs: &'a mut Table<srq::Srq>,
     pub(crate) cqs: &'a mut Table<Cq>,
     pub(crate) counters: &'a mut Counters,
     pub(crate) events: &'a mut VecDeque<AsyncEvent>,
@@ -221,6 +260,12 @@ pub struct Engine<M: Memory + ?Sized = dyn Memory> {
     mrs: MrTable,
     cqs: Table<Cq>,
     qps: BTreeMap<u32, Qp>,
+    srqs: Table<srq::Srq>,
+    mws: mw::MwTable,
+    ahs: Table<ah::Ah>,
+    port_state: PortState,
+    /// Delivered events that must be acknowledged (`ack_async_event`).
+    unacked_events: Vec<AsyncEvent>,
     /// QPs that may have something to send: `poll_transmit` looks only at these, so idle
     /// QPs cost nothing (a QP leaves the set when it has nothing queued at all).
     active: BTreeSet<u32>,
@@ -247,7 +292,9 @@ macro_rules! ctx {
         Ctx {
             now: $now,
             mem: &mut *$self.mem,
-            mrs: &$self.mrs,
+            mrs: &mut $self.mrs,
+            mws: &mut $self.mws,
+            srqs: &mut $self.srqs,
             cqs: &mut $self.cqs,
             counters: &mut $self.counters,
             events: &mut $self.events,
@@ -258,6 +305,7 @@ macro_rules! ctx {
         }
     };
 }
+pub(crate) use ctx;
 
 impl Engine<dyn Memory> {
     /// A device with the port addresses, limits and RNG seed of `config`, reaching registered
@@ -286,6 +334,11 @@ impl<M: Memory + ?Sized> Engine<M> {
             mrs: MrTable::default(),
             cqs: Table::default(),
             qps: BTreeMap::new(),
+            srqs: Table::default(),
+            mws: mw::MwTable::default(),
+            ahs: Table::default(),
+            port_state: PortState::Active,
+            unacked_events: Vec::new(),
             active: BTreeSet::new(),
             next_qpn: FIRST_QPN,
             counters: Counters::default(),
@@ -299,6 +352,9 @@ impl<M: Memory + ?Sized> Engine<M> {
 
     /// Process one received packet (a whole IP packet). Bad packets are counted and dropped.
     pub fn handle_datagram(&mut self, now: Instant, packet: &[u8]) {
+        if self.port_state == PortState::Down {
+            return;
+        }
         let mut overflowed = Vec::new();
         {
             let mut ctx = ctx!(self, now, overflowed);
@@ -328,6 +384,9 @@ impl<M: Memory + ?Sized> Engine<M> {
     /// Returns `None` when nothing is ready, or when `buf` is too small for the next packet
     /// (a buffer of path MTU + 128 bytes always suffices).
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        if self.port_state == PortState::Down {
+            return None;
+        }
         let mut overflowed = Vec::new();
         let mut result = None;
         {
@@ -404,7 +463,7 @@ impl<M: Memory + ?Sized> Engine<M> {
             return Err(VerbsError::InvalidPort(port));
         }
         Ok(PortAttr {
-            state: PortState::Active,
+            state: self.port_state,
             max_mtu: self.config.mtu,
             active_mtu: self.config.mtu,
             gid_tbl_len: self.gids.len() as u32,
@@ -440,7 +499,11 @@ impl<M: Memory + ?Sized> Engine<M> {
 
     /// The next asynchronous event, if any (`ibv_get_async_event`; no ack is needed).
     pub fn get_async_event(&mut self) -> Option<AsyncEvent> {
-        self.events.pop_front()
+        let ev = self.events.pop_front();
+        if let Some(e) = ev {
+            self.note_delivered(e);
+        }
+        ev
     }
 
     /// The memory the engine accesses (for the host: it is the host's own object).
@@ -500,6 +563,7 @@ impl<M: Memory + ?Sized> Engine<M> {
             access,
             lkey: 0,
             rkey: 0,
+            valid: true,
         };
         let keys = self
             .mrs
@@ -608,9 +672,6 @@ impl<M: Memory + ?Sized> Engine<M> {
 
     /// `ibv_create_qp`: a QP in RESET. Returns its QP number.
     pub fn create_qp(&mut self, init: &QpInitAttr) -> Result<u32, VerbsError> {
-        if init.qp_type != QpType::Rc {
-            return Err(VerbsError::QpTypeNotSupported);
-        }
         if self.pds.get(init.pd.0).is_none() {
             return Err(VerbsError::InvalidPd);
         }
@@ -662,6 +723,7 @@ impl<M: Memory + ?Sized> Engine<M> {
             req: ReqState::default(),
             resp: RespState::default(),
             counters: Counters::default(),
+            ext: Default::default(),
         };
         self.qps.insert(qpn, qp);
         if let Some(p) = self.pds.get_mut(init.pd.0) {
@@ -728,12 +790,15 @@ impl<M: Memory + ?Sized> Engine<M> {
         let mut merged = qp.attr;
         merged.apply(attr, mask);
         // The path is fixed when the QP becomes able to receive (RTR) or when AV changes.
-        let path =
-            if mask.contains(QpAttrMask::AV) || (next == QpState::Rtr && current != QpState::Rtr) {
-                Some(self.path_of(qpn, &merged)?)
-            } else {
-                None
-            };
+        // UD has no path: each WR names its destination (an address handle).
+        let path = if !qp.qp_type.is_connected() {
+            None
+        } else if mask.contains(QpAttrMask::AV) || (next == QpState::Rtr && current != QpState::Rtr)
+        {
+            Some(self.path_of(qpn, &merged)?)
+        } else {
+            None
+        };
         let mut overflowed = Vec::new();
         {
             let mut ctx = ctx!(self, Instant::default(), overflowed);
@@ -784,7 +849,10 @@ impl<M: Memory + ?Sized> Engine<M> {
                             ..ReqState::default()
                         };
                     }
-                    QpState::Err => comp::enter_error(qp, &mut ctx),
+                    QpState::Err => {
+                        srq::entered_error(qp, &mut ctx);
+                        comp::enter_error(qp, &mut ctx);
+                    }
                     QpState::Sqd => {
                         qp.attr.sq_draining = true;
                         comp::check_drained(qp, &mut ctx);
@@ -837,6 +905,7 @@ impl<M: Memory + ?Sized> Engine<M> {
         let r = {
             let mut ctx = ctx!(self, Instant::default(), overflowed);
             let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::InvalidQp)?;
+            uc::check_op(qp.qp_type, &wr.op)?;
             req::post(qp, &mut ctx, wr)
         };
         self.active.insert(qpn);
@@ -850,6 +919,10 @@ impl<M: Memory + ?Sized> Engine<M> {
         let r = {
             let mut ctx = ctx!(self, Instant::default(), overflowed);
             let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::InvalidQp)?;
+            if qp.ext.srq.is_some() {
+                // IBA 10.2.9: a QP with an SRQ has no receive queue of its own.
+                return Err(VerbsError::OpNotSupported);
+            }
             resp::post_recv(qp, &mut ctx, wr)
         };
         self.error_overflowed(overflowed);
@@ -868,8 +941,23 @@ fn transmit_one<M: Memory + ?Sized>(
     if !qp.may_transmit() {
         return None;
     }
+    match qp.qp_type {
+        QpType::Ud => return ud::transmit(qp, ctx, buf),
+        QpType::Uc => {
+            let dst = qp.path?.dst_ip;
+            return uc::transmit(qp, ctx, buf).map(|len| Transmit { len, dst });
+        }
+        QpType::Rc => {}
+    }
     let dst = qp.path?.dst_ip;
-    let len = resp::transmit(qp, ctx, buf).or_else(|| req::transmit(qp, ctx, buf))?;
+    if let Some(len) = resp::transmit(qp, ctx, buf) {
+        return Some(Transmit { len, dst });
+    }
+    // Binds and local invalidations run at the head of the send queue.
+    if !local::run_head(qp, ctx) {
+        return None;
+    }
+    let len = req::transmit(qp, ctx, buf)?;
     Some(Transmit { len, dst })
 }
 

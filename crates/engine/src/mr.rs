@@ -36,6 +36,8 @@ pub(crate) struct Mr {
     pub(crate) access: AccessFlags,
     pub(crate) lkey: u32,
     pub(crate) rkey: u32,
+    /// False once invalidated (LOCAL_INV or SEND_WITH_INV naming it): its keys stop working.
+    pub(crate) valid: bool,
 }
 
 /// Why a key check failed. Each maps to a different completion status or NAK.
@@ -92,7 +94,27 @@ impl MrTable {
     fn by_key(&self, key: u32, remote: bool) -> Option<&Mr> {
         let mr = self.table.get(key >> KEY_TAG_BITS)?;
         let k = if remote { mr.rkey } else { mr.lkey };
-        (k == key).then_some(mr)
+        (k == key && mr.valid).then_some(mr)
+    }
+
+    /// Whether `h` is still the valid region whose lkey was `lkey` (memory windows check
+    /// the region under them this way).
+    pub(crate) fn is_live(&self, h: MrHandle, lkey: u32) -> bool {
+        self.table
+            .get(h.0)
+            .is_some_and(|m| m.valid && m.lkey == lkey)
+    }
+
+    /// Invalidate the valid region of `pd` whose lkey or rkey is `key` (IBA 10.6.6: local
+    /// and remote invalidation). Returns whether one was.
+    pub(crate) fn invalidate(&mut self, key: u32, pd: PdHandle) -> bool {
+        match self.table.get_mut(key >> KEY_TAG_BITS) {
+            Some(m) if m.valid && m.pd == pd && (m.lkey == key || m.rkey == key) => {
+                m.valid = false;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Check a local access through an lkey (IBA 10.6.3.2: key, PD, bounds, rights).

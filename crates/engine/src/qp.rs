@@ -201,6 +201,8 @@ pub(crate) struct Qp {
     pub(crate) req: ReqState,
     pub(crate) resp: RespState,
     pub(crate) counters: Counters,
+    /// State of the UC / UD / SRQ functions.
+    pub(crate) ext: crate::qp_ext::QpExt,
 }
 
 impl Qp {

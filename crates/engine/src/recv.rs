@@ -11,7 +11,7 @@ use crate::device::Gid;
 use crate::memory::Memory;
 use crate::qp::Qp;
 use crate::qp_attr::QpType;
-use crate::{comp, resp, Ctx};
+use crate::{comp, resp, srq, uc, ud, Ctx};
 
 /// P_Keys match when their low 15 bits are equal and at least one is a full member
 /// (IBA 10.9.3); RoCE ports carry only the default 0xffff.
@@ -54,7 +54,8 @@ pub(crate) fn handle<M: Memory + ?Sized>(
     };
     let transport_ok = match qp.qp_type {
         QpType::Rc => bth.opcode.transport() == Transport::Rc,
-        _ => false,
+        QpType::Uc => bth.opcode.transport() == Transport::Uc,
+        QpType::Ud => bth.opcode.transport() == Transport::Ud,
     };
     if !transport_ok {
         ctx.count(qp, Counter::RxBadOpcode);
@@ -78,6 +79,14 @@ pub(crate) fn handle<M: Memory + ?Sized>(
         ctx.count(qp, Counter::RxBadQpState);
         return None;
     }
+    if qp.qp_type == QpType::Ud {
+        // Datagrams come from anyone: the Q_Key is the check (in `ud`).
+        ctx.count(qp, Counter::RxPackets);
+        ctx.count_n(qp, Counter::RxBytes, bytes.len() as u64);
+        srq::prefetch(qp, ctx, &pkt);
+        ud::handle_request(qp, ctx, &pkt, bytes);
+        return Some(qp.qpn);
+    }
     // A connected QP talks to one peer only (IBA 9.6.1.5.1 for RC: the source must be the
     // path's destination).
     match qp.path {
@@ -92,7 +101,12 @@ pub(crate) fn handle<M: Memory + ?Sized>(
     if is_response {
         comp::handle_response(qp, ctx, &pkt);
     } else {
-        resp::handle_request(qp, ctx, &pkt);
+        srq::prefetch(qp, ctx, &pkt);
+        if qp.qp_type == QpType::Uc {
+            uc::handle_request(qp, ctx, &pkt);
+        } else {
+            resp::handle_request(qp, ctx, &pkt);
+        }
     }
     Some(qp.qpn)
 }

@@ -91,7 +91,11 @@ pub(crate) fn packets_for(len: u64, mtu: u32) -> u32 {
 
 /// The execution-time checks of a WQE's local buffers (IBA 10.6.3.2 / C10-?: lkey, PD,
 /// bounds, and LOCAL_WRITE where the HCA writes them). Returns the memory owners.
-fn validate(wqe: &SendWqe, pd: PdHandle, mrs: &MrTable) -> Result<Vec<MemOwner>, WcStatus> {
+pub(crate) fn validate(
+    wqe: &SendWqe,
+    pd: PdHandle,
+    mrs: &MrTable,
+) -> Result<Vec<MemOwner>, WcStatus> {
     if wqe.len > u64::from(MAX_MSG_SIZE) {
         return Err(WcStatus::LocLenErr);
     }
@@ -147,7 +151,7 @@ pub(crate) fn ip_repr(path: &Path) -> IpRepr {
 
 /// Gather `out.len()` bytes of the message starting at byte `offset` from its SGEs (or inline
 /// data) into `out`.
-fn gather<M: Memory + ?Sized>(
+pub(crate) fn gather<M: Memory + ?Sized>(
     wqe: &SendWqe,
     mem: &mut M,
     mut offset: u64,
@@ -187,7 +191,7 @@ fn gather<M: Memory + ?Sized>(
     }
 }
 
-fn send_opcode(op: &SendOp, first: bool, last: bool) -> Opcode {
+pub(crate) fn send_opcode(op: &SendOp, first: bool, last: bool) -> Opcode {
     use Opcode::*;
     match (op, first, last) {
         (SendOp::Send, true, true) => RcSendOnly,
@@ -203,6 +207,8 @@ fn send_opcode(op: &SendOp, first: bool, last: bool) -> Opcode {
         (SendOp::SendWithImm { .. }, false, true) => RcSendLastImm,
         (SendOp::SendWithInv { .. }, false, true) => RcSendLastInv,
         (SendOp::RdmaWrite { .. }, true, true) => RcRdmaWriteOnly,
+        // Binds and local invalidations never reach the wire (`local` runs them).
+        (SendOp::BindMw { .. } | SendOp::LocalInv { .. }, _, _) => RcRdmaWriteOnly,
         // READ and ATOMIC requests are built elsewhere; they are never segmented.
         (SendOp::RdmaRead { .. }, _, _) => RcRdmaReadRequest,
         (SendOp::AtomicCmpSwap { .. }, _, _) => RcCompareSwap,

@@ -296,6 +296,19 @@ fn do_send<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &RoceV2Pa
     if t.bth.opcode.is_last() || t.bth.opcode.is_only() {
         let imm = t.immdt;
         let inv = t.ieth;
+        if let Some(rkey) = inv {
+            // IBA 10.6.7.2.2 / 9.4: SEND with Invalidate frees a type 2 window bound on this
+            // QP, or invalidates a region of this PD; a key it may not invalidate fails the
+            // receive (REM_INV_REQ_ERR, as rxe) and the QP, and the requester is NAKed.
+            if crate::mw::invalidate(ctx.mrs, ctx.mws, qp.pd, Some(qp.qpn), rkey.value()).is_err() {
+                complete_recv(qp, ctx, false, |wc| {
+                    wc.status = WcStatus::RemInvReqErr;
+                    wc.byte_len = total as u32;
+                });
+                fatal_nak(qp, ctx, psn, NakCode::InvalidRequest);
+                return false;
+            }
+        }
         complete_recv(qp, ctx, t.bth.solicited, |wc| {
             wc.byte_len = total as u32;
             if let Some(imm) = imm {
@@ -303,9 +316,7 @@ fn do_send<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &RoceV2Pa
                 wc.wc_flags |= WcFlags::WITH_IMM;
             }
             if let Some(rkey) = inv {
-                // IBA 10.6.6 / 9.4: SEND with Invalidate names an rkey of this PD to invalidate.
-                // Only memory windows and fast-registered MRs can be invalidated, and neither
-                // exists yet, so the key is reported and nothing else happens.
+                // Invalidated above.
                 wc.invalidated_rkey = rkey.value();
                 wc.wc_flags |= WcFlags::WITH_INV;
             }
@@ -333,7 +344,8 @@ fn do_write<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &RoceV2P
         let owner = if len == 0 {
             crate::MemOwner::default()
         } else {
-            match ctx.mrs.check_remote(
+            match ctx.check_rkey(
+                qp.qpn,
                 reth.rkey.value(),
                 qp.pd,
                 reth.va,
@@ -431,7 +443,8 @@ fn do_read<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &RoceV2Pa
     let owner = if len == 0 {
         crate::MemOwner::default()
     } else {
-        match ctx.mrs.check_remote(
+        match ctx.check_rkey(
+            qp.qpn,
             reth.rkey.value(),
             qp.pd,
             reth.va,
@@ -484,17 +497,20 @@ fn do_atomic<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &RoceV2
         fatal_nak(qp, ctx, psn, NakCode::InvalidRequest);
         return;
     }
-    let owner =
-        match ctx
-            .mrs
-            .check_remote(a.rkey.value(), qp.pd, a.va, 8, AccessFlags::REMOTE_ATOMIC)
-        {
-            Ok(o) => o,
-            Err(_) => {
-                fatal_nak(qp, ctx, psn, NakCode::RemoteAccessError);
-                return;
-            }
-        };
+    let owner = match ctx.check_rkey(
+        qp.qpn,
+        a.rkey.value(),
+        qp.pd,
+        a.va,
+        8,
+        AccessFlags::REMOTE_ATOMIC,
+    ) {
+        Ok(o) => o,
+        Err(_) => {
+            fatal_nak(qp, ctx, psn, NakCode::RemoteAccessError);
+            return;
+        }
+    };
     let r = if t.bth.opcode == Opcode::RcCompareSwap {
         ctx.mem.compare_swap(owner, a.va, a.compare, a.swap_add)
     } else {
@@ -543,7 +559,8 @@ fn duplicate<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &RoceV2
             let owner = if len == 0 {
                 crate::MemOwner::default()
             } else {
-                match ctx.mrs.check_remote(
+                match ctx.check_rkey(
+                    qp.qpn,
                     reth.rkey.value(),
                     qp.pd,
                     reth.va,
@@ -662,8 +679,14 @@ pub(crate) fn transmit<M: Memory + ?Sized>(
                 // The MR may have been deregistered since the request was checked.
                 if plen > 0
                     && ctx
-                        .mrs
-                        .check_remote(rkey, qp.pd, va + done, plen, AccessFlags::REMOTE_READ)
+                        .check_rkey(
+                            qp.qpn,
+                            rkey,
+                            qp.pd,
+                            va + done,
+                            plen,
+                            AccessFlags::REMOTE_READ,
+                        )
                         .is_err()
                 {
                     // The requester learns it the way it would have at request time.

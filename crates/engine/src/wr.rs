@@ -98,6 +98,21 @@ pub enum SendOp {
         /// Value to add.
         add: u64,
     },
+    /// Bind a memory window (`IBV_WR_BIND_MW`): a type 2 window gets `rkey` (same index,
+    /// new tag, e.g. `ibv_inc_rkey` of the current one) and the range of `bind`.
+    BindMw {
+        /// The window.
+        mw: crate::mw::MwHandle,
+        /// The window's rkey once bound.
+        rkey: u32,
+        /// What it exposes.
+        bind: crate::mw::MwBind,
+    },
+    /// Invalidate a type 2 window or a memory region by key (`IBV_WR_LOCAL_INV`).
+    LocalInv {
+        /// The window's rkey, or the region's lkey or rkey.
+        rkey: u32,
+    },
 }
 
 impl SendOp {
@@ -111,6 +126,8 @@ impl SendOp {
             SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
             SendOp::AtomicCmpSwap { .. } => WcOpcode::CompSwap,
             SendOp::AtomicFetchAdd { .. } => WcOpcode::FetchAdd,
+            SendOp::BindMw { .. } => WcOpcode::BindMw,
+            SendOp::LocalInv { .. } => WcOpcode::LocalInv,
         }
     }
 
@@ -193,6 +210,21 @@ impl SendWr {
     /// A signaled RDMA READ of `remote_addr` / `rkey` into `sges`.
     pub fn rdma_read(wr_id: u64, sges: Vec<Sge>, remote_addr: u64, rkey: u32) -> SendWr {
         SendWr::new(wr_id, SendOp::RdmaRead { remote_addr, rkey }, sges)
+    }
+
+    /// A signaled bind of window `mw` to `bind`, giving it `rkey`.
+    pub fn bind_mw(
+        wr_id: u64,
+        mw: crate::mw::MwHandle,
+        rkey: u32,
+        bind: crate::mw::MwBind,
+    ) -> SendWr {
+        SendWr::new(wr_id, SendOp::BindMw { mw, rkey, bind }, Vec::new())
+    }
+
+    /// A signaled local invalidation of `rkey` (a type 2 window, or a region's key).
+    pub fn local_inv(wr_id: u64, rkey: u32) -> SendWr {
+        SendWr::new(wr_id, SendOp::LocalInv { rkey }, Vec::new())
     }
 
     /// Replace the payload with inline bytes (`IBV_SEND_INLINE`).

@@ -645,3 +645,255 @@ impl Wiretap {
             .collect()
     }
 }
+
+// ----- Helpers of the UC / UD / SRQ / memory window tests (issue 4) -----
+
+/// A host of the UC / UD / SRQ / MW tests: an engine in the sim with one PD and one MR
+/// (local write, remote read / write / atomic, MW bind) over all of its test memory.
+#[derive(Debug, Clone, Copy)]
+pub struct Host4 {
+    /// The node in the sim.
+    pub node: NodeId,
+    /// Its address.
+    pub ip: IpAddr,
+    /// Protection domain.
+    pub pd: PdHandle,
+    /// The MR over all of the test memory.
+    pub mr: MrKeys,
+    /// First address of the test memory.
+    pub base: u64,
+    /// Bytes of test memory.
+    pub len: u64,
+}
+
+impl Host4 {
+    /// An SGE over `len` bytes at offset `off` of this host's memory.
+    pub fn sge(&self, off: u64, len: u32) -> Sge {
+        Sge::new(self.base + off, len, self.mr.lkey)
+    }
+
+    /// The address of offset `off`.
+    pub fn addr(&self, off: u64) -> u64 {
+        self.base + off
+    }
+}
+
+/// QP numbers and CQs of one QP of the issue-4 tests.
+#[derive(Debug, Clone, Copy)]
+pub struct Qp4 {
+    /// The QP number.
+    pub qpn: u32,
+    /// CQ of the send queue.
+    pub send_cq: CqHandle,
+    /// CQ of the receive queue.
+    pub recv_cq: CqHandle,
+}
+
+/// Adds host number `n` (10.0.0.n) with `mem_len` bytes of test memory to `sim`.
+pub fn add_host4(sim: &mut Sim<Host>, n: u8, seed: u64, mem_len: usize) -> Host4 {
+    let ip = side_ip(false, n);
+    let base = u64::from(n) << 28;
+    let mem = TestMemory::default();
+    mem.add_region(OWNER, base, mem_len);
+    let mut engine = Engine::new(
+        EngineConfig::new(vec![ip], sim::rng::mix(seed ^ base)),
+        Box::new(mem.clone()),
+    );
+    let pd = engine.alloc_pd().expect("alloc_pd");
+    let access = AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_ATOMIC
+        | AccessFlags::MW_BIND;
+    let mr = engine
+        .reg_mr(pd, OWNER, base, mem_len as u64, access)
+        .expect("reg_mr");
+    let node = sim.add_node([ip], Host { engine, mem });
+    Host4 {
+        node,
+        ip,
+        pd,
+        mr,
+        base,
+        len: mem_len as u64,
+    }
+}
+
+/// A QP of `qp_type` in RESET with its own CQs (or `cqs`), taking receives from `srq` if
+/// given.
+pub fn new_qp4(
+    e: &mut Engine,
+    pd: PdHandle,
+    qp_type: QpType,
+    depth: u32,
+    srq: Option<engine::SrqHandle>,
+    cqs: Option<(CqHandle, CqHandle)>,
+) -> Qp4 {
+    let (send_cq, recv_cq) = cqs.unwrap_or_else(|| {
+        (
+            e.create_cq(4096).expect("create_cq"),
+            e.create_cq(4096).expect("create_cq"),
+        )
+    });
+    let init = QpInitAttr {
+        pd,
+        send_cq,
+        recv_cq,
+        cap: QpCap {
+            max_send_wr: depth,
+            max_recv_wr: depth,
+            max_send_sge: 4,
+            max_recv_sge: 4,
+            max_inline_data: 64,
+        },
+        qp_type,
+        sq_sig_all: false,
+    };
+    let qpn = match srq {
+        Some(s) => e.create_qp_with_srq(&init, s),
+        None => e.create_qp(&init),
+    }
+    .expect("create_qp");
+    Qp4 {
+        qpn,
+        send_cq,
+        recv_cq,
+    }
+}
+
+/// Moves a UD QP through INIT and RTR to RTS with Q_Key `qkey`.
+pub fn ud_up(e: &mut Engine, qpn: u32, qkey: u32) {
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        pkey_index: 0,
+        port_num: 1,
+        qkey,
+        ..QpAttr::default()
+    };
+    e.modify_qp(
+        qpn,
+        &init,
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
+    )
+    .expect("UD RESET -> INIT");
+    let rtr = QpAttr {
+        qp_state: QpState::Rtr,
+        ..QpAttr::default()
+    };
+    e.modify_qp(qpn, &rtr, QpAttrMask::STATE)
+        .expect("UD INIT -> RTR");
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        sq_psn: 0x12,
+        ..QpAttr::default()
+    };
+    e.modify_qp(qpn, &rts, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
+        .expect("UD RTR -> RTS");
+}
+
+/// Connects a UC or RC QP to `peer_qpn` at `peer_ip` and moves it to RTS (RC: timeout 10,
+/// retry 7, rnr_retry 7, min_rnr_timer 1, 16 READ/ATOMIC each way).
+#[allow(clippy::too_many_arguments)]
+pub fn connect4(
+    e: &mut Engine,
+    qp_type: QpType,
+    qpn: u32,
+    peer_ip: IpAddr,
+    peer_qpn: u32,
+    mtu: PathMtu,
+    sq_psn: u32,
+    rq_psn: u32,
+) {
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        pkey_index: 0,
+        port_num: 1,
+        qp_access_flags: AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_READ
+            | AccessFlags::REMOTE_ATOMIC,
+        ..QpAttr::default()
+    };
+    e.modify_qp(
+        qpn,
+        &init,
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+    )
+    .expect("RESET -> INIT");
+    let rc = qp_type == QpType::Rc;
+    let rtr = QpAttr {
+        qp_state: QpState::Rtr,
+        path_mtu: mtu,
+        dest_qp_num: peer_qpn,
+        rq_psn,
+        max_dest_rd_atomic: 16,
+        min_rnr_timer: 1,
+        ah_attr: AhAttr {
+            dgid: Gid::from_ip(peer_ip).0,
+            sgid_index: 0,
+            is_global: true,
+            ..AhAttr::default()
+        },
+        ..QpAttr::default()
+    };
+    let mut mask = QpAttrMask::STATE
+        | QpAttrMask::AV
+        | QpAttrMask::PATH_MTU
+        | QpAttrMask::DEST_QPN
+        | QpAttrMask::RQ_PSN;
+    if rc {
+        mask |= QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER;
+    }
+    e.modify_qp(qpn, &rtr, mask).expect("INIT -> RTR");
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        sq_psn,
+        timeout: 10,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        max_rd_atomic: 16,
+        ..QpAttr::default()
+    };
+    let mut mask = QpAttrMask::STATE | QpAttrMask::SQ_PSN;
+    if rc {
+        mask |= QpAttrMask::TIMEOUT
+            | QpAttrMask::RETRY_CNT
+            | QpAttrMask::RNR_RETRY
+            | QpAttrMask::MAX_QP_RD_ATOMIC;
+    }
+    e.modify_qp(qpn, &rts, mask).expect("RTR -> RTS");
+}
+
+/// An address handle on `e` (in `pd`) for `peer_ip`.
+pub fn ah4(e: &mut Engine, pd: PdHandle, peer_ip: IpAddr) -> engine::AhHandle {
+    e.create_ah(
+        pd,
+        &AhAttr {
+            dgid: Gid::from_ip(peer_ip).0,
+            sgid_index: 0,
+            hop_limit: 64,
+            is_global: true,
+            ..AhAttr::default()
+        },
+    )
+    .expect("create_ah")
+}
+
+/// Runs the sim until `cq` of `node` holds at least `n` completions (or nothing is left to
+/// do, or `within` of virtual time passes), then takes them all.
+pub fn drain_cq(
+    sim: &mut Sim<Host>,
+    node: NodeId,
+    cq: CqHandle,
+    n: usize,
+    within: Duration,
+) -> Vec<WorkCompletion> {
+    let deadline = sim.now() + within;
+    let _ = sim.run_until(
+        |s| s.node(node).engine.cq_len(cq).unwrap_or(0) >= n,
+        deadline,
+    );
+    sim.node_mut(node)
+        .engine
+        .poll_cq(cq, usize::MAX)
+        .expect("poll_cq")
+}
