@@ -60,7 +60,8 @@ pub struct RuntimeConfig {
 
 impl RuntimeConfig {
     /// Defaults for a device on `addr`: port 4791 both ways, per-QP source ports, UDP receive
-    /// path, 50 µs of busy polling, MTU 4096.
+    /// path, no busy polling (spinning threads starve each other on small machines; raise it
+    /// where cores are spare), MTU 4096.
     pub fn new(addr: IpAddr) -> RuntimeConfig {
         RuntimeConfig {
             addr,
@@ -68,7 +69,7 @@ impl RuntimeConfig {
             remote_port: wire::ROCEV2_UDP_PORT,
             src_port_policy: SrcPortPolicy::PerQp,
             rx_path: RxPath::Udp,
-            busy_poll: Duration::from_micros(50),
+            busy_poll: Duration::ZERO,
             rx_batch: 32,
             mtu: Mtu::Mtu4096,
             device: DeviceAttr::default(),

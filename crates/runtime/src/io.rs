@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::io;
 use std::io::IoSliceMut;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use nix::sys::socket::{self as nsock, ControlMessageOwned, MsgFlags, SockaddrStorage};
@@ -139,6 +139,11 @@ impl Tx {
         }
     }
 
+    /// Change the UDP port packets are sent to.
+    pub(crate) fn set_remote_port(&mut self, port: u16) {
+        self.remote_port = port;
+    }
+
     /// The socket for `port`, opened on first use; `None` when it cannot be had.
     fn socket_for(&mut self, port: u16) -> Option<&Socket> {
         let local = self.local;
@@ -240,7 +245,15 @@ pub(crate) struct Rx {
     meta: Vec<Meta>,
     headers: nsock::MultiHeaders<SockaddrStorage>,
     batch: usize,
+    /// Receive-side counters.
+    pub(crate) counters: IoCounters,
 }
+
+// SAFETY: `MultiHeaders` is !Send only because it holds raw pointers; they point into its own
+// heap allocations (control-message buffers and addresses), which move with it, and every use
+// goes through `&mut self` (the runtime keeps the `Rx` behind a mutex).
+#[allow(unsafe_code)]
+unsafe impl Send for Rx {}
 
 impl core::fmt::Debug for Rx {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
@@ -266,18 +279,14 @@ impl Rx {
             meta: Vec::with_capacity(batch),
             headers: nsock::MultiHeaders::preallocate(batch, Some(cmsg)),
             batch,
+            counters: IoCounters::default(),
         }
-    }
-
-    /// The socket to wait on.
-    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
-        use std::os::fd::AsFd;
-        self.sock.as_fd()
     }
 
     /// Receive what is waiting (up to one batch) without blocking; rebuild each datagram's IP
     /// and UDP headers. Returns the number of packets ready in [`Rx::packet`].
-    pub(crate) fn recv_batch(&mut self, counters: &mut IoCounters) -> usize {
+    pub(crate) fn recv_batch(&mut self) -> usize {
+        let counters = &mut self.counters;
         self.meta.clear();
         let mut iovs: Vec<[IoSliceMut<'_>; 1]> = self
             .slots

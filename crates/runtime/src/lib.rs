@@ -72,7 +72,7 @@
 //!
 //! Three places, each with a `// SAFETY:` comment: the [`engine::Memory`] implementation over
 //! process memory (`memory`), `setsockopt(IP_MTU_DISCOVER)` (`io`), and the `Send` promise of
-//! the engine wrapper (below). [`EngineGuard::reg_mr`] is `unsafe`: its caller promises the
+//! the `recvmmsg` headers (`io`). [`EngineGuard::reg_mr`] is `unsafe`: its caller promises the
 //! memory stays valid until it is deregistered.
 
 #![deny(unsafe_code)]
@@ -87,14 +87,14 @@ use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::ops::{Deref, DerefMut};
 use std::os::fd::{AsFd, BorrowedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use engine::{
-    AccessFlags, AsyncEvent, CqHandle, Engine, EngineConfig, Instant, MemOwner, MrHandle, MrKeys,
-    PdHandle, VerbsError,
+    AccessFlags, AsyncEvent, CqHandle, Engine, EngineConfig, Instant, MemOwner, Memory, MrHandle,
+    MrKeys, PdHandle, VerbsError,
 };
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use nix::sys::time::TimeSpec;
@@ -135,15 +135,8 @@ fn io_err(what: &'static str) -> impl FnOnce(nix::errno::Errno) -> RuntimeError 
     }
 }
 
-/// The engine, promised `Send`.
-struct SendEngine(Engine);
-
-// SAFETY: `Engine` is `!Send` only because it holds a `Box<dyn Memory>` without a `Send`
-// bound. The only memory a runtime ever gives it is `memory::ProcessMemory`, which is `Send`
-// (an `Arc<Mutex<_>>`); every other field of the engine is plain owned data. Requested
-// upstream: `Box<dyn Memory + Send>` (plan/engine-bugs.txt).
-#[allow(unsafe_code)]
-unsafe impl Send for SendEngine {}
+/// The engine as a runtime hosts it: over memory that may move between threads.
+pub type SendEngine = Engine<dyn Memory + Send>;
 
 /// An `eventfd` that announces completions on one CQ (the completion channel of
 /// `ibv_req_notify_cq`): readable once after each [`Runtime::arm_cq`] that found or later saw a
@@ -216,7 +209,7 @@ struct Core {
 impl Core {
     /// Send everything the engine has to send.
     fn pump(&mut self, now: Instant) {
-        while let Some(t) = self.engine.0.poll_transmit(now, &mut self.txbuf) {
+        while let Some(t) = self.engine.poll_transmit(now, &mut self.txbuf) {
             let (pkt, _) = self.txbuf.split_at_mut(t.len);
             self.tx.send(pkt, t.dst);
             if let Some(c) = &self.capture {
@@ -231,7 +224,7 @@ impl Core {
         while i < self.armed.len() {
             let cq = self.armed[i];
             // A destroyed CQ (error) is dropped from the armed list too.
-            if self.engine.0.cq_len(cq).map_or(true, |n| n > 0) {
+            if self.engine.cq_len(cq).map_or(true, |n| n > 0) {
                 if let Some(n) = self.notifiers.get(&cq) {
                     n.signal();
                 }
@@ -241,7 +234,7 @@ impl Core {
             }
         }
         let mut any = false;
-        while let Some(ev) = self.engine.0.get_async_event() {
+        while let Some(ev) = self.engine.get_async_event() {
             self.events.push_back(ev);
             any = true;
         }
@@ -254,6 +247,17 @@ impl Core {
 /// State shared by the handle and the progress thread.
 struct Shared {
     core: Mutex<Core>,
+    /// The receive side. Whoever holds this lock receives *and* hands the batch to the engine,
+    /// so packets reach the engine in arrival order whichever thread drives.
+    rx: Mutex<io::Rx>,
+    /// The receiving socket, polled without the `rx` lock.
+    sock: Arc<socket2::Socket>,
+    /// Application threads blocked in [`Runtime::wait_cq`], which receive themselves
+    /// meanwhile; the progress thread leaves the socket to them.
+    drivers: AtomicUsize,
+    /// When (engine ns) the last driver left; the progress thread takes the socket back
+    /// [`HANDOVER`] later unless another driver came (a ping-pong loop waits again at once).
+    last_driver_exit: AtomicU64,
     doorbell: EventFd,
     async_fd: EventFd,
     stop: AtomicBool,
@@ -268,6 +272,34 @@ struct Shared {
 impl Shared {
     fn now(&self) -> Instant {
         Instant::from_nanos(u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    /// Receive one batch (if the socket has any) and run it through the engine, with the
+    /// timers and transmissions it causes. Returns the packets handled.
+    fn drive_rx(&self, rx: &mut io::Rx) -> usize {
+        let n = rx.recv_batch();
+        let mut core = self.lock();
+        let now = self.now();
+        for i in 0..n {
+            if let Some(c) = &core.capture {
+                c.record(rx.packet(i));
+            }
+            core.engine.handle_datagram(now, rx.packet(i));
+        }
+        if core.engine.poll_timeout().is_some_and(|t| t <= now) {
+            core.engine.handle_timeout(now);
+        }
+        core.pump(now);
+        core.notify(&self.async_fd);
+        core.rx_counters = rx.counters;
+        // Published under the lock: a verb arming an earlier timer after this rings.
+        self.sleep_deadline.store(
+            core.engine
+                .poll_timeout()
+                .map_or(u64::MAX, Instant::as_nanos),
+            Ordering::SeqCst,
+        );
+        n
     }
 
     fn lock(&self) -> MutexGuard<'_, Core> {
@@ -307,11 +339,16 @@ fn random_seed() -> u64 {
 impl Runtime {
     /// Bind the socket, build the engine and start the progress thread.
     pub fn start(config: RuntimeConfig) -> Result<Runtime, RuntimeError> {
-        let local = SocketAddr::new(config.addr, config.port);
-        let sock = Arc::new(io::rx_socket(local).map_err(|source| RuntimeError::Bind {
-            addr: local,
-            source,
-        })?);
+        let want = SocketAddr::new(config.addr, config.port);
+        let bind_err = |source| RuntimeError::Bind { addr: want, source };
+        let sock = Arc::new(io::rx_socket(want).map_err(bind_err)?);
+        // Port 0 asks the OS for one: learn which.
+        let port = sock
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_socket())
+            .map_or(config.port, |a| a.port());
+        let local = SocketAddr::new(config.addr, port);
         let regions = memory::SharedRegions::default();
         let mut ec = EngineConfig::new(
             vec![config.addr],
@@ -319,16 +356,21 @@ impl Runtime {
         );
         ec.device = config.device.clone();
         ec.mtu = config.mtu;
-        let engine = Engine::new(ec, Box::new(memory::ProcessMemory::new(regions.clone())));
+        if config.src_port_policy == SrcPortPolicy::Fixed {
+            // The engine emits the port the packets leave from: no rewriting needed.
+            ec.udp_src_port = Some(port);
+        }
+        let mem: Box<dyn Memory + Send> = Box::new(memory::ProcessMemory::new(regions.clone()));
+        let engine = Engine::with_memory(ec, mem);
         let tx = io::Tx::new(
             config.addr,
             config.remote_port,
             config.src_port_policy,
             sock.clone(),
-            config.port,
+            port,
         );
         let core = Core {
-            engine: SendEngine(engine),
+            engine,
             tx,
             txbuf: vec![0; io::MAX_DATAGRAM + io::HEADROOM],
             regions,
@@ -342,6 +384,10 @@ impl Runtime {
         let flags = EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC;
         let shared = Arc::new(Shared {
             core: Mutex::new(core),
+            rx: Mutex::new(io::Rx::new(sock.clone(), config.addr, config.rx_batch)),
+            sock,
+            drivers: AtomicUsize::new(0),
+            last_driver_exit: AtomicU64::new(0),
             doorbell: EventFd::from_flags(flags).map_err(io_err("eventfd"))?,
             async_fd: EventFd::from_flags(flags).map_err(io_err("eventfd"))?,
             stop: AtomicBool::new(false),
@@ -351,11 +397,9 @@ impl Runtime {
             busy_poll: config.busy_poll,
         });
         let s = shared.clone();
-        let (addr, batch) = (config.addr, config.rx_batch);
         let thread = std::thread::Builder::new()
             .name(format!("softrdma {local}"))
-            // The receive batch holds raw msghdr pointers (not Send): build it on the thread.
-            .spawn(move || progress(&s, io::Rx::new(sock, addr, batch)))
+            .spawn(move || progress(&s))
             .map_err(|source| RuntimeError::Io {
                 what: "spawn progress thread",
                 source,
@@ -369,6 +413,12 @@ impl Runtime {
     /// The address and port the device receives on.
     pub fn local_addr(&self) -> SocketAddr {
         self.shared.local
+    }
+
+    /// Send to UDP port `port` from now on (see [`RuntimeConfig::remote_port`]); lets two
+    /// devices opened on ephemeral ports (port 0) point at each other.
+    pub fn set_remote_port(&self, port: u16) {
+        self.shared.lock().tx.set_remote_port(port);
     }
 
     /// The engine's clock: nanoseconds since the runtime started.
@@ -389,7 +439,7 @@ impl Runtime {
     /// The notifier of `cq`, created on first use.
     pub fn cq_notifier(&self, cq: CqHandle) -> Result<Arc<CqNotifier>, RuntimeError> {
         let mut core = self.shared.lock();
-        core.engine.0.cq_len(cq)?;
+        core.engine.cq_len(cq)?;
         if let Some(n) = core.notifiers.get(&cq) {
             return Ok(n.clone());
         }
@@ -403,7 +453,7 @@ impl Runtime {
     /// "arm, then wait" never misses one.
     pub fn arm_cq(&self, cq: CqHandle) -> Result<(), RuntimeError> {
         let mut core = self.shared.lock();
-        let len = core.engine.0.cq_len(cq)?;
+        let len = core.engine.cq_len(cq)?;
         let notifier = match core.notifiers.get(&cq) {
             Some(n) => n.clone(),
             None => {
@@ -418,6 +468,51 @@ impl Runtime {
             core.armed.push(cq);
         }
         Ok(())
+    }
+
+    /// Block until `cq` holds a completion or `timeout` passes (`None`: no limit); true if it
+    /// holds one. Meanwhile the calling thread receives and processes packets itself, so a
+    /// packet that completes the wait wakes this thread directly, not the progress thread
+    /// first (one wakeup instead of two on the latency path).
+    pub fn wait_cq(&self, cq: CqHandle, timeout: Option<Duration>) -> Result<bool, RuntimeError> {
+        use nix::poll::{ppoll, PollFd, PollFlags};
+        let notifier = self.cq_notifier(cq)?;
+        let deadline = timeout.map(|t| std::time::Instant::now() + t);
+        let shared = &*self.shared;
+        shared.drivers.fetch_add(1, Ordering::SeqCst);
+        let _driving = Driving(shared);
+        loop {
+            self.arm_cq(cq)?;
+            if notifier.clear() {
+                return Ok(true);
+            }
+            let left = match deadline {
+                Some(d) => {
+                    let now = std::time::Instant::now();
+                    if now >= d {
+                        return Ok(false);
+                    }
+                    Some(TimeSpec::from_duration(d - now))
+                }
+                None => None,
+            };
+            let mut fds = [
+                PollFd::new(notifier.as_fd(), PollFlags::POLLIN),
+                PollFd::new(shared.sock.as_fd(), PollFlags::POLLIN),
+            ];
+            match ppoll(&mut fds, left, None) {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(io_err("ppoll")(e)),
+            }
+            if fds[1].revents().is_some_and(|r| !r.is_empty()) {
+                if let Ok(mut rx) = shared.rx.try_lock() {
+                    shared.drive_rx(&mut rx);
+                }
+            }
+            if notifier.clear() {
+                return Ok(true);
+            }
+        }
     }
 
     /// The next asynchronous event (QP fatal, CQ error...), if any.
@@ -461,7 +556,27 @@ impl Drop for Runtime {
     }
 }
 
-/// The engine, locked. Derefs to [`Engine`] for every verb; see [`Runtime::lock`].
+/// Marks a thread in `wait_cq`; the last one to leave hands the socket back to the progress
+/// thread.
+struct Driving<'a>(&'a Shared);
+
+impl Drop for Driving<'_> {
+    fn drop(&mut self) {
+        // No doorbell: waking the progress thread after every wait would cost a context
+        // switch per message; it takes the socket back within HANDOVER by itself.
+        self.0
+            .last_driver_exit
+            .store(self.0.now().as_nanos(), Ordering::SeqCst);
+        self.0.drivers.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// How long after the last `wait_cq` returned the progress thread resumes receiving (and
+/// how often it looks while threads wait). Bounds the extra delay of a packet that arrives
+/// when nobody waits right after somebody did.
+const HANDOVER: Duration = Duration::from_micros(500);
+
+/// The engine, locked. Derefs to the [`Engine`] for every verb; see [`Runtime::lock`].
 pub struct EngineGuard<'a> {
     core: MutexGuard<'a, Core>,
     shared: &'a Shared,
@@ -495,7 +610,6 @@ impl EngineGuard<'_> {
         match self
             .core
             .engine
-            .0
             .reg_mr(pd, owner, base as u64, length as u64, access)
         {
             Ok(keys) => {
@@ -512,7 +626,7 @@ impl EngineGuard<'_> {
     /// Deregister an MR (`ibv_dereg_mr`). Once this returns the device never touches its
     /// memory again.
     pub fn dereg_mr(&mut self, mr: MrHandle) -> Result<(), VerbsError> {
-        self.core.engine.0.dereg_mr(mr)?;
+        self.core.engine.dereg_mr(mr)?;
         if let Some(owner) = self.core.mr_owners.remove(&mr) {
             memory::lock(&self.core.regions).remove(owner);
         }
@@ -521,7 +635,7 @@ impl EngineGuard<'_> {
 
     /// Destroy a CQ (`ibv_destroy_cq`) and forget its notifier.
     pub fn destroy_cq(&mut self, cq: CqHandle) -> Result<(), VerbsError> {
-        self.core.engine.0.destroy_cq(cq)?;
+        self.core.engine.destroy_cq(cq)?;
         self.core.notifiers.remove(&cq);
         self.core.armed.retain(|&c| c != cq);
         Ok(())
@@ -534,21 +648,21 @@ impl EngineGuard<'_> {
         cq: CqHandle,
         max: usize,
     ) -> Result<Vec<engine::WorkCompletion>, VerbsError> {
-        self.core.engine.0.poll_cq(cq, max)
+        self.core.engine.poll_cq(cq, max)
     }
 }
 
 impl Deref for EngineGuard<'_> {
-    type Target = Engine;
-    fn deref(&self) -> &Engine {
-        &self.core.engine.0
+    type Target = SendEngine;
+    fn deref(&self) -> &SendEngine {
+        &self.core.engine
     }
 }
 
 impl DerefMut for EngineGuard<'_> {
-    fn deref_mut(&mut self) -> &mut Engine {
+    fn deref_mut(&mut self) -> &mut SendEngine {
         self.dirty = true;
-        &mut self.core.engine.0
+        &mut self.core.engine
     }
 }
 
@@ -563,7 +677,6 @@ impl Drop for EngineGuard<'_> {
         let next = self
             .core
             .engine
-            .0
             .poll_timeout()
             .map_or(u64::MAX, Instant::as_nanos);
         if next < self.shared.sleep_deadline.load(Ordering::SeqCst) {
@@ -573,76 +686,71 @@ impl Drop for EngineGuard<'_> {
 }
 
 /// The progress thread.
-fn progress(shared: &Shared, mut rx: io::Rx) {
+fn progress(shared: &Shared) {
     use nix::poll::{ppoll, PollFd, PollFlags};
     let mut last_active = std::time::Instant::now();
-    let mut rx_counters = IoCounters::default();
     // The engine's next timer as last seen under the lock (verbs that arm an earlier one
     // ring the doorbell: see `sleep_deadline`).
     let mut deadline: Option<Instant> = None;
-    let mut sleeping_ok = false;
+    let mut sleep = false;
     while !shared.stop.load(Ordering::Relaxed) {
-        // One non-blocking ppoll tells whether the socket or the doorbell has anything, so an
-        // idle spin costs one syscall and never takes the engine lock (which application
-        // threads need for their verbs).
+        // One ppoll tells whether the socket or the doorbell has anything: a spin costs one
+        // syscall and never takes the engine lock (which application threads need). While
+        // an application thread drives the socket in `wait_cq`, it is left to that thread.
+        let now_ns = shared.now().as_nanos();
+        let handover_ns = u64::try_from(HANDOVER.as_nanos()).unwrap_or(u64::MAX);
+        let handed_back = shared
+            .last_driver_exit
+            .load(Ordering::SeqCst)
+            .saturating_add(handover_ns);
+        let watch_socket = shared.drivers.load(Ordering::SeqCst) == 0 && handed_back <= now_ns;
         let (readable, rung) = {
             let mut fds = [
-                PollFd::new(rx.fd(), PollFlags::POLLIN),
                 PollFd::new(shared.doorbell.as_fd(), PollFlags::POLLIN),
+                PollFd::new(shared.sock.as_fd(), PollFlags::POLLIN),
             ];
-            let timeout = if sleeping_ok {
-                // Sleep until a packet, the doorbell or the next timer.
-                deadline.map(|t| TimeSpec::from_duration(t.saturating_duration_since(shared.now())))
+            let n = if watch_socket { 2 } else { 1 };
+            let timeout = if sleep {
+                let mut wake = deadline;
+                if !watch_socket {
+                    // Look again when the socket may be ours.
+                    let back = Instant::from_nanos(handed_back.max(now_ns + handover_ns));
+                    wake = Some(wake.map_or(back, |t| t.min(back)));
+                }
+                wake.map(|t| TimeSpec::from_duration(t.saturating_duration_since(shared.now())))
             } else {
                 Some(TimeSpec::from_duration(Duration::ZERO))
             };
-            if let Err(e) = ppoll(&mut fds, timeout, None) {
+            if let Err(e) = ppoll(&mut fds[..n], timeout, None) {
                 if e != nix::errno::Errno::EINTR {
                     tracing::warn!(error = %e, "ppoll failed");
                 }
             }
             let ready = |f: &PollFd<'_>| f.revents().is_some_and(|r| !r.is_empty());
-            (ready(&fds[0]), ready(&fds[1]))
+            (watch_socket && ready(&fds[1]), ready(&fds[0]))
         };
-        if sleeping_ok {
-            sleeping_ok = false;
-            shared.sleep_deadline.store(
-                deadline.map_or(u64::MAX, Instant::as_nanos),
-                Ordering::SeqCst,
-            );
-        }
+        sleep = false;
         if rung {
             let _ = shared.doorbell.read();
         }
-        let n = if readable {
-            rx.recv_batch(&mut rx_counters)
-        } else {
-            0
-        };
-        let now = shared.now();
-        let timer_due = deadline.is_some_and(|t| t <= now);
-        if n > 0 || rung || timer_due {
-            let mut core = shared.lock();
-            let now = shared.now();
-            for i in 0..n {
-                if let Some(c) = &core.capture {
-                    c.record(rx.packet(i));
+        let timer_due = deadline.is_some_and(|t| t <= shared.now());
+        if readable || rung || timer_due {
+            // A driving application thread may hold the receive side: then it handles the
+            // packets, and this pass only runs timers and transmissions.
+            let n = match shared.rx.try_lock() {
+                Ok(mut rx) => shared.drive_rx(&mut rx),
+                Err(_) => {
+                    let mut core = shared.lock();
+                    let now = shared.now();
+                    if core.engine.poll_timeout().is_some_and(|t| t <= now) {
+                        core.engine.handle_timeout(now);
+                    }
+                    core.pump(now);
+                    core.notify(&shared.async_fd);
+                    0
                 }
-                core.engine.0.handle_datagram(now, rx.packet(i));
-            }
-            if core.engine.0.poll_timeout().is_some_and(|t| t <= now) {
-                core.engine.0.handle_timeout(now);
-            }
-            core.pump(now);
-            core.notify(&shared.async_fd);
-            core.rx_counters = rx_counters;
-            deadline = core.engine.0.poll_timeout();
-            // Published under the lock: a verb arming an earlier timer after this rings.
-            shared.sleep_deadline.store(
-                deadline.map_or(u64::MAX, Instant::as_nanos),
-                Ordering::SeqCst,
-            );
-            drop(core);
+            };
+            deadline = nanos_to_instant(shared.sleep_deadline.load(Ordering::SeqCst));
             if n > 0 || rung {
                 last_active = std::time::Instant::now();
             }
@@ -657,12 +765,16 @@ fn progress(shared: &Shared, mut rx: io::Rx) {
         if let Some(c) = &core.capture {
             c.flush();
         }
-        deadline = core.engine.0.poll_timeout();
+        deadline = core.engine.poll_timeout();
         shared.sleep_deadline.store(
             deadline.map_or(u64::MAX, Instant::as_nanos),
             Ordering::SeqCst,
         );
         drop(core);
-        sleeping_ok = true;
+        sleep = true;
     }
+}
+
+fn nanos_to_instant(n: u64) -> Option<Instant> {
+    (n != u64::MAX).then_some(Instant::from_nanos(n))
 }

@@ -92,8 +92,6 @@ impl Cq {
                 std::hint::spin_loop();
                 continue;
             }
-            // Arm, then look again: a completion that arrived in between signals at once.
-            self.inner.dev.inner.rt.arm_cq(self.inner.handle)?;
             let left = match deadline {
                 Some(d) => {
                     let now = Instant::now();
@@ -104,7 +102,8 @@ impl Cq {
                 }
                 None => None,
             };
-            self.inner.notifier.wait(left)?;
+            // Sleeps until the CQ has a completion, receiving packets on this thread meanwhile.
+            self.inner.dev.inner.rt.wait_cq(self.inner.handle, left)?;
         }
     }
 

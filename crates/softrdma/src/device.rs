@@ -54,13 +54,13 @@ impl DeviceBuilder {
         self
     }
 
-    /// How long the progress thread polls after activity before it sleeps (default 50 µs).
+    /// How long the progress thread polls after activity before it sleeps (default 0).
     pub fn busy_poll(mut self, d: Duration) -> Self {
         self.config.busy_poll = d;
         self
     }
 
-    /// How long a thread waiting for completions polls before it sleeps (default 20 µs).
+    /// How long a thread waiting for completions polls before it sleeps (default 0).
     pub fn wait_spin(mut self, d: Duration) -> Self {
         self.wait_spin = d;
         self
@@ -100,7 +100,7 @@ impl Device {
     pub fn builder(addr: IpAddr) -> DeviceBuilder {
         DeviceBuilder {
             config: RuntimeConfig::new(addr),
-            wait_spin: Duration::from_micros(20),
+            wait_spin: Duration::ZERO,
         }
     }
 

@@ -1,6 +1,6 @@
 //! What the packets look like on the wire, seen through an AF_PACKET socket on `lo` (needs
 //! root or CAP_NET_RAW; the test says so and passes vacuously without them): IPv4 with DF and
-//! ID 0, the per-QP UDP source port the engine chose, destination port 4791, and an ICRC
+//! ID 0, the per-connection UDP source port the engine chose, destination port 4791, and an ICRC
 //! that verifies over the real headers, as a Linux rxe or hardware peer checks it.
 
 mod common;
@@ -8,7 +8,7 @@ mod common;
 use std::io::Read;
 use std::time::{Duration, Instant};
 
-use common::{pair_v4, WAIT};
+use common::{open_pair, pair_on, WAIT};
 use socket2::{Domain, Protocol, Socket, Type};
 
 const ETH_P_ALL: u16 = 0x0003;
@@ -25,8 +25,11 @@ fn sniffer() -> Option<Socket> {
     Some(s)
 }
 
-/// IPv4 RoCEv2 packets between 127.0.0.1 and 127.0.0.2 on `port`, as IP packets.
-fn captured(s: &Socket, port: u16, want: usize) -> Vec<Vec<u8>> {
+const A: [u8; 4] = [127, 0, 0, 41];
+const B: [u8; 4] = [127, 0, 0, 42];
+
+/// UDP packets between A and B to `ports`, as IP packets.
+fn captured(s: &Socket, ports: [u16; 2], want: usize) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut frame = [0u8; 9000];
@@ -40,9 +43,9 @@ fn captured(s: &Socket, port: u16, want: usize) -> Vec<Vec<u8>> {
         if ip.len() < 28 || ip[0] != 0x45 || ip[9] != 17 {
             continue;
         }
-        let to_pair = |o: &[u8]| o == [127, 0, 0, 1] || o == [127, 0, 0, 2];
+        let to_pair = |o: &[u8]| o == A || o == B;
         let dport = u16::from_be_bytes([ip[22], ip[23]]);
-        if to_pair(&ip[12..16]) && to_pair(&ip[16..20]) && dport == port {
+        if to_pair(&ip[12..16]) && to_pair(&ip[16..20]) && ports.contains(&dport) {
             out.push(ip.to_vec());
         }
     }
@@ -55,25 +58,36 @@ fn ipv4_packets_carry_df_id_zero_the_qp_source_port_and_a_valid_icrc() {
         eprintln!("skipped: AF_PACKET needs root or CAP_NET_RAW");
         return;
     };
-    // Use the standard port so the ICRC the engine computed is the one on the wire.
-    let port = wire::ROCEV2_UDP_PORT;
-    let (a, b) = pair_v4(port, 8192);
+    // Addresses of their own, ports the OS picks: no other program's traffic matches.
+    let (da, db) = open_pair("127.0.0.41", "127.0.0.42");
+    let ports = [da.local_addr().port(), db.local_addr().port()];
+    let (a, b) = pair_on(da, db, 8192);
     b.qp.recv(1, &[b.mr.sge(..).unwrap()]).unwrap();
     a.mr.write(0, &[7u8; 5000]).unwrap();
     a.qp.send(1, &[a.mr.sge(..5000).unwrap()]).unwrap();
     a.cq.wait_ok(WAIT).unwrap();
     b.cq.wait_ok(WAIT).unwrap();
     // Two SEND packets (MTU 4096) and at least one ACK, each seen once or twice on lo.
-    let pkts = captured(&sniff, port, 3);
+    let pkts = captured(&sniff, ports, 3);
     assert!(pkts.len() >= 3, "captured only {} packets", pkts.len());
     for ip in &pkts {
         let flags_frag = u16::from_be_bytes([ip[6], ip[7]]);
         assert_eq!(flags_frag, 0x4000, "DF set, not a fragment");
         assert_eq!(u16::from_be_bytes([ip[4], ip[5]]), 0, "IP ID 0");
-        wire::icrc::verify(ip).expect("ICRC over the real headers");
+        // On a port other than 4791 the ICRC is computed as if the port were 4791 (see the
+        // runtime docs, "Ports"): put it back, and nothing else, before checking.
+        let mut ip = ip.clone();
+        ip[22..24].copy_from_slice(&wire::ROCEV2_UDP_PORT.to_be_bytes());
+        wire::icrc::verify(&ip).expect("ICRC over the real headers");
         let sport = u16::from_be_bytes([ip[20], ip[21]]);
-        let from_a = ip[12..16] == [127, 0, 0, 1];
-        let qpn = if from_a { a.qp.qpn() } else { b.qp.qpn() };
-        assert_eq!(sport, wire::src_port_for_qpn(wire::Qpn::new(qpn)));
+        let from_a = ip[12..16] == A;
+        let (local, remote) = if from_a {
+            (a.qp.qpn(), b.qp.qpn())
+        } else {
+            (b.qp.qpn(), a.qp.qpn())
+        };
+        // The engine's per-connection port (rxe's rdma_get_udp_sport with flow label 0).
+        let want = wire::src_port_for_connection(wire::Qpn::new(local), wire::Qpn::new(remote));
+        assert_eq!(sport, want);
     }
 }

@@ -7,7 +7,7 @@ use softrdma::{Error, WcFlags, WcOpcode, WcStatus};
 
 #[test]
 fn rdma_write_places_bytes_in_the_peer_region_without_a_receive() {
-    let (a, b) = pair_v4(25791, 64 * 1024);
+    let (a, b) = pair_v4(64 * 1024);
     let data: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
     a.mr.write(0, &data).unwrap();
     let remote = b.mr.remote(1000..).unwrap();
@@ -26,7 +26,7 @@ fn rdma_write_places_bytes_in_the_peer_region_without_a_receive() {
 
 #[test]
 fn rdma_write_with_immediate_consumes_a_receive() {
-    let (a, b) = pair_v4(25793, 4096);
+    let (a, b) = pair_v4(4096);
     b.qp.recv(5, &[]).unwrap();
     a.mr.write(0, b"imm").unwrap();
     let remote = b.mr.remote(..).unwrap();
@@ -44,7 +44,7 @@ fn rdma_write_with_immediate_consumes_a_receive() {
 
 #[test]
 fn rdma_read_fetches_the_peer_bytes() {
-    let (a, b) = pair_v4(25795, 64 * 1024);
+    let (a, b) = pair_v4(64 * 1024);
     let data: Vec<u8> = (0..30_000u32).map(|i| (i * 13 % 256) as u8).collect();
     b.mr.write(0, &data).unwrap();
     let remote = b.mr.remote(..data.len()).unwrap();
@@ -60,7 +60,7 @@ fn rdma_read_fetches_the_peer_bytes() {
 
 #[test]
 fn rdma_read_over_ipv6() {
-    let (a, b) = pair_v6(25797, 8192);
+    let (a, b) = pair_v6(8192);
     b.mr.write(0, b"read me over v6").unwrap();
     a.qp.read(3, &[a.mr.sge(0..15).unwrap()], &b.mr.remote(0..15).unwrap())
         .unwrap();
@@ -72,7 +72,7 @@ fn rdma_read_over_ipv6() {
 
 #[test]
 fn atomics_act_on_the_peer_word_and_return_the_original() {
-    let (a, b) = pair_v4(25799, 4096);
+    let (a, b) = pair_v4(4096);
     b.mr.write_u64(64, 100).unwrap();
     let word = b.mr.remote(64..72).unwrap();
     a.qp.fetch_add(1, a.mr.sge(0..8).unwrap(), &word, 5)
@@ -97,7 +97,7 @@ fn atomics_act_on_the_peer_word_and_return_the_original() {
 
 #[test]
 fn a_wrong_rkey_is_a_remote_access_error() {
-    let (a, b) = pair_v4(25801, 4096);
+    let (a, b) = pair_v4(4096);
     let mut remote = b.mr.remote(..).unwrap();
     remote.rkey ^= 0x5a5;
     a.qp.write(1, &[a.mr.sge(..8).unwrap()], &remote).unwrap();
@@ -109,7 +109,7 @@ fn a_wrong_rkey_is_a_remote_access_error() {
 
 #[test]
 fn a_deregistered_region_cannot_be_reached_any_more() {
-    let (a, b) = pair_v4(25803, 4096);
+    let (a, b) = pair_v4(4096);
     let remote = b.mr.remote(..).unwrap();
     let b_mr = b.mr;
     let buf = b_mr.into_inner();

@@ -2,16 +2,16 @@
 
 mod common;
 
-use std::net::{IpAddr, TcpListener, TcpStream};
+use std::net::{TcpListener, TcpStream};
 use std::thread;
 use std::time::Duration;
 
-use common::{all_access, pair_v4, WAIT};
+use common::{all_access, open_pair, pair_v4, WAIT};
 use softrdma::{AsyncEvent, Buffer, Device, Error, WcStatus};
 
 #[test]
 fn a_thread_blocked_in_wait_wakes_when_the_message_arrives() {
-    let (a, b) = pair_v4(26791, 4096);
+    let (a, b) = pair_v4(4096);
     b.qp.recv(1, &[b.mr.sge(..).unwrap()]).unwrap();
     let cq = b.cq.clone();
     let waiter = thread::spawn(move || cq.wait_ok(WAIT));
@@ -25,7 +25,7 @@ fn a_thread_blocked_in_wait_wakes_when_the_message_arrives() {
 
 #[test]
 fn a_wait_with_nothing_coming_times_out() {
-    let (a, _b) = pair_v4(26793, 64);
+    let (a, _b) = pair_v4(64);
     match a.cq.wait(1, Some(Duration::from_millis(10))) {
         Err(Error::Timeout) => {}
         other => panic!("expected a timeout, got {other:?}"),
@@ -36,31 +36,23 @@ fn a_wait_with_nothing_coming_times_out() {
 fn two_programs_connect_over_tcp_in_a_few_lines() {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let tcp = listener.local_addr().unwrap();
+    // Two programs would both use UDP 4791; in one test process the OS picks the ports.
+    let (dev, server_dev) = open_pair("127.0.0.1", "127.0.0.2");
     let server = thread::spawn(move || {
-        let dev = Device::builder("127.0.0.2".parse().unwrap())
-            .port(26795)
-            .remote_port(26795)
-            .open()
-            .unwrap();
+        let dev = server_dev;
         let pd = dev.alloc_pd().unwrap();
         let cq = dev.create_cq(16).unwrap();
         let qp = pd.qp_builder(&cq, &cq).build().unwrap();
         let mr = pd.register(Buffer::zeroed(1024), all_access()).unwrap();
+        // The client writes, then sends to say it is done.
+        qp.recv(1, &[]).unwrap();
         let (stream, _) = listener.accept().unwrap();
         let peer = qp.handshake(stream, Some(mr.remote(..).unwrap())).unwrap();
         assert!(peer.mr.is_none());
-        // The client writes, then sends to say it is done.
-        qp.recv(1, &[]).unwrap();
         let wc = cq.wait_ok(WAIT).unwrap();
         assert_eq!(wc.byte_len, 0);
         mr.to_vec()
     });
-    let ip: IpAddr = "127.0.0.1".parse().unwrap();
-    let dev = Device::builder(ip)
-        .port(26795)
-        .remote_port(26795)
-        .open()
-        .unwrap();
     let pd = dev.alloc_pd().unwrap();
     let cq = dev.create_cq(16).unwrap();
     let qp = pd.qp_builder(&cq, &cq).build().unwrap();
@@ -83,7 +75,7 @@ fn two_programs_connect_over_tcp_in_a_few_lines() {
 #[test]
 fn a_cq_overflow_is_an_async_event_and_errors_the_qp() {
     let a = Device::builder("127.0.0.1".parse().unwrap())
-        .port(26797)
+        .port(0)
         .open()
         .unwrap();
     let pd = a.alloc_pd().unwrap();
@@ -105,7 +97,7 @@ fn a_cq_overflow_is_an_async_event_and_errors_the_qp() {
 #[cfg(feature = "tokio")]
 #[tokio::test(flavor = "current_thread")]
 async fn an_async_wait_resolves_when_the_message_arrives() {
-    let (a, b) = pair_v4(26799, 4096);
+    let (a, b) = pair_v4(4096);
     b.qp.recv(1, &[b.mr.sge(..).unwrap()]).unwrap();
     let cq = b.cq.clone();
     let wait = tokio::spawn(async move { cq.wait_ok_async().await });

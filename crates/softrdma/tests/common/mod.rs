@@ -2,7 +2,6 @@
 
 #![allow(dead_code)]
 
-use std::net::IpAddr;
 use std::time::Duration;
 
 use softrdma::{AccessFlags, Buffer, Cq, Device, MemoryRegion, Pd, Qp};
@@ -49,39 +48,40 @@ pub fn connect(a: &Side, b: &Side) {
     b.qp.connect(&ea).unwrap();
 }
 
-/// Two devices on 127.0.0.1 and 127.0.0.2 (UDP 4791 each... a test-unique port each, so
-/// tests can run in parallel), connected.
-pub fn pair_v4(port: u16, mr_len: usize) -> (Side, Side) {
-    let a_ip: IpAddr = "127.0.0.1".parse().unwrap();
-    let b_ip: IpAddr = "127.0.0.2".parse().unwrap();
-    let a = Device::builder(a_ip)
-        .port(port)
-        .remote_port(port)
+/// Two devices on loopback addresses `a_ip` and `b_ip`, each on a port the OS picks (so
+/// tests never collide with each other or with other programs), pointed at each other.
+pub fn open_pair(a_ip: &str, b_ip: &str) -> (Device, Device) {
+    let a = Device::builder(a_ip.parse().unwrap())
+        .port(0)
         .open()
         .unwrap();
-    let b = Device::builder(b_ip)
-        .port(port)
-        .remote_port(port)
+    let b = Device::builder(b_ip.parse().unwrap())
+        .port(0)
         .open()
         .unwrap();
+    a.runtime().set_remote_port(b.local_addr().port());
+    b.runtime().set_remote_port(a.local_addr().port());
+    (a, b)
+}
+
+/// Two connected devices on 127.0.0.1 and 127.0.0.2.
+pub fn pair_v4(mr_len: usize) -> (Side, Side) {
+    let (a, b) = open_pair("127.0.0.1", "127.0.0.2");
     let (a, b) = (side(a, mr_len), side(b, mr_len));
     connect(&a, &b);
     (a, b)
 }
 
-/// Two devices on ::1, on ports `port` and `port + 1`, each sending to the other's.
-pub fn pair_v6(port: u16, mr_len: usize) -> (Side, Side) {
-    let ip: IpAddr = "::1".parse().unwrap();
-    let a = Device::builder(ip)
-        .port(port)
-        .remote_port(port + 1)
-        .open()
-        .unwrap();
-    let b = Device::builder(ip)
-        .port(port + 1)
-        .remote_port(port)
-        .open()
-        .unwrap();
+/// Two connected devices on ::1 (distinct ports, each sending to the other's).
+pub fn pair_v6(mr_len: usize) -> (Side, Side) {
+    let (a, b) = open_pair("::1", "::1");
+    let (a, b) = (side(a, mr_len), side(b, mr_len));
+    connect(&a, &b);
+    (a, b)
+}
+
+/// Connected sides on two given devices.
+pub fn pair_on(a: Device, b: Device, mr_len: usize) -> (Side, Side) {
     let (a, b) = (side(a, mr_len), side(b, mr_len));
     connect(&a, &b);
     (a, b)
