@@ -4,12 +4,14 @@
 //!
 //! Invariants checked for every scenario:
 //! - every WR completes exactly once, and completions come in post order per queue;
-//! - without a partition, every WR succeeds: destination bytes are exact, READ data and ATOMIC
-//!   results are right, receive completions carry the right length, opcode and immediate, and no
-//!   byte outside a destination changes;
+//! - at 0 and 1 % loss without a partition, every WR succeeds: destination bytes are exact,
+//!   READ data and ATOMIC results are right, receive completions carry the right length, opcode
+//!   and immediate, and no byte outside a destination changes;
 //! - with a partition that outlasts the retries: the requester completes a prefix with SUCCESS,
 //!   then one WR with RETRY_EXC_ERR, then WR_FLUSH_ERR for the rest, and what did succeed is
-//!   exact;
+//!   exact. At 10 and 30 % loss (and during RNR waits under loss) retry_cnt + 1 fruitless local
+//!   ACK timeouts in a row are improbable but possible, so the same outcome is accepted there
+//!   too, provided the QP did count retry_cnt + 1 timeouts;
 //! - nothing hangs: a run that does not finish within the virtual deadline fails.
 //!
 //! Scenarios also vary the path MTU, timeouts, window and AckReq spacing, max_rd_atomic,
@@ -504,7 +506,14 @@ fn scenario(seed: u64) -> Result<u64, String> {
         seed,
         net: NetConfig::with_link(link),
         mtu,
-        timeout: rng.range_inclusive(5, 12) as u8,
+        // Reordered packets are held up to 200 µs: keep the timeout above that (code 7 is
+        // 524 µs) so that a reordering alone does not look like a loss. Without reordering,
+        // code 5 (131 µs) is just above the largest round trip (2 × (50 + 10) µs).
+        timeout: if net.reorder > 0.0 {
+            rng.range_inclusive(7, 12)
+        } else {
+            rng.range_inclusive(5, 12)
+        } as u8,
         retry_cnt: 7,
         rnr_retry: 7,
         min_rnr_timer: rng.range_inclusive(1, 8) as u8,
@@ -532,12 +541,13 @@ fn scenario(seed: u64) -> Result<u64, String> {
     }
     let mut blip_window = None;
     if blip {
-        // Shorter than retry_cnt - 1 local ACK timeouts, so at most retry_cnt - 1 retries are
-        // spent on it (each wait spans a whole timeout).
+        // Shorter than retry_cnt - 3 local ACK timeouts: it costs at most retry_cnt - 2 retries
+        // (one more for a packet already in flight when it starts), which leaves a margin for
+        // the 1 % loss of the strict scenarios.
         let t = Duration::from_nanos(4096 << cfg.timeout);
         let start = Duration::from_micros(rng.range_inclusive(0, 3000));
         let len =
-            Duration::from_nanos(rng.below((t * u32::from(cfg.retry_cnt - 2)).as_nanos() as u64));
+            Duration::from_nanos(rng.below((t * u32::from(cfg.retry_cnt - 3)).as_nanos() as u64));
         p.sim
             .partition_window(p.a.node, p.b.node, start, Some(start + len));
         blip_window = Some((start, start + len));
@@ -708,13 +718,14 @@ fn scenario(seed: u64) -> Result<u64, String> {
         .map(|d| d.ops.iter().filter(|o| o.kind.consumes_recv()).count())
         .collect();
     let cut = partition_at.is_some();
-    // At 30 % loss a run of retry_cnt + 1 fruitless timeouts is a real possibility: a
-    // RETRY_EXC_ERR followed by flushes is a correct outcome there, exactly as with a partition.
-    let may_fail = cut || net.loss >= 0.3;
+    // At 10 % and 30 % loss a run of retry_cnt + 1 fruitless timeouts is possible (at 10 %,
+    // about 0.2^8 per stall, and a long soak sees millions of stalls): RETRY_EXC_ERR followed by
+    // flushes is then a correct outcome, exactly as with a partition.
+    let may_fail = cut || net.loss >= 0.1;
     // While a requester waits out RNR NAKs its PSN does not move, so local ACK timeouts from
-    // lost packets add up across the RNR NAKs (as in Linux rxe): with late receives and 10 %
+    // lost packets add up across the RNR NAKs (as in Linux rxe): with late receives and any
     // loss a queue may also end in RETRY_EXC_ERR. Checked below: only if it did get RNR NAKs.
-    let rnr_may_fail = late_recv && net.loss >= 0.1;
+    let rnr_may_fail = late_recv && net.loss > 0.0;
     let deadline = p.sim.now() + deadline_span;
     let r = p.sim.run_until(
         |s| {
@@ -1094,9 +1105,9 @@ fn scenario(seed: u64) -> Result<u64, String> {
         }
         let statuses: Vec<(u64, WcStatus)> = wcs.iter().map(|c| (c.wr_id, c.status)).collect();
         let ok = statuses == [(1, WcStatus::Success), (2, WcStatus::Success)];
-        // At 30 % loss the reconnected pair may legitimately run out of retries again.
+        // Under heavy loss the reconnected pair may legitimately run out of retries again.
         let tolerated =
-            net.loss >= 0.3 && statuses.first().map(|s| s.1) == Some(WcStatus::RetryExcErr);
+            net.loss >= 0.1 && statuses.first().map(|s| s.1) == Some(WcStatus::RetryExcErr);
         if !ok && !tolerated {
             return Err(format!(
                 "after reconnecting: completions {statuses:?} ({ctx})"
