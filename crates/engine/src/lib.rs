@@ -50,16 +50,22 @@
 //! | `ibv_req_notify_cq` / `ibv_get_cq_event` | [`Engine::req_notify_cq`], [`Engine::get_cq_event`] |
 //! | `ibv_create_qp` / `ibv_modify_qp` / `ibv_query_qp` / `ibv_destroy_qp` | [`Engine::create_qp`], [`Engine::modify_qp`], [`Engine::query_qp`], [`Engine::destroy_qp`] |
 //! | `ibv_post_send` / `ibv_post_recv` | [`Engine::post_send`] ([`SendWr`]), [`Engine::post_recv`] ([`RecvWr`]) |
-//! | `ibv_get_async_event` | [`Engine::get_async_event`] |
+//! | `ibv_get_async_event` / `ibv_ack_async_event` | [`Engine::get_async_event`], [`Engine::ack_async_event`] ([`Engine::set_port_state`] raises the port events) |
+//! | `ibv_create_srq` / `_modify_` / `_query_` / `_destroy_` / `ibv_post_srq_recv` | [`Engine::create_srq`], [`Engine::modify_srq`], [`Engine::query_srq`], [`Engine::destroy_srq`], [`Engine::post_srq_recv`]; QPs on an SRQ: [`Engine::create_qp_with_srq`] |
+//! | `ibv_create_ah` / `ibv_destroy_ah` | [`Engine::create_ah`], [`Engine::destroy_ah`] |
+//! | `ibv_post_send` on UD (`wr.ud`) | [`Engine::post_send_ud`] ([`UdDest`]) |
+//! | `ibv_alloc_mw` / `ibv_bind_mw` / `ibv_dealloc_mw` | [`Engine::alloc_mw`], [`Engine::bind_mw`] (type 1), [`SendOp::BindMw`] (type 2), [`Engine::dealloc_mw`] |
+//! | `IBV_WR_LOCAL_INV` / `IBV_WR_SEND_WITH_INV` | [`SendOp::LocalInv`] (type 2 windows and MRs), [`SendOp::SendWithInv`] |
 //!
 //! Verb failures are [`VerbsError`]s with [`VerbsError::errno`]; failures of accepted work
 //! requests come back as completions with a [`WcStatus`] (numbered as `ibv_wc_status`).
 //!
 //! # What is not here yet
 //!
-//! UC, UD, SRQ, memory windows and address handles (the object tables, the `recv` dispatch
-//! by QP type and the `resp` receive path are where they plug in), congestion control
-//! (CNPs are counted and ignored), and selective retransmission (go-back-N only).
+//! Congestion control (CNPs are counted and ignored), selective retransmission (go-back-N
+//! only), XRC, and fast-registration MRs (any MR can be invalidated, none re-validated).
+//! UC, UD, SRQs, address handles and memory windows are in their own files (`uc`, [`ud`],
+//! [`srq`], [`ah`], [`mw`], `local`).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -497,7 +503,9 @@ impl<M: Memory + ?Sized> Engine<M> {
             .ok_or(VerbsError::InvalidQp)
     }
 
-    /// The next asynchronous event, if any (`ibv_get_async_event`; no ack is needed).
+    /// The next asynchronous event, if any (`ibv_get_async_event`). SRQ limit and last WQE
+    /// reached events must be acknowledged ([`Engine::ack_async_event`]) before their SRQ
+    /// can be destroyed; the others need no acknowledgement.
     pub fn get_async_event(&mut self) -> Option<AsyncEvent> {
         let ev = self.events.pop_front();
         if let Some(e) = ev {

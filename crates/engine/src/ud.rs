@@ -96,6 +96,11 @@ pub(crate) fn transmit<M: Memory + ?Sized>(
         if !qp.state().starts_new_requests() {
             return None;
         }
+        // WQEs leave the send queue from its head only (completions, flushes on ERR, RESET),
+        // and each queued WQE pushed its destination: drop those of WQEs already gone.
+        while qp.ext.ud_dests.len() > qp.sq.len() {
+            qp.ext.ud_dests.pop_front();
+        }
         let dest = *qp.ext.ud_dests.front()?;
         let w = qp.sq.front()?;
         let path = dest.path;
