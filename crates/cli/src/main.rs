@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use softrdma_cli::perf::{PerfArgs, Test};
+use softrdma_cli::tool::ToolError;
 use softrdma_cli::{decode_capture, demo, devinfo, perf, pingpong, DecodeError, DecodeSummary};
 
 /// RDMA in software: tools for softrdma.
@@ -113,12 +114,24 @@ fn decode(file: &Path) -> ExitCode {
 }
 
 /// Print a device tool's failure and turn it into the exit status.
-fn finish(tool: &str, r: Result<(), softrdma_cli::tool::ToolError>) -> ExitCode {
+fn finish(tool: &str, r: Result<(), ToolError>) -> ExitCode {
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let _ = std::io::stdout().flush();
             eprintln!("softrdma {tool}: {e}");
+            if let ToolError::Api(softrdma::Error::Completion {
+                status: softrdma::WcStatus::RetryExcErr,
+                ..
+            }) = e
+            {
+                // The usual cause on a real network: datagrams larger than the link MTU are
+                // refused (IPv4 DF is always set), so every retry is lost too.
+                eprintln!(
+                    "softrdma {tool}: hint: the peer never acknowledged. Is it reachable on UDP \
+                     4791 (firewall)? Does the path MTU fit the link? A 1500-byte link needs -m 1024."
+                );
+            }
             ExitCode::FAILURE
         }
     }

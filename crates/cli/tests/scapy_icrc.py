@@ -26,7 +26,7 @@ from scapy.all import conf  # noqa: F401  (loads the layer bindings)
 from scapy.compat import raw
 from scapy.contrib.roce import BTH, AETH
 from scapy.layers.inet import IP, UDP
-from scapy.layers.inet6 import IPv6
+from scapy.layers.inet6 import IPv6, in6_chksum
 from scapy.packet import Raw
 
 conf.verb = 0
@@ -105,7 +105,9 @@ def golden_packets():
 
 def golden_ipv6():
     """RC SEND ONLY over IPv6 with non-zero traffic class, flow label and hop limit: headers
-    built by scapy, ICRC from icrc_ipv6 (scapy's RoCE layer has no IPv6 ICRC)."""
+    built by scapy, ICRC from icrc_ipv6 (scapy's RoCE layer has no IPv6 ICRC), then the UDP
+    checksum computed by scapy's in6_chksum over the final datagram (RFC 8200 forbids a zero
+    UDP checksum over IPv6; the ICRC masks the field, so the order does not matter)."""
     pkt = (
         IPv6(src="2001:db8::1", dst="2001:db8::2", tc=0x12, fl=0x12345, hlim=9)
         / UDP(sport=5, dport=4791, chksum=0)
@@ -114,7 +116,13 @@ def golden_ipv6():
     )
     body = raw(pkt)
     icrc, _ = icrc_ipv6(body)
-    return body[:-4] + icrc
+    final = bytearray(body[:-4] + icrc)
+    udp = bytes(final[40:])
+    csum = in6_chksum(17, IPv6(bytes(final)), udp)
+    if csum == 0:
+        csum = 0xFFFF
+    final[46:48] = struct.pack("!H", csum)
+    return bytes(final)
 
 
 def mode_golden():
