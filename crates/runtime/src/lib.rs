@@ -258,6 +258,11 @@ struct Shared {
     /// When (engine ns) the last driver left; the progress thread takes the socket back
     /// [`HANDOVER`] later unless another driver came (a ping-pong loop waits again at once).
     last_driver_exit: AtomicU64,
+    /// When (engine ns) the drivers count last went from 0 to 1.
+    driving_since: AtomicU64,
+    /// The progress thread sleeps without looking back at the socket (a wait has lasted
+    /// longer than [`LONG_WAIT`]); the last driver to leave must ring the doorbell.
+    parked: AtomicBool,
     doorbell: EventFd,
     async_fd: EventFd,
     stop: AtomicBool,
@@ -388,6 +393,8 @@ impl Runtime {
             sock,
             drivers: AtomicUsize::new(0),
             last_driver_exit: AtomicU64::new(0),
+            driving_since: AtomicU64::new(0),
+            parked: AtomicBool::new(false),
             doorbell: EventFd::from_flags(flags).map_err(io_err("eventfd"))?,
             async_fd: EventFd::from_flags(flags).map_err(io_err("eventfd"))?,
             stop: AtomicBool::new(false),
@@ -479,7 +486,11 @@ impl Runtime {
         let notifier = self.cq_notifier(cq)?;
         let deadline = timeout.map(|t| std::time::Instant::now() + t);
         let shared = &*self.shared;
-        shared.drivers.fetch_add(1, Ordering::SeqCst);
+        if shared.drivers.fetch_add(1, Ordering::SeqCst) == 0 {
+            shared
+                .driving_since
+                .store(shared.now().as_nanos(), Ordering::SeqCst);
+        }
         let _driving = Driving(shared);
         loop {
             self.arm_cq(cq)?;
@@ -562,12 +573,17 @@ struct Driving<'a>(&'a Shared);
 
 impl Drop for Driving<'_> {
     fn drop(&mut self) {
-        // No doorbell: waking the progress thread after every wait would cost a context
-        // switch per message; it takes the socket back within HANDOVER by itself.
+        // No doorbell after a short wait: waking the progress thread after every wait would
+        // cost a context switch per message; it takes the socket back within HANDOVER by
+        // itself. After a long wait it may be parked: then wake it.
         self.0
             .last_driver_exit
             .store(self.0.now().as_nanos(), Ordering::SeqCst);
-        self.0.drivers.fetch_sub(1, Ordering::SeqCst);
+        if self.0.drivers.fetch_sub(1, Ordering::SeqCst) == 1
+            && self.0.parked.swap(false, Ordering::SeqCst)
+        {
+            let _ = self.0.doorbell.write(1);
+        }
     }
 }
 
@@ -575,6 +591,11 @@ impl Drop for Driving<'_> {
 /// how often it looks while threads wait). Bounds the extra delay of a packet that arrives
 /// when nobody waits right after somebody did.
 const HANDOVER: Duration = Duration::from_micros(500);
+
+/// After threads have waited this long without a break, the progress thread stops looking
+/// every [`HANDOVER`] and parks until the last one leaves (an idle device with a blocked
+/// waiter costs nothing).
+const LONG_WAIT: Duration = Duration::from_millis(10);
 
 /// The engine, locked. Derefs to the [`Engine`] for every verb; see [`Runtime::lock`].
 pub struct EngineGuard<'a> {
@@ -712,7 +733,21 @@ fn progress(shared: &Shared) {
             let n = if watch_socket { 2 } else { 1 };
             let timeout = if sleep {
                 let mut wake = deadline;
-                if !watch_socket {
+                let long_ns = u64::try_from(LONG_WAIT.as_nanos()).unwrap_or(u64::MAX);
+                let long = !watch_socket
+                    && shared.drivers.load(Ordering::SeqCst) > 0
+                    && now_ns.saturating_sub(shared.driving_since.load(Ordering::SeqCst))
+                        >= long_ns;
+                // Park, then check again that a driver is still there (the last one to leave
+                // either sees `parked` and rings, or this sees it gone).
+                let parked = long && {
+                    shared.parked.store(true, Ordering::SeqCst);
+                    shared.drivers.load(Ordering::SeqCst) > 0 || {
+                        shared.parked.store(false, Ordering::SeqCst);
+                        false
+                    }
+                };
+                if !watch_socket && !parked {
                     // Look again when the socket may be ours.
                     let back = Instant::from_nanos(handed_back.max(now_ns + handover_ns));
                     wake = Some(wake.map_or(back, |t| t.min(back)));
@@ -729,6 +764,9 @@ fn progress(shared: &Shared) {
             let ready = |f: &PollFd<'_>| f.revents().is_some_and(|r| !r.is_empty());
             (watch_socket && ready(&fds[1]), ready(&fds[0]))
         };
+        if sleep {
+            shared.parked.store(false, Ordering::SeqCst);
+        }
         sleep = false;
         if rung {
             let _ = shared.doorbell.read();
