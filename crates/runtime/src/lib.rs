@@ -199,7 +199,6 @@ struct Core {
     regions: memory::SharedRegions,
     mr_owners: HashMap<MrHandle, MemOwner>,
     notifiers: HashMap<CqHandle, Arc<CqNotifier>>,
-    armed: Vec<CqHandle>,
     events: VecDeque<AsyncEvent>,
     rx_counters: IoCounters,
     /// Where every sent and received packet is recorded, if anywhere.
@@ -220,17 +219,11 @@ impl Core {
 
     /// Signal armed CQs that have completions and queue async events.
     fn notify(&mut self, async_fd: &EventFd) {
-        let mut i = 0;
-        while i < self.armed.len() {
-            let cq = self.armed[i];
-            // A destroyed CQ (error) is dropped from the armed list too.
-            if self.engine.cq_len(cq).map_or(true, |n| n > 0) {
-                if let Some(n) = self.notifiers.get(&cq) {
-                    n.signal();
-                }
-                self.armed.swap_remove(i);
-            } else {
-                i += 1;
+        // The engine raises one event per `req_notify_cq` (IBA 11.4.2.2 rules, solicited-only
+        // included); each becomes one eventfd signal.
+        while let Some(cq) = self.engine.get_cq_event() {
+            if let Some(n) = self.notifiers.get(&cq) {
+                n.signal();
             }
         }
         let mut any = false;
@@ -381,7 +374,6 @@ impl Runtime {
             regions,
             mr_owners: HashMap::new(),
             notifiers: HashMap::new(),
-            armed: Vec::new(),
             events: VecDeque::new(),
             rx_counters: IoCounters::default(),
             capture: Capture::from_env(),
@@ -459,6 +451,12 @@ impl Runtime {
     /// (`ibv_req_notify_cq`). If the CQ already holds completions it is signalled at once, so
     /// "arm, then wait" never misses one.
     pub fn arm_cq(&self, cq: CqHandle) -> Result<(), RuntimeError> {
+        self.arm_cq_with(cq, false)
+    }
+
+    /// [`Runtime::arm_cq`], optionally for solicited (and error) completions only; with
+    /// `solicited_only` a CQ that already holds completions is not signalled at once.
+    pub fn arm_cq_with(&self, cq: CqHandle, solicited_only: bool) -> Result<(), RuntimeError> {
         let mut core = self.shared.lock();
         let len = core.engine.cq_len(cq)?;
         let notifier = match core.notifiers.get(&cq) {
@@ -469,10 +467,10 @@ impl Runtime {
                 n
             }
         };
-        if len > 0 {
+        if len > 0 && !solicited_only {
             notifier.signal();
-        } else if !core.armed.contains(&cq) {
-            core.armed.push(cq);
+        } else {
+            core.engine.req_notify_cq(cq, solicited_only)?;
         }
         Ok(())
     }
@@ -530,6 +528,11 @@ impl Runtime {
     pub fn get_async_event(&self) -> Option<AsyncEvent> {
         let mut core = self.shared.lock();
         let ev = core.events.pop_front();
+        if let Some(e) = &ev {
+            // Taking an event acknowledges it (`ibv_ack_async_event`): the API hands out
+            // owned copies, so nothing can still refer to it.
+            core.engine.ack_async_event(e);
+        }
         if core.events.is_empty() {
             let _ = self.shared.async_fd.read();
         }
@@ -658,7 +661,6 @@ impl EngineGuard<'_> {
     pub fn destroy_cq(&mut self, cq: CqHandle) -> Result<(), VerbsError> {
         self.core.engine.destroy_cq(cq)?;
         self.core.notifiers.remove(&cq);
-        self.core.armed.retain(|&c| c != cq);
         Ok(())
     }
 
