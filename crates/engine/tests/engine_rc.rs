@@ -69,7 +69,6 @@ struct Side {
     e: Engine,
     mem: VecMem,
     ip: IpAddr,
-    #[allow(dead_code)]
     pd: PdHandle,
     cq: CqHandle,
     mr: MrKeys,
@@ -1013,7 +1012,18 @@ fn write_with_immediate_consumes_a_receive_and_send_with_invalidate_reports_the_
     w.a.e
         .post_send(w.a.qpn, SendWr::new(1, op, vec![sge]))
         .unwrap();
-    let op = SendOp::SendWithInv { rkey: 0xabcd_ef01 };
+    // The key of a second region of B's PD, which the SEND invalidates (IBA 10.6.6).
+    let extra =
+        w.b.e
+            .reg_mr(
+                w.b.pd,
+                MemOwner(1),
+                BASE,
+                4096,
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
+            )
+            .unwrap();
+    let op = SendOp::SendWithInv { rkey: extra.rkey };
     w.a.e
         .post_send(w.a.qpn, SendWr::new(2, op, vec![w.a.sge(BASE, 16)]))
         .unwrap();
@@ -1037,7 +1047,7 @@ fn write_with_immediate_consumes_a_receive_and_send_with_invalidate_reports_the_
         (11, WcOpcode::Recv, 16)
     );
     assert!(b[1].wc_flags.contains(WcFlags::WITH_INV));
-    assert_eq!(b[1].invalidated_rkey, 0xabcd_ef01);
+    assert_eq!(b[1].invalidated_rkey, extra.rkey);
 }
 
 #[test]
