@@ -132,7 +132,20 @@ fn ud_over_ipv6_puts_the_ipv6_header_in_the_grh() {
     };
     let (mut ea, mem_a, pd_a, mr_a, qa) = mk(ip_a, 0x1_0000);
     let (mut eb, mem_b, _pd_b, mr_b, qb) = mk(ip_b, 0x9_0000);
-    let ah = ah4(&mut ea, pd_a, ip_b);
+    let ah = ea
+        .create_ah(
+            pd_a,
+            &engine::AhAttr {
+                dgid: engine::Gid::from_ip(ip_b).0,
+                sgid_index: 0,
+                hop_limit: 7,
+                traffic_class: 0x28,
+                flow_label: 0x1_2345,
+                is_global: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
     mem_a.set(OWNER, 0x1_0000, b"hello over IPv6");
     eb.post_recv(
         qb.qpn,
@@ -169,6 +182,11 @@ fn ud_over_ipv6_puts_the_ipv6_header_in_the_grh() {
     assert_eq!(got[0].status, WcStatus::Success);
     let grh = mem_b.get(OWNER, 0x9_0000, GRH_LEN);
     assert_eq!(grh[0] >> 4, 6, "an IPv6 header");
+    // The AH's traffic class, flow label and hop limit are the header's.
+    assert_eq!(((grh[0] & 0xf) << 4) | (grh[1] >> 4), 0x28);
+    let flow = (u32::from(grh[1] & 0xf) << 16) | (u32::from(grh[2]) << 8) | u32::from(grh[3]);
+    assert_eq!(flow, 0x1_2345);
+    assert_eq!(grh[7], 7, "hop limit");
     assert_eq!(
         &grh[8..24],
         &std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 1).octets()
@@ -394,4 +412,93 @@ fn port_down_stops_traffic_and_raises_port_events() {
         .post_send_ud(qa.qpn, SendWr::send(2, vec![a.sge(0, 10)]), dest)
         .unwrap();
     assert_eq!(drain_cq(&mut t.sim, b.node, qb.recv_cq, 1, SECOND).len(), 1);
+}
+
+#[test]
+fn ud_address_handle_picks_the_source_gid_and_sets_tos_and_ttl() {
+    let mut sim = Sim::new(9, NetConfig::default());
+    let ip_a0 = side_ip(false, 1);
+    let ip_a1 = side_ip(false, 3);
+    let ip_b = side_ip(false, 2);
+    let mk = |ips: Vec<std::net::IpAddr>, base: u64| {
+        let mem = TestMemory::default();
+        mem.add_region(OWNER, base, 1 << 16);
+        let mut e =
+            engine::Engine::new(engine::EngineConfig::new(ips, base), Box::new(mem.clone()));
+        let pd = e.alloc_pd().unwrap();
+        let mr = e
+            .reg_mr(pd, OWNER, base, 1 << 16, engine::AccessFlags::LOCAL_WRITE)
+            .unwrap();
+        let q = new_qp4(&mut e, pd, QpType::Ud, 16, None, None);
+        ud_up(&mut e, q.qpn, QKEY);
+        (e, mem, pd, mr, q)
+    };
+    let (mut ea, mem_a, pd_a, mr_a, qa) = mk(vec![ip_a0, ip_a1], 0x1_0000);
+    let (mut eb, mem_b, _, mr_b, qb) = mk(vec![ip_b], 0x9_0000);
+    let attr = engine::AhAttr {
+        dgid: engine::Gid::from_ip(ip_b).0,
+        sgid_index: 1,
+        hop_limit: 9,
+        traffic_class: 0x60,
+        is_global: true,
+        ..Default::default()
+    };
+    assert!(matches!(
+        ea.create_ah(
+            pd_a,
+            &engine::AhAttr {
+                sgid_index: 5,
+                ..attr
+            }
+        ),
+        Err(engine::VerbsError::InvalidGidIndex(5))
+    ));
+    assert_eq!(
+        ea.create_ah(
+            pd_a,
+            &engine::AhAttr {
+                is_global: false,
+                ..attr
+            }
+        ),
+        Err(engine::VerbsError::InvalidAh),
+        "RoCE needs the GRH"
+    );
+    let ah = ea.create_ah(pd_a, &attr).unwrap();
+    eb.post_recv(
+        qb.qpn,
+        RecvWr::new(1, vec![engine::Sge::new(0x9_0000, 100, mr_b.lkey)]),
+    )
+    .unwrap();
+    let dest = UdDest {
+        ah,
+        remote_qpn: qb.qpn,
+        remote_qkey: QKEY,
+    };
+    ea.post_send_ud(
+        qa.qpn,
+        SendWr::send(2, vec![engine::Sge::new(0x1_0000, 4, mr_a.lkey)]),
+        dest,
+    )
+    .unwrap();
+    sim.add_node(
+        [ip_a0, ip_a1],
+        Host {
+            engine: ea,
+            mem: mem_a,
+        },
+    );
+    let nb = sim.add_node(
+        [ip_b],
+        Host {
+            engine: eb,
+            mem: mem_b.clone(),
+        },
+    );
+    let got = drain_cq(&mut sim, nb, qb.recv_cq, 1, SECOND);
+    assert_eq!(got.len(), 1);
+    let grh = mem_b.get(OWNER, 0x9_0000, GRH_LEN);
+    assert_eq!(grh[20 + 1], 0x60, "TOS from the traffic class");
+    assert_eq!(grh[20 + 8], 9, "TTL from the hop limit");
+    assert_eq!(&grh[20 + 12..20 + 16], &[10, 0, 0, 3], "source GID index 1");
 }
