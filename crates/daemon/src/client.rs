@@ -1,0 +1,295 @@
+//! The client side of the control protocol: what the `softrdma` API's daemon backend, tools
+//! and tests use to drive `softrdmad`.
+//!
+//! One [`Client`] is one connection, and the daemon ties every object to the connection that
+//! created it: when the client is dropped (or its process dies) the daemon destroys them all.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+
+use crate::proto::{
+    DeviceAttrMsg, DeviceInfo, Header, PortAttrMsg, ProtoError, QpAttrMsg, QpInitMsg, Request,
+    Response, SendWrMsg, SgeMsg, WcMsg, HEADER_LEN, VERSION,
+};
+
+/// The control socket used when neither the caller nor the environment names one.
+pub const DEFAULT_SOCKET: &str = "/run/softrdma/softrdmad.sock";
+/// Environment variable naming the control socket.
+pub const SOCKET_ENV: &str = "SOFTRDMA_DAEMON_SOCKET";
+
+/// The control socket path: `$SOFTRDMA_DAEMON_SOCKET`, else [`DEFAULT_SOCKET`].
+pub fn socket_path() -> PathBuf {
+    std::env::var_os(SOCKET_ENV).map_or_else(|| PathBuf::from(DEFAULT_SOCKET), PathBuf::from)
+}
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// The socket failed (daemon gone...).
+    #[error("daemon connection: {0}")]
+    Io(#[from] std::io::Error),
+    /// The daemon's answer did not decode.
+    #[error("bad answer from the daemon: {0}")]
+    Proto(#[from] ProtoError),
+    /// The daemon refused the request.
+    #[error("daemon refused (errno {errno}): {message}")]
+    Refused {
+        /// errno as libibverbs would return it.
+        errno: i32,
+        /// The daemon's reason.
+        message: String,
+    },
+    /// The answer does not belong to the request (wrong id or shape).
+    #[error("unexpected answer from the daemon")]
+    Unexpected,
+}
+
+impl ClientError {
+    /// The errno of a refusal, if this is one.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            ClientError::Refused { errno, .. } => Some(*errno),
+            _ => None,
+        }
+    }
+}
+
+/// A new QP as the daemon reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpInfo {
+    /// The connection's handle.
+    pub handle: u32,
+    /// The QP number peers address.
+    pub qpn: u32,
+}
+
+/// A new MR as the daemon reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MrInfo {
+    /// The connection's handle.
+    pub handle: u32,
+    /// Local key (for SGEs).
+    pub lkey: u32,
+    /// Remote key (for peers).
+    pub rkey: u32,
+}
+
+/// One connection to `softrdmad`.
+#[derive(Debug)]
+pub struct Client {
+    stream: UnixStream,
+    next_id: u32,
+    daemon_pid: u32,
+}
+
+impl Client {
+    /// Connect to the daemon at `path` and say hello.
+    pub fn connect(path: impl AsRef<Path>) -> Result<Client, ClientError> {
+        let stream = UnixStream::connect(path)?;
+        let mut c = Client {
+            stream,
+            next_id: 0,
+            daemon_pid: 0,
+        };
+        match c.call(&Request::Hello { version: VERSION })? {
+            Response::Hello { version, pid } if version == VERSION => {
+                c.daemon_pid = pid;
+                Ok(c)
+            }
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+
+    /// Connect to the daemon at [`socket_path`].
+    pub fn connect_default() -> Result<Client, ClientError> {
+        Client::connect(socket_path())
+    }
+
+    /// The daemon's pid.
+    pub fn daemon_pid(&self) -> u32 {
+        self.daemon_pid
+    }
+
+    /// Send a request and wait for its answer; a refusal is an error.
+    pub fn call(&mut self, req: &Request) -> Result<Response, ClientError> {
+        self.next_id = self.next_id.wrapping_add(1);
+        let id = self.next_id;
+        self.stream.write_all(&req.encode(id))?;
+        let mut hb = [0u8; HEADER_LEN];
+        self.stream.read_exact(&mut hb)?;
+        let h = Header::parse(&hb)?;
+        let mut body = vec![0u8; h.length as usize];
+        self.stream.read_exact(&mut body)?;
+        if h.id != id {
+            return Err(ClientError::Unexpected);
+        }
+        match Response::decode(h.kind, &body)? {
+            Response::Error { errno, message } => Err(ClientError::Refused { errno, message }),
+            r => Ok(r),
+        }
+    }
+
+    fn done(&mut self, req: &Request) -> Result<(), ClientError> {
+        match self.call(req)? {
+            Response::Done => Ok(()),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+
+    fn handle(&mut self, req: &Request) -> Result<u32, ClientError> {
+        match self.call(req)? {
+            Response::Handle(h) => Ok(h),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+
+    /// The devices the daemon serves.
+    pub fn list_devices(&mut self) -> Result<Vec<DeviceInfo>, ClientError> {
+        match self.call(&Request::ListDevices)? {
+            Response::Devices(d) => Ok(d),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+
+    /// `ibv_query_device`.
+    pub fn query_device(&mut self, dev: u32) -> Result<DeviceAttrMsg, ClientError> {
+        match self.call(&Request::QueryDevice { dev })? {
+            Response::DeviceAttr(a) => Ok(a),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+
+    /// `ibv_query_port`.
+    pub fn query_port(&mut self, dev: u32, port: u8) -> Result<PortAttrMsg, ClientError> {
+        match self.call(&Request::QueryPort { dev, port })? {
+            Response::PortAttr(a) => Ok(a),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+
+    /// `ibv_query_gid`.
+    pub fn query_gid(&mut self, dev: u32, port: u8, index: u32) -> Result<[u8; 16], ClientError> {
+        match self.call(&Request::QueryGid { dev, port, index })? {
+            Response::Gid(g) => Ok(g),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+
+    /// `ibv_alloc_pd`; returns the PD handle.
+    pub fn alloc_pd(&mut self, dev: u32) -> Result<u32, ClientError> {
+        self.handle(&Request::AllocPd { dev })
+    }
+
+    /// `ibv_dealloc_pd`.
+    pub fn dealloc_pd(&mut self, pd: u32) -> Result<(), ClientError> {
+        self.done(&Request::DeallocPd { pd })
+    }
+
+    /// `ibv_reg_mr` over `length` bytes at `addr` of this process.
+    ///
+    /// # Safety
+    ///
+    /// The daemon writes that memory from outside the process whenever the access flags allow
+    /// (receives, READ responses, remote WRITE and ATOMIC) until [`Client::dereg_mr`] returns
+    /// or the connection ends: the caller must keep it allocated and must not hold Rust
+    /// references to it that such writes would invalidate.
+    #[allow(unsafe_code)]
+    pub unsafe fn reg_mr(
+        &mut self,
+        pd: u32,
+        addr: *mut u8,
+        length: usize,
+        access: u32,
+    ) -> Result<MrInfo, ClientError> {
+        self.reg_mr_at(pd, addr as u64, length as u64, access)
+    }
+
+    /// [`Client::reg_mr`] by plain numbers: for tests of what the daemon refuses, and for
+    /// callers that manage the safety contract themselves.
+    pub fn reg_mr_at(
+        &mut self,
+        pd: u32,
+        addr: u64,
+        length: u64,
+        access: u32,
+    ) -> Result<MrInfo, ClientError> {
+        match self.call(&Request::RegMr {
+            pd,
+            addr,
+            length,
+            access,
+        })? {
+            Response::Mr { handle, lkey, rkey } => Ok(MrInfo { handle, lkey, rkey }),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+
+    /// `ibv_dereg_mr`.
+    pub fn dereg_mr(&mut self, mr: u32) -> Result<(), ClientError> {
+        self.done(&Request::DeregMr { mr })
+    }
+
+    /// `ibv_create_cq`; returns the CQ handle.
+    pub fn create_cq(&mut self, dev: u32, cqe: u32) -> Result<u32, ClientError> {
+        self.handle(&Request::CreateCq { dev, cqe })
+    }
+
+    /// `ibv_destroy_cq`.
+    pub fn destroy_cq(&mut self, cq: u32) -> Result<(), ClientError> {
+        self.done(&Request::DestroyCq { cq })
+    }
+
+    /// `ibv_create_qp`.
+    pub fn create_qp(&mut self, init: QpInitMsg) -> Result<QpInfo, ClientError> {
+        match self.call(&Request::CreateQp(init))? {
+            Response::Qp { handle, qpn } => Ok(QpInfo { handle, qpn }),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+
+    /// `ibv_modify_qp`.
+    pub fn modify_qp(&mut self, qp: u32, attr: QpAttrMsg, mask: u32) -> Result<(), ClientError> {
+        self.done(&Request::ModifyQp { qp, mask, attr })
+    }
+
+    /// `ibv_query_qp`.
+    pub fn query_qp(&mut self, qp: u32) -> Result<QpAttrMsg, ClientError> {
+        match self.call(&Request::QueryQp { qp })? {
+            Response::QpAttr(a) => Ok(a),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+
+    /// `ibv_destroy_qp`.
+    pub fn destroy_qp(&mut self, qp: u32) -> Result<(), ClientError> {
+        self.done(&Request::DestroyQp { qp })
+    }
+
+    /// `ibv_post_send` of one WR.
+    pub fn post_send(&mut self, qp: u32, wr: SendWrMsg) -> Result<(), ClientError> {
+        self.done(&Request::PostSend { qp, wr })
+    }
+
+    /// `ibv_post_recv` of one WR.
+    pub fn post_recv(&mut self, qp: u32, wr_id: u64, sges: Vec<SgeMsg>) -> Result<(), ClientError> {
+        self.done(&Request::PostRecv { qp, wr_id, sges })
+    }
+
+    /// `ibv_poll_cq`: up to `max` completions.
+    pub fn poll_cq(&mut self, cq: u32, max: u32) -> Result<Vec<WcMsg>, ClientError> {
+        match self.call(&Request::PollCq { cq, max })? {
+            Response::Completions(c) => Ok(c),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+
+    /// The daemon's counters and each device's, by name.
+    pub fn stat(&mut self) -> Result<Vec<(String, u64)>, ClientError> {
+        match self.call(&Request::Stat)? {
+            Response::Stat(s) => Ok(s),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+}

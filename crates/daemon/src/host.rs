@@ -1,0 +1,334 @@
+//! One daemon device: an [`engine::Engine`] over [`ClientMemory`], UDP sockets on the
+//! device's addresses, and a progress thread.
+//!
+//! Why not `runtime::Runtime`: a runtime builds its engine over *its own* process memory
+//! and offers no way to give it another [`engine::Memory`]; the daemon must reach client
+//! memory with `process_vm_*`. Until the runtime accepts a memory (requested in
+//! `plan/runtime-needs.txt`), this module is a small host of its own: one unconnected socket
+//! per address (IPv4 with `IP_PMTUDISC_DO`, so datagrams leave with DF and ID 0, the header
+//! the engine's ICRC assumed), every packet sent from the receiving port (the engine is told
+//! that port, so its ICRC matches), received datagrams rebuilt into the IP packet the sender
+//! emitted (ID 0, DF, destination port 4791: the runtime's receive policy), one progress
+//! thread sleeping in `ppoll` on the sockets and an `eventfd` doorbell until the engine's
+//! next timer.
+
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use engine::{Engine, EngineConfig, Instant};
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use wire::{Ipv4, Ipv4Repr, Ipv6, Ipv6Repr, Udp, UdpRepr};
+
+use crate::memory::{ClientMemory, SharedRegions};
+
+/// Room in front of a received datagram for the IP and UDP headers rebuilt there.
+const HEADROOM: usize = wire::IPV6_HEADER_LEN + wire::UDP_HEADER_LEN;
+/// Largest UDP payload.
+const MAX_DATAGRAM: usize = 65536;
+
+/// Why a device could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HostError {
+    /// A socket could not be bound or configured.
+    #[error("{addr}: {source}")]
+    Socket {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Another system call failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+/// How to start a [`Device`].
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    /// Name (`srxe0`...).
+    pub name: String,
+    /// Local addresses: one socket each, GID table in this order.
+    pub addrs: Vec<IpAddr>,
+    /// UDP port to receive on (and send from).
+    pub port: u16,
+    /// UDP port of peers.
+    pub remote_port: u16,
+}
+
+/// What lives under the device lock.
+pub struct Core {
+    /// The engine.
+    pub engine: Engine<ClientMemory>,
+    txbuf: Vec<u8>,
+}
+
+struct Shared {
+    core: Mutex<Core>,
+    socks: Vec<(IpAddr, UdpSocket)>,
+    remote_port: u16,
+    doorbell: EventFd,
+    stop: AtomicBool,
+    origin: std::time::Instant,
+}
+
+impl Shared {
+    fn now(&self) -> Instant {
+        Instant::from_nanos(u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Core> {
+        // The engine keeps its invariants per call; a panicking verb must not take the whole
+        // device down with a poisoned lock.
+        self.core.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Send everything the engine has to send.
+    fn pump(&self, core: &mut Core, now: Instant) {
+        let Core { engine, txbuf } = core;
+        while let Some(t) = engine.poll_transmit(now, txbuf) {
+            let pkt = &txbuf[..t.len];
+            let (hl, src) = match pkt.first().map(|b| b >> 4) {
+                Some(4) if pkt.len() >= 20 => (
+                    wire::IPV4_HEADER_LEN,
+                    IpAddr::from([pkt[12], pkt[13], pkt[14], pkt[15]]),
+                ),
+                Some(6) if pkt.len() >= 40 => {
+                    let mut a = [0u8; 16];
+                    a.copy_from_slice(&pkt[8..24]);
+                    (wire::IPV6_HEADER_LEN, IpAddr::from(a))
+                }
+                _ => continue,
+            };
+            let Some(payload) = pkt.get(hl + wire::UDP_HEADER_LEN..) else {
+                continue;
+            };
+            let sock = self
+                .socks
+                .iter()
+                .find(|(a, _)| *a == src)
+                .or_else(|| self.socks.first());
+            if let Some((_, s)) = sock {
+                if let Err(e) = s.send_to(payload, SocketAddr::new(t.dst, self.remote_port)) {
+                    tracing::debug!(error = %e, dst = %t.dst, "send failed");
+                }
+            }
+        }
+    }
+
+    /// Receive everything pending, run timers, send.
+    fn drive(&self, rxbuf: &mut [u8]) {
+        let mut core = self.lock();
+        let now = self.now();
+        for (local, sock) in &self.socks {
+            while let Ok((n, from)) = sock.recv_from(&mut rxbuf[HEADROOM..]) {
+                if let Some(start) = rebuild_headers(rxbuf, n, from, *local) {
+                    core.engine
+                        .handle_datagram(now, &rxbuf[start..HEADROOM + n]);
+                }
+            }
+        }
+        if core.engine.poll_timeout().is_some_and(|t| t <= now) {
+            core.engine.handle_timeout(now);
+        }
+        self.pump(&mut core, now);
+    }
+}
+
+/// Put the IP and UDP headers the sender emitted in front of a datagram at
+/// `buf[HEADROOM..HEADROOM + len]`: IPv4 ID 0 with DF, UDP destination port 4791 (the port
+/// the ICRC was computed with), checksum 0. Returns where the packet starts.
+fn rebuild_headers(buf: &mut [u8], len: usize, from: SocketAddr, local: IpAddr) -> Option<usize> {
+    let udp_len = len + wire::UDP_HEADER_LEN;
+    let udp = UdpRepr {
+        src_port: from.port(),
+        dst_port: wire::ROCEV2_UDP_PORT,
+        length: u16::try_from(udp_len).ok()?,
+        checksum: 0,
+    };
+    let udp_start = HEADROOM - wire::UDP_HEADER_LEN;
+    udp.emit(&mut Udp::new_unchecked(&mut buf[udp_start..HEADROOM]));
+    let src = match from.ip() {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    };
+    match (src, local) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let start = udp_start - wire::IPV4_HEADER_LEN;
+            Ipv4Repr {
+                src: s,
+                dst: d,
+                tos: 0,
+                ident: 0,
+                dont_frag: true,
+                ttl: 64,
+                payload_len: udp_len,
+            }
+            .emit(&mut Ipv4::new_unchecked(&mut buf[start..udp_start]));
+            Some(start)
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            let start = udp_start - wire::IPV6_HEADER_LEN;
+            Ipv6Repr {
+                src: s,
+                dst: d,
+                traffic_class: 0,
+                flow_label: 0,
+                hop_limit: 64,
+                payload_len: udp_len,
+            }
+            .emit(&mut Ipv6::new_unchecked(&mut buf[start..udp_start]));
+            Some(start)
+        }
+        _ => None,
+    }
+}
+
+fn socket_for(addr: SocketAddr) -> Result<UdpSocket, HostError> {
+    let err = |source| HostError::Socket { addr, source };
+    let sock = UdpSocket::bind(addr).map_err(err)?;
+    sock.set_nonblocking(true).map_err(err)?;
+    if addr.is_ipv4() {
+        rustix::net::sockopt::set_ip_mtu_discover(
+            &sock,
+            rustix::net::sockopt::Ipv4PathMtuDiscovery::DO,
+        )
+        .map_err(|e| err(e.into()))?;
+    }
+    Ok(sock)
+}
+
+/// One soft RNIC served by the daemon. Dropping it stops its progress thread.
+pub struct Device {
+    /// Its name.
+    pub name: String,
+    /// Its addresses.
+    pub addrs: Vec<IpAddr>,
+    /// The UDP port it receives on.
+    pub port: u16,
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl core::fmt::Debug for Device {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Device")
+            .field("name", &self.name)
+            .field("addrs", &self.addrs)
+            .field("port", &self.port)
+            .finish_non_exhaustive()
+    }
+}
+
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    // RandomState is keyed from the OS's randomness: unpredictable keys, as MR keys must be.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(u64::from(std::process::id()));
+    h.finish()
+}
+
+impl Device {
+    /// Bind the sockets, build the engine and start the progress thread.
+    pub fn start(config: DeviceConfig, regions: SharedRegions) -> Result<Device, HostError> {
+        let socks = config
+            .addrs
+            .iter()
+            .map(|a| Ok((*a, socket_for(SocketAddr::new(*a, config.port))?)))
+            .collect::<Result<Vec<_>, HostError>>()?;
+        let mut ec = EngineConfig::new(config.addrs.clone(), random_seed());
+        // Every packet leaves from the receiving port: the engine computes its ICRC over it.
+        ec.udp_src_port = Some(config.port);
+        let engine = Engine::with_memory(ec, Box::new(ClientMemory::new(regions)));
+        let doorbell = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+            .map_err(|e| HostError::Io {
+                what: "eventfd",
+                source: e.into(),
+            })?;
+        let shared = Arc::new(Shared {
+            core: Mutex::new(Core {
+                engine,
+                txbuf: vec![0; MAX_DATAGRAM + HEADROOM],
+            }),
+            socks,
+            remote_port: config.remote_port,
+            doorbell,
+            stop: AtomicBool::new(false),
+            origin: std::time::Instant::now(),
+        });
+        let s = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(config.name.clone())
+            .spawn(move || progress(&s))
+            .map_err(|source| HostError::Io {
+                what: "spawn",
+                source,
+            })?;
+        Ok(Device {
+            name: config.name,
+            addrs: config.addrs,
+            port: config.port,
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// Run `f` on the engine under the device lock, then send what it queued and wake the
+    /// progress thread so it re-reads the engine's next timer.
+    pub fn with<R>(&self, f: impl FnOnce(&mut Engine<ClientMemory>) -> R) -> R {
+        let mut core = self.shared.lock();
+        let r = f(&mut core.engine);
+        let now = self.shared.now();
+        self.shared.pump(&mut core, now);
+        drop(core);
+        let _ = self.shared.doorbell.write(1);
+        r
+    }
+
+    /// Run `f` on the engine under the device lock, for reads that change nothing.
+    pub fn read<R>(&self, f: impl FnOnce(&Engine<ClientMemory>) -> R) -> R {
+        f(&self.shared.lock().engine)
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        let _ = self.shared.doorbell.write(1);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn progress(shared: &Shared) {
+    use nix::poll::{ppoll, PollFd, PollFlags};
+    use nix::sys::time::TimeSpec;
+    let mut rxbuf = vec![0u8; MAX_DATAGRAM + HEADROOM];
+    while !shared.stop.load(Ordering::Relaxed) {
+        shared.drive(&mut rxbuf);
+        let deadline = shared.lock().engine.poll_timeout();
+        let timeout =
+            deadline.map(|t| TimeSpec::from_duration(t.saturating_duration_since(shared.now())));
+        let mut fds: Vec<PollFd<'_>> = shared
+            .socks
+            .iter()
+            .map(|(_, s)| PollFd::new(s.as_fd(), PollFlags::POLLIN))
+            .collect();
+        fds.push(PollFd::new(shared.doorbell.as_fd(), PollFlags::POLLIN));
+        if let Err(e) = ppoll(&mut fds, timeout, None) {
+            if e != nix::errno::Errno::EINTR {
+                tracing::warn!(error = %e, "ppoll failed");
+            }
+        }
+        let _ = shared.doorbell.read();
+    }
+}

@@ -1,0 +1,25 @@
+//! # softrdma `daemon`: one soft RNIC per host, shared by every process
+//!
+//! `softrdmad` hosts the engine for all local processes: it owns UDP 4791 on its devices'
+//! addresses (one device per interface, `srxe0`, `srxe1`...), and clients drive it over a
+//! Unix stream socket with the versioned, length-checked messages of [`proto`]. The daemon
+//! reaches a client's registered memory with `process_vm_readv` / `process_vm_writev` on that
+//! client's own pid ([`memory`]), keeps each connection's objects in a table of its own
+//! ([`server`]), and destroys them when the connection ends. [`client::Client`] is the other
+//! end of the socket.
+//!
+//! Layers: [`proto`] (bytes ↔ messages, no I/O), [`memory`] (client memory as an
+//! [`engine::Memory`]), [`host`] (an engine on UDP sockets with a progress thread),
+//! [`server`] (connections and handle tables), [`client`] (the library side).
+//!
+//! Not here yet (issue 6): shared-memory SQ/RQ/CQ rings with doorbells (every verb is a
+//! message today), completion channels, same-host direct data movement, a `softrdma` API
+//! backend, and `softrdma stat` in the CLI (the [`proto::Request::Stat`] request exists).
+
+#![warn(missing_docs)]
+
+pub mod client;
+pub mod host;
+pub mod memory;
+pub mod proto;
+pub mod server;

@@ -1,0 +1,150 @@
+//! `softrdmad`: the host-wide softrdma daemon. Runs in the foreground (systemd runs it the
+//! same way, see `dist/softrdmad.service`); logs with `tracing` (`RUST_LOG` filters).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Parser;
+use daemon::host::{Device, DeviceConfig};
+use daemon::memory::SharedRegions;
+use daemon::server::{self, Daemon, Stats};
+
+/// The softrdma host daemon: one soft RoCEv2 NIC per interface, shared by every local process.
+#[derive(Debug, Parser)]
+#[command(name = "softrdmad", version)]
+struct Args {
+    /// Serve these addresses, one device each (repeatable). Default: every IPv4/IPv6 address
+    /// of the host's interfaces, one device per interface (loopback only with --loopback or
+    /// when it is the only interface).
+    #[arg(long = "addr", value_name = "IP")]
+    addrs: Vec<IpAddr>,
+    /// Include the loopback interface in the default device list.
+    #[arg(long)]
+    loopback: bool,
+    /// UDP port to receive RoCEv2 on.
+    #[arg(long, default_value_t = wire::ROCEV2_UDP_PORT)]
+    port: u16,
+    /// UDP port peers receive on (default: --port).
+    #[arg(long)]
+    remote_port: Option<u16>,
+    /// Control socket path.
+    #[arg(long, env = "SOFTRDMA_DAEMON_SOCKET", default_value = daemon::client::DEFAULT_SOCKET)]
+    socket: PathBuf,
+    /// Device name prefix.
+    #[arg(long, default_value = "srxe")]
+    name_prefix: String,
+}
+
+/// The host's interfaces and their addresses, in interface order. IPv6 link-local addresses
+/// are left out: they need a scope on every packet, which the engine's paths do not carry.
+fn interfaces() -> std::io::Result<BTreeMap<String, (bool, Vec<IpAddr>)>> {
+    use nix::net::if_::InterfaceFlags;
+    let mut out: BTreeMap<String, (bool, Vec<IpAddr>)> = BTreeMap::new();
+    for ifa in nix::ifaddrs::getifaddrs().map_err(std::io::Error::from)? {
+        if !ifa.flags.contains(InterfaceFlags::IFF_UP) {
+            continue;
+        }
+        let Some(addr) = ifa.address else { continue };
+        let ip = if let Some(v4) = addr.as_sockaddr_in() {
+            IpAddr::V4(v4.ip())
+        } else if let Some(v6) = addr.as_sockaddr_in6() {
+            let ip = v6.ip();
+            if ip.segments()[0] & 0xffc0 == 0xfe80 {
+                continue;
+            }
+            IpAddr::V6(ip)
+        } else {
+            continue;
+        };
+        let e = out
+            .entry(ifa.interface_name.clone())
+            .or_insert_with(|| (ifa.flags.contains(InterfaceFlags::IFF_LOOPBACK), Vec::new()));
+        if !e.1.contains(&ip) {
+            e.1.push(ip);
+        }
+    }
+    Ok(out)
+}
+
+fn device_addresses(args: &Args) -> std::io::Result<Vec<(String, Vec<IpAddr>)>> {
+    if !args.addrs.is_empty() {
+        return Ok(args
+            .addrs
+            .iter()
+            .map(|a| (a.to_string(), vec![*a]))
+            .collect());
+    }
+    let all = interfaces()?;
+    let non_lo = all.values().filter(|(lo, _)| !lo).count();
+    Ok(all
+        .into_iter()
+        .filter(|(_, (lo, _))| !lo || args.loopback || non_lo == 0)
+        .map(|(name, (_, addrs))| (name, addrs))
+        .collect())
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+    // Termination signals are taken by a signalfd on the main thread, so the socket file is
+    // removed on the way out; every thread started below inherits the blocked mask.
+    let mut mask = SigSet::empty();
+    mask.add(Signal::SIGINT);
+    mask.add(Signal::SIGTERM);
+    nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&mask), None)?;
+
+    let regions = SharedRegions::default();
+    let mut devices = Vec::new();
+    for (i, (iface, addrs)) in device_addresses(args)?.into_iter().enumerate() {
+        let name = format!("{}{i}", args.name_prefix);
+        let dev = Device::start(
+            DeviceConfig {
+                name: name.clone(),
+                addrs: addrs.clone(),
+                port: args.port,
+                remote_port: args.remote_port.unwrap_or(args.port),
+            },
+            regions.clone(),
+        )?;
+        tracing::info!(device = %name, interface = %iface, ?addrs, port = args.port, "device up");
+        devices.push(dev);
+    }
+    if devices.is_empty() {
+        return Err("no addresses to serve".into());
+    }
+    let listener = server::bind_control_socket(&args.socket)?;
+    tracing::info!(socket = %args.socket.display(), "listening");
+    let daemon = Arc::new(Daemon {
+        devices,
+        regions,
+        stats: Stats::default(),
+    });
+    let d = daemon.clone();
+    std::thread::Builder::new()
+        .name("softrdmad accept".into())
+        .spawn(move || server::serve(d, listener))?;
+    let sfd = nix::sys::signalfd::SignalFd::new(&mask)?;
+    let sig = sfd.read_signal()?;
+    tracing::info!(signal = ?sig.map(|s| s.ssi_signo), "stopping");
+    let _ = std::fs::remove_file(&args.socket);
+    Ok(())
+}

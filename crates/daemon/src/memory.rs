@@ -1,0 +1,250 @@
+//! The daemon's "DMA": [`engine::Memory`] over the address spaces of client processes.
+//!
+//! Every registered range is recorded under a fresh [`MemOwner`] token together with the pid
+//! of the connection that registered it (from `SO_PEERCRED`, never from the client's word).
+//! Accesses go through `process_vm_readv` / `process_vm_writev` on that pid only, after a
+//! second bounds check against the recorded range; a short transfer (the client unmapped the
+//! memory or died) is a [`MemoryError::Fault`], which the engine reports like a protection
+//! error.
+//!
+//! Atomics are a read and a write under the device lock: every access to registered memory
+//! through one device holds that lock, so they are atomic with respect to each other
+//! (`IBV_ATOMIC_HCA`), not with respect to the client's own CPU accesses.
+
+use std::collections::HashMap;
+use std::io::{IoSlice, IoSliceMut};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use engine::{MemOwner, Memory, MemoryError};
+use nix::sys::uio::{process_vm_readv, process_vm_writev, RemoteIoVec};
+use nix::unistd::Pid;
+
+/// One registered range in a client process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Region {
+    /// The process whose memory it is.
+    pub pid: i32,
+    /// First byte.
+    pub base: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+/// The ranges registered by every client, shared by all devices.
+#[derive(Debug, Default)]
+pub struct Regions {
+    map: HashMap<u64, Region>,
+    next: u64,
+}
+
+impl Regions {
+    /// Record a range; returns the owner token to register it with.
+    pub fn insert(&mut self, r: Region) -> MemOwner {
+        self.next += 1;
+        self.map.insert(self.next, r);
+        MemOwner(self.next)
+    }
+
+    /// Forget a range: later accesses through its token fail.
+    pub fn remove(&mut self, owner: MemOwner) {
+        self.map.remove(&owner.0);
+    }
+
+    /// Ranges currently registered.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// True if nothing is registered.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    fn check(&self, owner: MemOwner, addr: u64, len: usize) -> Result<(i32, usize), MemoryError> {
+        let r = self
+            .map
+            .get(&owner.0)
+            .ok_or(MemoryError::UnknownOwner(owner))?;
+        let fault = MemoryError::Fault { addr, len };
+        let end = addr.checked_add(len as u64).ok_or(fault)?;
+        if addr < r.base || end > r.base.saturating_add(r.len) {
+            return Err(fault);
+        }
+        Ok((r.pid, usize::try_from(addr).map_err(|_| fault)?))
+    }
+}
+
+/// Shared handle to the region table.
+pub type SharedRegions = Arc<Mutex<Regions>>;
+
+/// Lock the table. Every update is a single map operation, so a poisoned lock still guards a
+/// consistent table.
+pub fn lock(r: &SharedRegions) -> MutexGuard<'_, Regions> {
+    r.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Copy `buf.len()` bytes from `addr` in process `pid`.
+pub fn read_remote(pid: i32, addr: usize, buf: &mut [u8]) -> Result<(), MemoryError> {
+    let len = buf.len();
+    if len == 0 {
+        return Ok(());
+    }
+    let fault = MemoryError::Fault {
+        addr: addr as u64,
+        len,
+    };
+    let remote = [RemoteIoVec { base: addr, len }];
+    let mut local = [IoSliceMut::new(buf)];
+    match process_vm_readv(Pid::from_raw(pid), &mut local, &remote) {
+        Ok(n) if n == len => Ok(()),
+        _ => Err(fault),
+    }
+}
+
+/// Copy `data` to `addr` in process `pid`. The kernel copies one iovec front to back, so the
+/// bytes land in address order, the last byte last.
+pub fn write_remote(pid: i32, addr: usize, data: &[u8]) -> Result<(), MemoryError> {
+    let len = data.len();
+    if len == 0 {
+        return Ok(());
+    }
+    let fault = MemoryError::Fault {
+        addr: addr as u64,
+        len,
+    };
+    let remote = [RemoteIoVec { base: addr, len }];
+    let local = [IoSlice::new(data)];
+    match process_vm_writev(Pid::from_raw(pid), &local, &remote) {
+        Ok(n) if n == len => Ok(()),
+        _ => Err(fault),
+    }
+}
+
+/// Whether `addr..addr + len` is mapped readable and writable in process `pid`, by its
+/// `/proc/<pid>/maps` (contiguous mappings may cover it together).
+pub fn range_is_mapped(pid: i32, addr: u64, len: u64) -> bool {
+    let Some(end) = addr.checked_add(len) else {
+        return false;
+    };
+    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        return false;
+    };
+    let mut spans: Vec<(u64, u64)> = maps
+        .lines()
+        .filter_map(|line| {
+            let mut f = line.split_whitespace();
+            let range = f.next()?;
+            let perms = f.next()?;
+            if !perms.starts_with("rw") {
+                return None;
+            }
+            let (a, b) = range.split_once('-')?;
+            Some((
+                u64::from_str_radix(a, 16).ok()?,
+                u64::from_str_radix(b, 16).ok()?,
+            ))
+        })
+        .collect();
+    spans.sort_unstable();
+    let mut cur = addr;
+    for (a, b) in spans {
+        if a > cur {
+            break;
+        }
+        if b > cur {
+            cur = b;
+        }
+        if cur >= end {
+            return true;
+        }
+    }
+    // A zero-length range needs no mapping.
+    len == 0
+}
+
+/// [`Memory`] over registered client ranges.
+#[derive(Debug)]
+pub struct ClientMemory {
+    regions: SharedRegions,
+}
+
+impl ClientMemory {
+    /// Memory over the ranges of `regions`.
+    pub fn new(regions: SharedRegions) -> ClientMemory {
+        ClientMemory { regions }
+    }
+}
+
+impl Memory for ClientMemory {
+    fn read(&mut self, owner: MemOwner, addr: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
+        let (pid, a) = lock(&self.regions).check(owner, addr, buf.len())?;
+        read_remote(pid, a, buf)
+    }
+
+    fn write(&mut self, owner: MemOwner, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
+        let (pid, a) = lock(&self.regions).check(owner, addr, data.len())?;
+        write_remote(pid, a, data)
+    }
+
+    fn compare_swap(
+        &mut self,
+        owner: MemOwner,
+        addr: u64,
+        compare: u64,
+        swap: u64,
+    ) -> Result<u64, MemoryError> {
+        let (pid, a) = lock(&self.regions).check(owner, addr, 8)?;
+        let mut w = [0u8; 8];
+        read_remote(pid, a, &mut w)?;
+        let old = u64::from_ne_bytes(w);
+        if old == compare {
+            write_remote(pid, a, &swap.to_ne_bytes())?;
+        }
+        Ok(old)
+    }
+
+    fn fetch_add(&mut self, owner: MemOwner, addr: u64, add: u64) -> Result<u64, MemoryError> {
+        let (pid, a) = lock(&self.regions).check(owner, addr, 8)?;
+        let mut w = [0u8; 8];
+        read_remote(pid, a, &mut w)?;
+        let old = u64::from_ne_bytes(w);
+        write_remote(pid, a, &old.wrapping_add(add).to_ne_bytes())?;
+        Ok(old)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reaches_registered_ranges_of_a_process_and_nothing_else() {
+        let pid = std::process::id() as i32;
+        let mut buf = vec![0u8; 64];
+        let base = buf.as_mut_ptr() as u64;
+        assert!(range_is_mapped(pid, base, 64));
+        assert!(!range_is_mapped(pid, 8, 64));
+        assert!(!range_is_mapped(pid, u64::MAX - 4, 64));
+        let regions = SharedRegions::default();
+        let owner = lock(&regions).insert(Region { pid, base, len: 64 });
+        let mut mem = ClientMemory::new(regions.clone());
+        mem.write(owner, base + 8, b"abcd").unwrap();
+        let mut out = [0u8; 4];
+        mem.read(owner, base + 8, &mut out).unwrap();
+        assert_eq!(&out, b"abcd");
+        assert_eq!(mem.fetch_add(owner, base + 16, 5).unwrap(), 0);
+        assert_eq!(mem.compare_swap(owner, base + 16, 5, 9).unwrap(), 5);
+        assert_eq!(mem.compare_swap(owner, base + 16, 5, 1).unwrap(), 9);
+        assert!(mem.write(owner, base + 62, b"abc").is_err());
+        assert!(mem.read(owner, base - 1, &mut out).is_err());
+        lock(&regions).remove(owner);
+        assert!(matches!(
+            mem.read(owner, base, &mut out),
+            Err(MemoryError::UnknownOwner(_))
+        ));
+        drop(mem);
+        let buf = std::hint::black_box(buf);
+        assert_eq!(&buf[8..12], b"abcd");
+        assert_eq!(u64::from_ne_bytes(buf[16..24].try_into().unwrap()), 9);
+    }
+}

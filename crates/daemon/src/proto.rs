@@ -1,0 +1,1505 @@
+//! The control protocol between `softrdmad` and its clients, over a Unix stream socket.
+//!
+//! Every message is a 16-byte [`Header`] followed by `length` bytes of body, all integers
+//! little-endian:
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 0..4 | magic [`MAGIC`] (`"SRDM"`) |
+//! | 4..6 | protocol version [`VERSION`] |
+//! | 6..8 | kind: a request number, `RESPONSE_BIT | request` for its answer, [`KIND_ERROR`] for an error |
+//! | 8..12 | body length, at most [`MAX_BODY`] |
+//! | 12..16 | request id, echoed in the answer |
+//!
+//! Bodies are decoded with a bounds-checked [`Reader`]: a length, a count or a field that does
+//! not fit the bytes that arrived is an error, never a panic, and a body with bytes left over
+//! after its last field is refused too. The daemon answers a bad body with an error message and
+//! closes the connection on a bad header (after it, framing can no longer be trusted).
+
+use std::net::IpAddr;
+
+/// First four bytes of every message: `"SRDM"`.
+pub const MAGIC: u32 = u32::from_le_bytes(*b"SRDM");
+/// The protocol version this crate speaks.
+pub const VERSION: u16 = 1;
+/// Size of the fixed header.
+pub const HEADER_LEN: usize = 16;
+/// Largest body accepted (inline data and completion batches fit easily).
+pub const MAX_BODY: u32 = 1 << 20;
+/// Set in the kind of every successful answer.
+pub const RESPONSE_BIT: u16 = 0x8000;
+/// Kind of an error answer ([`Response::Error`]).
+pub const KIND_ERROR: u16 = 0xffff;
+/// Most scatter/gather entries accepted in one work request.
+pub const MAX_SGES: usize = 256;
+
+/// Why bytes could not be decoded as a message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProtoError {
+    /// The magic number is wrong: not our protocol.
+    #[error("bad magic {0:#010x}")]
+    BadMagic(u32),
+    /// The peer speaks another protocol version.
+    #[error("unsupported protocol version {0}")]
+    BadVersion(u16),
+    /// The announced body length exceeds [`MAX_BODY`].
+    #[error("body length {0} exceeds the limit")]
+    TooLong(u32),
+    /// The kind names no message.
+    #[error("unknown message kind {0:#06x}")]
+    UnknownKind(u16),
+    /// The body ended before a field.
+    #[error("message truncated")]
+    Truncated,
+    /// The body has bytes after its last field.
+    #[error("{0} trailing bytes after the message")]
+    Trailing(usize),
+    /// A field holds a value that is not allowed (a count over its limit, bad UTF-8...).
+    #[error("invalid field: {0}")]
+    Invalid(&'static str),
+}
+
+/// The fixed header of every message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// Message kind (see the module docs).
+    pub kind: u16,
+    /// Body length in bytes.
+    pub length: u32,
+    /// Request id, echoed in the answer.
+    pub id: u32,
+}
+
+impl Header {
+    /// Parse and validate a header: magic, version, and a length within [`MAX_BODY`].
+    pub fn parse(b: &[u8; HEADER_LEN]) -> Result<Header, ProtoError> {
+        let magic = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        if magic != MAGIC {
+            return Err(ProtoError::BadMagic(magic));
+        }
+        let version = u16::from_le_bytes([b[4], b[5]]);
+        if version != VERSION {
+            return Err(ProtoError::BadVersion(version));
+        }
+        let length = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
+        if length > MAX_BODY {
+            return Err(ProtoError::TooLong(length));
+        }
+        Ok(Header {
+            kind: u16::from_le_bytes([b[6], b[7]]),
+            length,
+            id: u32::from_le_bytes([b[12], b[13], b[14], b[15]]),
+        })
+    }
+
+    /// The header's bytes.
+    pub fn to_bytes(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        b[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        b[6..8].copy_from_slice(&self.kind.to_le_bytes());
+        b[8..12].copy_from_slice(&self.length.to_le_bytes());
+        b[12..16].copy_from_slice(&self.id.to_le_bytes());
+        b
+    }
+}
+
+/// A bounds-checked cursor over an untrusted body.
+#[derive(Debug)]
+pub struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    /// Read from `buf`.
+    pub fn new(buf: &'a [u8]) -> Reader<'a> {
+        Reader { buf }
+    }
+
+    /// Take the next `n` bytes.
+    pub fn bytes(&mut self, n: usize) -> Result<&'a [u8], ProtoError> {
+        if n > self.buf.len() {
+            return Err(ProtoError::Truncated);
+        }
+        let (head, rest) = self.buf.split_at(n);
+        self.buf = rest;
+        Ok(head)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], ProtoError> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.bytes(N)?);
+        Ok(a)
+    }
+
+    /// A byte.
+    pub fn u8(&mut self) -> Result<u8, ProtoError> {
+        Ok(self.array::<1>()?[0])
+    }
+    /// A little-endian u16.
+    pub fn u16(&mut self) -> Result<u16, ProtoError> {
+        Ok(u16::from_le_bytes(self.array()?))
+    }
+    /// A little-endian u32.
+    pub fn u32(&mut self) -> Result<u32, ProtoError> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+    /// A little-endian i32.
+    pub fn i32(&mut self) -> Result<i32, ProtoError> {
+        Ok(i32::from_le_bytes(self.array()?))
+    }
+    /// A little-endian u64.
+    pub fn u64(&mut self) -> Result<u64, ProtoError> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+    /// A boolean byte (0 or 1; anything else is invalid).
+    pub fn bool(&mut self) -> Result<bool, ProtoError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(ProtoError::Invalid("boolean")),
+        }
+    }
+    /// A u32 length followed by that many bytes.
+    pub fn blob(&mut self) -> Result<&'a [u8], ProtoError> {
+        let n = self.u32()? as usize;
+        self.bytes(n)
+    }
+    /// A UTF-8 string (u16 length).
+    pub fn string(&mut self) -> Result<String, ProtoError> {
+        let n = usize::from(self.u16()?);
+        let b = self.bytes(n)?;
+        String::from_utf8(b.to_vec()).map_err(|_| ProtoError::Invalid("utf-8"))
+    }
+    /// A count (u16) of items of at least `min_size` bytes each, checked against both `max`
+    /// and the bytes left, so a lying count cannot make the decoder allocate.
+    pub fn count(&mut self, max: usize, min_size: usize) -> Result<usize, ProtoError> {
+        let n = usize::from(self.u16()?);
+        if n > max {
+            return Err(ProtoError::Invalid("count over limit"));
+        }
+        if n.saturating_mul(min_size.max(1)) > self.buf.len() {
+            return Err(ProtoError::Truncated);
+        }
+        Ok(n)
+    }
+    /// An IP address: family byte (4 or 6) then 4 or 16 bytes.
+    pub fn ip(&mut self) -> Result<IpAddr, ProtoError> {
+        match self.u8()? {
+            4 => Ok(IpAddr::from(self.array::<4>()?)),
+            6 => Ok(IpAddr::from(self.array::<16>()?)),
+            _ => Err(ProtoError::Invalid("address family")),
+        }
+    }
+    /// Succeeds only if every byte was consumed.
+    pub fn finish(self) -> Result<(), ProtoError> {
+        match self.buf.len() {
+            0 => Ok(()),
+            n => Err(ProtoError::Trailing(n)),
+        }
+    }
+}
+
+/// Appends fields to a body.
+#[derive(Debug, Default)]
+pub struct Writer {
+    /// The bytes so far.
+    pub buf: Vec<u8>,
+}
+
+impl Writer {
+    /// A byte.
+    pub fn u8(&mut self, v: u8) -> &mut Self {
+        self.buf.push(v);
+        self
+    }
+    /// A little-endian u16.
+    pub fn u16(&mut self, v: u16) -> &mut Self {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    /// A little-endian u32.
+    pub fn u32(&mut self, v: u32) -> &mut Self {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    /// A little-endian i32.
+    pub fn i32(&mut self, v: i32) -> &mut Self {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    /// A little-endian u64.
+    pub fn u64(&mut self, v: u64) -> &mut Self {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    /// A boolean byte.
+    pub fn bool(&mut self, v: bool) -> &mut Self {
+        self.u8(u8::from(v))
+    }
+    /// A u32 length and the bytes (truncated at `u32::MAX`, far above [`MAX_BODY`]).
+    pub fn blob(&mut self, b: &[u8]) -> &mut Self {
+        let n = b.len().min(u32::MAX as usize);
+        self.u32(n as u32);
+        self.buf.extend_from_slice(&b[..n]);
+        self
+    }
+    /// A string, u16 length (cut at 65535 bytes, on a character boundary).
+    pub fn string(&mut self, s: &str) -> &mut Self {
+        let mut n = s.len().min(usize::from(u16::MAX));
+        while !s.is_char_boundary(n) {
+            n -= 1;
+        }
+        self.u16(n as u16);
+        self.buf.extend_from_slice(&s.as_bytes()[..n]);
+        self
+    }
+    /// A count (u16; callers keep counts within their limits).
+    pub fn count(&mut self, n: usize) -> &mut Self {
+        self.u16(u16::try_from(n).unwrap_or(u16::MAX))
+    }
+    /// An IP address (family byte, then the octets).
+    pub fn ip(&mut self, ip: IpAddr) -> &mut Self {
+        match ip {
+            IpAddr::V4(a) => {
+                self.u8(4);
+                self.buf.extend_from_slice(&a.octets());
+            }
+            IpAddr::V6(a) => {
+                self.u8(6);
+                self.buf.extend_from_slice(&a.octets());
+            }
+        }
+        self
+    }
+}
+
+/// Frame a body: the header for `kind`/`id`, then the body.
+pub fn frame(kind: u16, id: u32, body: &[u8]) -> Vec<u8> {
+    let length = u32::try_from(body.len()).unwrap_or(u32::MAX);
+    let mut out = Header { kind, length, id }.to_bytes().to_vec();
+    out.extend_from_slice(body);
+    out
+}
+
+/// One scatter/gather entry (`ibv_sge`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SgeMsg {
+    /// Address in the client's address space.
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u32,
+    /// Local key of the MR holding it.
+    pub lkey: u32,
+}
+
+/// What a send work request does (`ibv_wr_opcode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SendOpMsg {
+    /// SEND.
+    Send,
+    /// SEND with immediate data.
+    SendWithImm {
+        /// Immediate data.
+        imm: u32,
+    },
+    /// SEND with invalidate of `rkey` at the responder.
+    SendWithInv {
+        /// Key to invalidate.
+        rkey: u32,
+    },
+    /// RDMA WRITE.
+    Write {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+    },
+    /// RDMA WRITE with immediate data.
+    WriteWithImm {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Immediate data.
+        imm: u32,
+    },
+    /// RDMA READ.
+    Read {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+    },
+    /// ATOMIC compare and swap.
+    CmpSwap {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Value compared.
+        compare: u64,
+        /// Value stored on match.
+        swap: u64,
+    },
+    /// ATOMIC fetch and add.
+    FetchAdd {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Value added.
+        add: u64,
+    },
+}
+
+/// A send work request (`ibv_send_wr`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendWrMsg {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// The operation.
+    pub op: SendOpMsg,
+    /// `ibv_send_flags` bits (FENCE 1, SIGNALED 2, SOLICITED 4, INLINE 8).
+    pub flags: u32,
+    /// Local buffers (ignored when `inline` is set).
+    pub sges: Vec<SgeMsg>,
+    /// Inline data, carried in the message.
+    pub inline: Option<Vec<u8>>,
+}
+
+/// Attributes of `ibv_modify_qp` / `ibv_query_qp` that a RoCE RC/UC/UD QP uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QpAttrMsg {
+    /// `IBV_QPS_*`.
+    pub qp_state: u32,
+    /// Path MTU in bytes (256..4096).
+    pub path_mtu: u32,
+    /// Q_Key (UD).
+    pub qkey: u32,
+    /// Receive PSN.
+    pub rq_psn: u32,
+    /// Send PSN.
+    pub sq_psn: u32,
+    /// Remote QPN.
+    pub dest_qp_num: u32,
+    /// `ibv_access_flags` bits for remote access.
+    pub qp_access_flags: u32,
+    /// P_Key index.
+    pub pkey_index: u16,
+    /// Port (1).
+    pub port_num: u8,
+    /// Outstanding READ/ATOMIC as requester.
+    pub max_rd_atomic: u8,
+    /// Outstanding READ/ATOMIC as responder.
+    pub max_dest_rd_atomic: u8,
+    /// RNR NAK timer code.
+    pub min_rnr_timer: u8,
+    /// Local ACK timeout exponent.
+    pub timeout: u8,
+    /// Retry count.
+    pub retry_cnt: u8,
+    /// RNR retry count (7 = infinite).
+    pub rnr_retry: u8,
+    /// Destination GID.
+    pub dgid: [u8; 16],
+    /// Source GID index.
+    pub sgid_index: u8,
+    /// Hop limit.
+    pub hop_limit: u8,
+    /// Traffic class.
+    pub traffic_class: u8,
+    /// Flow label.
+    pub flow_label: u32,
+}
+
+impl QpAttrMsg {
+    fn write(&self, w: &mut Writer) {
+        w.u32(self.qp_state)
+            .u32(self.path_mtu)
+            .u32(self.qkey)
+            .u32(self.rq_psn)
+            .u32(self.sq_psn)
+            .u32(self.dest_qp_num)
+            .u32(self.qp_access_flags)
+            .u16(self.pkey_index)
+            .u8(self.port_num)
+            .u8(self.max_rd_atomic)
+            .u8(self.max_dest_rd_atomic)
+            .u8(self.min_rnr_timer)
+            .u8(self.timeout)
+            .u8(self.retry_cnt)
+            .u8(self.rnr_retry);
+        w.buf.extend_from_slice(&self.dgid);
+        w.u8(self.sgid_index)
+            .u8(self.hop_limit)
+            .u8(self.traffic_class)
+            .u32(self.flow_label);
+    }
+
+    fn read(r: &mut Reader<'_>) -> Result<QpAttrMsg, ProtoError> {
+        Ok(QpAttrMsg {
+            qp_state: r.u32()?,
+            path_mtu: r.u32()?,
+            qkey: r.u32()?,
+            rq_psn: r.u32()?,
+            sq_psn: r.u32()?,
+            dest_qp_num: r.u32()?,
+            qp_access_flags: r.u32()?,
+            pkey_index: r.u16()?,
+            port_num: r.u8()?,
+            max_rd_atomic: r.u8()?,
+            max_dest_rd_atomic: r.u8()?,
+            min_rnr_timer: r.u8()?,
+            timeout: r.u8()?,
+            retry_cnt: r.u8()?,
+            rnr_retry: r.u8()?,
+            dgid: r.array()?,
+            sgid_index: r.u8()?,
+            hop_limit: r.u8()?,
+            traffic_class: r.u8()?,
+            flow_label: r.u32()?,
+        })
+    }
+}
+
+/// Queue sizes and type of a new QP (`ibv_qp_init_attr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpInitMsg {
+    /// Client handle of the PD.
+    pub pd: u32,
+    /// Client handle of the send CQ.
+    pub send_cq: u32,
+    /// Client handle of the receive CQ.
+    pub recv_cq: u32,
+    /// `IBV_QPT_*` (RC 2, UC 3, UD 4).
+    pub qp_type: u32,
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth.
+    pub max_recv_wr: u32,
+    /// SGEs per send WR.
+    pub max_send_sge: u32,
+    /// SGEs per receive WR.
+    pub max_recv_sge: u32,
+    /// Inline bytes per send WR.
+    pub max_inline_data: u32,
+    /// Every send WR is signaled.
+    pub sq_sig_all: bool,
+}
+
+/// One completion (`ibv_wc`), numbers as libibverbs defines them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WcMsg {
+    /// The work request's id.
+    pub wr_id: u64,
+    /// `IBV_WC_*` status (0 = success).
+    pub status: u32,
+    /// `IBV_WC_*` opcode.
+    pub opcode: u32,
+    /// Vendor error.
+    pub vendor_err: u32,
+    /// Bytes transferred (receives, READ, atomics).
+    pub byte_len: u32,
+    /// Immediate data (host order).
+    pub imm_data: u32,
+    /// Key invalidated by SEND with invalidate.
+    pub invalidated_rkey: u32,
+    /// Local QPN.
+    pub qp_num: u32,
+    /// Remote QPN (UD).
+    pub src_qp: u32,
+    /// `ibv_wc_flags`.
+    pub wc_flags: u32,
+    /// P_Key index.
+    pub pkey_index: u16,
+}
+
+/// A device the daemon serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Index used in requests.
+    pub index: u32,
+    /// Name (`srxe0`...).
+    pub name: String,
+    /// Addresses (GID table order).
+    pub addrs: Vec<IpAddr>,
+    /// UDP port it receives RoCEv2 on.
+    pub port: u16,
+}
+
+/// The device attributes a client needs (`ibv_device_attr` subset).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DeviceAttrMsg {
+    /// Node GUID.
+    pub node_guid: u64,
+    /// Largest MR.
+    pub max_mr_size: u64,
+    /// QPs.
+    pub max_qp: u32,
+    /// WRs per queue.
+    pub max_qp_wr: u32,
+    /// SGEs per WR.
+    pub max_sge: u32,
+    /// CQs.
+    pub max_cq: u32,
+    /// CQEs per CQ.
+    pub max_cqe: u32,
+    /// MRs.
+    pub max_mr: u32,
+    /// PDs.
+    pub max_pd: u32,
+    /// Outstanding READ/ATOMIC per QP as responder.
+    pub max_qp_rd_atom: u32,
+    /// Outstanding READ/ATOMIC per QP as requester.
+    pub max_qp_init_rd_atom: u32,
+    /// 0 none, 1 HCA, 2 global (`ibv_atomic_cap`).
+    pub atomic_cap: u32,
+    /// Ports.
+    pub phys_port_cnt: u8,
+}
+
+/// The port attributes a client needs (`ibv_port_attr` subset).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PortAttrMsg {
+    /// 1 down, 4 active (`ibv_port_state`).
+    pub state: u32,
+    /// Largest MTU, bytes.
+    pub max_mtu: u32,
+    /// Active MTU, bytes.
+    pub active_mtu: u32,
+    /// GID table length.
+    pub gid_tbl_len: u32,
+    /// Largest message.
+    pub max_msg_sz: u32,
+}
+
+macro_rules! kinds {
+    ($($(#[$doc:meta])* $name:ident = $v:literal,)*) => {
+        /// Request kinds.
+        pub mod kind {
+            $( $(#[$doc])* pub const $name: u16 = $v; )*
+        }
+    };
+}
+
+kinds! {
+    /// [`Request::Hello`].
+    HELLO = 1,
+    /// [`Request::ListDevices`].
+    LIST_DEVICES = 2,
+    /// [`Request::QueryDevice`].
+    QUERY_DEVICE = 3,
+    /// [`Request::QueryPort`].
+    QUERY_PORT = 4,
+    /// [`Request::QueryGid`].
+    QUERY_GID = 5,
+    /// [`Request::AllocPd`].
+    ALLOC_PD = 6,
+    /// [`Request::DeallocPd`].
+    DEALLOC_PD = 7,
+    /// [`Request::RegMr`].
+    REG_MR = 8,
+    /// [`Request::DeregMr`].
+    DEREG_MR = 9,
+    /// [`Request::CreateCq`].
+    CREATE_CQ = 10,
+    /// [`Request::DestroyCq`].
+    DESTROY_CQ = 11,
+    /// [`Request::CreateQp`].
+    CREATE_QP = 12,
+    /// [`Request::ModifyQp`].
+    MODIFY_QP = 13,
+    /// [`Request::QueryQp`].
+    QUERY_QP = 14,
+    /// [`Request::DestroyQp`].
+    DESTROY_QP = 15,
+    /// [`Request::PostSend`].
+    POST_SEND = 16,
+    /// [`Request::PostRecv`].
+    POST_RECV = 17,
+    /// [`Request::PollCq`].
+    POLL_CQ = 18,
+    /// [`Request::Stat`].
+    STAT = 19,
+}
+
+/// A request from a client. Handles (`pd`, `cq`, `mr`, `qp`) are the connection's own
+/// numbers, meaningless on any other connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Request {
+    /// Open the session; the daemon answers with its version.
+    Hello {
+        /// The client's protocol version.
+        version: u16,
+    },
+    /// The devices the daemon serves.
+    ListDevices,
+    /// `ibv_query_device`.
+    QueryDevice {
+        /// Device index.
+        dev: u32,
+    },
+    /// `ibv_query_port`.
+    QueryPort {
+        /// Device index.
+        dev: u32,
+        /// Port number (1).
+        port: u8,
+    },
+    /// `ibv_query_gid`.
+    QueryGid {
+        /// Device index.
+        dev: u32,
+        /// Port number (1).
+        port: u8,
+        /// GID index.
+        index: u32,
+    },
+    /// `ibv_alloc_pd`.
+    AllocPd {
+        /// Device index.
+        dev: u32,
+    },
+    /// `ibv_dealloc_pd`.
+    DeallocPd {
+        /// PD handle.
+        pd: u32,
+    },
+    /// `ibv_reg_mr` over the client's own memory.
+    RegMr {
+        /// PD handle.
+        pd: u32,
+        /// Start address in the client.
+        addr: u64,
+        /// Length in bytes.
+        length: u64,
+        /// `ibv_access_flags`.
+        access: u32,
+    },
+    /// `ibv_dereg_mr`.
+    DeregMr {
+        /// MR handle.
+        mr: u32,
+    },
+    /// `ibv_create_cq`.
+    CreateCq {
+        /// Device index.
+        dev: u32,
+        /// Minimum number of entries.
+        cqe: u32,
+    },
+    /// `ibv_destroy_cq`.
+    DestroyCq {
+        /// CQ handle.
+        cq: u32,
+    },
+    /// `ibv_create_qp`.
+    CreateQp(QpInitMsg),
+    /// `ibv_modify_qp`.
+    ModifyQp {
+        /// QP handle.
+        qp: u32,
+        /// `ibv_qp_attr_mask` bits.
+        mask: u32,
+        /// The attributes the mask selects.
+        attr: QpAttrMsg,
+    },
+    /// `ibv_query_qp`.
+    QueryQp {
+        /// QP handle.
+        qp: u32,
+    },
+    /// `ibv_destroy_qp`.
+    DestroyQp {
+        /// QP handle.
+        qp: u32,
+    },
+    /// `ibv_post_send` of one WR.
+    PostSend {
+        /// QP handle.
+        qp: u32,
+        /// The work request.
+        wr: SendWrMsg,
+    },
+    /// `ibv_post_recv` of one WR.
+    PostRecv {
+        /// QP handle.
+        qp: u32,
+        /// Returned in the completion.
+        wr_id: u64,
+        /// Buffers.
+        sges: Vec<SgeMsg>,
+    },
+    /// `ibv_poll_cq`.
+    PollCq {
+        /// CQ handle.
+        cq: u32,
+        /// Most completions to return.
+        max: u32,
+    },
+    /// The daemon's counters and each device's.
+    Stat,
+}
+
+fn write_sges(w: &mut Writer, sges: &[SgeMsg]) {
+    w.count(sges.len());
+    for s in sges {
+        w.u64(s.addr).u32(s.length).u32(s.lkey);
+    }
+}
+
+fn read_sges(r: &mut Reader<'_>) -> Result<Vec<SgeMsg>, ProtoError> {
+    let n = r.count(MAX_SGES, 16)?;
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        v.push(SgeMsg {
+            addr: r.u64()?,
+            length: r.u32()?,
+            lkey: r.u32()?,
+        });
+    }
+    Ok(v)
+}
+
+impl Request {
+    /// The message kind of this request.
+    pub fn kind(&self) -> u16 {
+        match self {
+            Request::Hello { .. } => kind::HELLO,
+            Request::ListDevices => kind::LIST_DEVICES,
+            Request::QueryDevice { .. } => kind::QUERY_DEVICE,
+            Request::QueryPort { .. } => kind::QUERY_PORT,
+            Request::QueryGid { .. } => kind::QUERY_GID,
+            Request::AllocPd { .. } => kind::ALLOC_PD,
+            Request::DeallocPd { .. } => kind::DEALLOC_PD,
+            Request::RegMr { .. } => kind::REG_MR,
+            Request::DeregMr { .. } => kind::DEREG_MR,
+            Request::CreateCq { .. } => kind::CREATE_CQ,
+            Request::DestroyCq { .. } => kind::DESTROY_CQ,
+            Request::CreateQp(_) => kind::CREATE_QP,
+            Request::ModifyQp { .. } => kind::MODIFY_QP,
+            Request::QueryQp { .. } => kind::QUERY_QP,
+            Request::DestroyQp { .. } => kind::DESTROY_QP,
+            Request::PostSend { .. } => kind::POST_SEND,
+            Request::PostRecv { .. } => kind::POST_RECV,
+            Request::PollCq { .. } => kind::POLL_CQ,
+            Request::Stat => kind::STAT,
+        }
+    }
+
+    /// The body bytes.
+    pub fn encode_body(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        match self {
+            Request::Hello { version } => {
+                w.u16(*version);
+            }
+            Request::ListDevices | Request::Stat => {}
+            Request::QueryDevice { dev } | Request::AllocPd { dev } => {
+                w.u32(*dev);
+            }
+            Request::QueryPort { dev, port } => {
+                w.u32(*dev).u8(*port);
+            }
+            Request::QueryGid { dev, port, index } => {
+                w.u32(*dev).u8(*port).u32(*index);
+            }
+            Request::DeallocPd { pd: h }
+            | Request::DeregMr { mr: h }
+            | Request::DestroyCq { cq: h }
+            | Request::QueryQp { qp: h }
+            | Request::DestroyQp { qp: h } => {
+                w.u32(*h);
+            }
+            Request::RegMr {
+                pd,
+                addr,
+                length,
+                access,
+            } => {
+                w.u32(*pd).u64(*addr).u64(*length).u32(*access);
+            }
+            Request::CreateCq { dev, cqe } => {
+                w.u32(*dev).u32(*cqe);
+            }
+            Request::CreateQp(q) => {
+                w.u32(q.pd)
+                    .u32(q.send_cq)
+                    .u32(q.recv_cq)
+                    .u32(q.qp_type)
+                    .u32(q.max_send_wr)
+                    .u32(q.max_recv_wr)
+                    .u32(q.max_send_sge)
+                    .u32(q.max_recv_sge)
+                    .u32(q.max_inline_data)
+                    .bool(q.sq_sig_all);
+            }
+            Request::ModifyQp { qp, mask, attr } => {
+                w.u32(*qp).u32(*mask);
+                attr.write(&mut w);
+            }
+            Request::PostSend { qp, wr } => {
+                w.u32(*qp).u64(wr.wr_id).u32(wr.flags);
+                match wr.op {
+                    SendOpMsg::Send => {
+                        w.u8(0);
+                    }
+                    SendOpMsg::SendWithImm { imm } => {
+                        w.u8(1).u32(imm);
+                    }
+                    SendOpMsg::SendWithInv { rkey } => {
+                        w.u8(2).u32(rkey);
+                    }
+                    SendOpMsg::Write { remote_addr, rkey } => {
+                        w.u8(3).u64(remote_addr).u32(rkey);
+                    }
+                    SendOpMsg::WriteWithImm {
+                        remote_addr,
+                        rkey,
+                        imm,
+                    } => {
+                        w.u8(4).u64(remote_addr).u32(rkey).u32(imm);
+                    }
+                    SendOpMsg::Read { remote_addr, rkey } => {
+                        w.u8(5).u64(remote_addr).u32(rkey);
+                    }
+                    SendOpMsg::CmpSwap {
+                        remote_addr,
+                        rkey,
+                        compare,
+                        swap,
+                    } => {
+                        w.u8(6).u64(remote_addr).u32(rkey).u64(compare).u64(swap);
+                    }
+                    SendOpMsg::FetchAdd {
+                        remote_addr,
+                        rkey,
+                        add,
+                    } => {
+                        w.u8(7).u64(remote_addr).u32(rkey).u64(add);
+                    }
+                }
+                write_sges(&mut w, &wr.sges);
+                match &wr.inline {
+                    None => {
+                        w.u8(0);
+                    }
+                    Some(d) => {
+                        w.u8(1).blob(d);
+                    }
+                }
+            }
+            Request::PostRecv { qp, wr_id, sges } => {
+                w.u32(*qp).u64(*wr_id);
+                write_sges(&mut w, sges);
+            }
+            Request::PollCq { cq, max } => {
+                w.u32(*cq).u32(*max);
+            }
+        }
+        w.buf
+    }
+
+    /// The whole framed message.
+    pub fn encode(&self, id: u32) -> Vec<u8> {
+        frame(self.kind(), id, &self.encode_body())
+    }
+
+    /// Decode a request body of `kind`; every byte must be used.
+    pub fn decode(kind: u16, body: &[u8]) -> Result<Request, ProtoError> {
+        let mut r = Reader::new(body);
+        let req = match kind {
+            kind::HELLO => Request::Hello { version: r.u16()? },
+            kind::LIST_DEVICES => Request::ListDevices,
+            kind::STAT => Request::Stat,
+            kind::QUERY_DEVICE => Request::QueryDevice { dev: r.u32()? },
+            kind::ALLOC_PD => Request::AllocPd { dev: r.u32()? },
+            kind::QUERY_PORT => Request::QueryPort {
+                dev: r.u32()?,
+                port: r.u8()?,
+            },
+            kind::QUERY_GID => Request::QueryGid {
+                dev: r.u32()?,
+                port: r.u8()?,
+                index: r.u32()?,
+            },
+            kind::DEALLOC_PD => Request::DeallocPd { pd: r.u32()? },
+            kind::DEREG_MR => Request::DeregMr { mr: r.u32()? },
+            kind::DESTROY_CQ => Request::DestroyCq { cq: r.u32()? },
+            kind::QUERY_QP => Request::QueryQp { qp: r.u32()? },
+            kind::DESTROY_QP => Request::DestroyQp { qp: r.u32()? },
+            kind::REG_MR => Request::RegMr {
+                pd: r.u32()?,
+                addr: r.u64()?,
+                length: r.u64()?,
+                access: r.u32()?,
+            },
+            kind::CREATE_CQ => Request::CreateCq {
+                dev: r.u32()?,
+                cqe: r.u32()?,
+            },
+            kind::CREATE_QP => Request::CreateQp(QpInitMsg {
+                pd: r.u32()?,
+                send_cq: r.u32()?,
+                recv_cq: r.u32()?,
+                qp_type: r.u32()?,
+                max_send_wr: r.u32()?,
+                max_recv_wr: r.u32()?,
+                max_send_sge: r.u32()?,
+                max_recv_sge: r.u32()?,
+                max_inline_data: r.u32()?,
+                sq_sig_all: r.bool()?,
+            }),
+            kind::MODIFY_QP => Request::ModifyQp {
+                qp: r.u32()?,
+                mask: r.u32()?,
+                attr: QpAttrMsg::read(&mut r)?,
+            },
+            kind::POST_SEND => {
+                let qp = r.u32()?;
+                let wr_id = r.u64()?;
+                let flags = r.u32()?;
+                let op = match r.u8()? {
+                    0 => SendOpMsg::Send,
+                    1 => SendOpMsg::SendWithImm { imm: r.u32()? },
+                    2 => SendOpMsg::SendWithInv { rkey: r.u32()? },
+                    3 => SendOpMsg::Write {
+                        remote_addr: r.u64()?,
+                        rkey: r.u32()?,
+                    },
+                    4 => SendOpMsg::WriteWithImm {
+                        remote_addr: r.u64()?,
+                        rkey: r.u32()?,
+                        imm: r.u32()?,
+                    },
+                    5 => SendOpMsg::Read {
+                        remote_addr: r.u64()?,
+                        rkey: r.u32()?,
+                    },
+                    6 => SendOpMsg::CmpSwap {
+                        remote_addr: r.u64()?,
+                        rkey: r.u32()?,
+                        compare: r.u64()?,
+                        swap: r.u64()?,
+                    },
+                    7 => SendOpMsg::FetchAdd {
+                        remote_addr: r.u64()?,
+                        rkey: r.u32()?,
+                        add: r.u64()?,
+                    },
+                    _ => return Err(ProtoError::Invalid("send opcode")),
+                };
+                let sges = read_sges(&mut r)?;
+                let inline = if r.bool()? {
+                    Some(r.blob()?.to_vec())
+                } else {
+                    None
+                };
+                Request::PostSend {
+                    qp,
+                    wr: SendWrMsg {
+                        wr_id,
+                        op,
+                        flags,
+                        sges,
+                        inline,
+                    },
+                }
+            }
+            kind::POST_RECV => Request::PostRecv {
+                qp: r.u32()?,
+                wr_id: r.u64()?,
+                sges: read_sges(&mut r)?,
+            },
+            kind::POLL_CQ => Request::PollCq {
+                cq: r.u32()?,
+                max: r.u32()?,
+            },
+            k => return Err(ProtoError::UnknownKind(k)),
+        };
+        r.finish()?;
+        Ok(req)
+    }
+}
+
+/// An answer from the daemon. Its kind is `RESPONSE_BIT | request kind`, or [`KIND_ERROR`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Response {
+    /// The request failed: an errno as libibverbs would return it, and why.
+    Error {
+        /// Positive errno (`EINVAL`, `ENOMEM`, `EFAULT`...).
+        errno: i32,
+        /// Human-readable reason.
+        message: String,
+    },
+    /// Success with nothing to return.
+    Done,
+    /// Answer to [`Request::Hello`].
+    Hello {
+        /// The daemon's protocol version.
+        version: u16,
+        /// The daemon's pid (clients may let it trace them, e.g. `PR_SET_PTRACER`).
+        pid: u32,
+    },
+    /// Answer to [`Request::ListDevices`].
+    Devices(Vec<DeviceInfo>),
+    /// Answer to [`Request::QueryDevice`].
+    DeviceAttr(DeviceAttrMsg),
+    /// Answer to [`Request::QueryPort`].
+    PortAttr(PortAttrMsg),
+    /// Answer to [`Request::QueryGid`].
+    Gid([u8; 16]),
+    /// A new object's handle (PD, CQ).
+    Handle(u32),
+    /// A new MR: handle and keys.
+    Mr {
+        /// Handle.
+        handle: u32,
+        /// Local key.
+        lkey: u32,
+        /// Remote key.
+        rkey: u32,
+    },
+    /// A new QP: handle and QP number.
+    Qp {
+        /// Handle.
+        handle: u32,
+        /// QP number (what the peer puts in `dest_qp_num`).
+        qpn: u32,
+    },
+    /// Answer to [`Request::QueryQp`].
+    QpAttr(QpAttrMsg),
+    /// Answer to [`Request::PollCq`].
+    Completions(Vec<WcMsg>),
+    /// Answer to [`Request::Stat`]: named counters.
+    Stat(Vec<(String, u64)>),
+}
+
+/// Tags of the [`Response`] variants inside a success body (the first byte).
+mod rtag {
+    pub const DONE: u8 = 0;
+    pub const HELLO: u8 = 1;
+    pub const DEVICES: u8 = 2;
+    pub const DEVICE_ATTR: u8 = 3;
+    pub const PORT_ATTR: u8 = 4;
+    pub const GID: u8 = 5;
+    pub const HANDLE: u8 = 6;
+    pub const MR: u8 = 7;
+    pub const QP: u8 = 8;
+    pub const QP_ATTR: u8 = 9;
+    pub const COMPLETIONS: u8 = 10;
+    pub const STAT: u8 = 11;
+}
+
+/// Most completions in one answer.
+pub const MAX_WCS: usize = 4096;
+/// Most counters in one answer.
+pub const MAX_COUNTERS: usize = 8192;
+/// Most devices in one answer.
+pub const MAX_DEVICES: usize = 1024;
+
+impl Response {
+    /// Frame this answer to request `req_kind` with id `id`.
+    pub fn encode(&self, req_kind: u16, id: u32) -> Vec<u8> {
+        let mut w = Writer::default();
+        if let Response::Error { errno, message } = self {
+            w.i32(*errno).string(message);
+            return frame(KIND_ERROR, id, &w.buf);
+        }
+        match self {
+            Response::Error { .. } => {}
+            Response::Done => {
+                w.u8(rtag::DONE);
+            }
+            Response::Hello { version, pid } => {
+                w.u8(rtag::HELLO).u16(*version).u32(*pid);
+            }
+            Response::Devices(d) => {
+                w.u8(rtag::DEVICES).count(d.len());
+                for d in d {
+                    w.u32(d.index)
+                        .string(&d.name)
+                        .u16(d.port)
+                        .count(d.addrs.len());
+                    for a in &d.addrs {
+                        w.ip(*a);
+                    }
+                }
+            }
+            Response::DeviceAttr(a) => {
+                w.u8(rtag::DEVICE_ATTR)
+                    .u64(a.node_guid)
+                    .u64(a.max_mr_size)
+                    .u32(a.max_qp)
+                    .u32(a.max_qp_wr)
+                    .u32(a.max_sge)
+                    .u32(a.max_cq)
+                    .u32(a.max_cqe)
+                    .u32(a.max_mr)
+                    .u32(a.max_pd)
+                    .u32(a.max_qp_rd_atom)
+                    .u32(a.max_qp_init_rd_atom)
+                    .u32(a.atomic_cap)
+                    .u8(a.phys_port_cnt);
+            }
+            Response::PortAttr(p) => {
+                w.u8(rtag::PORT_ATTR)
+                    .u32(p.state)
+                    .u32(p.max_mtu)
+                    .u32(p.active_mtu)
+                    .u32(p.gid_tbl_len)
+                    .u32(p.max_msg_sz);
+            }
+            Response::Gid(g) => {
+                w.u8(rtag::GID);
+                w.buf.extend_from_slice(g);
+            }
+            Response::Handle(h) => {
+                w.u8(rtag::HANDLE).u32(*h);
+            }
+            Response::Mr { handle, lkey, rkey } => {
+                w.u8(rtag::MR).u32(*handle).u32(*lkey).u32(*rkey);
+            }
+            Response::Qp { handle, qpn } => {
+                w.u8(rtag::QP).u32(*handle).u32(*qpn);
+            }
+            Response::QpAttr(a) => {
+                w.u8(rtag::QP_ATTR);
+                a.write(&mut w);
+            }
+            Response::Completions(wcs) => {
+                w.u8(rtag::COMPLETIONS).count(wcs.len());
+                for c in wcs {
+                    w.u64(c.wr_id)
+                        .u32(c.status)
+                        .u32(c.opcode)
+                        .u32(c.vendor_err)
+                        .u32(c.byte_len)
+                        .u32(c.imm_data)
+                        .u32(c.invalidated_rkey)
+                        .u32(c.qp_num)
+                        .u32(c.src_qp)
+                        .u32(c.wc_flags)
+                        .u16(c.pkey_index);
+                }
+            }
+            Response::Stat(s) => {
+                w.u8(rtag::STAT).count(s.len());
+                for (name, v) in s {
+                    w.string(name).u64(*v);
+                }
+            }
+        }
+        frame(RESPONSE_BIT | req_kind, id, &w.buf)
+    }
+
+    /// Decode an answer body of message kind `kind`; every byte must be used.
+    pub fn decode(kind: u16, body: &[u8]) -> Result<Response, ProtoError> {
+        let mut r = Reader::new(body);
+        if kind == KIND_ERROR {
+            let errno = r.i32()?;
+            let message = r.string()?;
+            r.finish()?;
+            return Ok(Response::Error { errno, message });
+        }
+        if kind & RESPONSE_BIT == 0 {
+            return Err(ProtoError::UnknownKind(kind));
+        }
+        let resp = match r.u8()? {
+            rtag::DONE => Response::Done,
+            rtag::HELLO => Response::Hello {
+                version: r.u16()?,
+                pid: r.u32()?,
+            },
+            rtag::DEVICES => {
+                let n = r.count(MAX_DEVICES, 9)?;
+                let mut v = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let index = r.u32()?;
+                    let name = r.string()?;
+                    let port = r.u16()?;
+                    let na = r.count(256, 5)?;
+                    let mut addrs = Vec::with_capacity(na);
+                    for _ in 0..na {
+                        addrs.push(r.ip()?);
+                    }
+                    v.push(DeviceInfo {
+                        index,
+                        name,
+                        addrs,
+                        port,
+                    });
+                }
+                Response::Devices(v)
+            }
+            rtag::DEVICE_ATTR => Response::DeviceAttr(DeviceAttrMsg {
+                node_guid: r.u64()?,
+                max_mr_size: r.u64()?,
+                max_qp: r.u32()?,
+                max_qp_wr: r.u32()?,
+                max_sge: r.u32()?,
+                max_cq: r.u32()?,
+                max_cqe: r.u32()?,
+                max_mr: r.u32()?,
+                max_pd: r.u32()?,
+                max_qp_rd_atom: r.u32()?,
+                max_qp_init_rd_atom: r.u32()?,
+                atomic_cap: r.u32()?,
+                phys_port_cnt: r.u8()?,
+            }),
+            rtag::PORT_ATTR => Response::PortAttr(PortAttrMsg {
+                state: r.u32()?,
+                max_mtu: r.u32()?,
+                active_mtu: r.u32()?,
+                gid_tbl_len: r.u32()?,
+                max_msg_sz: r.u32()?,
+            }),
+            rtag::GID => Response::Gid(r.array()?),
+            rtag::HANDLE => Response::Handle(r.u32()?),
+            rtag::MR => Response::Mr {
+                handle: r.u32()?,
+                lkey: r.u32()?,
+                rkey: r.u32()?,
+            },
+            rtag::QP => Response::Qp {
+                handle: r.u32()?,
+                qpn: r.u32()?,
+            },
+            rtag::QP_ATTR => Response::QpAttr(QpAttrMsg::read(&mut r)?),
+            rtag::COMPLETIONS => {
+                let n = r.count(MAX_WCS, 46)?;
+                let mut v = Vec::with_capacity(n);
+                for _ in 0..n {
+                    v.push(WcMsg {
+                        wr_id: r.u64()?,
+                        status: r.u32()?,
+                        opcode: r.u32()?,
+                        vendor_err: r.u32()?,
+                        byte_len: r.u32()?,
+                        imm_data: r.u32()?,
+                        invalidated_rkey: r.u32()?,
+                        qp_num: r.u32()?,
+                        src_qp: r.u32()?,
+                        wc_flags: r.u32()?,
+                        pkey_index: r.u16()?,
+                    });
+                }
+                Response::Completions(v)
+            }
+            rtag::STAT => {
+                let n = r.count(MAX_COUNTERS, 10)?;
+                let mut v = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let name = r.string()?;
+                    v.push((name, r.u64()?));
+                }
+                Response::Stat(v)
+            }
+            _ => return Err(ProtoError::Invalid("response tag")),
+        };
+        r.finish()?;
+        Ok(resp)
+    }
+}
+
+/// Split one whole message off the front of `bytes`: its header and body, or `Ok(None)` if
+/// more bytes are needed. Errors are framing errors (bad magic, version or length).
+pub fn split_message(bytes: &[u8]) -> Result<Option<(Header, &[u8])>, ProtoError> {
+    let Some(h) = bytes.first_chunk::<HEADER_LEN>() else {
+        return Ok(None);
+    };
+    let header = Header::parse(h)?;
+    let end = HEADER_LEN + header.length as usize;
+    Ok(bytes.get(HEADER_LEN..end).map(|body| (header, body)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sample_requests() -> Vec<Request> {
+        vec![
+            Request::Hello { version: VERSION },
+            Request::ListDevices,
+            Request::QueryGid {
+                dev: 1,
+                port: 1,
+                index: 2,
+            },
+            Request::RegMr {
+                pd: 3,
+                addr: 0x1000,
+                length: 4096,
+                access: 7,
+            },
+            Request::CreateQp(QpInitMsg {
+                pd: 1,
+                send_cq: 2,
+                recv_cq: 3,
+                qp_type: 2,
+                max_send_wr: 16,
+                max_recv_wr: 16,
+                max_send_sge: 2,
+                max_recv_sge: 2,
+                max_inline_data: 64,
+                sq_sig_all: true,
+            }),
+            Request::ModifyQp {
+                qp: 4,
+                mask: 0x1fff,
+                attr: QpAttrMsg {
+                    qp_state: 3,
+                    dgid: [7; 16],
+                    ..QpAttrMsg::default()
+                },
+            },
+            Request::PostSend {
+                qp: 4,
+                wr: SendWrMsg {
+                    wr_id: 9,
+                    op: SendOpMsg::CmpSwap {
+                        remote_addr: 1,
+                        rkey: 2,
+                        compare: 3,
+                        swap: 4,
+                    },
+                    flags: 2,
+                    sges: vec![SgeMsg {
+                        addr: 5,
+                        length: 8,
+                        lkey: 6,
+                    }],
+                    inline: None,
+                },
+            },
+            Request::PostSend {
+                qp: 4,
+                wr: SendWrMsg {
+                    wr_id: 10,
+                    op: SendOpMsg::Send,
+                    flags: 10,
+                    sges: vec![],
+                    inline: Some(b"hello".to_vec()),
+                },
+            },
+            Request::PostRecv {
+                qp: 4,
+                wr_id: 1,
+                sges: vec![SgeMsg::default(); 3],
+            },
+            Request::PollCq { cq: 2, max: 16 },
+            Request::Stat,
+        ]
+    }
+
+    #[test]
+    fn every_request_round_trips() {
+        for (i, req) in sample_requests().into_iter().enumerate() {
+            let bytes = req.encode(i as u32);
+            let (h, body) = split_message(&bytes).unwrap().unwrap();
+            assert_eq!(h.id, i as u32);
+            assert_eq!(Request::decode(h.kind, body).unwrap(), req);
+            // Every proper prefix of the body is refused, never accepted or a panic.
+            for cut in 0..body.len() {
+                assert!(
+                    Request::decode(h.kind, &body[..cut]).is_err(),
+                    "{req:?} cut {cut}"
+                );
+            }
+            let mut long = body.to_vec();
+            long.push(0);
+            assert_eq!(Request::decode(h.kind, &long), Err(ProtoError::Trailing(1)));
+        }
+    }
+
+    #[test]
+    fn responses_round_trip() {
+        let rs = vec![
+            Response::Error {
+                errno: 22,
+                message: "nope".into(),
+            },
+            Response::Done,
+            Response::Devices(vec![DeviceInfo {
+                index: 0,
+                name: "srxe0".into(),
+                addrs: vec!["127.0.0.1".parse().unwrap(), "::1".parse().unwrap()],
+                port: 4791,
+            }]),
+            Response::Completions(vec![WcMsg {
+                wr_id: 1,
+                byte_len: 5,
+                ..WcMsg::default()
+            }]),
+            Response::Stat(vec![("a".into(), 1), ("b".into(), 2)]),
+            Response::Mr {
+                handle: 1,
+                lkey: 2,
+                rkey: 3,
+            },
+        ];
+        for r in rs {
+            let bytes = r.encode(kind::STAT, 5);
+            let (h, body) = split_message(&bytes).unwrap().unwrap();
+            assert_eq!(Response::decode(h.kind, body).unwrap(), r);
+        }
+    }
+
+    #[test]
+    fn headers_with_bad_magic_version_or_length_are_refused() {
+        let mut h = Header {
+            kind: 1,
+            length: 2,
+            id: 3,
+        }
+        .to_bytes();
+        assert!(Header::parse(&h).is_ok());
+        h[8..12].copy_from_slice(&(MAX_BODY + 1).to_le_bytes());
+        assert_eq!(Header::parse(&h), Err(ProtoError::TooLong(MAX_BODY + 1)));
+        h[4] = 9;
+        assert_eq!(Header::parse(&h), Err(ProtoError::BadVersion(9)));
+        h[0] = 0;
+        assert!(matches!(Header::parse(&h), Err(ProtoError::BadMagic(_))));
+    }
+
+    #[test]
+    fn a_lying_count_does_not_allocate_or_panic() {
+        // PostRecv claiming 256 SGEs with none present.
+        let mut w = Writer::default();
+        w.u32(1).u64(2).u16(256);
+        assert_eq!(
+            Request::decode(kind::POST_RECV, &w.buf),
+            Err(ProtoError::Truncated)
+        );
+        let mut w = Writer::default();
+        w.u32(1).u64(2).u16(u16::MAX);
+        assert!(Request::decode(kind::POST_RECV, &w.buf).is_err());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+        #[test]
+        fn arbitrary_bytes_never_panic_the_decoders(kind in any::<u16>(), body in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = Request::decode(kind, &body);
+            let _ = Response::decode(kind, &body);
+            let _ = split_message(&body);
+        }
+
+        #[test]
+        fn mutated_valid_messages_never_panic(i in 0usize..11, pos in any::<prop::sample::Index>(), byte in any::<u8>()) {
+            let reqs = sample_requests();
+            let mut bytes = reqs[i % reqs.len()].encode(1);
+            let p = pos.index(bytes.len());
+            bytes[p] = byte;
+            if let Ok(Some((h, body))) = split_message(&bytes) {
+                let _ = Request::decode(h.kind, body);
+            }
+        }
+    }
+}

@@ -1,0 +1,850 @@
+//! The daemon's control path: a Unix stream socket, one thread per connection, and the
+//! per-connection handle tables that keep every client inside its own objects.
+//!
+//! A connection's handles are small numbers that index only that connection's table, so a
+//! handle learned from (or guessed about) another client names nothing here. Memory is
+//! registered against the pid the kernel reports for the socket (`SO_PEERCRED`), never a pid
+//! the client claims. A bad header closes the connection (framing is lost); a bad body or a
+//! refused verb gets an error answer. When the connection ends, for whatever reason, every
+//! object it still holds is destroyed: QPs moved to ERR (flushing their queues) and
+//! destroyed, MRs deregistered, CQs destroyed, PDs freed, and the `reclaimed_*` counters
+//! show it.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use engine::{
+    AccessFlags, AhAttr, AtomicCap, CqHandle, MemOwner, MrHandle, PdHandle, PortState, QpAttr,
+    QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendPayload, SendWr,
+    Sge, VerbsError,
+};
+
+use crate::host::Device;
+use crate::memory::{self, Region, SharedRegions};
+use crate::proto::{
+    DeviceAttrMsg, DeviceInfo, Header, PortAttrMsg, ProtoError, QpAttrMsg, QpInitMsg, Request,
+    Response, SendOpMsg, SendWrMsg, SgeMsg, WcMsg, HEADER_LEN, MAX_WCS, VERSION,
+};
+
+const EINVAL: i32 = 22;
+const EFAULT: i32 = 14;
+const EPROTO: i32 = 71;
+const ENOMEM: i32 = 12;
+
+/// Most objects one connection may hold (the engine's own limits apply too).
+const MAX_OBJECTS_PER_CONNECTION: usize = 1 << 16;
+
+macro_rules! stats {
+    ($($(#[$doc:meta])* $f:ident,)*) => {
+        /// Daemon-wide counters (the `stat` request shows them).
+        #[derive(Debug, Default)]
+        pub struct Stats {
+            $( $(#[$doc])* pub $f: AtomicU64, )*
+        }
+        impl Stats {
+            /// Every counter with its name.
+            pub fn snapshot(&self) -> Vec<(String, u64)> {
+                vec![$( (stringify!($f).to_string(), self.$f.load(Ordering::Relaxed)), )*]
+            }
+        }
+    };
+}
+
+stats! {
+    /// Connections accepted.
+    connections_accepted,
+    /// Connections ended (closed by the client, died, or closed for a bad header).
+    connections_closed,
+    /// Connections that ended while still holding objects.
+    clients_reclaimed,
+    /// Messages whose header was bad (the connection was closed).
+    bad_headers,
+    /// Messages whose body did not decode (answered with an error).
+    bad_bodies,
+    /// Requests answered with an error (bad handle, refused verb...).
+    request_errors,
+    /// Handles used that the connection does not hold.
+    foreign_handles,
+    /// Registrations refused because the range is not mapped in the client.
+    unmapped_registrations,
+    /// PDs alive.
+    live_pds,
+    /// MRs alive.
+    live_mrs,
+    /// CQs alive.
+    live_cqs,
+    /// QPs alive.
+    live_qps,
+    /// PDs freed because their connection ended.
+    reclaimed_pds,
+    /// MRs deregistered because their connection ended.
+    reclaimed_mrs,
+    /// CQs destroyed because their connection ended.
+    reclaimed_cqs,
+    /// QPs flushed and destroyed because their connection ended.
+    reclaimed_qps,
+}
+
+/// The daemon: its devices, the registered client memory, its counters.
+#[derive(Debug)]
+pub struct Daemon {
+    /// The devices, indexed as in requests.
+    pub devices: Vec<Device>,
+    /// Registered client memory, shared by every device's engine.
+    pub regions: SharedRegions,
+    /// Counters.
+    pub stats: Stats,
+}
+
+/// A verbs object a connection holds.
+#[derive(Debug, Clone, Copy)]
+enum Obj {
+    Pd {
+        dev: usize,
+        h: PdHandle,
+    },
+    Mr {
+        dev: usize,
+        h: MrHandle,
+        owner: MemOwner,
+    },
+    Cq {
+        dev: usize,
+        h: CqHandle,
+    },
+    Qp {
+        dev: usize,
+        qpn: u32,
+    },
+}
+
+impl Obj {
+    fn dev(&self) -> usize {
+        match *self {
+            Obj::Pd { dev, .. }
+            | Obj::Mr { dev, .. }
+            | Obj::Cq { dev, .. }
+            | Obj::Qp { dev, .. } => dev,
+        }
+    }
+}
+
+/// An error answer.
+struct Fail {
+    errno: i32,
+    message: String,
+}
+
+impl From<VerbsError> for Fail {
+    fn from(e: VerbsError) -> Fail {
+        Fail {
+            errno: e.errno(),
+            message: e.to_string(),
+        }
+    }
+}
+
+fn fail(errno: i32, message: impl Into<String>) -> Fail {
+    Fail {
+        errno,
+        message: message.into(),
+    }
+}
+
+/// One client connection's state.
+struct Conn<'d> {
+    daemon: &'d Daemon,
+    pid: i32,
+    uid: u32,
+    greeted: bool,
+    objs: HashMap<u32, Obj>,
+    next: u32,
+}
+
+impl<'d> Conn<'d> {
+    fn insert(&mut self, o: Obj) -> u32 {
+        loop {
+            self.next = self.next.wrapping_add(1).max(1);
+            if let std::collections::hash_map::Entry::Vacant(e) = self.objs.entry(self.next) {
+                e.insert(o);
+                return self.next;
+            }
+        }
+    }
+
+    fn get(&self, h: u32) -> Result<Obj, Fail> {
+        self.objs.get(&h).copied().ok_or_else(|| {
+            self.daemon
+                .stats
+                .foreign_handles
+                .fetch_add(1, Ordering::Relaxed);
+            fail(
+                EINVAL,
+                format!("no object with handle {h} on this connection"),
+            )
+        })
+    }
+
+    fn device(&self, dev: u32) -> Result<(usize, &'d Device), Fail> {
+        let i = dev as usize;
+        self.daemon
+            .devices
+            .get(i)
+            .map(|d| (i, d))
+            .ok_or_else(|| fail(EINVAL, format!("no device {dev}")))
+    }
+
+    fn pd(&self, h: u32) -> Result<(usize, PdHandle), Fail> {
+        match self.get(h)? {
+            Obj::Pd { dev, h } => Ok((dev, h)),
+            _ => Err(fail(EINVAL, format!("handle {h} is not a PD"))),
+        }
+    }
+
+    fn cq(&self, h: u32) -> Result<(usize, CqHandle), Fail> {
+        match self.get(h)? {
+            Obj::Cq { dev, h } => Ok((dev, h)),
+            _ => Err(fail(EINVAL, format!("handle {h} is not a CQ"))),
+        }
+    }
+
+    fn qp(&self, h: u32) -> Result<(usize, u32), Fail> {
+        match self.get(h)? {
+            Obj::Qp { dev, qpn } => Ok((dev, qpn)),
+            _ => Err(fail(EINVAL, format!("handle {h} is not a QP"))),
+        }
+    }
+
+    fn room(&self) -> Result<(), Fail> {
+        if self.objs.len() >= MAX_OBJECTS_PER_CONNECTION {
+            return Err(fail(ENOMEM, "too many objects on this connection"));
+        }
+        Ok(())
+    }
+
+    fn stat(&self, f: impl Fn(&Stats) -> &AtomicU64, up: bool) {
+        let c = f(&self.daemon.stats);
+        if up {
+            c.fetch_add(1, Ordering::Relaxed);
+        } else {
+            c.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    fn handle(&mut self, req: Request) -> Result<Response, Fail> {
+        if !self.greeted && !matches!(req, Request::Hello { .. }) {
+            return Err(fail(EPROTO, "hello first"));
+        }
+        let d = self.daemon;
+        match req {
+            Request::Hello { version } => {
+                if version != VERSION {
+                    return Err(fail(EPROTO, format!("version {version} not supported")));
+                }
+                self.greeted = true;
+                Ok(Response::Hello {
+                    version: VERSION,
+                    pid: std::process::id(),
+                })
+            }
+            Request::ListDevices => Ok(Response::Devices(
+                d.devices
+                    .iter()
+                    .enumerate()
+                    .map(|(i, dev)| DeviceInfo {
+                        index: i as u32,
+                        name: dev.name.clone(),
+                        addrs: dev.addrs.clone(),
+                        port: dev.port,
+                    })
+                    .collect(),
+            )),
+            Request::QueryDevice { dev } => {
+                let (_, dev) = self.device(dev)?;
+                let a = dev.read(|e| e.query_device());
+                Ok(Response::DeviceAttr(DeviceAttrMsg {
+                    node_guid: a.node_guid,
+                    max_mr_size: a.max_mr_size,
+                    max_qp: a.max_qp,
+                    max_qp_wr: a.max_qp_wr,
+                    max_sge: a.max_sge,
+                    max_cq: a.max_cq,
+                    max_cqe: a.max_cqe,
+                    max_mr: a.max_mr,
+                    max_pd: a.max_pd,
+                    max_qp_rd_atom: a.max_qp_rd_atom,
+                    max_qp_init_rd_atom: a.max_qp_init_rd_atom,
+                    atomic_cap: match a.atomic_cap {
+                        AtomicCap::Hca => 1,
+                        AtomicCap::Glob => 2,
+                        _ => 0,
+                    },
+                    phys_port_cnt: a.phys_port_cnt,
+                }))
+            }
+            Request::QueryPort { dev, port } => {
+                let (_, dev) = self.device(dev)?;
+                let p = dev.read(|e| e.query_port(port))?;
+                Ok(Response::PortAttr(PortAttrMsg {
+                    state: if p.state == PortState::Active { 4 } else { 1 },
+                    max_mtu: p.max_mtu.bytes() as u32,
+                    active_mtu: p.active_mtu.bytes() as u32,
+                    gid_tbl_len: p.gid_tbl_len,
+                    max_msg_sz: p.max_msg_sz,
+                }))
+            }
+            Request::QueryGid { dev, port, index } => {
+                let (_, dev) = self.device(dev)?;
+                Ok(Response::Gid(dev.read(|e| e.query_gid(port, index))?.0))
+            }
+            Request::AllocPd { dev } => {
+                self.room()?;
+                let (i, dev) = self.device(dev)?;
+                let h = dev.with(|e| e.alloc_pd())?;
+                self.stat(|s| &s.live_pds, true);
+                Ok(Response::Handle(self.insert(Obj::Pd { dev: i, h })))
+            }
+            Request::DeallocPd { pd } => {
+                let (i, h) = self.pd(pd)?;
+                d.devices[i].with(|e| e.dealloc_pd(h))?;
+                self.objs.remove(&pd);
+                self.stat(|s| &s.live_pds, false);
+                Ok(Response::Done)
+            }
+            Request::RegMr {
+                pd,
+                addr,
+                length,
+                access,
+            } => {
+                self.room()?;
+                let (i, pdh) = self.pd(pd)?;
+                let access = AccessFlags::from_bits(access)
+                    .ok_or_else(|| fail(EINVAL, "unknown access flags"))?;
+                if length == 0 || !memory::range_is_mapped(self.pid, addr, length) {
+                    d.stats
+                        .unmapped_registrations
+                        .fetch_add(1, Ordering::Relaxed);
+                    return Err(fail(
+                        EFAULT,
+                        format!(
+                            "{addr:#x}+{length} is not mapped read-write in pid {}",
+                            self.pid
+                        ),
+                    ));
+                }
+                let owner = memory::lock(&d.regions).insert(Region {
+                    pid: self.pid,
+                    base: addr,
+                    len: length,
+                });
+                match d.devices[i].with(|e| e.reg_mr(pdh, owner, addr, length, access)) {
+                    Ok(keys) => {
+                        self.stat(|s| &s.live_mrs, true);
+                        let handle = self.insert(Obj::Mr {
+                            dev: i,
+                            h: keys.handle,
+                            owner,
+                        });
+                        Ok(Response::Mr {
+                            handle,
+                            lkey: keys.lkey,
+                            rkey: keys.rkey,
+                        })
+                    }
+                    Err(e) => {
+                        memory::lock(&d.regions).remove(owner);
+                        Err(e.into())
+                    }
+                }
+            }
+            Request::DeregMr { mr } => match self.get(mr)? {
+                Obj::Mr { dev, h, owner } => {
+                    d.devices[dev].with(|e| e.dereg_mr(h))?;
+                    memory::lock(&d.regions).remove(owner);
+                    self.objs.remove(&mr);
+                    self.stat(|s| &s.live_mrs, false);
+                    Ok(Response::Done)
+                }
+                _ => Err(fail(EINVAL, format!("handle {mr} is not an MR"))),
+            },
+            Request::CreateCq { dev, cqe } => {
+                self.room()?;
+                let (i, dev) = self.device(dev)?;
+                let h = dev.with(|e| e.create_cq(cqe))?;
+                self.stat(|s| &s.live_cqs, true);
+                Ok(Response::Handle(self.insert(Obj::Cq { dev: i, h })))
+            }
+            Request::DestroyCq { cq } => {
+                let (i, h) = self.cq(cq)?;
+                d.devices[i].with(|e| e.destroy_cq(h))?;
+                self.objs.remove(&cq);
+                self.stat(|s| &s.live_cqs, false);
+                Ok(Response::Done)
+            }
+            Request::CreateQp(q) => self.create_qp(q),
+            Request::ModifyQp { qp, mask, attr } => {
+                let (i, qpn) = self.qp(qp)?;
+                let mask = QpAttrMask::from_bits(mask)
+                    .ok_or_else(|| fail(EINVAL, "unknown attribute mask bits"))?;
+                let attr = qp_attr_from_msg(&attr, mask)?;
+                d.devices[i].with(|e| e.modify_qp(qpn, &attr, mask))?;
+                Ok(Response::Done)
+            }
+            Request::QueryQp { qp } => {
+                let (i, qpn) = self.qp(qp)?;
+                let a = d.devices[i].read(|e| e.query_qp(qpn))?;
+                Ok(Response::QpAttr(qp_attr_to_msg(&a)))
+            }
+            Request::DestroyQp { qp } => {
+                let (i, qpn) = self.qp(qp)?;
+                d.devices[i].with(|e| e.destroy_qp(qpn))?;
+                self.objs.remove(&qp);
+                self.stat(|s| &s.live_qps, false);
+                Ok(Response::Done)
+            }
+            Request::PostSend { qp, wr } => {
+                let (i, qpn) = self.qp(qp)?;
+                let wr = send_wr_from_msg(wr)?;
+                d.devices[i].with(|e| e.post_send(qpn, wr))?;
+                Ok(Response::Done)
+            }
+            Request::PostRecv { qp, wr_id, sges } => {
+                let (i, qpn) = self.qp(qp)?;
+                let wr = RecvWr::new(wr_id, sges.iter().map(sge).collect());
+                d.devices[i].with(|e| e.post_recv(qpn, wr))?;
+                Ok(Response::Done)
+            }
+            Request::PollCq { cq, max } => {
+                let (i, h) = self.cq(cq)?;
+                let max = (max as usize).min(MAX_WCS);
+                let wcs = d.devices[i].with(|e| e.poll_cq(h, max))?;
+                Ok(Response::Completions(
+                    wcs.iter()
+                        .map(|c| WcMsg {
+                            wr_id: c.wr_id,
+                            status: c.status.to_ibv(),
+                            opcode: c.opcode.to_ibv(),
+                            vendor_err: c.vendor_err,
+                            byte_len: c.byte_len,
+                            imm_data: c.imm_data,
+                            invalidated_rkey: c.invalidated_rkey,
+                            qp_num: c.qp_num,
+                            src_qp: c.src_qp,
+                            wc_flags: c.wc_flags.bits(),
+                            pkey_index: c.pkey_index,
+                        })
+                        .collect(),
+                ))
+            }
+            Request::Stat => {
+                let mut v = d.stats.snapshot();
+                v.push((
+                    "registered_ranges".into(),
+                    memory::lock(&d.regions).len() as u64,
+                ));
+                for dev in &d.devices {
+                    dev.read(|e| {
+                        for (c, n) in e.counters().iter() {
+                            v.push((format!("{}.{}", dev.name, c.name()), n));
+                        }
+                    });
+                }
+                Ok(Response::Stat(v))
+            }
+        }
+    }
+
+    fn create_qp(&mut self, q: QpInitMsg) -> Result<Response, Fail> {
+        self.room()?;
+        let (i, pd) = self.pd(q.pd)?;
+        let (si, send_cq) = self.cq(q.send_cq)?;
+        let (ri, recv_cq) = self.cq(q.recv_cq)?;
+        if si != i || ri != i {
+            return Err(fail(EINVAL, "PD and CQs are on different devices"));
+        }
+        let qp_type = QpType::try_from(q.qp_type).map_err(|e| fail(EINVAL, e.to_string()))?;
+        let init = QpInitAttr {
+            pd,
+            send_cq,
+            recv_cq,
+            cap: QpCap {
+                max_send_wr: q.max_send_wr,
+                max_recv_wr: q.max_recv_wr,
+                max_send_sge: q.max_send_sge,
+                max_recv_sge: q.max_recv_sge,
+                max_inline_data: q.max_inline_data,
+            },
+            qp_type,
+            sq_sig_all: q.sq_sig_all,
+        };
+        let qpn = self.daemon.devices[i].with(|e| e.create_qp(&init))?;
+        self.stat(|s| &s.live_qps, true);
+        let handle = self.insert(Obj::Qp { dev: i, qpn });
+        Ok(Response::Qp { handle, qpn })
+    }
+
+    /// Destroy everything the connection still holds: QPs first (flushed through ERR), then
+    /// MRs, CQs and PDs, the order the engine's references require.
+    fn reclaim(&mut self) {
+        if self.objs.is_empty() {
+            return;
+        }
+        let d = self.daemon;
+        d.stats.clients_reclaimed.fetch_add(1, Ordering::Relaxed);
+        let objs: Vec<Obj> = self.objs.drain().map(|(_, o)| o).collect();
+        let rank = |o: &Obj| match o {
+            Obj::Qp { .. } => 0,
+            Obj::Mr { .. } => 1,
+            Obj::Cq { .. } => 2,
+            Obj::Pd { .. } => 3,
+        };
+        let mut objs = objs;
+        objs.sort_by_key(rank);
+        for o in objs {
+            let dev = &d.devices[o.dev()];
+            let s = &d.stats;
+            let ok = match o {
+                Obj::Qp { qpn, .. } => dev
+                    .with(|e| {
+                        let err = QpAttr {
+                            qp_state: QpState::Err,
+                            ..QpAttr::default()
+                        };
+                        let _ = e.modify_qp(qpn, &err, QpAttrMask::STATE);
+                        e.destroy_qp(qpn)
+                    })
+                    .map(|()| {
+                        s.live_qps.fetch_sub(1, Ordering::Relaxed);
+                        s.reclaimed_qps.fetch_add(1, Ordering::Relaxed);
+                    }),
+                Obj::Mr { h, owner, .. } => {
+                    let r = dev.with(|e| e.dereg_mr(h));
+                    memory::lock(&d.regions).remove(owner);
+                    r.map(|()| {
+                        s.live_mrs.fetch_sub(1, Ordering::Relaxed);
+                        s.reclaimed_mrs.fetch_add(1, Ordering::Relaxed);
+                    })
+                }
+                Obj::Cq { h, .. } => dev.with(|e| e.destroy_cq(h)).map(|()| {
+                    s.live_cqs.fetch_sub(1, Ordering::Relaxed);
+                    s.reclaimed_cqs.fetch_add(1, Ordering::Relaxed);
+                }),
+                Obj::Pd { h, .. } => dev.with(|e| e.dealloc_pd(h)).map(|()| {
+                    s.live_pds.fetch_sub(1, Ordering::Relaxed);
+                    s.reclaimed_pds.fetch_add(1, Ordering::Relaxed);
+                }),
+            };
+            if let Err(e) = ok {
+                tracing::warn!(pid = self.pid, object = ?o, error = %e, "reclaim failed");
+            }
+        }
+        tracing::info!(
+            pid = self.pid,
+            uid = self.uid,
+            "reclaimed a client's objects"
+        );
+    }
+}
+
+fn sge(s: &SgeMsg) -> Sge {
+    Sge::new(s.addr, s.length, s.lkey)
+}
+
+fn send_wr_from_msg(m: SendWrMsg) -> Result<SendWr, Fail> {
+    let mut flags =
+        SendFlags::from_bits(m.flags).ok_or_else(|| fail(EINVAL, "unknown send flags"))?;
+    let op = match m.op {
+        SendOpMsg::Send => SendOp::Send,
+        SendOpMsg::SendWithImm { imm } => SendOp::SendWithImm { imm },
+        SendOpMsg::SendWithInv { rkey } => SendOp::SendWithInv { rkey },
+        SendOpMsg::Write { remote_addr, rkey } => SendOp::RdmaWrite { remote_addr, rkey },
+        SendOpMsg::WriteWithImm {
+            remote_addr,
+            rkey,
+            imm,
+        } => SendOp::RdmaWriteWithImm {
+            remote_addr,
+            rkey,
+            imm,
+        },
+        SendOpMsg::Read { remote_addr, rkey } => SendOp::RdmaRead { remote_addr, rkey },
+        SendOpMsg::CmpSwap {
+            remote_addr,
+            rkey,
+            compare,
+            swap,
+        } => SendOp::AtomicCmpSwap {
+            remote_addr,
+            rkey,
+            compare,
+            swap,
+        },
+        SendOpMsg::FetchAdd {
+            remote_addr,
+            rkey,
+            add,
+        } => SendOp::AtomicFetchAdd {
+            remote_addr,
+            rkey,
+            add,
+        },
+    };
+    let payload = match m.inline {
+        Some(d) => {
+            flags |= SendFlags::INLINE;
+            SendPayload::Inline(d)
+        }
+        None => {
+            flags.remove(SendFlags::INLINE);
+            SendPayload::Sges(m.sges.iter().map(sge).collect())
+        }
+    };
+    Ok(SendWr {
+        wr_id: m.wr_id,
+        op,
+        payload,
+        flags,
+    })
+}
+
+fn qp_attr_from_msg(m: &QpAttrMsg, mask: QpAttrMask) -> Result<QpAttr, Fail> {
+    let mut a = QpAttr::default();
+    if mask.contains(QpAttrMask::STATE) {
+        a.qp_state = QpState::try_from(m.qp_state).map_err(|e| fail(EINVAL, e.to_string()))?;
+    }
+    if mask.contains(QpAttrMask::PATH_MTU) {
+        a.path_mtu = wire::Mtu::from_bytes(m.path_mtu as usize)
+            .ok_or_else(|| fail(EINVAL, format!("bad path MTU {}", m.path_mtu)))?;
+    }
+    if mask.contains(QpAttrMask::ACCESS_FLAGS) {
+        a.qp_access_flags = AccessFlags::from_bits(m.qp_access_flags)
+            .ok_or_else(|| fail(EINVAL, "unknown access flags"))?;
+    }
+    a.qkey = m.qkey;
+    a.rq_psn = m.rq_psn;
+    a.sq_psn = m.sq_psn;
+    a.dest_qp_num = m.dest_qp_num;
+    a.pkey_index = m.pkey_index;
+    if mask.contains(QpAttrMask::PORT) {
+        a.port_num = m.port_num;
+    }
+    a.max_rd_atomic = m.max_rd_atomic;
+    a.max_dest_rd_atomic = m.max_dest_rd_atomic;
+    a.min_rnr_timer = m.min_rnr_timer;
+    a.timeout = m.timeout;
+    a.retry_cnt = m.retry_cnt;
+    a.rnr_retry = m.rnr_retry;
+    a.ah_attr = AhAttr {
+        dgid: m.dgid,
+        sgid_index: m.sgid_index,
+        hop_limit: m.hop_limit,
+        traffic_class: m.traffic_class,
+        flow_label: m.flow_label,
+        is_global: true,
+        ..a.ah_attr
+    };
+    Ok(a)
+}
+
+fn qp_attr_to_msg(a: &QpAttr) -> QpAttrMsg {
+    QpAttrMsg {
+        qp_state: a.qp_state.to_ibv(),
+        path_mtu: a.path_mtu.bytes() as u32,
+        qkey: a.qkey,
+        rq_psn: a.rq_psn,
+        sq_psn: a.sq_psn,
+        dest_qp_num: a.dest_qp_num,
+        qp_access_flags: a.qp_access_flags.bits(),
+        pkey_index: a.pkey_index,
+        port_num: a.port_num,
+        max_rd_atomic: a.max_rd_atomic,
+        max_dest_rd_atomic: a.max_dest_rd_atomic,
+        min_rnr_timer: a.min_rnr_timer,
+        timeout: a.timeout,
+        retry_cnt: a.retry_cnt,
+        rnr_retry: a.rnr_retry,
+        dgid: a.ah_attr.dgid,
+        sgid_index: a.ah_attr.sgid_index,
+        hop_limit: a.ah_attr.hop_limit,
+        traffic_class: a.ah_attr.traffic_class,
+        flow_label: a.ah_attr.flow_label,
+    }
+}
+
+/// Why the message loop of a connection ended.
+enum End {
+    Eof,
+    Io(std::io::Error),
+    BadHeader(ProtoError),
+}
+
+/// Read exactly `buf.len()` bytes; `Ok(false)` on a clean end of stream before the first.
+fn read_full(s: &mut UnixStream, buf: &mut [u8]) -> Result<bool, std::io::Error> {
+    let mut got = 0;
+    while got < buf.len() {
+        match s.read(&mut buf[got..]) {
+            Ok(0) if got == 0 => return Ok(false),
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
+/// Close after an error answer so that the answer arrives: a Unix socket closed with unread
+/// input resets the connection and the peer may lose what was sent. Discard a bounded amount
+/// of what the peer still sends, for a bounded time.
+fn linger_close(stream: &mut UnixStream) {
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let _ = stream.set_read_timeout(Some(std::time::Duration::from_millis(200)));
+    let mut sink = [0u8; 4096];
+    let mut left = 1usize << 20;
+    while left > 0 {
+        match stream.read(&mut sink) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => left = left.saturating_sub(n),
+        }
+    }
+}
+
+fn message_loop(conn: &mut Conn<'_>, stream: &mut UnixStream) -> End {
+    let stats = &conn.daemon.stats;
+    let mut body = Vec::new();
+    loop {
+        let mut hb = [0u8; HEADER_LEN];
+        match read_full(stream, &mut hb) {
+            Ok(true) => {}
+            Ok(false) => return End::Eof,
+            Err(e) => return End::Io(e),
+        }
+        let header = match Header::parse(&hb) {
+            Ok(h) => h,
+            Err(e) => {
+                stats.bad_headers.fetch_add(1, Ordering::Relaxed);
+                let reply = Response::Error {
+                    errno: EPROTO,
+                    message: e.to_string(),
+                };
+                let _ = stream.write_all(&reply.encode(0, 0));
+                linger_close(stream);
+                return End::BadHeader(e);
+            }
+        };
+        // The length was checked against MAX_BODY before anything is allocated for it.
+        body.resize(header.length as usize, 0);
+        match read_full(stream, &mut body) {
+            Ok(true) => {}
+            Ok(false) if body.is_empty() => {}
+            Ok(false) => return End::Eof,
+            Err(e) => return End::Io(e),
+        }
+        let reply = match Request::decode(header.kind, &body) {
+            Ok(req) => match conn.handle(req) {
+                Ok(r) => r,
+                Err(f) => {
+                    stats.request_errors.fetch_add(1, Ordering::Relaxed);
+                    Response::Error {
+                        errno: f.errno,
+                        message: f.message,
+                    }
+                }
+            },
+            Err(e) => {
+                stats.bad_bodies.fetch_add(1, Ordering::Relaxed);
+                Response::Error {
+                    errno: EINVAL,
+                    message: e.to_string(),
+                }
+            }
+        };
+        if let Err(e) = stream.write_all(&reply.encode(header.kind, header.id)) {
+            return End::Io(e);
+        }
+    }
+}
+
+/// Serve one connection until it ends, then reclaim what it held.
+pub fn serve_connection(daemon: &Daemon, mut stream: UnixStream) {
+    daemon
+        .stats
+        .connections_accepted
+        .fetch_add(1, Ordering::Relaxed);
+    let cred = match rustix::net::sockopt::socket_peercred(&stream) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(error = %e, "SO_PEERCRED failed; closing");
+            daemon
+                .stats
+                .connections_closed
+                .fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+    };
+    let mut conn = Conn {
+        daemon,
+        pid: cred.pid.as_raw_nonzero().get(),
+        uid: cred.uid.as_raw(),
+        greeted: false,
+        objs: HashMap::new(),
+        next: 0,
+    };
+    tracing::info!(pid = conn.pid, uid = conn.uid, "client connected");
+    match message_loop(&mut conn, &mut stream) {
+        End::Eof => tracing::info!(pid = conn.pid, "client disconnected"),
+        End::Io(e) => tracing::info!(pid = conn.pid, error = %e, "client connection failed"),
+        End::BadHeader(e) => tracing::warn!(pid = conn.pid, error = %e, "bad header; closed"),
+    }
+    conn.reclaim();
+    daemon
+        .stats
+        .connections_closed
+        .fetch_add(1, Ordering::Relaxed);
+}
+
+/// Bind the control socket at `path`: its directory is created if missing, a stale socket
+/// left by a dead daemon is replaced, a live daemon's is not. The socket is open to every
+/// local user (like a device node); isolation comes from per-connection objects and the
+/// kernel-reported peer pid.
+pub fn bind_control_socket(path: &Path) -> std::io::Result<UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    if path.exists() {
+        if UnixStream::connect(path).is_ok() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                format!("a daemon already listens on {}", path.display()),
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    let l = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+    Ok(l)
+}
+
+/// Accept connections forever, one thread each.
+pub fn serve(daemon: Arc<Daemon>, listener: UnixListener) {
+    for stream in listener.incoming() {
+        match stream {
+            Ok(s) => {
+                let d = daemon.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("softrdmad client".into())
+                    .spawn(move || serve_connection(&d, s));
+                if let Err(e) = spawned {
+                    tracing::error!(error = %e, "cannot spawn a connection thread");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "accept failed"),
+        }
+    }
+}

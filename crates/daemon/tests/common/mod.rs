@@ -1,0 +1,326 @@
+//! Shared by the daemon's integration tests: start `softrdmad`, connect RC QPs, wait for
+//! completions, and buffers the daemon writes from outside the process.
+
+#![allow(dead_code, unsafe_code)]
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::{Duration, Instant};
+
+use daemon::client::Client;
+use daemon::proto::{QpAttrMsg, QpInitMsg, WcMsg};
+
+/// `ibv_access_flags`.
+pub const LOCAL_WRITE: u32 = 1;
+/// Remote write.
+pub const REMOTE_WRITE: u32 = 2;
+/// Remote read.
+pub const REMOTE_READ: u32 = 4;
+/// Remote atomic.
+pub const REMOTE_ATOMIC: u32 = 8;
+/// All of the above.
+pub const ALL_ACCESS: u32 = LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ | REMOTE_ATOMIC;
+
+/// Counters by name.
+pub struct Stats(pub Vec<(String, u64)>);
+
+impl Stats {
+    /// The named counter.
+    pub fn get(&self, name: &str) -> u64 {
+        self.0
+            .iter()
+            .find(|(n, _)| n == name)
+            .unwrap_or_else(|| panic!("no counter {name}"))
+            .1
+    }
+}
+
+/// A `softrdmad` child process on a temp socket; killed on drop.
+pub struct Daemon {
+    pub child: Child,
+    monitor: std::sync::Mutex<Option<Client>>,
+    pub socket: PathBuf,
+    pub port: u16,
+    _dir: tempfile::TempDir,
+}
+
+static NEXT: AtomicU16 = AtomicU16::new(0);
+
+impl Daemon {
+    /// Start a daemon serving `127.0.0.x` (x picked per daemon) on a non-default UDP port.
+    pub fn start() -> Daemon {
+        for _ in 0..8 {
+            let n = NEXT.fetch_add(1, Ordering::SeqCst);
+            let port = 20000 + ((std::process::id() as u16).wrapping_mul(7) % 20000) + n * 3;
+            let addr: IpAddr = format!("127.0.0.{}", 2 + (n % 200)).parse().unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let socket = dir.path().join("softrdmad.sock");
+            let log = std::env::var_os("SOFTRDMAD_TEST_LOG").is_some();
+            let mut child = Command::new(env!("CARGO_BIN_EXE_softrdmad"))
+                .args(["--addr", &addr.to_string(), "--port", &port.to_string()])
+                .arg("--socket")
+                .arg(&socket)
+                .env_remove("SOFTRDMA_DAEMON_SOCKET")
+                .env("RUST_LOG", "debug")
+                .stdout(Stdio::null())
+                .stderr(if log { Stdio::inherit() } else { Stdio::null() })
+                .spawn()
+                .expect("spawn softrdmad");
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break; // bind failed (port taken?): try another
+                }
+                if Client::connect(&socket).is_ok() {
+                    return Daemon {
+                        child,
+                        monitor: std::sync::Mutex::new(None),
+                        socket,
+                        port,
+                        _dir: dir,
+                    };
+                }
+                assert!(Instant::now() < deadline, "softrdmad did not come up");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        panic!("softrdmad failed to start 8 times");
+    }
+
+    /// A new connection.
+    pub fn client(&self) -> Client {
+        Client::connect(&self.socket).expect("connect")
+    }
+
+    /// Every counter, read over the daemon's one monitor connection (so reading them opens
+    /// and closes no connection of its own).
+    pub fn stats(&self) -> Stats {
+        let mut m = self.monitor.lock().unwrap();
+        let c = m.get_or_insert_with(|| self.client());
+        Stats(c.stat().unwrap())
+    }
+
+    /// The named counter.
+    pub fn stat(&self, name: &str) -> u64 {
+        self.stats().get(name)
+    }
+
+    /// Wait until `cond` holds on the counters (generous deadline; no timing asserted).
+    pub fn wait_until(&self, what: &str, cond: impl Fn(&Stats) -> bool) -> Stats {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let s = self.stats();
+            if cond(&s) {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "never true: {what}; counters {:?}",
+                s.0
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Whether the daemon process is still running.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Memory the daemon reads and writes from outside the process: touched here only through
+/// volatile accesses, so the compiler never assumes it unchanged.
+pub struct Buf {
+    mem: Box<[u8]>,
+}
+
+impl Buf {
+    pub fn new(len: usize) -> Buf {
+        Buf {
+            mem: vec![0u8; len].into_boxed_slice(),
+        }
+    }
+    pub fn addr(&self) -> u64 {
+        self.mem.as_ptr() as u64
+    }
+    pub fn ptr(&mut self) -> *mut u8 {
+        self.mem.as_mut_ptr()
+    }
+    pub fn len(&self) -> usize {
+        self.mem.len()
+    }
+    pub fn read(&self, off: usize, len: usize) -> Vec<u8> {
+        let p = self.mem.as_ptr();
+        assert!(off + len <= self.mem.len());
+        // SAFETY: in bounds of the live allocation; volatile because the daemon writes it.
+        (off..off + len)
+            .map(|i| unsafe { std::ptr::read_volatile(p.add(i)) })
+            .collect()
+    }
+    pub fn write(&mut self, off: usize, data: &[u8]) {
+        let p = self.mem.as_mut_ptr();
+        assert!(off + data.len() <= self.mem.len());
+        for (i, b) in data.iter().enumerate() {
+            // SAFETY: in bounds of the live allocation.
+            unsafe { std::ptr::write_volatile(p.add(off + i), *b) };
+        }
+    }
+    pub fn read_u64(&self, off: usize) -> u64 {
+        u64::from_ne_bytes(self.read(off, 8).try_into().unwrap())
+    }
+}
+
+/// One side of an RC connection: its objects and registered buffer.
+pub struct Side {
+    pub client: Client,
+    pub pd: u32,
+    pub cq: u32,
+    pub qp: u32,
+    pub qpn: u32,
+    pub mr: u32,
+    pub lkey: u32,
+    pub rkey: u32,
+    pub buf: Buf,
+    pub gid: [u8; 16],
+}
+
+/// `ibv_qp_attr_mask` bits.
+pub mod mask {
+    pub const STATE: u32 = 1;
+    pub const ACCESS_FLAGS: u32 = 1 << 3;
+    pub const PKEY_INDEX: u32 = 1 << 4;
+    pub const PORT: u32 = 1 << 5;
+    pub const AV: u32 = 1 << 7;
+    pub const PATH_MTU: u32 = 1 << 8;
+    pub const TIMEOUT: u32 = 1 << 9;
+    pub const RETRY_CNT: u32 = 1 << 10;
+    pub const RNR_RETRY: u32 = 1 << 11;
+    pub const RQ_PSN: u32 = 1 << 12;
+    pub const MAX_QP_RD_ATOMIC: u32 = 1 << 13;
+    pub const MIN_RNR_TIMER: u32 = 1 << 15;
+    pub const SQ_PSN: u32 = 1 << 16;
+    pub const MAX_DEST_RD_ATOMIC: u32 = 1 << 17;
+    pub const DEST_QPN: u32 = 1 << 20;
+}
+
+impl Side {
+    /// PD, CQ, RC QP (in RESET) and an MR over a fresh `len`-byte buffer on device 0.
+    pub fn new(client: Client, len: usize) -> Side {
+        let mut client = client;
+        let pd = client.alloc_pd(0).unwrap();
+        let cq = client.create_cq(0, 64).unwrap();
+        let qp = client
+            .create_qp(QpInitMsg {
+                pd,
+                send_cq: cq,
+                recv_cq: cq,
+                qp_type: 2,
+                max_send_wr: 32,
+                max_recv_wr: 32,
+                max_send_sge: 4,
+                max_recv_sge: 4,
+                max_inline_data: 64,
+                sq_sig_all: false,
+            })
+            .unwrap();
+        let mut buf = Buf::new(len);
+        // SAFETY: `buf` lives as long as the Side (and so as the connection); it is touched
+        // only with volatile accesses.
+        let mr = unsafe { client.reg_mr(pd, buf.ptr(), len, ALL_ACCESS) }.unwrap();
+        let gid = client.query_gid(0, 1, 0).unwrap();
+        Side {
+            client,
+            pd,
+            cq,
+            qp: qp.handle,
+            qpn: qp.qpn,
+            mr: mr.handle,
+            lkey: mr.lkey,
+            rkey: mr.rkey,
+            buf,
+            gid,
+        }
+    }
+
+    /// RESET → INIT → RTR → RTS towards `qpn` at `gid`.
+    pub fn connect(&mut self, gid: [u8; 16], qpn: u32) {
+        use mask::*;
+        let c = &mut self.client;
+        let init = QpAttrMsg {
+            qp_state: 1,
+            port_num: 1,
+            qp_access_flags: REMOTE_WRITE | REMOTE_READ | REMOTE_ATOMIC,
+            ..QpAttrMsg::default()
+        };
+        c.modify_qp(self.qp, init, STATE | PKEY_INDEX | PORT | ACCESS_FLAGS)
+            .unwrap();
+        let rtr = QpAttrMsg {
+            qp_state: 2,
+            path_mtu: 1024,
+            dest_qp_num: qpn,
+            rq_psn: 100,
+            max_dest_rd_atomic: 4,
+            min_rnr_timer: 1,
+            dgid: gid,
+            hop_limit: 64,
+            ..QpAttrMsg::default()
+        };
+        c.modify_qp(
+            self.qp,
+            rtr,
+            STATE | AV | PATH_MTU | DEST_QPN | RQ_PSN | MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER,
+        )
+        .unwrap();
+        let rts = QpAttrMsg {
+            qp_state: 3,
+            sq_psn: 100,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 4,
+            ..QpAttrMsg::default()
+        };
+        c.modify_qp(
+            self.qp,
+            rts,
+            STATE | SQ_PSN | TIMEOUT | RETRY_CNT | RNR_RETRY | MAX_QP_RD_ATOMIC,
+        )
+        .unwrap();
+    }
+
+    /// Wait for `n` completions on the side's CQ.
+    pub fn wait(&mut self, n: usize) -> Vec<WcMsg> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut got = Vec::new();
+        while got.len() < n {
+            got.extend(self.client.poll_cq(self.cq, 16).unwrap());
+            assert!(
+                Instant::now() < deadline,
+                "waited for {n} completions, got {got:?}"
+            );
+            if got.len() < n {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        got
+    }
+}
+
+/// Two sides on one daemon, connected to each other.
+pub fn connected_pair(d: &Daemon, len: usize) -> (Side, Side) {
+    let mut a = Side::new(d.client(), len);
+    let mut b = Side::new(d.client(), len);
+    let (ga, qa, gb, qb) = (a.gid, a.qpn, b.gid, b.qpn);
+    a.connect(gb, qb);
+    b.connect(ga, qa);
+    (a, b)
+}
