@@ -749,6 +749,7 @@ impl<M: Memory + ?Sized> Engine<M> {
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError> {
         let qp = self.qps.remove(&qpn).ok_or(VerbsError::InvalidQp)?;
         self.active.remove(&qpn);
+        self.mws.release_qp(qpn);
         if let Some(p) = self.pds.get_mut(qp.pd.0) {
             p.users = p.users.saturating_sub(1);
         }

@@ -94,6 +94,16 @@ impl MwTable {
         self.table.len()
     }
 
+    /// QP `qpn` is gone: the type 2 windows bound on it become free, so a later QP that
+    /// reuses the number cannot reach memory through them.
+    pub(crate) fn release_qp(&mut self, qpn: u32) {
+        for w in self.table.iter_mut() {
+            if w.binding.is_some_and(|b| b.qpn == Some(qpn)) {
+                w.binding = None;
+            }
+        }
+    }
+
     fn by_rkey(&self, rkey: u32) -> Option<&Mw> {
         if rkey & MW_KEY_BIT == 0 {
             return None;

@@ -43,6 +43,11 @@ impl<T> Table<T> {
         self.slots.get_mut(i as usize).and_then(Option::as_mut)
     }
 
+    /// Every object, in index order.
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> {
+        self.slots.iter_mut().filter_map(Option::as_mut)
+    }
+
     pub(crate) fn remove(&mut self, i: u32) -> Option<T> {
         let v = self.slots.get_mut(i as usize)?.take()?;
         self.free.push(i);

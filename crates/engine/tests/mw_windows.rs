@@ -496,3 +496,59 @@ fn a_window_over_a_deregistered_mr_stops_working() {
     w.eb().dereg_mr(mr.handle).unwrap();
     assert_eq!(w.write(qa, b.addr(0), 8, rkey), WcStatus::RemAccessErr);
 }
+
+#[test]
+fn destroying_the_qp_frees_its_type2_windows() {
+    let mut w = setup(10);
+    let b = w.b;
+    let (_qa, qb) = w.pair();
+    let mw = w.eb().alloc_mw(b.pd, MwType::Type2).unwrap();
+    let rkey = engine_inc(mw.rkey);
+    let bind = window(&b, 0, 0x100, AccessFlags::REMOTE_READ);
+    assert_eq!(
+        w.post_b(qb, SendWr::bind_mw(1, mw.handle, rkey, bind))
+            .status,
+        WcStatus::Success
+    );
+    assert_eq!(w.eb().query_mw(mw.handle).unwrap(), (rkey, true));
+    w.eb().destroy_qp(qb.qpn).unwrap();
+    assert_eq!(w.eb().query_mw(mw.handle).unwrap(), (rkey, false));
+}
+
+#[test]
+fn a_bind_behind_a_send_in_flight_runs_after_it_completes() {
+    let mut w = setup(11);
+    let (a, b) = (w.a, w.b);
+    let (qa, qb) = w.pair();
+    for i in 0..2 {
+        w.sim
+            .node_mut(a.node)
+            .engine
+            .post_recv(qa.qpn, RecvWr::new(i, vec![a.sge(i * 4096, 4096)]))
+            .unwrap();
+    }
+    let mw = w.eb().alloc_mw(b.pd, MwType::Type2).unwrap();
+    let rkey = engine_inc(mw.rkey);
+    let bind = window(&b, 0, 0x100, AccessFlags::REMOTE_READ);
+    let eb = w.eb();
+    eb.post_send(qb.qpn, SendWr::send(10, vec![b.sge(0, 3000)]))
+        .unwrap();
+    eb.post_send(qb.qpn, SendWr::bind_mw(11, mw.handle, rkey, bind))
+        .unwrap();
+    eb.post_send(qb.qpn, SendWr::send(12, vec![b.sge(0, 10)]))
+        .unwrap();
+    // The bind waits for the SEND's ACK (it is not the head of the queue before).
+    assert!(!w.eb().query_mw(mw.handle).unwrap().1);
+    let wcs = drain_cq(&mut w.sim, b.node, qb.send_cq, 3, SECOND);
+    let got: Vec<(u64, WcStatus, WcOpcode)> =
+        wcs.iter().map(|c| (c.wr_id, c.status, c.opcode)).collect();
+    assert_eq!(
+        got,
+        vec![
+            (10, WcStatus::Success, WcOpcode::Send),
+            (11, WcStatus::Success, WcOpcode::BindMw),
+            (12, WcStatus::Success, WcOpcode::Send),
+        ]
+    );
+    assert_eq!(w.eb().query_mw(mw.handle).unwrap(), (rkey, true));
+}
