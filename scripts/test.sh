@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Runs every softrdma test: formatting, lints, unit, property, simulation and conformance tests.
-# Installs the Debian packages the conformance checks need (tshark, python3-scapy) when absent;
-# those checks are never skipped.
+# Installs the Debian packages the tests drive when absent (tshark, python3-scapy, tcpdump,
+# iproute2, ibverbs-utils, perftest); those checks are never skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
 command -v tshark >/dev/null 2>&1 || need+=(tshark)
 /usr/bin/python3 -c 'import scapy.contrib.roce' >/dev/null 2>&1 || need+=(python3-scapy)
+command -v tcpdump >/dev/null 2>&1 || need+=(tcpdump)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v ibv_devinfo >/dev/null 2>&1 || need+=(ibverbs-utils)
+command -v ib_write_bw >/dev/null 2>&1 || need+=(perftest)
 if [ ${#need[@]} -gt 0 ]; then
   echo "== installing ${need[*]}"
   sudo=""
