@@ -1,0 +1,72 @@
+//! Links `libibverbs.so.1`: its soname, and every export bound to the version node the
+//! Debian programs import it with (`exports.txt`, a copy of shared/abi/libibverbs-imports.txt).
+//!
+//! rustc's lld ignores symbol patterns of an extra `--version-script` (rustc passes its own),
+//! so each symbol is bound to its node with `.symver name, name@@@NODE` in `global_asm!`,
+//! and the map file only declares the nodes. A `.symver` only acts on a symbol defined in the
+//! same object file, i.e. the same codegen unit, so `symver.rs` defines a macro,
+//! `symver!(name, ...)`, that each module invokes for the symbols it defines (rustc keeps a
+//! module's items and its `global_asm!` in one codegen unit). A name missing from
+//! `exports.txt` does not compile.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+fn main() {
+    let dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets it"));
+    let list = dir.join("exports.txt");
+    println!("cargo:rerun-if-changed={}", list.display());
+    println!("cargo:rerun-if-changed=build.rs");
+    let text = std::fs::read_to_string(&list).expect("exports.txt is part of the crate");
+
+    let mut nodes: Vec<String> = Vec::new();
+    let mut asm = String::from("macro_rules! symver {\n");
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let (name, node) = line
+            .split_once("@(")
+            .and_then(|(n, v)| Some((n, v.strip_suffix(')')?)))
+            .unwrap_or_else(|| panic!("bad line in exports.txt: {line}"));
+        writeln!(
+            asm,
+            "    ({name}) => {{ core::arch::global_asm!(\".symver {name}, {name}@@@{node}\"); }};"
+        )
+        .expect("write to String");
+        if !nodes.iter().any(|n| n == node) {
+            nodes.push(node.to_string());
+        }
+    }
+    asm.push_str("    ($($n:ident),+ $(,)?) => { $(symver!($n);)+ };\n}\n");
+    std::fs::write(out.join("symver.rs"), asm).expect("write symver.rs");
+
+    // Public nodes chain in version order (as rdma-core's libibverbs.map does); the private
+    // node stands alone.
+    let key = |n: &str| -> (u32, u32) {
+        let v = n.trim_start_matches("IBVERBS_");
+        match v.split_once('.') {
+            Some((a, b)) => (a.parse().unwrap_or(0), b.parse().unwrap_or(0)),
+            None => (u32::MAX, 0),
+        }
+    };
+    nodes.sort_by_key(|n| key(n));
+    let mut map = String::new();
+    let mut prev: Option<&str> = None;
+    for n in &nodes {
+        if n.starts_with("IBVERBS_PRIVATE") {
+            writeln!(map, "{n} {{ }};").expect("write to String");
+            continue;
+        }
+        match prev {
+            Some(p) => writeln!(map, "{n} {{ }} {p};").expect("write to String"),
+            None => writeln!(map, "{n} {{ }};").expect("write to String"),
+        }
+        prev = Some(n);
+    }
+    let map_path = out.join("libibverbs.map");
+    std::fs::write(&map_path, map).expect("write libibverbs.map");
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libibverbs.so.1");
+    println!(
+        "cargo:rustc-cdylib-link-arg=-Wl,--version-script={}",
+        map_path.display()
+    );
+}

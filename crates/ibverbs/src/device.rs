@@ -1,0 +1,533 @@
+//! The device list, opening a context, and the query verbs.
+
+use core::ffi::{c_char, c_int, c_void};
+use std::net::IpAddr;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::sync::{Mutex, OnceLock};
+
+use engine::{AtomicCap, PortState};
+use softrdma::Device;
+
+use crate::abi::*;
+use crate::{errno_of, fail, set_errno};
+
+/// Marks a [`Ctx`] made here (checked before trusting a context pointer's enclosing object).
+const CTX_MAGIC: u64 = 0x736f_6674_7264_6d61;
+
+/// The one device of this library, its `ibv_device` alive for the life of the process (it
+/// must outlive `ibv_free_device_list`).
+pub(crate) struct DevEntry {
+    pub(crate) ibv: ibv_device,
+    pub(crate) addr: IpAddr,
+    pub(crate) port: u16,
+    pub(crate) remote_port: u16,
+}
+
+// SAFETY: the ibv_device holds only plain bytes and NULL pointers, never written after init.
+unsafe impl Sync for DevEntry {}
+// SAFETY: as above.
+unsafe impl Send for DevEntry {}
+
+fn env_parse<T: std::str::FromStr>(name: &str) -> Option<T> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
+fn copy_str(dst: &mut [c_char], s: &str) {
+    let room = dst.len().saturating_sub(1);
+    for (d, b) in dst.iter_mut().zip(s.bytes().take(room)) {
+        *d = b as c_char;
+    }
+}
+
+/// The device entry (configured from the environment on first use).
+pub(crate) fn entry() -> &'static DevEntry {
+    static E: OnceLock<DevEntry> = OnceLock::new();
+    E.get_or_init(|| {
+        let addr = env_parse("SOFTRDMA_ADDR").unwrap_or(IpAddr::from([127, 0, 0, 1]));
+        let port = env_parse("SOFTRDMA_PORT").unwrap_or(4791);
+        let remote_port = env_parse("SOFTRDMA_REMOTE_PORT").unwrap_or(port);
+        let mut ibv = ibv_device {
+            ops: [0; 2],
+            node_type: 1,
+            transport_type: 0,
+            name: [0; SYSFS_NAME_MAX],
+            dev_name: [0; SYSFS_NAME_MAX],
+            dev_path: [0; SYSFS_PATH_MAX],
+            ibdev_path: [0; SYSFS_PATH_MAX],
+        };
+        copy_str(&mut ibv.name, "softrdma0");
+        copy_str(&mut ibv.dev_name, "uverbs_softrdma0");
+        copy_str(
+            &mut ibv.dev_path,
+            "/sys/class/infiniband_verbs/uverbs_softrdma0",
+        );
+        copy_str(&mut ibv.ibdev_path, "/sys/class/infiniband/softrdma0");
+        DevEntry {
+            ibv,
+            addr,
+            port,
+            remote_port,
+        }
+    })
+}
+
+/// Node GUID (host order): "SR" then the port's address, like a EUI-64 made from a MAC.
+pub(crate) fn node_guid(e: &DevEntry) -> u64 {
+    let low = match e.addr {
+        IpAddr::V4(a) => u64::from(u32::from(a)),
+        IpAddr::V6(a) => (u128::from(a) as u64) & 0xffff_ffff,
+    };
+    0x5352_0000_0000_0000 | (u64::from(e.port) << 32) | low
+}
+
+fn is_our_device(d: *mut ibv_device) -> bool {
+    std::ptr::eq(d, &entry().ibv)
+}
+
+/// An open context: the `verbs_context` first, then what the C side never sees.
+#[repr(C)]
+pub(crate) struct Ctx {
+    pub(crate) vctx: verbs_context,
+    magic: u64,
+    pub(crate) dev: Device,
+    _cmd_fd: OwnedFd,
+}
+
+/// The process's device, shared by every open context (a UDP port binds once per process).
+static OPEN: Mutex<(usize, Option<Device>)> = Mutex::new((0, None));
+
+fn acquire_device() -> Result<Device, i32> {
+    let mut g = OPEN.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(d) = &g.1 {
+        let d = d.clone();
+        g.0 += 1;
+        return Ok(d);
+    }
+    let e = entry();
+    let d = Device::builder(e.addr)
+        .port(e.port)
+        .remote_port(e.remote_port)
+        .open()
+        .map_err(|err| errno_of(&err))?;
+    *g = (1, Some(d.clone()));
+    Ok(d)
+}
+
+fn release_device() {
+    let mut g = OPEN.lock().unwrap_or_else(|p| p.into_inner());
+    g.0 = g.0.saturating_sub(1);
+    if g.0 == 0 {
+        g.1 = None;
+    }
+}
+
+/// The [`Ctx`] around a context pointer, if it is one of ours.
+///
+/// # Safety
+/// `c` is NULL or a pointer a program got from `ibv_open_device` and has not closed.
+pub(crate) unsafe fn ctx<'a>(c: *mut ibv_context) -> Option<&'a Ctx> {
+    if c.is_null() {
+        return None;
+    }
+    // SAFETY: non-NULL contexts come from ibv_open_device, i.e. sit at offset 320 of a Ctx
+    // (verbs_context first, context its last member); the magic confirms it.
+    unsafe {
+        if (*c).abi_compat as usize != usize::MAX {
+            return None;
+        }
+        let p = (c as *mut u8).sub(core::mem::offset_of!(verbs_context, context)) as *const Ctx;
+        if (*p).magic != CTX_MAGIC {
+            return None;
+        }
+        Some(&*p)
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_list(num: *mut c_int) -> *mut *mut ibv_device {
+    // SAFETY: calloc of 2 pointers; NULL checked.
+    let list = unsafe { libc::calloc(2, size_of::<*mut ibv_device>()) } as *mut *mut ibv_device;
+    if list.is_null() {
+        return fail(libc::ENOMEM);
+    }
+    // SAFETY: `list` has room for 2 entries; the second stays NULL (terminator). The device
+    // entry is 'static; C only reads through the pointer.
+    unsafe { *list = &entry().ibv as *const ibv_device as *mut ibv_device };
+    if !num.is_null() {
+        // SAFETY: non-NULL `num` points to an int the caller provides.
+        unsafe { *num = 1 };
+    }
+    list
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
+    // SAFETY: `list` came from ibv_get_device_list (calloc) or is NULL (free ignores it).
+    unsafe { libc::free(list as *mut c_void) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_name(device: *mut ibv_device) -> *const c_char {
+    if device.is_null() {
+        return fail::<c_char>(libc::EINVAL);
+    }
+    // SAFETY: a non-NULL device comes from our list; name is NUL-terminated.
+    unsafe { (*device).name.as_ptr() }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_guid(device: *mut ibv_device) -> u64 {
+    if !is_our_device(device) {
+        set_errno(libc::EINVAL);
+        return 0;
+    }
+    node_guid(entry()).to_be()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_index(device: *mut ibv_device) -> c_int {
+    if is_our_device(device) {
+        0
+    } else {
+        -1
+    }
+}
+
+unsafe extern "C" fn query_port_op(
+    c: *mut ibv_context,
+    port: u8,
+    attr: *mut ibv_port_attr,
+    len: usize,
+) -> c_int {
+    // SAFETY: forwarded; query_port_into checks the pointers.
+    unsafe { query_port_into(c, port, attr, len.min(size_of::<ibv_port_attr>())) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
+    if !is_our_device(device) {
+        return fail(libc::EINVAL);
+    }
+    let dev = match acquire_device() {
+        Ok(d) => d,
+        Err(e) => return fail(e),
+    };
+    // A real descriptor for cmd_fd: some programs poll or fcntl it.
+    // SAFETY: eventfd has no memory arguments; the result is checked.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        release_device();
+        return fail(libc::EMFILE);
+    }
+    // SAFETY: `fd` was just created and is owned by nobody else.
+    let cmd_fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let async_fd = dev.runtime().async_event_fd().as_fd().as_raw_fd();
+    let ctx = Box::new(Ctx {
+        vctx: verbs_context {
+            query_port: Some(query_port_op),
+            other: [0; 38],
+            sz: size_of::<verbs_context>(),
+            context: ibv_context {
+                device,
+                ops: crate::verbs::ops(),
+                cmd_fd: cmd_fd.as_raw_fd(),
+                async_fd,
+                num_comp_vectors: 1,
+                mutex: [0; 5],
+                abi_compat: usize::MAX as *mut c_void,
+            },
+        },
+        magic: CTX_MAGIC,
+        dev,
+        _cmd_fd: cmd_fd,
+    });
+    let p = Box::into_raw(ctx);
+    // SAFETY: `p` is a live Box allocation; taking a field address does not move it.
+    unsafe { &raw mut (*p).vctx.context }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_close_device(c: *mut ibv_context) -> c_int {
+    // SAFETY: the caller passes a context from ibv_open_device (or NULL, refused).
+    let Some(cx) = (unsafe { ctx(c) }) else {
+        return libc::EINVAL;
+    };
+    let p = cx as *const Ctx as *mut Ctx;
+    // SAFETY: `p` was made by Box::into_raw in ibv_open_device; the caller gives it up.
+    drop(unsafe { Box::from_raw(p) });
+    release_device();
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_device(c: *mut ibv_context, out: *mut ibv_device_attr) -> c_int {
+    // SAFETY: see `ctx`.
+    let Some(cx) = (unsafe { ctx(c) }) else {
+        return libc::EINVAL;
+    };
+    if out.is_null() {
+        return libc::EINVAL;
+    }
+    let a = cx.dev.query_device();
+    let guid = node_guid(entry()).to_be();
+    let mut r = ibv_device_attr {
+        fw_ver: [0; 64],
+        node_guid: guid,
+        sys_image_guid: guid,
+        max_mr_size: a.max_mr_size,
+        page_size_cap: a.page_size_cap,
+        vendor_id: a.vendor_id,
+        vendor_part_id: a.vendor_part_id,
+        hw_ver: a.hw_ver,
+        ints: [0; 29],
+        max_pkeys: a.max_pkeys,
+        local_ca_ack_delay: 15,
+        phys_port_cnt: a.phys_port_cnt,
+    };
+    copy_str(&mut r.fw_ver, &a.fw_ver);
+    let c = |v: u32| v.min(i32::MAX as u32) as c_int;
+    // Declaration order of the int fields of struct ibv_device_attr from max_qp.
+    let atomic = match a.atomic_cap {
+        AtomicCap::None => 0,
+        AtomicCap::Hca => 1,
+        AtomicCap::Glob => 2,
+    };
+    // device_cap_flags: RESIZE_MAX_WR | BAD_PKEY_CNTR | BAD_QKEY_CNTR | SYS_IMAGE_GUID |
+    // RC_RNR_NAK_GEN | PORT_ACTIVE_EVENT | SRQ_RESIZE | MEM_WINDOW | MEM_MGT_EXTENSIONS
+    // (as rxe reports).
+    let cap_flags = (1 << 0) | (1 << 1) | (1 << 2) | (1 << 10) | (1 << 12) | (1 << 13);
+    let cap_flags = cap_flags | (1 << 14) | (1 << 17) | (1 << 21);
+    r.ints = [
+        c(a.max_qp),
+        c(a.max_qp_wr),
+        cap_flags,
+        c(a.max_sge),
+        c(a.max_sge_rd),
+        c(a.max_cq),
+        c(a.max_cqe),
+        c(a.max_mr),
+        c(a.max_pd),
+        c(a.max_qp_rd_atom),
+        0, // max_ee_rd_atom
+        c(a.max_res_rd_atom),
+        c(a.max_qp_init_rd_atom),
+        0, // max_ee_init_rd_atom
+        atomic,
+        0, // max_ee
+        0, // max_rdd
+        c(a.max_mw),
+        0, // max_raw_ipv6_qp
+        0, // max_raw_ethy_qp
+        0, // max_mcast_grp
+        0, // max_mcast_qp_attach
+        0, // max_total_mcast_qp_attach
+        c(a.max_ah),
+        0, // max_fmr
+        0, // max_map_per_fmr
+        c(a.max_srq),
+        c(a.max_srq_wr),
+        c(a.max_srq_sge),
+    ];
+    // SAFETY: `out` is non-NULL and points to a struct ibv_device_attr of the caller.
+    unsafe { out.write(r) };
+    0
+}
+
+/// Fill the first `len` bytes of `*attr` with port 1's attributes.
+unsafe fn query_port_into(
+    c: *mut ibv_context,
+    port: u8,
+    attr: *mut ibv_port_attr,
+    len: usize,
+) -> c_int {
+    // SAFETY: see `ctx`.
+    let Some(cx) = (unsafe { ctx(c) }) else {
+        return libc::EINVAL;
+    };
+    if attr.is_null() || port != 1 {
+        return libc::EINVAL;
+    }
+    let p = match cx.dev.query_port() {
+        Ok(p) => p,
+        Err(e) => return errno_of(&e),
+    };
+    let r = ibv_port_attr {
+        state: match p.state {
+            PortState::Active => 4,
+            _ => 1,
+        },
+        max_mtu: p.max_mtu.to_ibv().into(),
+        active_mtu: p.active_mtu.to_ibv().into(),
+        gid_tbl_len: p.gid_tbl_len.min(i32::MAX as u32) as c_int,
+        // IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS, as rxe.
+        port_cap_flags: (1 << 16) | (1 << 26),
+        max_msg_sz: p.max_msg_sz,
+        pkey_tbl_len: p.pkey_tbl_len,
+        max_vl_num: 1,
+        subnet_timeout: 0,
+        active_width: 2,  // 4X
+        active_speed: 32, // EDR
+        phys_state: 5,    // LinkUp
+        link_layer: 2,    // IBV_LINK_LAYER_ETHERNET
+        ..ibv_port_attr::default()
+    };
+    let n = len.min(size_of::<ibv_port_attr>());
+    // SAFETY: the caller's struct has at least `n` bytes (48 for the exported function, the
+    // size it passes for the verbs_context op); `r` is a plain value of 52 bytes.
+    unsafe { std::ptr::copy_nonoverlapping(&r as *const _ as *const u8, attr as *mut u8, n) };
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_port(
+    c: *mut ibv_context,
+    port: u8,
+    attr: *mut ibv_port_attr,
+) -> c_int {
+    // The exported symbol gets the old 48-byte struct (struct _compat_ibv_port_attr).
+    // SAFETY: forwarded; checked inside.
+    unsafe { query_port_into(c, port, attr, 48) }
+}
+
+fn gid_of(cx: &Ctx, port: u8, index: c_int) -> Result<[u8; 16], c_int> {
+    if port != 1 || index < 0 {
+        return Err(libc::EINVAL);
+    }
+    cx.dev
+        .gid(index as u32)
+        .map(|g| g.0)
+        .map_err(|e| errno_of(&e))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_gid(
+    c: *mut ibv_context,
+    port: u8,
+    index: c_int,
+    gid: *mut [u8; 16],
+) -> c_int {
+    // SAFETY: see `ctx`.
+    let Some(cx) = (unsafe { ctx(c) }) else {
+        return -1;
+    };
+    if gid.is_null() {
+        return -1;
+    }
+    match gid_of(cx, port, index) {
+        Ok(g) => {
+            // SAFETY: non-NULL, points to a union ibv_gid (16 bytes).
+            unsafe { gid.write(g) };
+            0
+        }
+        Err(_) => -1,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn _ibv_query_gid_ex(
+    c: *mut ibv_context,
+    port: u32,
+    index: u32,
+    entry_out: *mut ibv_gid_entry,
+    flags: u32,
+    entry_size: usize,
+) -> c_int {
+    // SAFETY: see `ctx`.
+    let Some(cx) = (unsafe { ctx(c) }) else {
+        return libc::EINVAL;
+    };
+    if entry_out.is_null() || flags != 0 || entry_size < size_of::<ibv_gid_entry>() {
+        return libc::EINVAL;
+    }
+    let Ok(port8) = u8::try_from(port) else {
+        return libc::EINVAL;
+    };
+    let Ok(idx) = c_int::try_from(index) else {
+        return libc::EINVAL;
+    };
+    match gid_of(cx, port8, idx) {
+        Ok(g) => {
+            let e = ibv_gid_entry {
+                gid: g,
+                gid_index: index,
+                port_num: port,
+                gid_type: 2, // IBV_GID_TYPE_ROCE_V2
+                ndev_ifindex: 0,
+            };
+            // SAFETY: non-NULL and at least sizeof(ibv_gid_entry) bytes (checked).
+            unsafe { entry_out.write(e) };
+            0
+        }
+        // libibverbs: an index past the table is ENODATA... no: an empty slot is ENODATA,
+        // an index out of range EINVAL; our table has no holes.
+        Err(e) => e,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_gid_type(
+    c: *mut ibv_context,
+    port: u8,
+    index: u32,
+    ty: *mut u32,
+) -> c_int {
+    // SAFETY: see `ctx`.
+    let Some(cx) = (unsafe { ctx(c) }) else {
+        return -1;
+    };
+    let Ok(idx) = c_int::try_from(index) else {
+        return -1;
+    };
+    if ty.is_null() || gid_of(cx, port, idx).is_err() {
+        return -1;
+    }
+    // SAFETY: non-NULL enum ibv_gid_type_sysfs of the caller; 1 = RoCE v2.
+    unsafe { ty.write(1) };
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_pkey(
+    c: *mut ibv_context,
+    port: u8,
+    index: c_int,
+    pkey: *mut u16,
+) -> c_int {
+    // SAFETY: see `ctx`.
+    if unsafe { ctx(c) }.is_none() || pkey.is_null() || port != 1 || index != 0 {
+        return -1;
+    }
+    // SAFETY: non-NULL __be16 of the caller: the default P_Key 0xffff.
+    unsafe { pkey.write(0xffff_u16.to_be()) };
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_pkey_index(c: *mut ibv_context, port: u8, pkey: u16) -> c_int {
+    // SAFETY: see `ctx`.
+    if unsafe { ctx(c) }.is_none() || port != 1 {
+        return -libc::EINVAL;
+    }
+    if u16::from_be(pkey) & 0x7fff == 0x7fff {
+        0
+    } else {
+        -libc::ENOENT
+    }
+}
+
+symver!(
+    ibv_get_device_list,
+    ibv_free_device_list,
+    ibv_get_device_name,
+    ibv_get_device_guid,
+    ibv_get_device_index,
+    ibv_open_device,
+    ibv_close_device,
+    ibv_query_device,
+    ibv_query_port,
+    ibv_query_gid,
+    _ibv_query_gid_ex,
+    ibv_query_gid_type,
+    ibv_query_pkey,
+    ibv_get_pkey_index,
+);

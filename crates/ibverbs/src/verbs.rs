@@ -1,0 +1,978 @@
+//! PD, MR, CQ, completion channels, QPs, and the data path of `context->ops`.
+
+use core::ffi::{c_int, c_void};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::sync::{Arc, Mutex};
+
+use engine::{
+    AccessFlags, AhAttr, CqHandle, MrHandle, PdHandle, QpAttr, QpAttrMask, QpCap, QpInitAttr,
+    QpState, QpType, RecvWr, SendFlags, SendOp, SendPayload, SendWr, Sge,
+};
+use runtime::CqNotifier;
+
+use crate::abi::*;
+use crate::device::{ctx, Ctx};
+use crate::{fail, runtime_errno};
+
+/// A PD: the C struct, then its engine handle.
+#[repr(C)]
+struct Pd {
+    ibv: ibv_pd,
+    handle: PdHandle,
+}
+
+/// An MR.
+#[repr(C)]
+struct Mr {
+    ibv: ibv_mr,
+    handle: MrHandle,
+}
+
+/// A CQ.
+#[repr(C)]
+struct Cq {
+    ibv: ibv_cq,
+    handle: CqHandle,
+    notifier: Arc<CqNotifier>,
+}
+
+/// A completion channel: its fd is a real descriptor. The first CQ attached makes it a
+/// duplicate of that CQ's notifier, so the fd itself becomes readable on that CQ's events.
+#[repr(C)]
+struct Channel {
+    ibv: ibv_comp_channel,
+    fd: OwnedFd,
+    cqs: Mutex<Vec<usize>>,
+}
+
+/// A QP.
+#[repr(C)]
+struct Qp {
+    ibv: ibv_qp,
+    qpn: u32,
+    sq_sig_all: bool,
+}
+
+/// The ops table every context carries.
+pub(crate) fn ops() -> ibv_context_ops {
+    ibv_context_ops {
+        head: [None; 11],
+        poll_cq: Some(poll_cq),
+        req_notify_cq: Some(req_notify_cq),
+        mid: [None; 7],
+        post_srq_recv: Some(post_srq_recv),
+        mid2: [None; 4],
+        post_send: Some(post_send),
+        post_recv: Some(post_recv),
+        tail: [None; 5],
+    }
+}
+
+/// The context of an object whose C struct starts with `context`.
+///
+/// # Safety
+/// `c` is the `context` field of a live object of ours.
+unsafe fn ctx_ok<'a>(c: *mut ibv_context) -> Result<&'a Ctx, c_int> {
+    // SAFETY: forwarded.
+    unsafe { ctx(c) }.ok_or(libc::EINVAL)
+}
+
+fn verr(e: engine::VerbsError) -> c_int {
+    e.errno()
+}
+
+// ---- PD ----
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_alloc_pd(c: *mut ibv_context) -> *mut ibv_pd {
+    // SAFETY: see `ctx`.
+    let cx = match unsafe { ctx_ok(c) } {
+        Ok(cx) => cx,
+        Err(e) => return fail(e),
+    };
+    let h = match cx.dev.runtime().lock().alloc_pd() {
+        Ok(h) => h,
+        Err(e) => return fail(verr(e)),
+    };
+    let pd = Box::new(Pd {
+        ibv: ibv_pd {
+            context: c,
+            handle: h.0,
+        },
+        handle: h,
+    });
+    Box::into_raw(pd) as *mut ibv_pd
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
+    if pd.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a non-NULL PD comes from ibv_alloc_pd: a Box<Pd> whose first field it is.
+    let p = unsafe { &*(pd as *mut Pd) };
+    // SAFETY: its context is ours.
+    let cx = match unsafe { ctx_ok(p.ibv.context) } {
+        Ok(cx) => cx,
+        Err(e) => return e,
+    };
+    if let Err(e) = cx.dev.runtime().lock().dealloc_pd(p.handle) {
+        return verr(e);
+    }
+    // SAFETY: made by Box::into_raw in ibv_alloc_pd; the caller gives it up.
+    drop(unsafe { Box::from_raw(pd as *mut Pd) });
+    0
+}
+
+// ---- MR ----
+
+unsafe fn reg_mr(pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_int) -> *mut ibv_mr {
+    if pd.is_null() || (addr.is_null() && len != 0) {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: a non-NULL PD comes from ibv_alloc_pd.
+    let p = unsafe { &*(pd as *mut Pd) };
+    // SAFETY: its context is ours.
+    let cx = match unsafe { ctx_ok(p.ibv.context) } {
+        Ok(cx) => cx,
+        Err(e) => return fail(e),
+    };
+    let Some(flags) = AccessFlags::from_bits(access as u32) else {
+        return fail(libc::EINVAL);
+    };
+    // SAFETY: ibv_reg_mr's contract: the caller keeps addr..addr+len valid until
+    // ibv_dereg_mr, and the device may access it from its thread meanwhile (that is what
+    // registering memory means in verbs).
+    let keys = unsafe {
+        cx.dev
+            .runtime()
+            .lock()
+            .reg_mr(p.handle, addr as *mut u8, len, flags)
+    };
+    let keys = match keys {
+        Ok(k) => k,
+        Err(e) => return fail(verr(e)),
+    };
+    let mr = Box::new(Mr {
+        ibv: ibv_mr {
+            context: p.ibv.context,
+            pd,
+            addr,
+            length: len,
+            handle: keys.handle.0,
+            lkey: keys.lkey,
+            rkey: keys.rkey,
+        },
+        handle: keys.handle,
+    });
+    Box::into_raw(mr) as *mut ibv_mr
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    access: c_int,
+) -> *mut ibv_mr {
+    // SAFETY: forwarded; checked inside.
+    unsafe { reg_mr(pd, addr, len, access) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova2(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: u32,
+) -> *mut ibv_mr {
+    // IBV_ACCESS_OPTIONAL_RANGE (bits 20..29) are hints a provider may ignore.
+    let access = access & !(0x3ff << 20);
+    if iova != addr as u64 {
+        // The engine addresses regions by their virtual address only.
+        return fail(libc::EOPNOTSUPP);
+    }
+    // SAFETY: forwarded; checked inside.
+    unsafe { reg_mr(pd, addr, len, access as c_int) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
+    if mr.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a non-NULL MR comes from reg_mr: a Box<Mr> whose first field it is.
+    let m = unsafe { &*(mr as *mut Mr) };
+    // SAFETY: its context is ours.
+    let cx = match unsafe { ctx_ok(m.ibv.context) } {
+        Ok(cx) => cx,
+        Err(e) => return e,
+    };
+    if let Err(e) = cx.dev.runtime().lock().dereg_mr(m.handle) {
+        return verr(e);
+    }
+    // SAFETY: made by Box::into_raw in reg_mr; the caller gives it up.
+    drop(unsafe { Box::from_raw(mr as *mut Mr) });
+    0
+}
+
+// ---- completion channels and CQs ----
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_comp_channel(c: *mut ibv_context) -> *mut ibv_comp_channel {
+    // SAFETY: see `ctx`.
+    if let Err(e) = unsafe { ctx_ok(c) } {
+        return fail(e);
+    }
+    // SAFETY: no memory arguments; the result is checked.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return fail(libc::EMFILE);
+    }
+    // SAFETY: a fresh descriptor owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let ch = Box::new(Channel {
+        ibv: ibv_comp_channel {
+            context: c,
+            fd: fd.as_raw_fd(),
+            refcnt: 0,
+        },
+        fd,
+        cqs: Mutex::new(Vec::new()),
+    });
+    Box::into_raw(ch) as *mut ibv_comp_channel
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> c_int {
+    if ch.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a non-NULL channel comes from ibv_create_comp_channel.
+    let chan = unsafe { &*(ch as *mut Channel) };
+    if !chan
+        .cqs
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .is_empty()
+    {
+        return libc::EBUSY;
+    }
+    // SAFETY: made by Box::into_raw; the caller gives it up.
+    drop(unsafe { Box::from_raw(ch as *mut Channel) });
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_cq(
+    c: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    _comp_vector: c_int,
+) -> *mut ibv_cq {
+    // SAFETY: see `ctx`.
+    let cx = match unsafe { ctx_ok(c) } {
+        Ok(cx) => cx,
+        Err(e) => return fail(e),
+    };
+    let Ok(depth) = u32::try_from(cqe) else {
+        return fail(libc::EINVAL);
+    };
+    let rt = cx.dev.runtime();
+    let h = match rt.lock().create_cq(depth.max(1)) {
+        Ok(h) => h,
+        Err(e) => return fail(verr(e)),
+    };
+    let notifier = match rt.cq_notifier(h) {
+        Ok(n) => n,
+        Err(e) => {
+            let _ = rt.lock().destroy_cq(h);
+            return fail(runtime_errno(&e));
+        }
+    };
+    let cq = Box::into_raw(Box::new(Cq {
+        ibv: ibv_cq {
+            context: c,
+            channel,
+            cq_context,
+            handle: h.0,
+            cqe,
+            mutex: [0; 5],
+            cond: [0; 6],
+            comp_events_completed: 0,
+            async_events_completed: 0,
+        },
+        handle: h,
+        notifier,
+    }));
+    if !channel.is_null() {
+        // SAFETY: a non-NULL channel comes from ibv_create_comp_channel; `cq` is live.
+        unsafe {
+            let chan = &*(channel as *mut Channel);
+            let mut cqs = chan.cqs.lock().unwrap_or_else(|p| p.into_inner());
+            if cqs.is_empty() {
+                // The channel's fd becomes the CQ's notifier: readable on its events.
+                libc::dup3(
+                    (*cq).notifier.as_fd().as_raw_fd(),
+                    chan.fd.as_raw_fd(),
+                    libc::O_CLOEXEC,
+                );
+            }
+            cqs.push(cq as usize);
+            (*channel).refcnt += 1;
+        }
+    }
+    cq as *mut ibv_cq
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
+    if cq.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a non-NULL CQ comes from ibv_create_cq.
+    let q = unsafe { &*(cq as *mut Cq) };
+    // SAFETY: its context is ours.
+    let cx = match unsafe { ctx_ok(q.ibv.context) } {
+        Ok(cx) => cx,
+        Err(e) => return e,
+    };
+    if let Err(e) = cx.dev.runtime().lock().destroy_cq(q.handle) {
+        return verr(e);
+    }
+    if !q.ibv.channel.is_null() {
+        // SAFETY: the channel outlives its CQs (destroy_comp_channel refuses while used).
+        unsafe {
+            let chan = &*(q.ibv.channel as *mut Channel);
+            chan.cqs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|&x| x != cq as usize);
+            (*q.ibv.channel).refcnt -= 1;
+        }
+    }
+    // SAFETY: made by Box::into_raw in ibv_create_cq; the caller gives it up.
+    drop(unsafe { Box::from_raw(cq as *mut Cq) });
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_cq_event(
+    ch: *mut ibv_comp_channel,
+    cq_out: *mut *mut ibv_cq,
+    ctx_out: *mut *mut c_void,
+) -> c_int {
+    if ch.is_null() || cq_out.is_null() || ctx_out.is_null() {
+        return -1;
+    }
+    // SAFETY: a non-NULL channel comes from ibv_create_comp_channel.
+    let chan = unsafe { &*(ch as *mut Channel) };
+    loop {
+        let cqs: Vec<usize> = chan.cqs.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut fds = Vec::with_capacity(cqs.len());
+        for &p in &cqs {
+            // SAFETY: CQs in the list are live (destroy_cq removes them first).
+            let q = unsafe { &*(p as *const Cq) };
+            if q.notifier.clear() {
+                // SAFETY: the out pointers are non-NULL (checked).
+                unsafe {
+                    *cq_out = p as *mut ibv_cq;
+                    *ctx_out = q.ibv.cq_context;
+                }
+                return 0;
+            }
+            fds.push(libc::pollfd {
+                fd: q.notifier.as_fd().as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+        if fds.is_empty() {
+            fds.push(libc::pollfd {
+                fd: chan.fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+        // SAFETY: `fds` is a valid array of its length.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 1000) };
+        if r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return -1;
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, n: u32) {
+    if cq.is_null() {
+        return;
+    }
+    // SAFETY: a non-NULL CQ comes from ibv_create_cq; the counter is informational.
+    unsafe {
+        (*cq).comp_events_completed = (*cq).comp_events_completed.wrapping_add(n);
+    }
+}
+
+unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, _solicited_only: c_int) -> c_int {
+    if cq.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a non-NULL CQ comes from ibv_create_cq.
+    let q = unsafe { &*(cq as *mut Cq) };
+    // SAFETY: its context is ours.
+    let cx = match unsafe { ctx_ok(q.ibv.context) } {
+        Ok(cx) => cx,
+        Err(e) => return e,
+    };
+    // Solicited-only requests are notified on any completion: more wakeups, never fewer.
+    match cx.dev.runtime().arm_cq(q.handle) {
+        Ok(()) => 0,
+        Err(e) => runtime_errno(&e),
+    }
+}
+
+unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    if cq.is_null() || (wc.is_null() && n > 0) {
+        return -libc::EINVAL;
+    }
+    let Ok(n) = usize::try_from(n) else {
+        return -libc::EINVAL;
+    };
+    // SAFETY: a non-NULL CQ comes from ibv_create_cq.
+    let q = unsafe { &*(cq as *mut Cq) };
+    // SAFETY: its context is ours.
+    let cx = match unsafe { ctx_ok(q.ibv.context) } {
+        Ok(cx) => cx,
+        Err(e) => return -e,
+    };
+    let v = match cx.dev.runtime().lock().poll_cq(q.handle, n) {
+        Ok(v) => v,
+        Err(e) => return -verr(e),
+    };
+    for (i, w) in v.iter().enumerate() {
+        let imm = if w.wc_flags.contains(engine::WcFlags::WITH_INV) {
+            w.invalidated_rkey
+        } else {
+            w.imm_data.to_be()
+        };
+        let out = ibv_wc {
+            wr_id: w.wr_id,
+            status: w.status.to_ibv(),
+            opcode: w.opcode.to_ibv(),
+            vendor_err: w.vendor_err,
+            byte_len: w.byte_len,
+            imm_data: imm,
+            qp_num: w.qp_num,
+            src_qp: w.src_qp,
+            wc_flags: w.wc_flags.bits(),
+            pkey_index: w.pkey_index,
+            slid: 0,
+            sl: 0,
+            dlid_path_bits: 0,
+        };
+        // SAFETY: the caller's array holds `n` entries and i < v.len() <= n.
+        unsafe { wc.add(i).write(out) };
+    }
+    v.len() as c_int
+}
+
+// ---- QPs ----
+
+fn qp_type_of(t: QpType) -> u32 {
+    t.to_ibv()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_qp(
+    pd: *mut ibv_pd,
+    init: *mut ibv_qp_init_attr,
+) -> *mut ibv_qp {
+    if pd.is_null() || init.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: non-NULL objects of ours / the caller's init struct.
+    let (p, ia) = unsafe { (&*(pd as *mut Pd), &mut *init) };
+    if ia.send_cq.is_null() || ia.recv_cq.is_null() {
+        return fail(libc::EINVAL);
+    }
+    if !ia.srq.is_null() {
+        return fail(libc::EOPNOTSUPP);
+    }
+    // SAFETY: its context is ours.
+    let cx = match unsafe { ctx_ok(p.ibv.context) } {
+        Ok(cx) => cx,
+        Err(e) => return fail(e),
+    };
+    let Ok(qp_type) = QpType::try_from(ia.qp_type) else {
+        return fail(libc::EOPNOTSUPP);
+    };
+    // SAFETY: the CQs are ours (non-NULL, from ibv_create_cq).
+    let (scq, rcq) = unsafe { (&*(ia.send_cq as *mut Cq), &*(ia.recv_cq as *mut Cq)) };
+    let attr = QpInitAttr {
+        pd: p.handle,
+        send_cq: scq.handle,
+        recv_cq: rcq.handle,
+        cap: QpCap {
+            max_send_wr: ia.cap.max_send_wr,
+            max_recv_wr: ia.cap.max_recv_wr,
+            max_send_sge: ia.cap.max_send_sge,
+            max_recv_sge: ia.cap.max_recv_sge,
+            max_inline_data: ia.cap.max_inline_data,
+        },
+        qp_type,
+        sq_sig_all: ia.sq_sig_all != 0,
+    };
+    let mut eng = cx.dev.runtime().lock();
+    let qpn = match eng.create_qp(&attr) {
+        Ok(q) => q,
+        Err(e) => return fail(verr(e)),
+    };
+    // Write back the real capacities (perftest and rc_pingpong read them).
+    if let Ok(a) = eng.query_qp(qpn) {
+        ia.cap = ibv_qp_cap {
+            max_send_wr: a.cap.max_send_wr,
+            max_recv_wr: a.cap.max_recv_wr,
+            max_send_sge: a.cap.max_send_sge,
+            max_recv_sge: a.cap.max_recv_sge,
+            max_inline_data: a.cap.max_inline_data,
+        };
+    }
+    drop(eng);
+    let qp = Box::new(Qp {
+        ibv: ibv_qp {
+            context: p.ibv.context,
+            qp_context: ia.qp_context,
+            pd,
+            send_cq: ia.send_cq,
+            recv_cq: ia.recv_cq,
+            srq: std::ptr::null_mut(),
+            handle: qpn,
+            qp_num: qpn,
+            state: QpState::Reset.to_ibv(),
+            qp_type: qp_type_of(qp_type),
+            mutex: [0; 5],
+            cond: [0; 6],
+            events_completed: 0,
+        },
+        qpn,
+        sq_sig_all: ia.sq_sig_all != 0,
+    });
+    Box::into_raw(qp) as *mut ibv_qp
+}
+
+/// The engine's view of a C `ibv_qp_attr` (fields outside `mask` are left at defaults).
+fn qp_attr_from_c(a: &ibv_qp_attr, mask: QpAttrMask) -> Result<QpAttr, c_int> {
+    let mut r = QpAttr::default();
+    if mask.contains(QpAttrMask::STATE) {
+        r.qp_state = QpState::try_from(a.qp_state).map_err(|_| libc::EINVAL)?;
+    }
+    if mask.contains(QpAttrMask::CUR_STATE) {
+        r.cur_qp_state = QpState::try_from(a.cur_qp_state).map_err(|_| libc::EINVAL)?;
+    }
+    if mask.contains(QpAttrMask::PATH_MTU) {
+        let m = u8::try_from(a.path_mtu).map_err(|_| libc::EINVAL)?;
+        r.path_mtu = engine::qp_attr::Mtu::from_ibv(m).ok_or(libc::EINVAL)?;
+    }
+    if mask.contains(QpAttrMask::PATH_MIG_STATE) {
+        r.path_mig_state =
+            engine::qp_attr::MigState::try_from(a.path_mig_state).map_err(|_| libc::EINVAL)?;
+    }
+    r.qkey = a.qkey;
+    r.rq_psn = a.rq_psn;
+    r.sq_psn = a.sq_psn;
+    r.dest_qp_num = a.dest_qp_num;
+    if mask.contains(QpAttrMask::ACCESS_FLAGS) {
+        r.qp_access_flags = AccessFlags::from_bits(a.qp_access_flags).ok_or(libc::EINVAL)?;
+    }
+    r.cap = QpCap {
+        max_send_wr: a.cap.max_send_wr,
+        max_recv_wr: a.cap.max_recv_wr,
+        max_send_sge: a.cap.max_send_sge,
+        max_recv_sge: a.cap.max_recv_sge,
+        max_inline_data: a.cap.max_inline_data,
+    };
+    r.ah_attr = ah_from_c(&a.ah_attr);
+    r.alt_ah_attr = ah_from_c(&a.alt_ah_attr);
+    r.pkey_index = a.pkey_index;
+    r.alt_pkey_index = a.alt_pkey_index;
+    r.en_sqd_async_notify = a.en_sqd_async_notify != 0;
+    r.max_rd_atomic = a.max_rd_atomic;
+    r.max_dest_rd_atomic = a.max_dest_rd_atomic;
+    r.min_rnr_timer = a.min_rnr_timer;
+    r.port_num = a.port_num;
+    r.timeout = a.timeout;
+    r.retry_cnt = a.retry_cnt;
+    r.rnr_retry = a.rnr_retry;
+    r.alt_port_num = a.alt_port_num;
+    r.alt_timeout = a.alt_timeout;
+    r.rate_limit = a.rate_limit;
+    Ok(r)
+}
+
+fn ah_from_c(a: &ibv_ah_attr) -> AhAttr {
+    AhAttr {
+        dgid: a.grh.dgid,
+        sgid_index: a.grh.sgid_index,
+        hop_limit: a.grh.hop_limit,
+        traffic_class: a.grh.traffic_class,
+        flow_label: a.grh.flow_label,
+        dlid: a.dlid,
+        sl: a.sl,
+        static_rate: a.static_rate,
+        port_num: a.port_num,
+        is_global: a.is_global != 0,
+    }
+}
+
+fn ah_to_c(a: &AhAttr) -> ibv_ah_attr {
+    ibv_ah_attr {
+        grh: ibv_global_route {
+            dgid: a.dgid,
+            flow_label: a.flow_label,
+            sgid_index: a.sgid_index,
+            hop_limit: a.hop_limit,
+            traffic_class: a.traffic_class,
+        },
+        dlid: a.dlid,
+        sl: a.sl,
+        src_path_bits: 0,
+        static_rate: a.static_rate,
+        is_global: u8::from(a.is_global),
+        port_num: a.port_num,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    mask: c_int,
+) -> c_int {
+    if qp.is_null() || attr.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a non-NULL QP comes from ibv_create_qp; attr is the caller's struct.
+    let (q, a) = unsafe { (&mut *(qp as *mut Qp), &*attr) };
+    // SAFETY: its context is ours.
+    let cx = match unsafe { ctx_ok(q.ibv.context) } {
+        Ok(cx) => cx,
+        Err(e) => return e,
+    };
+    let Some(mask) = QpAttrMask::from_bits(mask as u32) else {
+        return libc::EINVAL;
+    };
+    let ea = match qp_attr_from_c(a, mask) {
+        Ok(x) => x,
+        Err(e) => return e,
+    };
+    let mut eng = cx.dev.runtime().lock();
+    if let Err(e) = eng.modify_qp(q.qpn, &ea, mask) {
+        return verr(e);
+    }
+    if let Ok(now) = eng.query_qp(q.qpn) {
+        q.ibv.state = now.qp_state.to_ibv();
+    }
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    _mask: c_int,
+    init: *mut ibv_qp_init_attr,
+) -> c_int {
+    if qp.is_null() || attr.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a non-NULL QP comes from ibv_create_qp.
+    let q = unsafe { &mut *(qp as *mut Qp) };
+    // SAFETY: its context is ours.
+    let cx = match unsafe { ctx_ok(q.ibv.context) } {
+        Ok(cx) => cx,
+        Err(e) => return e,
+    };
+    let a = match cx.dev.runtime().lock().query_qp(q.qpn) {
+        Ok(a) => a,
+        Err(e) => return verr(e),
+    };
+    let cap = ibv_qp_cap {
+        max_send_wr: a.cap.max_send_wr,
+        max_recv_wr: a.cap.max_recv_wr,
+        max_send_sge: a.cap.max_send_sge,
+        max_recv_sge: a.cap.max_recv_sge,
+        max_inline_data: a.cap.max_inline_data,
+    };
+    let out = ibv_qp_attr {
+        qp_state: a.qp_state.to_ibv(),
+        cur_qp_state: a.qp_state.to_ibv(),
+        path_mtu: a.path_mtu.to_ibv().into(),
+        path_mig_state: a.path_mig_state.to_ibv(),
+        qkey: a.qkey,
+        rq_psn: a.rq_psn,
+        sq_psn: a.sq_psn,
+        dest_qp_num: a.dest_qp_num,
+        qp_access_flags: a.qp_access_flags.bits(),
+        cap,
+        ah_attr: ah_to_c(&a.ah_attr),
+        alt_ah_attr: ah_to_c(&a.alt_ah_attr),
+        pkey_index: a.pkey_index,
+        alt_pkey_index: a.alt_pkey_index,
+        en_sqd_async_notify: u8::from(a.en_sqd_async_notify),
+        sq_draining: u8::from(a.sq_draining),
+        max_rd_atomic: a.max_rd_atomic,
+        max_dest_rd_atomic: a.max_dest_rd_atomic,
+        min_rnr_timer: a.min_rnr_timer,
+        port_num: a.port_num,
+        timeout: a.timeout,
+        retry_cnt: a.retry_cnt,
+        rnr_retry: a.rnr_retry,
+        alt_port_num: a.alt_port_num,
+        alt_timeout: a.alt_timeout,
+        rate_limit: a.rate_limit,
+    };
+    q.ibv.state = out.qp_state;
+    // SAFETY: non-NULL caller structs.
+    unsafe {
+        attr.write(out);
+        if !init.is_null() {
+            init.write(ibv_qp_init_attr {
+                qp_context: q.ibv.qp_context,
+                send_cq: q.ibv.send_cq,
+                recv_cq: q.ibv.recv_cq,
+                srq: q.ibv.srq,
+                cap,
+                qp_type: q.ibv.qp_type,
+                sq_sig_all: c_int::from(q.sq_sig_all),
+            });
+        }
+    }
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
+    if qp.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a non-NULL QP comes from ibv_create_qp.
+    let q = unsafe { &*(qp as *mut Qp) };
+    // SAFETY: its context is ours.
+    let cx = match unsafe { ctx_ok(q.ibv.context) } {
+        Ok(cx) => cx,
+        Err(e) => return e,
+    };
+    if let Err(e) = cx.dev.runtime().lock().destroy_qp(q.qpn) {
+        return verr(e);
+    }
+    // SAFETY: made by Box::into_raw in ibv_create_qp; the caller gives it up.
+    drop(unsafe { Box::from_raw(qp as *mut Qp) });
+    0
+}
+
+/// The SGEs of a C list.
+///
+/// # Safety
+/// `sg` points to `n` SGEs when `n > 0`.
+unsafe fn sges(sg: *const ibv_sge, n: c_int) -> Result<Vec<Sge>, c_int> {
+    let n = usize::try_from(n).map_err(|_| libc::EINVAL)?;
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    if sg.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: the caller's list has `n` entries (ibv_post_* contract).
+    let s = unsafe { std::slice::from_raw_parts(sg, n) };
+    Ok(s.iter()
+        .map(|e| Sge::new(e.addr, e.length, e.lkey))
+        .collect())
+}
+
+/// One C send WR as the engine's.
+///
+/// # Safety
+/// `w` is a valid `ibv_send_wr` whose SGEs (and, for inline sends, their bytes) are readable.
+unsafe fn send_wr(w: &ibv_send_wr) -> Result<SendWr, c_int> {
+    // SAFETY: the union member read is the one the opcode names.
+    let op = unsafe {
+        match w.opcode {
+            0 => SendOp::RdmaWrite {
+                remote_addr: w.wr.rdma.remote_addr,
+                rkey: w.wr.rdma.rkey,
+            },
+            1 => SendOp::RdmaWriteWithImm {
+                remote_addr: w.wr.rdma.remote_addr,
+                rkey: w.wr.rdma.rkey,
+                imm: u32::from_be(w.imm_data),
+            },
+            2 => SendOp::Send,
+            3 => SendOp::SendWithImm {
+                imm: u32::from_be(w.imm_data),
+            },
+            4 => SendOp::RdmaRead {
+                remote_addr: w.wr.rdma.remote_addr,
+                rkey: w.wr.rdma.rkey,
+            },
+            5 => SendOp::AtomicCmpSwap {
+                remote_addr: w.wr.atomic.remote_addr,
+                rkey: w.wr.atomic.rkey,
+                compare: w.wr.atomic.compare_add,
+                swap: w.wr.atomic.swap,
+            },
+            6 => SendOp::AtomicFetchAdd {
+                remote_addr: w.wr.atomic.remote_addr,
+                rkey: w.wr.atomic.rkey,
+                add: w.wr.atomic.compare_add,
+            },
+            7 => SendOp::LocalInv { rkey: w.imm_data },
+            9 => SendOp::SendWithInv { rkey: w.imm_data },
+            _ => return Err(libc::EINVAL),
+        }
+    };
+    // SAFETY: forwarded from the caller.
+    let list = unsafe { sges(w.sg_list, w.num_sge)? };
+    let flags = SendFlags::from_bits_truncate(w.send_flags & 0x7);
+    let payload = if w.send_flags & 0x8 != 0 {
+        // IBV_SEND_INLINE: the bytes are copied now, no lkey involved.
+        let mut data = Vec::new();
+        for s in &list {
+            if s.length > 0 {
+                // SAFETY: for inline sends the SGE addresses are the caller's readable memory.
+                let b = unsafe {
+                    std::slice::from_raw_parts(s.addr as usize as *const u8, s.length as usize)
+                };
+                data.extend_from_slice(b);
+            }
+        }
+        SendPayload::Inline(data)
+    } else {
+        SendPayload::Sges(list)
+    };
+    let flags = if matches!(payload, SendPayload::Inline(_)) {
+        flags | SendFlags::INLINE
+    } else {
+        flags
+    };
+    Ok(SendWr {
+        wr_id: w.wr_id,
+        op,
+        payload,
+        flags,
+    })
+}
+
+unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad: *mut *mut ibv_send_wr,
+) -> c_int {
+    if qp.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a non-NULL QP comes from ibv_create_qp.
+    let q = unsafe { &*(qp as *mut Qp) };
+    // SAFETY: its context is ours.
+    let cx = match unsafe { ctx_ok(q.ibv.context) } {
+        Ok(cx) => cx,
+        Err(e) => return e,
+    };
+    let mut eng = cx.dev.runtime().lock();
+    let mut cur = wr;
+    while !cur.is_null() {
+        // SAFETY: each WR of the caller's list is valid until post_send returns.
+        let w = unsafe { &*cur };
+        // SAFETY: the WR's SGE list is valid (verbs contract).
+        let r = unsafe { send_wr(w) }.and_then(|sw| eng.post_send(q.qpn, sw).map_err(verr));
+        if let Err(e) = r {
+            if !bad.is_null() {
+                // SAFETY: non-NULL out pointer of the caller.
+                unsafe { *bad = cur };
+            }
+            return e;
+        }
+        cur = w.next;
+    }
+    0
+}
+
+unsafe fn recv_list(
+    wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+    mut post: impl FnMut(RecvWr) -> Result<(), c_int>,
+) -> c_int {
+    let mut cur = wr;
+    while !cur.is_null() {
+        // SAFETY: each WR of the caller's list is valid until the post returns.
+        let w = unsafe { &*cur };
+        // SAFETY: its SGE list is valid (verbs contract).
+        let r = unsafe { sges(w.sg_list, w.num_sge) }.and_then(|s| post(RecvWr::new(w.wr_id, s)));
+        if let Err(e) = r {
+            if !bad.is_null() {
+                // SAFETY: non-NULL out pointer of the caller.
+                unsafe { *bad = cur };
+            }
+            return e;
+        }
+        cur = w.next;
+    }
+    0
+}
+
+unsafe extern "C" fn post_recv(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+) -> c_int {
+    if qp.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a non-NULL QP comes from ibv_create_qp.
+    let q = unsafe { &*(qp as *mut Qp) };
+    // SAFETY: its context is ours.
+    let cx = match unsafe { ctx_ok(q.ibv.context) } {
+        Ok(cx) => cx,
+        Err(e) => return e,
+    };
+    let mut eng = cx.dev.runtime().lock();
+    // SAFETY: the caller's list (checked inside).
+    unsafe { recv_list(wr, bad, |w| eng.post_recv(q.qpn, w).map_err(verr)) }
+}
+
+unsafe extern "C" fn post_srq_recv(
+    srq: *mut ibv_srq,
+    _wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+) -> c_int {
+    // SRQs are not offered through this library yet (ibv_create_srq fails), so no caller
+    // can hold one of ours.
+    if !bad.is_null() {
+        // SAFETY: non-NULL out pointer of the caller.
+        unsafe { *bad = _wr };
+    }
+    if srq.is_null() {
+        libc::EINVAL
+    } else {
+        libc::EOPNOTSUPP
+    }
+}
+
+symver!(
+    ibv_alloc_pd,
+    ibv_dealloc_pd,
+    ibv_reg_mr,
+    ibv_reg_mr_iova2,
+    ibv_dereg_mr,
+    ibv_create_comp_channel,
+    ibv_destroy_comp_channel,
+    ibv_create_cq,
+    ibv_destroy_cq,
+    ibv_get_cq_event,
+    ibv_ack_cq_events,
+    ibv_create_qp,
+    ibv_modify_qp,
+    ibv_query_qp,
+    ibv_destroy_qp,
+);

@@ -1,0 +1,150 @@
+//! Helpers for running the Debian verbs programs on the drop-in library.
+
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The built `libibverbs.so` (target/<profile>/, next to the test's deps folder).
+pub fn built_library() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps/<test>");
+    let lib = profile_dir.join("libibverbs.so");
+    assert!(lib.exists(), "{} not built", lib.display());
+    lib
+}
+
+/// A folder holding the library as `libibverbs.so.1`, for `LD_LIBRARY_PATH`.
+pub fn library_dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("softrdma-ibverbs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("create library dir");
+    let link = dir.join("libibverbs.so.1");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(built_library(), &link).expect("symlink libibverbs.so.1");
+    dir
+}
+
+fn on_path(prog: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {prog}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Make sure `prog` is installed, installing Debian `package` with apt-get if not.
+pub fn require(prog: &str, package: &str) {
+    if on_path(prog) {
+        return;
+    }
+    let st = Command::new("apt-get")
+        .args(["install", "-y", "--no-install-recommends", package])
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .stdout(Stdio::null())
+        .status();
+    assert!(
+        on_path(prog),
+        "{prog} missing and `apt-get install {package}` did not provide it ({st:?})"
+    );
+}
+
+/// A UDP port free right now on every loopback address (the devices bind it).
+pub fn free_udp_port() -> u16 {
+    let s = std::net::UdpSocket::bind("0.0.0.0:0").expect("bind udp");
+    s.local_addr().expect("addr").port()
+}
+
+/// A TCP port free right now (the programs' connection exchange).
+pub fn free_tcp_port() -> u16 {
+    let s = std::net::TcpListener::bind("0.0.0.0:0").expect("bind tcp");
+    s.local_addr().expect("addr").port()
+}
+
+/// `prog args` with the drop-in library and the device on `addr`:`port`.
+pub fn verbs_command(prog: &str, args: &[&str], addr: &str, port: u16) -> Command {
+    let mut c = Command::new(prog);
+    c.args(args)
+        .env("LD_LIBRARY_PATH", library_dir())
+        .env("SOFTRDMA_ADDR", addr)
+        .env("SOFTRDMA_PORT", port.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+/// Kills the child when dropped (a failing test leaves no program behind).
+pub struct Guard(pub Option<Child>);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Wait for the child at most `limit`, then collect its output (killed if it overran).
+pub fn finish(mut g: Guard, limit: Duration) -> (Output, bool) {
+    let mut child = g.0.take().expect("child present");
+    // Drain the pipes on threads so a chatty program never blocks on a full pipe.
+    let mut out = child.stdout.take().expect("piped stdout");
+    let mut err = child.stderr.take().expect("piped stderr");
+    let t1 = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out.read_to_end(&mut v);
+        v
+    });
+    let t2 = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let start = Instant::now();
+    let mut timed_out = false;
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("try_wait") {
+            break s;
+        }
+        if start.elapsed() > limit {
+            timed_out = true;
+            let _ = child.kill();
+            break child.wait().expect("wait");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stdout = t1.join().unwrap_or_default();
+    let stderr = t2.join().unwrap_or_default();
+    (
+        Output {
+            status,
+            stdout,
+            stderr,
+        },
+        timed_out,
+    )
+}
+
+/// Run to completion with a time limit.
+pub fn run(mut c: Command, limit: Duration) -> Output {
+    let g = Guard(Some(c.spawn().expect("spawn")));
+    let (o, timed_out) = finish(g, limit);
+    assert!(!timed_out, "timed out: {}", describe(&o));
+    o
+}
+
+/// Exit status and both streams, for failure messages.
+pub fn describe(o: &Output) -> String {
+    format!(
+        "{}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}

@@ -1,0 +1,70 @@
+//! The library exports exactly the symbols the Debian programs import, each with its version
+//! node, and carries the soname they ask for.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::process::Command;
+
+fn dynamic_exports(lib: &std::path::Path) -> BTreeSet<String> {
+    let out = Command::new("objdump")
+        .arg("-T")
+        .arg(lib)
+        .output()
+        .expect("objdump (binutils) runs");
+    assert!(out.status.success(), "objdump failed");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // "<addr> g DF .text <size> <VERSION> <name>": defined globals only.
+            if f.len() >= 6 && f[1] == "g" && f[3] != "*UND*" {
+                let (ver, name) = (f[f.len() - 2], f[f.len() - 1]);
+                Some(format!("{name}@({ver})"))
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn every_imported_symbol_is_exported_with_its_version_node_and_nothing_else() {
+    let lib = common::built_library();
+    let got = dynamic_exports(&lib);
+    let crate_list = include_str!("../exports.txt");
+    let want: BTreeSet<String> = crate_list
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect();
+    assert_eq!(want.len(), 109);
+    let missing: Vec<_> = want.difference(&got).collect();
+    let extra: Vec<_> = got.difference(&want).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "missing {missing:?}\nunexpected {extra:?}"
+    );
+    // The shared measurement, when present, is the same list.
+    if let Ok(shared) = std::fs::read_to_string("/work/shared/abi/libibverbs-imports.txt") {
+        let shared: BTreeSet<String> = shared
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(String::from)
+            .collect();
+        assert_eq!(shared, want, "exports.txt differs from shared/abi");
+    }
+}
+
+#[test]
+fn the_soname_is_libibverbs_so_1() {
+    let out = Command::new("readelf")
+        .arg("-d")
+        .arg(common::built_library())
+        .output()
+        .expect("readelf runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("Library soname: [libibverbs.so.1]"), "{text}");
+}
