@@ -29,6 +29,11 @@ pub enum RxPath {
     /// are counted (`RxBadIcrc`) and dropped. See the crate docs, "Receive policy".
     #[default]
     Udp,
+    /// A raw socket (`SOCK_RAW`, `IPPROTO_UDP`; needs root or `CAP_NET_RAW`) that sees each
+    /// packet with the header its sender built, so the ICRC is checked exactly for every
+    /// sender, Linux rxe included. IPv4 only: an IPv6 device uses [`RxPath::Udp`], which is
+    /// exact for IPv6 already. The UDP socket stays bound (it owns the port) but is not read.
+    Raw,
 }
 
 /// Everything a [`crate::Runtime`] needs.

@@ -227,14 +227,25 @@ fn rewrite_src_port(pkt: &mut [u8], hl: usize, port: u16) -> Result<(), wire::Wi
     Ok(())
 }
 
-/// What `recvmmsg` said about one datagram.
+/// Where one received packet lies.
 #[derive(Debug, Clone, Copy)]
 struct Meta {
-    len: usize,
     /// Which slot holds it.
     slot: usize,
-    /// Where the rebuilt packet starts in the slot.
+    /// Where the (rebuilt or real) IP header starts in the slot.
     start: usize,
+    /// Where the packet ends in the slot.
+    end: usize,
+}
+
+/// A raw IPv4/UDP socket bound to `addr`'s address: it sees every UDP packet to that address
+/// with its real IP header. Needs `CAP_NET_RAW`.
+pub(crate) fn raw_rx_socket(addr: SocketAddr) -> io::Result<Socket> {
+    let sock = Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::UDP))?;
+    let _ = sock.set_recv_buffer_size(SOCKET_BUFFER);
+    sock.bind(&SocketAddr::new(addr.ip(), 0).into())?;
+    sock.set_nonblocking(true)?;
+    Ok(sock)
 }
 
 /// The receiving side: a batch of slots, each with headroom for the rebuilt headers.
@@ -245,6 +256,8 @@ pub(crate) struct Rx {
     meta: Vec<Meta>,
     headers: nsock::MultiHeaders<SockaddrStorage>,
     batch: usize,
+    /// Raw receive path: the UDP port whose packets are ours (`None`: a UDP socket).
+    raw_port: Option<u16>,
     /// Receive-side counters.
     pub(crate) counters: IoCounters,
 }
@@ -265,7 +278,9 @@ impl core::fmt::Debug for Rx {
 }
 
 impl Rx {
-    pub(crate) fn new(sock: Arc<Socket>, local: IpAddr, batch: usize) -> Rx {
+    /// `raw_port`: `sock` is a raw socket ([`raw_rx_socket`]) and packets to this UDP port
+    /// are ours.
+    pub(crate) fn new(sock: Arc<Socket>, local: IpAddr, batch: usize, raw_port: Option<u16>) -> Rx {
         let batch = batch.max(1);
         let cmsg = if local.is_ipv6() {
             nix::cmsg_space!(libc::in6_pktinfo)
@@ -279,6 +294,7 @@ impl Rx {
             meta: Vec::with_capacity(batch),
             headers: nsock::MultiHeaders::preallocate(batch, Some(cmsg)),
             batch,
+            raw_port,
             counters: IoCounters::default(),
         }
     }
@@ -288,10 +304,12 @@ impl Rx {
     pub(crate) fn recv_batch(&mut self) -> usize {
         let counters = &mut self.counters;
         self.meta.clear();
+        // A raw socket delivers the IP header too: receive from the start of the slot.
+        let at = if self.raw_port.is_some() { 0 } else { HEADROOM };
         let mut iovs: Vec<[IoSliceMut<'_>; 1]> = self
             .slots
             .chunks_mut(SLOT)
-            .map(|c| [IoSliceMut::new(&mut c[HEADROOM..])])
+            .map(|c| [IoSliceMut::new(&mut c[at..])])
             .collect();
         let res = nsock::recvmmsg(
             self.sock.as_raw_fd(),
@@ -329,6 +347,19 @@ impl Rx {
             raw.push((m.bytes, truncated, src, dst));
         }
         for (i, (len, truncated, src, dst)) in raw.into_iter().enumerate() {
+            if let Some(port) = self.raw_port {
+                let slot = &mut self.slots[i * SLOT..(i + 1) * SLOT];
+                match raw_packet(&mut slot[..len.min(SLOT)], port, truncated) {
+                    RawVerdict::Ours(end) => self.meta.push(Meta {
+                        slot: i,
+                        start: 0,
+                        end,
+                    }),
+                    RawVerdict::NotOurs => {}
+                    RawVerdict::Bad => counters.rx_dropped += 1,
+                }
+                continue;
+            }
             let Some(src) = src else {
                 counters.rx_dropped += 1;
                 continue;
@@ -344,9 +375,9 @@ impl Rx {
                 continue;
             };
             self.meta.push(Meta {
-                len,
                 slot: i,
                 start,
+                end: HEADROOM + len,
             });
         }
         counters.rx_datagrams += self.meta.len() as u64;
@@ -357,8 +388,41 @@ impl Rx {
     pub(crate) fn packet(&self, i: usize) -> &[u8] {
         let m = self.meta[i];
         let base = SLOT * m.slot;
-        &self.slots[base + m.start..base + HEADROOM + m.len]
+        &self.slots[base + m.start..base + m.end]
     }
+}
+
+/// What the raw receive path makes of one IPv4 packet.
+#[derive(Debug, PartialEq, Eq)]
+enum RawVerdict {
+    /// A UDP packet to our port, ending at this offset; its destination port now reads 4791.
+    Ours(usize),
+    /// Some other UDP traffic of this host.
+    NotOurs,
+    /// Ours but unusable (truncated, malformed).
+    Bad,
+}
+
+/// Check a packet from the raw socket: IPv4 without options, UDP, to `port`. The header is
+/// the sender's own, so the engine checks the ICRC exactly, whatever IP ID it carries. A
+/// port other than 4791 is mapped back to 4791, as on the UDP path.
+fn raw_packet(p: &mut [u8], port: u16, truncated: bool) -> RawVerdict {
+    if p.len() < 28 || p[0] >> 4 != 4 || p[9] != 17 {
+        return RawVerdict::NotOurs;
+    }
+    let hl = usize::from(p[0] & 0x0f) * 4;
+    let Some(udp) = p.get(hl..hl + 8) else {
+        return RawVerdict::NotOurs;
+    };
+    if u16::from_be_bytes([udp[2], udp[3]]) != port {
+        return RawVerdict::NotOurs;
+    }
+    let total = usize::from(u16::from_be_bytes([p[2], p[3]]));
+    if truncated || total > p.len() || total < hl + 8 {
+        return RawVerdict::Bad;
+    }
+    p[hl + 2..hl + 4].copy_from_slice(&ROCEV2_UDP_PORT.to_be_bytes());
+    RawVerdict::Ours(total)
 }
 
 fn storage_to_socket_addr(a: &SockaddrStorage) -> Option<SocketAddr> {

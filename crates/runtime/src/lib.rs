@@ -49,25 +49,30 @@
 //!
 //! ## Receive policy
 //!
-//! A UDP socket does not show the IP header, and the ICRC covers two IPv4 fields that vary by
-//! sender: the identification and the flags. The runtime rebuilds the header as softrdma (and
-//! any sender that uses an unconnected `IP_PMTUDISC_DO` socket) emits it: **IPv4 ID 0 and DF
-//! set**, TTL/TOS/checksum don't matter (masked or not covered), lengths from the datagram,
-//! addresses from the source address and `IP_PKTINFO` / `IPV6_PKTINFO`, UDP destination port
-//! 4791 and checksum 0.
+//! The ICRC covers two IPv4 header fields that vary by sender, the identification and the
+//! flags, and a UDP socket does not show the IP header. Two receive paths ([`RxPath`]):
 //!
-//! - **softrdma peers, and any IPv6 peer**: every ICRC is checked exactly (IPv6 has no ID field;
-//!   its varying fields are masked).
-//! - **IPv4 peers that count the ID up (Linux rxe) or clear DF**: the rebuilt header differs
-//!   from the one they sent, so their packets fail the engine's ICRC check; they are counted
-//!   as `RxBadIcrc` and dropped — never accepted unchecked. We do not weaken the check (e.g. by
-//!   skipping it or solving the CRC for the ID, which would leave 16 bits of protection).
-//! - **The way to talk to such peers** is a receive path that sees the real header: a raw
-//!   socket (`SOCK_RAW`/`IPPROTO_UDP`, or `AF_PACKET`) needs root or `CAP_NET_RAW`. It is
-//!   planned as [`RxPath`] variant `Raw` (IPv4 only: IPv6 needs none) and not built yet; until
-//!   then softrdma receives IPv4 RoCEv2 from senders that use ID 0 + DF, and from all IPv6
-//!   senders. Sending to rxe works today (rxe accepts ID 0 + DF packets).
+//! - **[`RxPath::Udp`] (default, no privileges).** The runtime rebuilds the header as softrdma
+//!   (and any sender using an unconnected `IP_PMTUDISC_DO` socket) emits it: **IPv4 ID 0, DF
+//!   set**; TTL/TOS/checksum don't matter (masked or not covered); lengths from the datagram;
+//!   addresses from the source address and `IP_PKTINFO` / `IPV6_PKTINFO`; UDP destination port
+//!   4791, checksum 0. The engine then checks every ICRC in full:
+//!   - from softrdma peers, and from *any* IPv6 peer (IPv6 has no ID; its varying fields are
+//!     masked), packets are checked exactly and accepted;
+//!   - from IPv4 peers that count the ID up (Linux rxe) or clear DF, the rebuilt header differs
+//!     from the one they sent, so their packets fail the check, are counted as
+//!     `rx_bad_icrc` and dropped: never accepted unchecked. We do not weaken the check
+//!     (skipping it, or solving the CRC for the 16-bit ID, would leave 16 bits of protection).
+//! - **[`RxPath::Raw`] (opt-in, root or `CAP_NET_RAW`, IPv4).** A `SOCK_RAW`/`IPPROTO_UDP`
+//!   socket bound to the device address sees each packet with the header its sender built,
+//!   so the ICRC is checked exactly whatever ID the sender used: this is how to receive from
+//!   Linux rxe and other stacks with counting IDs. The UDP socket stays bound (it owns the
+//!   port, so the kernel sends no ICMP port-unreachable, and it is the fixed source port) but
+//!   is never read. IPv6 devices always use the UDP path, which is exact for IPv6.
 //!
+//! Sending is unaffected by the choice: packets leave with ID 0 and DF, which rxe and
+//! hardware RoCE NICs accept.
+
 //! ## `unsafe`
 //!
 //! Three places, each with a `// SAFETY:` comment: the [`engine::Memory`] implementation over
@@ -112,6 +117,13 @@ pub enum RuntimeError {
     Bind {
         /// The address asked for.
         addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The raw receive path ([`RxPath::Raw`]) could not open its socket (it needs root or
+    /// `CAP_NET_RAW`).
+    #[error("cannot open the raw receive socket (needs CAP_NET_RAW): {source}")]
+    RawSocket {
         /// The OS error.
         source: std::io::Error,
     },
@@ -243,7 +255,7 @@ struct Shared {
     /// The receive side. Whoever holds this lock receives *and* hands the batch to the engine,
     /// so packets reach the engine in arrival order whichever thread drives.
     rx: Mutex<io::Rx>,
-    /// The receiving socket, polled without the `rx` lock.
+    /// The socket `rx` reads (the UDP socket, or the raw one), polled without the `rx` lock.
     sock: Arc<socket2::Socket>,
     /// Application threads blocked in [`Runtime::wait_cq`], which receive themselves
     /// meanwhile; the progress thread leaves the socket to them.
@@ -347,6 +359,15 @@ impl Runtime {
             .and_then(|a| a.as_socket())
             .map_or(config.port, |a| a.port());
         let local = SocketAddr::new(config.addr, port);
+        let raw = config.rx_path == RxPath::Raw && config.addr.is_ipv4();
+        let rx_sock = if raw {
+            // The UDP socket keeps the port (no ICMP port-unreachable, the fixed source
+            // port) but is never read: a minimal buffer makes the kernel drop its copies.
+            let _ = sock.set_recv_buffer_size(0);
+            Arc::new(io::raw_rx_socket(local).map_err(|source| RuntimeError::RawSocket { source })?)
+        } else {
+            sock.clone()
+        };
         let regions = memory::SharedRegions::default();
         let mut ec = EngineConfig::new(
             vec![config.addr],
@@ -381,8 +402,13 @@ impl Runtime {
         let flags = EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC;
         let shared = Arc::new(Shared {
             core: Mutex::new(core),
-            rx: Mutex::new(io::Rx::new(sock.clone(), config.addr, config.rx_batch)),
-            sock,
+            rx: Mutex::new(io::Rx::new(
+                rx_sock.clone(),
+                config.addr,
+                config.rx_batch,
+                raw.then_some(port),
+            )),
+            sock: rx_sock,
             drivers: AtomicUsize::new(0),
             last_driver_exit: AtomicU64::new(0),
             driving_since: AtomicU64::new(0),

@@ -128,7 +128,12 @@ impl Cq {
     /// Request a notification for the next solicited or error completion only
     /// (`ibv_req_notify_cq` with `solicited_only`).
     pub fn req_notify_solicited(&self) -> Result<()> {
-        Ok(self.inner.dev.inner.rt.arm_cq_with(self.inner.handle, true)?)
+        Ok(self
+            .inner
+            .dev
+            .inner
+            .rt
+            .arm_cq_with(self.inner.handle, true)?)
     }
 
     /// Consume a notification (`ibv_get_cq_event` + ack); true if there was one.

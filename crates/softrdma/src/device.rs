@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use engine::qp_attr::Mtu;
 use engine::{AsyncEvent, Counters, DeviceAttr, Gid, PortAttr};
-use runtime::{Runtime, RuntimeConfig, SrcPortPolicy};
+use runtime::{Runtime, RuntimeConfig, RxPath, SrcPortPolicy};
 
 use crate::cq::Cq;
 use crate::qp::Pd;
@@ -51,6 +51,14 @@ impl DeviceBuilder {
     /// How UDP source ports are chosen (default: per QP).
     pub fn src_port_policy(mut self, policy: SrcPortPolicy) -> Self {
         self.config.src_port_policy = policy;
+        self
+    }
+
+    /// Receive path (default: the UDP socket; see the runtime docs, "Receive policy").
+    /// [`RxPath::Raw`] checks every sender's ICRC exactly (Linux rxe included) and needs
+    /// root or `CAP_NET_RAW`.
+    pub fn rx_path(mut self, path: RxPath) -> Self {
+        self.config.rx_path = path;
         self
     }
 

@@ -65,7 +65,7 @@ pub use engine::{
     QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendPayload, SendWr, Sge, VerbsError,
     WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
-pub use runtime::{RuntimeConfig, RuntimeError, SrcPortPolicy};
+pub use runtime::{RuntimeConfig, RuntimeError, RxPath, SrcPortPolicy};
 
 /// Everything that can go wrong in this API.
 #[derive(Debug, thiserror::Error)]

@@ -8,13 +8,27 @@ mod common;
 use std::net::{Ipv4Addr, UdpSocket};
 use std::time::{Duration, Instant};
 
-use common::open_pair;
-use softrdma::{Counter, Device};
+use common::{open_pair, pair_on, WAIT};
+use socket2::{Domain, Protocol, Socket, Type};
+use softrdma::{Counter, Device, RxPath};
 use wire::{BthRepr, IpRepr, Ipv4Repr, Opcode, Psn, Qpn, TransportRepr, ROCEV2_UDP_PORT};
 
 /// A SEND ONLY to QP `qpn` of `dst`, as an IPv4 packet with IP ID `ident`; returns the
 /// UDP payload (BTH .. ICRC), which is all a UDP socket carries.
 fn send_only(src: Ipv4Addr, dst: Ipv4Addr, src_port: u16, qpn: u32, ident: u16) -> Vec<u8> {
+    whole_send_only(src, dst, src_port, qpn, ident, ROCEV2_UDP_PORT)[20 + 8..].to_vec()
+}
+
+/// The whole IP packet of [`send_only`], to UDP port `dst_port` on the wire (its ICRC is
+/// computed with 4791, as every softrdma device does).
+fn whole_send_only(
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    src_port: u16,
+    qpn: u32,
+    ident: u16,
+    dst_port: u16,
+) -> Vec<u8> {
     let ip = IpRepr::V4(Ipv4Repr {
         src,
         dst,
@@ -29,7 +43,8 @@ fn send_only(src: Ipv4Addr, dst: Ipv4Addr, src_port: u16, qpn: u32, ident: u16) 
     let t = TransportRepr::new(bth);
     let mut buf = [0u8; 256];
     let n = wire::emit_packet(&ip, src_port, ROCEV2_UDP_PORT, &t, b"policy", &mut buf).unwrap();
-    buf[20 + 8..n].to_vec()
+    buf[22..24].copy_from_slice(&dst_port.to_be_bytes());
+    buf[..n].to_vec()
 }
 
 fn wait_for(dev: &Device, c: Counter, at_least: u64) -> u64 {
@@ -62,4 +77,69 @@ fn a_packet_whose_icrc_covers_a_nonzero_ip_id_is_counted_and_dropped() {
         .unwrap();
     assert_eq!(wait_for(&b, Counter::RxBadIcrc, 1), 1);
     assert_eq!(b.counters().get(Counter::RxUnknownQp), 1);
+}
+
+/// Devices on the raw receive path, or `None` without CAP_NET_RAW.
+fn raw_pair(a_ip: &str, b_ip: &str) -> Option<(Device, Device)> {
+    let open = |ip: &str| {
+        Device::builder(ip.parse().unwrap())
+            .port(0)
+            .rx_path(RxPath::Raw)
+            .open()
+            .ok()
+    };
+    let (a, b) = (open(a_ip)?, open(b_ip)?);
+    a.runtime().set_remote_port(b.local_addr().port());
+    b.runtime().set_remote_port(a.local_addr().port());
+    Some((a, b))
+}
+
+#[test]
+fn the_raw_receive_path_checks_the_real_header_so_any_ip_id_passes() {
+    let Some((_a, b)) = raw_pair("127.0.0.51", "127.0.0.52") else {
+        eprintln!("skipped: the raw receive path needs root or CAP_NET_RAW");
+        return;
+    };
+    // IP_HDRINCL: the packet leaves with the header we wrote, IP ID 0x1234 included.
+    let inject = Socket::new(
+        Domain::IPV4,
+        Type::RAW,
+        Some(Protocol::from(libc_ipproto_raw())),
+    )
+    .expect("CAP_NET_RAW was there a moment ago");
+    let (src, dst) = (Ipv4Addr::new(127, 0, 0, 51), Ipv4Addr::new(127, 0, 0, 52));
+    let pkt = whole_send_only(src, dst, 0xc123, 0x4242, 0x1234, b.local_addr().port());
+    let to = std::net::SocketAddr::from((dst, 0));
+    inject.send_to(&pkt, &to.into()).unwrap();
+    assert_eq!(wait_for(&b, Counter::RxUnknownQp, 1), 1);
+    assert_eq!(b.counters().get(Counter::RxBadIcrc), 0);
+}
+
+fn libc_ipproto_raw() -> i32 {
+    255 // IPPROTO_RAW
+}
+
+#[test]
+fn rc_traffic_flows_over_the_raw_receive_path() {
+    let Some((da, db)) = raw_pair("127.0.0.53", "127.0.0.54") else {
+        eprintln!("skipped: the raw receive path needs root or CAP_NET_RAW");
+        return;
+    };
+    let (a, b) = pair_on(da, db, 8192);
+    b.qp.recv(1, &[b.mr.sge(..).unwrap()]).unwrap();
+    a.mr.write(0, &[9u8; 6000]).unwrap();
+    a.qp.send(1, &[a.mr.sge(..6000).unwrap()]).unwrap();
+    a.cq.wait_ok(WAIT).unwrap();
+    assert_eq!(b.cq.wait_ok(WAIT).unwrap().byte_len, 6000);
+    b.mr.write(100, b"read back").unwrap();
+    a.qp.read(
+        2,
+        &[a.mr.sge(0..9).unwrap()],
+        &b.mr.remote(100..109).unwrap(),
+    )
+    .unwrap();
+    a.cq.wait_ok(WAIT).unwrap();
+    let mut got = [0u8; 9];
+    a.mr.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"read back");
 }
