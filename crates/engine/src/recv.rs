@@ -83,7 +83,6 @@ pub(crate) fn handle<M: Memory + ?Sized>(
         // Datagrams come from anyone: the Q_Key is the check (in `ud`).
         ctx.count(qp, Counter::RxPackets);
         ctx.count_n(qp, Counter::RxBytes, bytes.len() as u64);
-        srq::prefetch(qp, ctx, &pkt);
         ud::handle_request(qp, ctx, &pkt, bytes);
         return Some(qp.qpn);
     }

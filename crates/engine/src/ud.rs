@@ -191,7 +191,7 @@ fn grh(ip: IpAddr, packet: &[u8]) -> [u8; GRH_LEN] {
     g
 }
 
-/// A UD SEND for this QP (already past the ingress checks and SRQ prefetch).
+/// A UD SEND for this QP (already past the ingress checks).
 pub(crate) fn handle_request<M: Memory + ?Sized>(
     qp: &mut Qp,
     ctx: &mut Ctx<'_, M>,
@@ -208,6 +208,8 @@ pub(crate) fn handle_request<M: Memory + ?Sized>(
         ctx.count(qp, Counter::RxQkeyMismatch);
         return;
     }
+    // Only a datagram that passed its checks takes a WQE from the SRQ.
+    crate::srq::prefetch(qp, ctx, pkt);
     let Some(r) = qp.rq.front() else {
         // No receive WQE: UD has no RNR NAK, the datagram is lost (IBA 9.8).
         ctx.count(qp, Counter::RxNoRecvWqe);

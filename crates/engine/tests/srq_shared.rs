@@ -217,7 +217,7 @@ fn one_srq_feeds_an_rc_qp_and_a_ud_qp() {
         0,
         0,
     );
-    for i in 0..2 {
+    for i in 0..3 {
         let wr = RecvWr::new(i, vec![b.sge(i * 1024, 1024)]);
         sim.node_mut(b.node).engine.post_srq_recv(srq, wr).unwrap();
     }
@@ -231,10 +231,19 @@ fn one_srq_feeds_an_rc_qp_and_a_ud_qp() {
         remote_qpn: ud_b.qpn,
         remote_qkey: 7,
     };
+    // A datagram with the wrong Q_Key takes no WQE from the SRQ.
+    let wrong = UdDest {
+        remote_qkey: 8,
+        ..dest
+    };
+    ea.post_send_ud(ud_a.qpn, SendWr::send(3, vec![a.sge(64, 7)]), wrong)
+        .unwrap();
     ea.post_send_ud(ud_a.qpn, SendWr::send(2, vec![a.sge(64, 7)]), dest)
         .unwrap();
     let got = drain_cq(&mut sim, b.node, rq_cq, 2, SECOND);
     assert_eq!(got.len(), 2);
+    let _ = sim.run_until(|_| false, SECOND);
+    assert_eq!(sim.node(b.node).engine.srq_len(srq).unwrap(), 1);
     let mem = sim.node(b.node).mem.clone();
     for wc in &got {
         assert_eq!(wc.status, WcStatus::Success);

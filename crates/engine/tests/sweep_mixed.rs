@@ -92,7 +92,29 @@ fn body(seed: u64, kind: Kind, seq: u64, len: usize) -> Vec<u8> {
     v
 }
 
+#[test]
+fn the_same_seed_replays_the_mixed_run_packet_for_packet() {
+    let replay = Replay::new(
+        "softrdma-engine",
+        "sweep_mixed",
+        "the_same_seed_replays_the_mixed_run_packet_for_packet",
+    );
+    for_each_seed(&replay, 3, |seed| {
+        let (first, second) = (run(seed)?, run(seed)?);
+        if first == second {
+            Ok(())
+        } else {
+            Err(format!("trace hashes differ: {first:#x} vs {second:#x}"))
+        }
+    });
+}
+
 fn scenario(seed: u64) -> Result<(), String> {
+    run(seed).map(|_| ())
+}
+
+/// One scenario; returns the sim's trace hash (every packet event of the run).
+fn run(seed: u64) -> Result<u64, String> {
     let mut rng = Rng::new(seed);
     let loss = LOSS[(seed % 4) as usize];
     let dup = if seed / 4 % 2 == 1 { 0.02 } else { 0.0 };
@@ -464,5 +486,5 @@ fn scenario(seed: u64) -> Result<(), String> {
     {
         TALLY[i].fetch_add(v, Relaxed);
     }
-    Ok(())
+    Ok(sim.trace_hash())
 }
