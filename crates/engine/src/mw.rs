@@ -148,7 +148,7 @@ pub(crate) fn check_remote(
         return Err(KeyError::PdMismatch);
     }
     if b.qpn.is_some_and(|q| q != qpn) {
-        // IBA 10.6.7.2.2 (C10-83): a type 2 window serves only the QP it was bound on.
+        // IBA 10.6.7 (type 2 windows): a type 2 window serves only the QP it was bound on.
         return Err(KeyError::NoAccess);
     }
     if !b.access.contains(need) {
@@ -176,7 +176,7 @@ pub(crate) fn bind(
     bind: &MwBind,
 ) -> Result<(), ()> {
     let w = mws.table.get_mut(mw.0).ok_or(())?;
-    // C10-69 / C10-79: the window, the QP and the region share one PD.
+    // IBA 10.6.7 (bind checks): the window, the QP and the region share one PD.
     if w.pd != qp_pd {
         return Err(());
     }
@@ -205,7 +205,8 @@ pub(crate) fn bind(
     if !mr.valid || mr.pd != qp_pd || !mr.access.contains(AccessFlags::MW_BIND) {
         return Err(());
     }
-    // C10-76: remote write or atomic rights need local write on the region.
+    // IBA 10.6.7, as 10.6.3 for regions: remote write or atomic rights need local write
+    // on the region.
     if bind
         .access
         .intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)

@@ -1,4 +1,4 @@
-//! Unreliable Connected (IBA 9.8, 10.2.4): SEND and RDMA WRITE (with immediate) to one peer
+//! Unreliable Connected (IBA 9.8): SEND and RDMA WRITE (with immediate) to one peer
 //! QP, segmented by the path MTU, with PSNs but without acknowledgements or retransmission.
 //! The requester completes a WR when its last packet leaves. The responder executes packets
 //! in PSN order; a gap or an error loses only the message it hit: the responder drops

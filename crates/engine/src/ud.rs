@@ -1,4 +1,4 @@
-//! Unreliable Datagram (IBA 9.8, 10.2.5): single-packet SEND (with immediate) messages to any
+//! Unreliable Datagram (IBA 9.8): single-packet SEND (with immediate) messages to any
 //! QP named by an address handle, a destination QPN and a Q_Key; no acknowledgement, no
 //! retransmission. The requester completes a WR when its packet leaves; the receiver checks
 //! the Q_Key, puts the 40-byte GRH in front of the data and reports the source QP.
@@ -31,8 +31,8 @@ pub struct UdDest {
     pub ah: AhHandle,
     /// Destination QP number.
     pub remote_qpn: u32,
-    /// Q_Key to send with; one with the high bit set means "the QP's own Q_Key" (IBA
-    /// 10.2.5, C10-15).
+    /// Q_Key to send with; one with the high bit set means "the QP's own Q_Key" (the IBA
+    /// Q_Key rules of chapter 10, as `ibv_post_send(3)` states them).
     pub remote_qkey: u32,
 }
 
@@ -203,7 +203,8 @@ pub(crate) fn handle_request<M: Memory + ?Sized>(
         ctx.count(qp, Counter::RxMalformed);
         return;
     };
-    // IBA 10.2.5 (C10-16): a datagram whose Q_Key differs from the QP's is silently dropped.
+    // IBA Q_Key check (chapter 10): a datagram whose Q_Key differs from the QP's is silently
+    // dropped.
     if deth.qkey.value() != qp.attr.qkey {
         ctx.count(qp, Counter::RxQkeyMismatch);
         return;
