@@ -447,10 +447,23 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_in
         Ok(cx) => cx,
         Err(e) => return -e,
     };
-    let v = match cx.dev.runtime().lock().poll_cq(q.handle, n) {
+    let rt = cx.dev.runtime();
+    let mut v = match rt.lock().poll_cq(q.handle, n) {
         Ok(v) => v,
         Err(e) => return -verr(e),
     };
+    if v.is_empty() && n > 0 && q.ibv.channel.is_null() {
+        // Busy-polling programs (the pingpongs, perftest) spin here: let the spinning thread
+        // receive packets itself for a moment instead of contending for the engine lock with
+        // the progress thread (one runnable spinner per side instead of two). CQs with a
+        // completion channel are left alone: arming them would post spurious events.
+        if let Ok(true) = rt.wait_cq(q.handle, Some(POLL_DRIVE)) {
+            v = match rt.lock().poll_cq(q.handle, n) {
+                Ok(v) => v,
+                Err(e) => return -verr(e),
+            };
+        }
+    }
     for (i, w) in v.iter().enumerate() {
         let imm = if w.wc_flags.contains(engine::WcFlags::WITH_INV) {
             w.invalidated_rkey
@@ -477,6 +490,9 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_in
     }
     v.len() as c_int
 }
+
+/// How long an empty `poll_cq` lets the calling thread receive before it returns.
+const POLL_DRIVE: std::time::Duration = std::time::Duration::from_micros(50);
 
 // ---- QPs ----
 

@@ -19,14 +19,19 @@ pub fn built_library() -> PathBuf {
     lib
 }
 
-/// A folder holding the library as `libibverbs.so.1`, for `LD_LIBRARY_PATH`.
+/// A folder holding the library as `libibverbs.so.1`, for `LD_LIBRARY_PATH` (made once per
+/// test process).
 pub fn library_dir() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("softrdma-ibverbs-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("create library dir");
-    let link = dir.join("libibverbs.so.1");
-    let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(built_library(), &link).expect("symlink libibverbs.so.1");
-    dir
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("softrdma-ibverbs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("create library dir");
+        let link = dir.join("libibverbs.so.1");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(built_library(), &link).expect("symlink libibverbs.so.1");
+        dir
+    })
+    .clone()
 }
 
 fn on_path(prog: &str) -> bool {
@@ -147,4 +152,44 @@ pub fn describe(o: &Output) -> String {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     )
+}
+
+/// Run a two-process program (server on 127.0.0.1, client on 127.0.0.2, both devices on one
+/// fresh UDP port) and return (server, client) output. The client is retried while the
+/// server is not yet listening on its TCP port.
+pub fn server_client(
+    prog: &str,
+    server_args: &[&str],
+    client_args: &[&str],
+    limit: Duration,
+) -> (Output, Output) {
+    let udp = free_udp_port();
+    let server = Guard(Some(
+        verbs_command(prog, server_args, "127.0.0.1", udp)
+            .spawn()
+            .expect("spawn server"),
+    ));
+    let start = Instant::now();
+    let client = loop {
+        let o = run(verbs_command(prog, client_args, "127.0.0.2", udp), limit);
+        let err = String::from_utf8_lossy(&o.stderr).to_lowercase();
+        let not_listening = !o.status.success()
+            && (err.contains("couldn't connect")
+                || err.contains("unable to open file descriptor")
+                || err.contains("connection refused")
+                || err.contains("failed to connect"));
+        if not_listening && start.elapsed() < limit {
+            std::thread::sleep(Duration::from_millis(200));
+            continue;
+        }
+        break o;
+    };
+    let (server, timed_out) = finish(server, limit);
+    assert!(
+        !timed_out,
+        "server timed out: {}\nclient: {}",
+        describe(&server),
+        describe(&client)
+    );
+    (server, client)
 }

@@ -1,0 +1,58 @@
+//! `ibv_rc_pingpong` (Debian ibverbs-utils, unmodified) as two processes on one host, each
+//! with its own embedded device (127.0.0.1 and 127.0.0.2), through the drop-in library.
+
+mod common;
+
+use std::process::Output;
+use std::time::Duration;
+
+use common::{describe, free_tcp_port, require, server_client};
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+fn assert_summary(o: &Output, iters: u32, size: u32) {
+    assert!(o.status.success(), "{}", describe(o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    let bytes = u64::from(iters) * u64::from(size) * 2;
+    assert!(
+        text.contains(&format!("{bytes} bytes in ")),
+        "no byte summary: {}",
+        describe(o)
+    );
+    assert!(
+        text.contains(&format!("{iters} iters in ")),
+        "no iteration summary: {}",
+        describe(o)
+    );
+    assert!(text.contains("GID ::ffff:127.0.0."), "{}", describe(o));
+}
+
+fn pingpong(prog: &str, extra: &[&str], iters: u32, size: u32) {
+    require(prog, "ibverbs-utils");
+    let port = free_tcp_port().to_string();
+    let n = iters.to_string();
+    let s = size.to_string();
+    let mut server = vec!["-g", "0", "-p", &port, "-n", &n, "-s", &s];
+    server.extend_from_slice(extra);
+    let mut client = server.clone();
+    client.push("127.0.0.1");
+    let (so, co) = server_client(prog, &server, &client, LIMIT);
+    assert_summary(&so, iters, size);
+    assert_summary(&co, iters, size);
+}
+
+#[test]
+fn rc_pingpong_completes_between_two_processes() {
+    // -c: every received buffer is checked against what the peer sent.
+    pingpong("ibv_rc_pingpong", &["-c"], 200, 4096);
+}
+
+#[test]
+fn rc_pingpong_completes_in_event_mode() {
+    pingpong("ibv_rc_pingpong", &["-e"], 200, 4096);
+}
+
+#[test]
+fn rc_pingpong_completes_with_large_messages() {
+    pingpong("ibv_rc_pingpong", &[], 20, 65536);
+}
