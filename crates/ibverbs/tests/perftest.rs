@@ -1,0 +1,94 @@
+//! perftest (Debian package perftest, unmodified) as two processes on one host through the
+//! drop-in library: each benchmark completes on both sides and prints its result row.
+//! Figures are not asserted (a loaded 2-core machine decides them); only that they exist.
+
+mod common;
+
+use std::process::Output;
+use std::time::Duration;
+
+use common::{describe, free_tcp_port, require, server_client};
+
+const LIMIT: Duration = Duration::from_secs(180);
+const ITERS: &str = "50";
+
+/// The result row: first column the message size, second the iteration count.
+fn result_row<'a>(text: &'a str, size: &str) -> Option<&'a str> {
+    text.lines().find(|l| {
+        let mut f = l.split_whitespace();
+        f.next() == Some(size) && f.next() == Some(ITERS)
+    })
+}
+
+fn check(o: &Output, size: &str, client: bool) {
+    assert!(o.status.success(), "{}", describe(o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("Device         : softrdma0"),
+        "{}",
+        describe(o)
+    );
+    assert!(
+        text.contains("Link type       : Ethernet"),
+        "{}",
+        describe(o)
+    );
+    // The latency tests print their table on the client only; the bandwidth tests on both.
+    if client {
+        assert!(
+            result_row(&text, size).is_some(),
+            "no result row: {}",
+            describe(o)
+        );
+    }
+}
+
+fn bench(prog: &str, size: &str, server_prints_results: bool) {
+    require(prog, "perftest");
+    let port = free_tcp_port().to_string();
+    let server = ["-n", ITERS, "-p", &port];
+    let client = ["-n", ITERS, "-p", &port, "127.0.0.1"];
+    let (so, co) = server_client(prog, &server, &client, LIMIT);
+    check(&co, size, true);
+    check(&so, size, server_prints_results);
+}
+
+#[test]
+fn ib_write_bw_completes_at_the_default_size() {
+    bench("ib_write_bw", "65536", true);
+}
+
+#[test]
+fn ib_send_bw_completes_at_the_default_size() {
+    bench("ib_send_bw", "65536", true);
+}
+
+#[test]
+fn ib_read_bw_completes_at_the_default_size() {
+    bench("ib_read_bw", "65536", true);
+}
+
+#[test]
+fn ib_atomic_bw_completes() {
+    bench("ib_atomic_bw", "8", true);
+}
+
+#[test]
+fn ib_write_lat_completes_at_the_default_size() {
+    bench("ib_write_lat", "2", false);
+}
+
+#[test]
+fn ib_read_lat_completes_at_the_default_size() {
+    bench("ib_read_lat", "2", false);
+}
+
+#[test]
+fn ib_send_lat_completes_at_the_default_size() {
+    bench("ib_send_lat", "2", false);
+}
+
+#[test]
+fn ib_atomic_lat_completes() {
+    bench("ib_atomic_lat", "8", false);
+}
