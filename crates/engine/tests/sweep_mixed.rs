@@ -1,7 +1,7 @@
-//! The randomized mixed-service sweep: RC (receiving from an SRQ), UC and UD traffic at once
-//! between two engines, over seeds × loss {0, 1 %, 5 %, 10 %} × duplication × reordering,
-//! with an SRQ that may start short (RC waits on RNR NAKs, UD datagrams are dropped) and is
-//! replenished later.
+//! The randomized mixed-service sweep: RC (receiving from an SRQ, writing partly through a
+//! type 2 memory window), UC and UD traffic at once between two engines, over seeds × loss
+//! {0, 1 %, 5 %, 10 %} × duplication × reordering, with an SRQ that may start short (RC
+//! waits on RNR NAKs, UD datagrams are dropped) and is replenished later.
 //!
 //! Invariants checked for every scenario:
 //! - RC: every WR succeeds; every SEND lands exactly once, in order, intact, in a WQE of the
@@ -200,6 +200,23 @@ fn run(seed: u64) -> Result<u64, String> {
         psn,
         psn ^ 0x40_0000,
     );
+    // A type 2 window over the WRITE destinations, bound on B's RC QP: every other RC WRITE
+    // goes through it (and its retransmissions are checked against it again).
+    let mw = eb
+        .alloc_mw(b.pd, engine::MwType::Type2)
+        .map_err(|e| e.to_string())?;
+    let mw_rkey = (mw.rkey & !0xff) | (mw.rkey.wrapping_add(1) & 0xff);
+    let bind = engine::MwBind {
+        mr: b.mr.handle,
+        addr: b.addr(0x40_0000),
+        length: 0x40_0000,
+        access: engine::AccessFlags::REMOTE_WRITE,
+    };
+    eb.post_send(
+        rc_b.qpn,
+        SendWr::bind_mw(u64::MAX, mw.handle, mw_rkey, bind).signaled(false),
+    )
+    .map_err(|e| e.to_string())?;
 
     // The traffic.
     let n = 40 + rng.below(120) as usize;
@@ -283,7 +300,12 @@ fn run(seed: u64) -> Result<u64, String> {
             Kind::RcSend => e.post_send(rc_a.qpn, SendWr::send(id, sge)),
             Kind::RcWrite => e.post_send(
                 rc_a.qpn,
-                SendWr::rdma_write(id, sge, b.addr(m.dst), b.mr.rkey),
+                SendWr::rdma_write(
+                    id,
+                    sge,
+                    b.addr(m.dst),
+                    if m.seq % 2 == 0 { mw_rkey } else { b.mr.rkey },
+                ),
             ),
             Kind::UcSend => e.post_send(uc_a.qpn, SendWr::send(id, sge)),
             Kind::UcWriteImm => e.post_send(
@@ -470,6 +492,9 @@ fn run(seed: u64) -> Result<u64, String> {
             "{} of {uc_needed} UC messages arrived without loss",
             uc_wcs.len()
         ));
+    }
+    if sim.node(b.node).engine.query_mw(mw.handle) != Ok((mw_rkey, true)) {
+        return Err("the window over the WRITE destinations is not bound".into());
     }
     let c = sim.node(b.node).engine.counters();
     for (i, v) in [
