@@ -14,6 +14,11 @@
 //! - `resp`: the responder, executing requests against memory (PSN checks, one NAK per gap,
 //!   duplicates re-ACKed, READ/ATOMIC replayed from the responder resources, key / PD / bounds
 //!   / rights checks, RNR NAKs, receive completions, ACK coalescing);
+//! - `uc` and [`ud`]: the unreliable services, requester and responder each (no ACKs, no
+//!   retransmission; UC resynchronises on the next FIRST / ONLY, UD checks Q_Keys and writes
+//!   the GRH);
+//! - [`srq`], [`mw`], [`ah`]: shared receive queues, memory windows (and invalidation),
+//!   address handles; `local` runs binds and local invalidations at the send queue head;
 //! - [`counters`]: a counter for every drop and error reason, per QP and per device.
 //!
 //! # Driving it
