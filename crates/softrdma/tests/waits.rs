@@ -111,3 +111,26 @@ async fn an_async_wait_resolves_when_the_message_arrives() {
         .unwrap();
     assert_eq!(wc.byte_len, 5);
 }
+
+#[test]
+fn after_a_long_wait_the_device_keeps_serving_peers_with_nobody_waiting() {
+    let (a, b) = pair_v4(4096);
+    // A long wait parks the progress thread; leaving it must hand the socket back.
+    assert!(matches!(
+        b.cq.wait(1, Some(Duration::from_millis(50))),
+        Err(Error::Timeout)
+    ));
+    for i in 0..3u8 {
+        a.mr.write(0, &[i; 16]).unwrap();
+        a.qp.write(
+            u64::from(i),
+            &[a.mr.sge(..16).unwrap()],
+            &b.mr.remote(..16).unwrap(),
+        )
+        .unwrap();
+        a.cq.wait_ok(WAIT).unwrap();
+        assert_eq!(b.mr.to_vec()[..16], [i; 16]);
+        // A short wait too (no parking), then traffic with nobody waiting on b.
+        let _ = b.cq.wait(1, Some(Duration::from_millis(1)));
+    }
+}
