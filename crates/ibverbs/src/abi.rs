@@ -567,7 +567,41 @@ pub struct ibv_gid_entry {
     pub ndev_ifindex: u32,
 }
 
+/// `struct ibv_srq_attr`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_srq_attr {
+    /// Most WRs queued.
+    pub max_wr: u32,
+    /// Most SGEs per WR.
+    pub max_sge: u32,
+    /// Limit event threshold.
+    pub srq_limit: u32,
+}
+
+/// `struct ibv_srq_init_attr`.
+#[repr(C)]
+pub struct ibv_srq_init_attr {
+    /// The user's pointer.
+    pub srq_context: *mut c_void,
+    /// Sizes (written back).
+    pub attr: ibv_srq_attr,
+}
+
+/// `struct ibv_ah`.
+#[repr(C)]
+pub struct ibv_ah {
+    /// Owning context.
+    pub context: *mut ibv_context,
+    /// Its PD.
+    pub pd: *mut ibv_pd,
+    /// Handle.
+    pub handle: u32,
+}
+
 const _: () = {
+    assert!(size_of::<ibv_srq_init_attr>() == 24);
+    assert!(size_of::<ibv_ah>() == 24);
     assert!(size_of::<ibv_device>() == 664);
     assert!(offset_of!(ibv_device, name) == 24);
     assert!(offset_of!(ibv_device, dev_path) == 152);

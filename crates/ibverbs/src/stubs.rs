@@ -105,17 +105,12 @@ unsupported_int!(
     ibv_query_ece,
     ibv_set_ece,
     ibv_resolve_eth_l2_from_gid,
-    // Not offered yet; none can exist, so destroying one is refused the same way.
-    ibv_destroy_ah,
-    ibv_destroy_srq,
 );
 
 unsupported_ptr!(
     _verbs_init_and_alloc_context,
     verbs_open_device,
-    ibv_create_ah,
     ibv_create_ah_from_wc,
-    ibv_create_srq,
     ibv_qp_to_qp_ex,
 );
 

@@ -5,8 +5,9 @@ use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 
 use engine::{
-    AccessFlags, AhAttr, CqHandle, MrHandle, PdHandle, QpAttr, QpAttrMask, QpCap, QpInitAttr,
-    QpState, QpType, RecvWr, SendFlags, SendOp, SendPayload, SendWr, Sge,
+    AccessFlags, AhAttr, AhHandle, CqHandle, MrHandle, PdHandle, QpAttr, QpAttrMask, QpCap,
+    QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendPayload, SendWr, Sge, SrqAttr,
+    SrqHandle, UdDest,
 };
 use runtime::CqNotifier;
 
@@ -51,6 +52,20 @@ struct Qp {
     ibv: ibv_qp,
     qpn: u32,
     sq_sig_all: bool,
+}
+
+/// An SRQ.
+#[repr(C)]
+struct Srq {
+    ibv: ibv_srq,
+    handle: SrqHandle,
+}
+
+/// An address handle.
+#[repr(C)]
+struct Ah {
+    ibv: ibv_ah,
+    handle: AhHandle,
 }
 
 /// The ops table every context carries.
@@ -513,9 +528,6 @@ pub unsafe extern "C" fn ibv_create_qp(
     if ia.send_cq.is_null() || ia.recv_cq.is_null() {
         return fail(libc::EINVAL);
     }
-    if !ia.srq.is_null() {
-        return fail(libc::EOPNOTSUPP);
-    }
     // SAFETY: its context is ours.
     let cx = match unsafe { ctx_ok(p.ibv.context) } {
         Ok(cx) => cx,
@@ -541,7 +553,14 @@ pub unsafe extern "C" fn ibv_create_qp(
         sq_sig_all: ia.sq_sig_all != 0,
     };
     let mut eng = cx.dev.runtime().lock();
-    let qpn = match eng.create_qp(&attr) {
+    let created = if ia.srq.is_null() {
+        eng.create_qp(&attr)
+    } else {
+        // SAFETY: a non-NULL SRQ comes from ibv_create_srq.
+        let srq = unsafe { &*(ia.srq as *mut Srq) };
+        eng.create_qp_with_srq(&attr, srq.handle)
+    };
+    let qpn = match created {
         Ok(q) => q,
         Err(e) => return fail(verr(e)),
     };
@@ -563,7 +582,7 @@ pub unsafe extern "C" fn ibv_create_qp(
             pd,
             send_cq: ia.send_cq,
             recv_cq: ia.recv_cq,
-            srq: std::ptr::null_mut(),
+            srq: ia.srq,
             handle: qpn,
             qp_num: qpn,
             state: QpState::Reset.to_ibv(),
@@ -900,8 +919,27 @@ unsafe extern "C" fn post_send(
     while !cur.is_null() {
         // SAFETY: each WR of the caller's list is valid until post_send returns.
         let w = unsafe { &*cur };
-        // SAFETY: the WR's SGE list is valid (verbs contract).
-        let r = unsafe { send_wr(w) }.and_then(|sw| eng.post_send(q.qpn, sw).map_err(verr));
+        // SAFETY: the WR's SGE list is valid (verbs contract); for UD QPs the `ud` member
+        // of the union is the one the caller filled, and its AH is NULL or ours.
+        let r = unsafe { send_wr(w) }.and_then(|sw| {
+            if q.ibv.qp_type == QpType::Ud.to_ibv() {
+                // SAFETY: on a UD QP the caller fills the `ud` member of the union.
+                let ud = unsafe { w.wr.ud };
+                if ud.ah.is_null() {
+                    return Err(libc::EINVAL);
+                }
+                // SAFETY: a non-NULL AH comes from ibv_create_ah.
+                let ah = unsafe { &*(ud.ah as *mut Ah) };
+                let dest = UdDest {
+                    ah: ah.handle,
+                    remote_qpn: ud.remote_qpn,
+                    remote_qkey: ud.remote_qkey,
+                };
+                eng.post_send_ud(q.qpn, sw, dest).map_err(verr)
+            } else {
+                eng.post_send(q.qpn, sw).map_err(verr)
+            }
+        });
         if let Err(e) = r {
             if !bad.is_null() {
                 // SAFETY: non-NULL out pointer of the caller.
@@ -959,23 +997,143 @@ unsafe extern "C" fn post_recv(
 
 unsafe extern "C" fn post_srq_recv(
     srq: *mut ibv_srq,
-    _wr: *mut ibv_recv_wr,
+    wr: *mut ibv_recv_wr,
     bad: *mut *mut ibv_recv_wr,
 ) -> c_int {
-    // SRQs are not offered through this library yet (ibv_create_srq fails), so no caller
-    // can hold one of ours.
-    if !bad.is_null() {
-        // SAFETY: non-NULL out pointer of the caller.
-        unsafe { *bad = _wr };
-    }
     if srq.is_null() {
-        libc::EINVAL
-    } else {
-        libc::EOPNOTSUPP
+        return libc::EINVAL;
     }
+    // SAFETY: a non-NULL SRQ comes from ibv_create_srq.
+    let q = unsafe { &*(srq as *mut Srq) };
+    // SAFETY: its context is ours.
+    let cx = match unsafe { ctx_ok(q.ibv.context) } {
+        Ok(cx) => cx,
+        Err(e) => return e,
+    };
+    let mut eng = cx.dev.runtime().lock();
+    // SAFETY: the caller's list (checked inside).
+    unsafe { recv_list(wr, bad, |w| eng.post_srq_recv(q.handle, w).map_err(verr)) }
+}
+
+// ---- SRQs and address handles ----
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_srq(
+    pd: *mut ibv_pd,
+    init: *mut ibv_srq_init_attr,
+) -> *mut ibv_srq {
+    if pd.is_null() || init.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: a non-NULL PD is ours; init is the caller's struct.
+    let (p, ia) = unsafe { (&*(pd as *mut Pd), &mut *init) };
+    // SAFETY: its context is ours.
+    let cx = match unsafe { ctx_ok(p.ibv.context) } {
+        Ok(cx) => cx,
+        Err(e) => return fail(e),
+    };
+    let attr = SrqAttr {
+        max_wr: ia.attr.max_wr,
+        max_sge: ia.attr.max_sge,
+        srq_limit: ia.attr.srq_limit,
+    };
+    let mut eng = cx.dev.runtime().lock();
+    let h = match eng.create_srq(p.handle, &attr) {
+        Ok(h) => h,
+        Err(e) => return fail(verr(e)),
+    };
+    if let Ok(a) = eng.query_srq(h) {
+        ia.attr.max_wr = a.max_wr;
+        ia.attr.max_sge = a.max_sge;
+    }
+    drop(eng);
+    let srq = Box::new(Srq {
+        ibv: ibv_srq {
+            context: p.ibv.context,
+            srq_context: ia.srq_context,
+            pd,
+            handle: h.0,
+            mutex: [0; 5],
+            cond: [0; 6],
+            events_completed: 0,
+        },
+        handle: h,
+    });
+    Box::into_raw(srq) as *mut ibv_srq
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
+    if srq.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a non-NULL SRQ comes from ibv_create_srq.
+    let q = unsafe { &*(srq as *mut Srq) };
+    // SAFETY: its context is ours.
+    let cx = match unsafe { ctx_ok(q.ibv.context) } {
+        Ok(cx) => cx,
+        Err(e) => return e,
+    };
+    if let Err(e) = cx.dev.runtime().lock().destroy_srq(q.handle) {
+        return verr(e);
+    }
+    // SAFETY: made by Box::into_raw in ibv_create_srq; the caller gives it up.
+    drop(unsafe { Box::from_raw(srq as *mut Srq) });
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
+    if pd.is_null() || attr.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: a non-NULL PD is ours; attr is the caller's struct.
+    let (p, a) = unsafe { (&*(pd as *mut Pd), &*attr) };
+    // SAFETY: its context is ours.
+    let cx = match unsafe { ctx_ok(p.ibv.context) } {
+        Ok(cx) => cx,
+        Err(e) => return fail(e),
+    };
+    let h = match cx.dev.runtime().lock().create_ah(p.handle, &ah_from_c(a)) {
+        Ok(h) => h,
+        Err(e) => return fail(verr(e)),
+    };
+    let ah = Box::new(Ah {
+        ibv: ibv_ah {
+            context: p.ibv.context,
+            pd,
+            handle: h.0,
+        },
+        handle: h,
+    });
+    Box::into_raw(ah) as *mut ibv_ah
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
+    if ah.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a non-NULL AH comes from ibv_create_ah.
+    let a = unsafe { &*(ah as *mut Ah) };
+    // SAFETY: its context is ours.
+    let cx = match unsafe { ctx_ok(a.ibv.context) } {
+        Ok(cx) => cx,
+        Err(e) => return e,
+    };
+    if let Err(e) = cx.dev.runtime().lock().destroy_ah(a.handle) {
+        return verr(e);
+    }
+    // SAFETY: made by Box::into_raw in ibv_create_ah; the caller gives it up.
+    drop(unsafe { Box::from_raw(ah as *mut Ah) });
+    0
 }
 
 symver!(
+    ibv_create_srq,
+    ibv_destroy_srq,
+    ibv_create_ah,
+    ibv_destroy_ah,
     ibv_alloc_pd,
     ibv_dealloc_pd,
     ibv_reg_mr,

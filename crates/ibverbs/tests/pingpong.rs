@@ -1,4 +1,4 @@
-//! `ibv_rc_pingpong` (Debian ibverbs-utils, unmodified) as two processes on one host, each
+//! The pingpongs of Debian ibverbs-utils (rc, uc, ud, srq; unmodified) as two processes on one host, each
 //! with its own embedded device (127.0.0.1 and 127.0.0.2), through the drop-in library.
 
 mod common;
@@ -55,4 +55,36 @@ fn rc_pingpong_completes_in_event_mode() {
 #[test]
 fn rc_pingpong_completes_with_large_messages() {
     pingpong("ibv_rc_pingpong", &[], 20, 65536);
+}
+
+#[test]
+fn uc_pingpong_completes_between_two_processes() {
+    pingpong("ibv_uc_pingpong", &["-c"], 200, 4096);
+}
+
+#[test]
+fn uc_pingpong_completes_in_event_mode() {
+    pingpong("ibv_uc_pingpong", &["-e"], 100, 4096);
+}
+
+#[test]
+fn ud_pingpong_completes_between_two_processes() {
+    // UD messages are one packet: at most the MTU (2048 is the program's default).
+    pingpong("ibv_ud_pingpong", &["-c"], 200, 2048);
+}
+
+#[test]
+fn ud_pingpong_completes_in_event_mode() {
+    pingpong("ibv_ud_pingpong", &["-e"], 100, 2048);
+}
+
+#[test]
+fn srq_pingpong_completes_between_two_processes() {
+    // 16 QPs sharing one SRQ on each side.
+    pingpong("ibv_srq_pingpong", &["-c"], 200, 4096);
+}
+
+#[test]
+fn srq_pingpong_completes_in_event_mode() {
+    pingpong("ibv_srq_pingpong", &["-e"], 100, 4096);
 }
