@@ -86,7 +86,9 @@ pub(crate) fn prefetch<M: Memory + ?Sized>(
     }
     let psn = pkt.transport.bth.psn;
     let now = match qp.qp_type {
-        QpType::Rc => psn == qp.resp.epsn && qp.resp.in_progress.is_none(),
+        // A WRITE with immediate takes its WQE at its LAST packet, in the middle of the
+        // message; a SEND at its FIRST / ONLY, when no message is in progress.
+        QpType::Rc => psn == qp.resp.epsn && (qp.resp.in_progress.is_none() || op.has_immediate()),
         QpType::Uc => !psn.is_before(qp.resp.epsn),
         QpType::Ud => true,
     };

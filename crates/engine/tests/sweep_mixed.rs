@@ -32,7 +32,7 @@ use sim::{LinkConfig, NetConfig, Rng, Sim};
 
 const DEFAULT_SEEDS: u64 = 64;
 
-/// Totals over the run: RC sends delivered, UC messages sent / delivered, UD datagrams sent /
+/// Totals over the run: RC receives completed, UC messages sent / delivered, UD datagrams sent /
 /// delivered, RNR NAKs sent by B, UC messages given up by B.
 static TALLY: [AtomicU64; 7] = [const { AtomicU64::new(0) }; 7];
 const LOSS: [f64; 4] = [0.0, 0.01, 0.05, 0.10];
@@ -50,7 +50,7 @@ fn rc_uc_ud_and_srq_traffic_mixed_under_faults() {
     let n = for_each_seed(&replay, DEFAULT_SEEDS, scenario);
     let t: Vec<u64> = TALLY.iter().map(|a| a.load(Relaxed)).collect();
     eprintln!(
-        "sweep_mixed: {n} scenarios; RC sends {}; UC {} of {} arrived; UD {} of {} arrived; \
+        "sweep_mixed: {n} scenarios; RC receives {}; UC {} of {} arrived; UD {} of {} arrived; \
          {} RNR NAKs; {} UC messages given up",
         t[0], t[2], t[1], t[4], t[3], t[5], t[6]
     );
@@ -64,6 +64,7 @@ fn rc_uc_ud_and_srq_traffic_mixed_under_faults() {
 enum Kind {
     RcSend,
     RcWrite,
+    RcWriteImm,
     UcSend,
     UcWriteImm,
     UdSend,
@@ -225,11 +226,12 @@ fn run(seed: u64) -> Result<u64, String> {
     let mut src = 0u64;
     let mut dst = 0x40_0000u64;
     for _ in 0..n {
-        let kind = match rng.below(10) {
+        let kind = match rng.below(11) {
             0..=2 => Kind::RcSend,
             3 => Kind::RcWrite,
-            4..=5 => Kind::UcSend,
-            6 => Kind::UcWriteImm,
+            4 => Kind::RcWriteImm,
+            5..=6 => Kind::UcSend,
+            7 => Kind::UcWriteImm,
             _ => Kind::UdSend,
         };
         let max = match kind {
@@ -238,7 +240,7 @@ fn run(seed: u64) -> Result<u64, String> {
         };
         let len = 16 + rng.below(max - 16 + 1) as usize;
         let svc = match kind {
-            Kind::RcSend | Kind::RcWrite => 0,
+            Kind::RcSend | Kind::RcWrite | Kind::RcWriteImm => 0,
             Kind::UcSend | Kind::UcWriteImm => 1,
             Kind::UdSend => 2,
         };
@@ -255,14 +257,14 @@ fn run(seed: u64) -> Result<u64, String> {
             .mem
             .set(OWNER, a.addr(src), &body(seed, kind, seq, len));
         src += 8192;
-        if matches!(kind, Kind::RcWrite | Kind::UcWriteImm) {
+        if matches!(kind, Kind::RcWrite | Kind::RcWriteImm | Kind::UcWriteImm) {
             dst += 8192;
         }
         msgs.push(m);
     }
     let srq_needed = msgs
         .iter()
-        .filter(|m| matches!(m.kind, Kind::RcSend | Kind::UdSend))
+        .filter(|m| matches!(m.kind, Kind::RcSend | Kind::RcWriteImm | Kind::UdSend))
         .count() as u64;
     let uc_needed = msgs
         .iter()
@@ -305,6 +307,18 @@ fn run(seed: u64) -> Result<u64, String> {
                     sge,
                     b.addr(m.dst),
                     if m.seq % 2 == 0 { mw_rkey } else { b.mr.rkey },
+                ),
+            ),
+            Kind::RcWriteImm => e.post_send(
+                rc_a.qpn,
+                SendWr::new(
+                    id,
+                    SendOp::RdmaWriteWithImm {
+                        remote_addr: b.addr(m.dst),
+                        rkey: if m.seq % 2 == 0 { mw_rkey } else { b.mr.rkey },
+                        imm: m.seq as u32,
+                    },
+                    sge,
                 ),
             ),
             Kind::UcSend => e.post_send(uc_a.qpn, SendWr::send(id, sge)),
@@ -358,7 +372,7 @@ fn run(seed: u64) -> Result<u64, String> {
     };
     // Requesters: every WR completes once, in order, with success.
     for (qp, kinds) in [
-        (rc_a, &[Kind::RcSend, Kind::RcWrite][..]),
+        (rc_a, &[Kind::RcSend, Kind::RcWrite, Kind::RcWriteImm][..]),
         (uc_a, &[Kind::UcSend, Kind::UcWriteImm][..]),
         (ud_a, &[Kind::UdSend][..]),
     ] {
@@ -394,20 +408,35 @@ fn run(seed: u64) -> Result<u64, String> {
         }
         let at = b.addr(wc.wr_id * SLOT);
         if wc.qp_num == rc_b.qpn {
-            let buf = mem.get(OWNER, at, wc.byte_len as usize);
-            let seq = u64::from_le_bytes(buf[8..16].try_into().unwrap_or_default());
-            let m = by_seq(Kind::RcSend, seq).ok_or(format!("RC receive of unknown seq {seq}"))?;
-            let want_seq = msgs
+            // RC receives (SENDs and WRITEs with immediate) complete in posting order.
+            let (kind, seq) = if wc.opcode == WcOpcode::RecvRdmaWithImm {
+                (Kind::RcWriteImm, u64::from(wc.imm_data))
+            } else {
+                let buf = mem.get(OWNER, at, wc.byte_len.max(16) as usize);
+                (
+                    Kind::RcSend,
+                    u64::from_le_bytes(buf[8..16].try_into().unwrap_or_default()),
+                )
+            };
+            let want = msgs
                 .iter()
-                .filter(|m| m.kind == Kind::RcSend)
+                .filter(|m| matches!(m.kind, Kind::RcSend | Kind::RcWriteImm))
                 .nth(rc_next as usize)
-                .map(|m| m.seq);
-            if Some(seq) != want_seq {
-                return Err(format!("RC send {seq} arrived, expected {want_seq:?}"));
+                .map(|m| (m.kind, m.seq));
+            if Some((kind, seq)) != want {
+                return Err(format!("RC {kind:?} {seq} arrived, expected {want:?}"));
             }
             rc_next += 1;
-            if buf != body(seed, Kind::RcSend, seq, m.len) {
-                return Err(format!("RC send {seq} corrupted"));
+            let m = by_seq(kind, seq).ok_or(format!("RC receive of unknown seq {seq}"))?;
+            if wc.byte_len as usize != m.len {
+                return Err(format!("RC {kind:?} {seq}: byte_len {}", wc.byte_len));
+            }
+            let data = match kind {
+                Kind::RcSend => mem.get(OWNER, at, m.len),
+                _ => mem.get(OWNER, b.addr(m.dst), m.len),
+            };
+            if data != body(seed, kind, seq, m.len) {
+                return Err(format!("RC {kind:?} {seq} corrupted"));
             }
         } else if wc.qp_num == ud_b.qpn {
             if !wc.wc_flags.contains(WcFlags::GRH) || wc.src_qp != ud_a.qpn {
@@ -438,7 +467,7 @@ fn run(seed: u64) -> Result<u64, String> {
         }
     }
     if rc_next != seqs[0] - msgs.iter().filter(|m| m.kind == Kind::RcWrite).count() as u64 {
-        return Err(format!("{rc_next} RC sends arrived"));
+        return Err(format!("{rc_next} RC receives completed"));
     }
     if !faults && !short && ud_seen.len() as u64 != seqs[2] {
         return Err(format!(
