@@ -13,7 +13,8 @@ use crate::tool::{open_device, Result, ToolError};
 /// Options of `softrdma demo`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DemoArgs {
-    /// UDP port of the two devices (RoCEv2: 4791; pick another if 4791 is taken).
+    /// UDP port of the two devices (RoCEv2: 4791). If it is taken on 127.0.0.1 or 127.0.0.2
+    /// (a daemon, another demo), a free one is used instead and the demo says so.
     #[arg(long, default_value_t = wire::ROCEV2_UDP_PORT)]
     pub udp_port: u16,
     /// Skip the benchmark tables at the end.
@@ -76,6 +77,18 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> Result<()> {
     let a_ip = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
     let b_ip = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
     say!("softrdma demo: RDMA in software, RoCEv2 over UDP, two devices in this process.\n");
+    let port = pick_udp_port(args.udp_port, &[a_ip, b_ip])?;
+    if port != args.udp_port {
+        say!(
+            "(UDP port {} is taken here; using {port}. Packets still carry destination port 4791\n \
+             inside the engine, so captures decode as RoCEv2.)\n",
+            args.udp_port
+        );
+    }
+    let args = &DemoArgs {
+        udp_port: port,
+        ..args.clone()
+    };
     {
         say!("1. Open two soft RDMA devices (each owns a UDP socket and a progress thread).");
         let a = host("A", a_ip, args.udp_port, args.capture.as_deref())?;
@@ -239,4 +252,31 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> Result<()> {
     }
     say!("\ndemo done: every step checked its result.");
     Ok(())
+}
+
+/// `preferred` if a UDP socket can bind it on every address of `ips`, else a port the OS hands
+/// out that can (tried a few times: another program may take it in between).
+fn pick_udp_port(preferred: u16, ips: &[IpAddr]) -> Result<u16> {
+    let free_on_all = |port: u16| {
+        ips.iter()
+            .all(|ip| std::net::UdpSocket::bind((*ip, port)).is_ok())
+    };
+    if free_on_all(preferred) {
+        return Ok(preferred);
+    }
+    for _ in 0..16 {
+        let probe = std::net::UdpSocket::bind((ips[0], 0))
+            .map_err(crate::tool::io_ctx("find a free UDP port"))?;
+        let port = probe
+            .local_addr()
+            .map_err(crate::tool::io_ctx("find a free UDP port"))?
+            .port();
+        drop(probe);
+        if free_on_all(port) {
+            return Ok(port);
+        }
+    }
+    Err(ToolError::Usage(format!(
+        "UDP port {preferred} is taken and no free port was found; pass --udp-port"
+    )))
 }
