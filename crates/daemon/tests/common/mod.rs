@@ -51,15 +51,24 @@ static NEXT: AtomicU16 = AtomicU16::new(0);
 impl Daemon {
     /// Start a daemon serving `127.0.0.x` (x picked per daemon) on a non-default UDP port.
     pub fn start() -> Daemon {
+        Daemon::start_with(|n| {
+            let addr: IpAddr = format!("127.0.0.{}", 2 + (n % 200)).parse().unwrap();
+            vec!["--addr".into(), addr.to_string()]
+        })
+    }
+
+    /// Start a daemon with the address options `args(n)` gives for the n-th daemon of this
+    /// test process, on a non-default UDP port and a temp control socket.
+    pub fn start_with(args: impl Fn(u16) -> Vec<String>) -> Daemon {
         for _ in 0..8 {
             let n = NEXT.fetch_add(1, Ordering::SeqCst);
             let port = 20000 + ((std::process::id() as u16).wrapping_mul(7) % 20000) + n * 3;
-            let addr: IpAddr = format!("127.0.0.{}", 2 + (n % 200)).parse().unwrap();
             let dir = tempfile::tempdir().unwrap();
             let socket = dir.path().join("softrdmad.sock");
             let log = std::env::var_os("SOFTRDMAD_TEST_LOG").is_some();
             let mut child = Command::new(env!("CARGO_BIN_EXE_softrdmad"))
-                .args(["--addr", &addr.to_string(), "--port", &port.to_string()])
+                .args(args(n))
+                .args(["--port", &port.to_string()])
                 .arg("--socket")
                 .arg(&socket)
                 .env_remove("SOFTRDMA_DAEMON_SOCKET")
