@@ -243,6 +243,10 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> Result<()> {
             events: false,
             busy: false,
             busy_poll: None,
+            gid_index: 0,
+            ib_dev: None,
+            ib_port: 1,
+            cpu_freq: false,
         };
         say!(
             "\n$ softrdma {} --loopback -s {size} -n {iters} --baseline",

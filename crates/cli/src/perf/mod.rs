@@ -204,6 +204,19 @@ pub struct PerfArgs {
     /// does; best when the machine has cores to spare for the devices' progress threads.
     #[arg(long)]
     pub busy: bool,
+    /// Source GID index (perftest -x).
+    #[arg(short = 'x', long = "gid-index", default_value_t = 0)]
+    pub gid_index: u8,
+    /// Device name, accepted for perftest compatibility: the one device is the embedded one.
+    #[arg(short = 'd', long = "ib-dev", value_name = "NAME")]
+    pub ib_dev: Option<String>,
+    /// Port number, accepted for perftest compatibility: a soft device has port 1 only.
+    #[arg(short = 'i', long = "ib-port", default_value_t = 1,
+          value_parser = clap::value_parser!(u8).range(1..=1))]
+    pub ib_port: u8,
+    /// Accepted for perftest compatibility (it silences CPU-frequency warnings): no effect.
+    #[arg(short = 'F', long = "CPU-freq")]
+    pub cpu_freq: bool,
     /// How long each device's progress thread keeps polling its socket after activity
     /// before it sleeps, in microseconds (default: the runtime's).
     #[arg(long, value_name = "USEC")]
@@ -390,9 +403,10 @@ impl Side {
         Ok(side)
     }
 
-    fn connect_opts(p: &Params) -> Result<ConnectOptions> {
+    fn connect_opts(p: &Params, a: &PerfArgs) -> Result<ConnectOptions> {
         let mut o = ConnectOptions::default();
         o.mtu = parse_mtu(p.mtu)?;
+        o.sgid_index = a.gid_index;
         Ok(o)
     }
 
@@ -815,7 +829,7 @@ fn client(test: Test, args: &PerfArgs, host: &str, out: &mut dyn Write) -> Resul
     let server_ip = ctrl.peer_ip()?;
     let mut side = Side::new(&p, local_ip, args)?;
     let local_mr = side.mr.remote(..)?;
-    let remote = ctrl.connect_qp(&side.qp, Some(local_mr), &Side::connect_opts(&p)?)?;
+    let remote = ctrl.connect_qp(&side.qp, Some(local_mr), &Side::connect_opts(&p, args)?)?;
     let rmr = remote
         .mr
         .ok_or_else(|| ToolError::Protocol("the server advertised no memory region".into()))?;
@@ -994,7 +1008,7 @@ fn server(test: Test, args: &PerfArgs, listener: &TcpListener, out: &mut dyn Wri
     };
     ctrl.send("OK")?;
     let local_mr = side.mr.remote(..)?;
-    let remote = ctrl.connect_qp(&side.qp, Some(local_mr), &Side::connect_opts(&p)?)?;
+    let remote = ctrl.connect_qp(&side.qp, Some(local_mr), &Side::connect_opts(&p, args)?)?;
     let rmr = remote
         .mr
         .ok_or_else(|| ToolError::Protocol("the client advertised no memory region".into()))?;
