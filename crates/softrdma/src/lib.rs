@@ -38,11 +38,17 @@
 //! `mem::forget` on a region leaks the buffer (still registered), which is safe. Memory the
 //! crate cannot own goes through the `unsafe` [`Pd::register_raw`].
 //!
+//! ## UD and SRQ
+//!
+//! A UD QP ([`QpBuilder::qp_type`] with [`QpType::Ud`]) is ready to send once built; it sends
+//! single-packet messages with [`Qp::send_ud`] to an [`AddressHandle`] ([`Pd::create_ah`]) and a
+//! remote QPN and Q_Key; every receive buffer starts with [`GRH_LEN`] bytes of GRH. A
+//! [`Srq`] ([`Pd::create_srq`], [`QpBuilder::srq`]) feeds the receives of several QPs.
+//!
 //! ## What is not here yet
 //!
-//! SRQ, memory windows, address handles and UD QPs come with the engine's support for them
-//! ([`QpBuilder::qp_type`] is the extension point for UD; `Pd` will grow `create_srq`,
-//! `alloc_mw` and `create_ah`).
+//! Memory windows (the engine has them: `Pd` will grow `alloc_mw` and `Qp` a bind call) and
+//! UC QPs.
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
@@ -52,18 +58,20 @@ mod device;
 pub mod handshake;
 mod mr;
 mod qp;
+mod ud;
 
 pub use cq::Cq;
 pub use device::{Device, DeviceBuilder};
 pub use handshake::{Endpoint, HandshakeError, RemoteMr};
 pub use mr::{Buffer, MemoryRegion, RawMemoryRegion, RegisterableBuffer};
-pub use qp::{ConnectOptions, Pd, Qp, QpBuilder};
+pub use qp::{ConnectOptions, Pd, Qp, QpBuilder, DEFAULT_QKEY};
+pub use ud::{AddressHandle, Srq};
 
 pub use engine::qp_attr::Mtu;
 pub use engine::{
-    AccessFlags, AsyncEvent, Counter, Counters, DeviceAttr, Gid, PortAttr, QpAttr, QpAttrMask,
-    QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendPayload, SendWr, Sge, VerbsError,
-    WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, AhAttr, AsyncEvent, Counter, Counters, DeviceAttr, Gid, PortAttr, QpAttr,
+    QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendPayload, SendWr, Sge,
+    VerbsError, WcFlags, WcOpcode, WcStatus, WorkCompletion, GRH_LEN,
 };
 pub use runtime::{RuntimeConfig, RuntimeError, RxPath, SrcPortPolicy};
 

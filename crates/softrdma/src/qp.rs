@@ -14,6 +14,7 @@ use crate::cq::Cq;
 use crate::device::Device;
 use crate::handshake::{Endpoint, RemoteMr};
 use crate::mr::{MemoryRegion, RawMemoryRegion, RegisterableBuffer};
+use crate::ud::{AddressHandle, Srq};
 use crate::Result;
 
 /// A protection domain (`ibv_pd`): MRs and QPs in one PD may be used together. Cheap to
@@ -83,6 +84,23 @@ impl Pd {
         unsafe { RawMemoryRegion::new(self, addr, len, access) }
     }
 
+    /// A shared receive queue holding up to `max_wr` receive WRs of up to `max_sge` SGEs
+    /// (`ibv_create_srq`).
+    pub fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<Srq> {
+        Srq::new(self, max_wr, max_sge)
+    }
+
+    /// An address handle to the port with `gid` (`ibv_create_ah`), for UD sends.
+    pub fn create_ah(&self, gid: engine::Gid) -> Result<AddressHandle> {
+        AddressHandle::new(self, &AddressHandle::attr_to(gid))
+    }
+
+    /// An address handle from a full address vector (source GID index, hop limit, traffic
+    /// class, flow label).
+    pub fn create_ah_with(&self, attr: &AhAttr) -> Result<AddressHandle> {
+        AddressHandle::new(self, attr)
+    }
+
     /// Start building an RC queue pair with these CQs.
     pub fn qp_builder(&self, send_cq: &Cq, recv_cq: &Cq) -> QpBuilder {
         QpBuilder {
@@ -102,9 +120,15 @@ impl Pd {
                 | AccessFlags::REMOTE_READ
                 | AccessFlags::REMOTE_ATOMIC,
             sq_sig_all: false,
+            srq: None,
+            qkey: DEFAULT_QKEY,
         }
     }
 }
+
+/// The Q_Key a UD QP gets unless [`QpBuilder::qkey`] says otherwise (the value the
+/// rdma-core examples use).
+pub const DEFAULT_QKEY: u32 = 0x1111_1111;
 
 /// Builds a QP (`ibv_create_qp`) and moves it to INIT.
 #[derive(Debug, Clone)]
@@ -116,11 +140,25 @@ pub struct QpBuilder {
     cap: QpCap,
     access: AccessFlags,
     sq_sig_all: bool,
+    srq: Option<Srq>,
+    qkey: u32,
 }
 
 impl QpBuilder {
-    /// Transport service (default RC). The engine implements RC only for now; UD and UC are
-    /// refused at [`QpBuilder::build`] until it has them.
+    /// Take receive WRs from `srq` instead of the QP's own receive queue.
+    pub fn srq(mut self, srq: &Srq) -> Self {
+        self.srq = Some(srq.clone());
+        self
+    }
+
+    /// The Q_Key of a UD QP (default [`DEFAULT_QKEY`]).
+    pub fn qkey(mut self, qkey: u32) -> Self {
+        self.qkey = qkey;
+        self
+    }
+
+    /// Transport service (default RC). A UD QP is moved all the way to RTS by
+    /// [`QpBuilder::build`] (it needs no peer); UC is refused until the engine has it.
     pub fn qp_type(mut self, t: QpType) -> Self {
         self.qp_type = t;
         self
@@ -179,16 +217,24 @@ impl QpBuilder {
             qp_type: self.qp_type,
             sq_sig_all: self.sq_sig_all,
         };
-        let qpn = rt.lock().create_qp(&init)?;
+        let qpn = match &self.srq {
+            Some(srq) => rt.lock().create_qp_with_srq(&init, srq.inner.handle)?,
+            None => rt.lock().create_qp(&init)?,
+        };
         let qp = Qp {
             inner: Arc::new(QpInner {
                 pd: self.pd.clone(),
                 _send_cq: self.send_cq,
                 _recv_cq: self.recv_cq,
+                _srq: self.srq,
                 qpn,
                 psn: initial_psn(qpn),
             }),
         };
+        if self.qp_type == QpType::Ud {
+            qp.ready_ud(self.qkey)?;
+            return Ok(qp);
+        }
         let attr = QpAttr {
             qp_state: QpState::Init,
             pkey_index: 0,
@@ -271,6 +317,7 @@ struct QpInner {
     pd: Pd,
     _send_cq: Cq,
     _recv_cq: Cq,
+    _srq: Option<Srq>,
     qpn: u32,
     psn: u32,
 }
@@ -294,6 +341,61 @@ fn smaller(a: Mtu, b: Mtu) -> Mtu {
 impl Qp {
     fn rt(&self) -> &runtime::Runtime {
         &self.inner.pd.device().inner.rt
+    }
+
+    /// RESET → INIT (P_Key index, port, Q_Key) → RTR → RTS (first PSN) for a UD QP.
+    fn ready_ud(&self, qkey: u32) -> Result<()> {
+        let init = QpAttr {
+            qp_state: QpState::Init,
+            pkey_index: 0,
+            port_num: 1,
+            qkey,
+            ..QpAttr::default()
+        };
+        self.modify(
+            &init,
+            QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
+        )?;
+        let rtr = QpAttr {
+            qp_state: QpState::Rtr,
+            ..QpAttr::default()
+        };
+        self.modify(&rtr, QpAttrMask::STATE)?;
+        let rts = QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn: self.inner.psn,
+            ..QpAttr::default()
+        };
+        self.modify(&rts, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
+    }
+
+    /// Post a signaled UD SEND of `sges` to QP `remote_qpn` at `ah`, with `qkey` (one with
+    /// the high bit set means this QP's own Q_Key). One packet: at most the path MTU.
+    pub fn send_ud(
+        &self,
+        wr_id: u64,
+        sges: &[Sge],
+        ah: &AddressHandle,
+        remote_qpn: u32,
+        qkey: u32,
+    ) -> Result<()> {
+        self.post_send_ud(SendWr::send(wr_id, sges.to_vec()), ah, remote_qpn, qkey)
+    }
+
+    /// Post any UD send work request (SEND or SEND with immediate) to `remote_qpn` at `ah`.
+    pub fn post_send_ud(
+        &self,
+        wr: SendWr,
+        ah: &AddressHandle,
+        remote_qpn: u32,
+        qkey: u32,
+    ) -> Result<()> {
+        let dest = engine::UdDest {
+            ah: ah.handle,
+            remote_qpn,
+            remote_qkey: qkey,
+        };
+        Ok(self.rt().lock().post_send_ud(self.inner.qpn, wr, dest)?)
     }
 
     /// The QP number.

@@ -1,0 +1,91 @@
+//! UD sends through address handles, and shared receive queues, over loopback UDP.
+
+mod common;
+
+use common::{all_access, connect, open_pair, Side, WAIT};
+use softrdma::{Buffer, QpType, WcOpcode, DEFAULT_QKEY, GRH_LEN};
+
+#[test]
+fn a_ud_send_arrives_behind_a_grh_with_the_source_qp() {
+    let (da, db) = open_pair("127.0.0.1", "127.0.0.2");
+    let side = |d: &softrdma::Device| {
+        let pd = d.alloc_pd().unwrap();
+        let cq = d.create_cq(16).unwrap();
+        let qp = pd.qp_builder(&cq, &cq).qp_type(QpType::Ud).build().unwrap();
+        let mr = pd.register(Buffer::zeroed(4096), all_access()).unwrap();
+        (pd, cq, qp, mr)
+    };
+    let (pa, ca, qa, ma) = side(&da);
+    let (_pb, cb, qb, mb) = side(&db);
+    qb.recv(1, &[mb.sge(..GRH_LEN + 100).unwrap()]).unwrap();
+    let ah = pa.create_ah(db.gid(0).unwrap()).unwrap();
+    ma.write(0, b"datagram").unwrap();
+    qa.send_ud(5, &[ma.sge(..8).unwrap()], &ah, qb.qpn(), DEFAULT_QKEY)
+        .unwrap();
+    assert_eq!(ca.wait_ok(WAIT).unwrap().wr_id, 5);
+    let wc = cb.wait_ok(WAIT).unwrap();
+    assert_eq!(wc.opcode, WcOpcode::Recv);
+    assert_eq!(wc.src_qp, qa.qpn());
+    assert_eq!(wc.byte_len as usize, GRH_LEN + 8);
+    let mut got = [0u8; 8];
+    mb.read(GRH_LEN, &mut got).unwrap();
+    assert_eq!(&got, b"datagram");
+}
+
+#[test]
+fn two_qps_draw_their_receives_from_one_srq() {
+    let (da, db) = open_pair("127.0.0.1", "127.0.0.2");
+    let pd_b = db.alloc_pd().unwrap();
+    let cq_b = db.create_cq(16).unwrap();
+    let srq = pd_b.create_srq(16, 1).unwrap();
+    let mr_b = pd_b.register(Buffer::zeroed(4096), all_access()).unwrap();
+    for i in 0..4u64 {
+        let off = i as usize * 64;
+        srq.recv(i, &[mr_b.sge(off..off + 64).unwrap()]).unwrap();
+    }
+    // Two senders on device a, each connected to its own SRQ-fed QP on device b.
+    let mut sides = Vec::new();
+    for _ in 0..2 {
+        let pd = da.alloc_pd().unwrap();
+        let cq = da.create_cq(16).unwrap();
+        let qp = pd.qp_builder(&cq, &cq).build().unwrap();
+        let mr = pd.register(Buffer::zeroed(64), all_access()).unwrap();
+        let a = Side {
+            dev: da.clone(),
+            pd,
+            cq,
+            qp,
+            mr,
+        };
+        let qp_b = pd_b.qp_builder(&cq_b, &cq_b).srq(&srq).build().unwrap();
+        let mr_dummy = pd_b.register(Buffer::zeroed(8), all_access()).unwrap();
+        let b = Side {
+            dev: db.clone(),
+            pd: pd_b.clone(),
+            cq: cq_b.clone(),
+            qp: qp_b,
+            mr: mr_dummy,
+        };
+        connect(&a, &b);
+        sides.push((a, b));
+    }
+    for (i, (a, _)) in sides.iter().enumerate() {
+        a.mr.write(0, &[i as u8 + 1; 10]).unwrap();
+        a.qp.send(i as u64, &[a.mr.sge(..10).unwrap()]).unwrap();
+        a.cq.wait_ok(WAIT).unwrap();
+    }
+    let mut qpns = Vec::new();
+    for _ in 0..2 {
+        let wc = cq_b.wait_ok(WAIT).unwrap();
+        assert_eq!(wc.byte_len, 10);
+        qpns.push(wc.qp_num);
+    }
+    qpns.sort_unstable();
+    let mut want: Vec<u32> = sides.iter().map(|(_, b)| b.qp.qpn()).collect();
+    want.sort_unstable();
+    assert_eq!(qpns, want);
+    assert_eq!(srq.len().unwrap(), 2);
+    let all = mr_b.to_vec();
+    assert_eq!(all[..10], [1; 10]);
+    assert_eq!(all[64..74], [2; 10]);
+}
