@@ -118,4 +118,6 @@ pub(crate) fn complete_sent<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M
         let cq = qp.send_cq;
         ctx.push_cqe(qp, cq, wc);
     }
+    // In SQD the queue has drained once the started message is out (IBA 10.3.1).
+    comp::check_drained(qp, ctx);
 }

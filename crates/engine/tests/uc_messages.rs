@@ -330,3 +330,89 @@ fn uc_send_without_a_receive_wqe_is_dropped_not_rnr_naked() {
         .get(Counter::RxNoRecvWqe);
     assert_eq!(c, 1);
 }
+
+#[test]
+fn uc_writes_through_a_type2_window_bound_on_the_uc_qp() {
+    let mut t = setup(8);
+    let (a, b, qb) = (t.a, t.b, t.qb);
+    let eb = &mut t.sim.node_mut(b.node).engine;
+    let mw = eb.alloc_mw(b.pd, engine::MwType::Type2).unwrap();
+    let rkey = (mw.rkey & !0xff) | (mw.rkey.wrapping_add(1) & 0xff);
+    let bind = engine::MwBind {
+        mr: b.mr.handle,
+        addr: b.addr(0x1000),
+        length: 0x100,
+        access: engine::AccessFlags::REMOTE_WRITE,
+    };
+    eb.post_send(qb.qpn, SendWr::bind_mw(1, mw.handle, rkey, bind))
+        .unwrap();
+    let wc = drain_cq(&mut t.sim, b.node, qb.send_cq, 1, SECOND);
+    assert_eq!(
+        (wc[0].status, wc[0].opcode),
+        (WcStatus::Success, WcOpcode::BindMw)
+    );
+    let m = t.message(0, 0x100);
+    t.post_send(SendWr::rdma_write(
+        1,
+        vec![a.sge(0, 0x100)],
+        b.addr(0x1000),
+        rkey,
+    ));
+    t.post_send(SendWr::rdma_write(
+        2,
+        vec![a.sge(0, 0x100)],
+        b.addr(0x1001),
+        rkey,
+    ));
+    let _ = drain_cq(&mut t.sim, a.node, t.qa.send_cq, 2, SECOND);
+    let _ = t.sim.run_until(|_| false, SECOND);
+    let mem = t.sim.node(b.node).mem.clone();
+    assert_eq!(mem.get(OWNER, b.addr(0x1000), 0x100), m);
+    assert_eq!(
+        mem.get(OWNER, b.addr(0x1100), 1),
+        vec![0],
+        "one byte past the window"
+    );
+    let e = &t.sim.node(b.node).engine;
+    let c = e.qp_counters(qb.qpn).unwrap();
+    assert_eq!(c.get(Counter::UcRemoteAccessDropped), 1);
+}
+
+#[test]
+fn uc_sqd_drains_the_started_message_and_reports_it() {
+    let mut t = setup(9);
+    let (a, qa) = (t.a, t.qa);
+    t.message(0, 3000);
+    let e = &mut t.sim.node_mut(a.node).engine;
+    let sqd = engine::QpAttr {
+        qp_state: QpState::Sqd,
+        en_sqd_async_notify: true,
+        ..Default::default()
+    };
+    e.post_send(qa.qpn, SendWr::send(1, vec![a.sge(0, 3000)]))
+        .unwrap();
+    e.post_send(qa.qpn, SendWr::send(2, vec![a.sge(0, 10)]))
+        .unwrap();
+    // Send the first packet only, then ask for SQD.
+    let mut buf = vec![0u8; 9000];
+    assert!(e
+        .poll_transmit(engine::Instant::from_nanos(0), &mut buf)
+        .is_some());
+    e.modify_qp(
+        qa.qpn,
+        &sqd,
+        engine::QpAttrMask::STATE | engine::QpAttrMask::EN_SQD_ASYNC_NOTIFY,
+    )
+    .unwrap();
+    let sent = drain_cq(&mut t.sim, a.node, qa.send_cq, 2, SECOND);
+    assert_eq!(
+        sent.len(),
+        1,
+        "the started message finishes, the next waits"
+    );
+    let e = &mut t.sim.node_mut(a.node).engine;
+    assert_eq!(
+        e.get_async_event(),
+        Some(engine::AsyncEvent::SqDrained { qpn: qa.qpn })
+    );
+}
