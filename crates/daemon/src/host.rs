@@ -91,9 +91,13 @@ impl Shared {
         self.core.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Send everything the engine has to send.
+    /// Send everything the engine has to send, and take its asynchronous events so they
+    /// never pile up (they are logged; routing them to the owning client is still to come).
     fn pump(&self, core: &mut Core, now: Instant) {
         let Core { engine, txbuf } = core;
+        while let Some(ev) = engine.get_async_event() {
+            tracing::debug!(event = ?ev, "async event");
+        }
         while let Some(t) = engine.poll_transmit(now, txbuf) {
             let pkt = &txbuf[..t.len];
             let (hl, src) = match pkt.first().map(|b| b >> 4) {

@@ -10,7 +10,8 @@
 //!
 //! Layers: [`proto`] (bytes ↔ messages, no I/O), [`memory`] (client memory as an
 //! [`engine::Memory`]), [`host`] (an engine on UDP sockets with a progress thread),
-//! [`server`] (connections and handle tables), [`client`] (the library side).
+//! [`server`] (connections and handle tables), [`client`] (the library side), [`ring`]
+//! (shared-memory rings for the coming data path; not wired into the protocol yet).
 //!
 //! Not here yet (issue 6): shared-memory SQ/RQ/CQ rings with doorbells (every verb is a
 //! message today), completion channels, same-host direct data movement, a `softrdma` API
@@ -22,4 +23,5 @@ pub mod client;
 pub mod host;
 pub mod memory;
 pub mod proto;
+pub mod ring;
 pub mod server;

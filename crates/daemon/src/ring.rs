@@ -1,0 +1,342 @@
+//! Single-producer, single-consumer rings in shared memory (a sealed `memfd`), the planned
+//! data path between clients and the daemon: per-QP SQ/RQ rings the client produces into,
+//! per-CQ rings the daemon produces into. Not wired into the protocol yet.
+//!
+//! Layout (native byte order; each index on its own cache line):
+//!
+//! | offset | field |
+//! |---|---|
+//! | 0 | magic `RING_MAGIC`, version, entry size, capacity (a power of two) |
+//! | 64 | producer index (free-running u32) |
+//! | 128 | consumer index (free-running u32) |
+//! | 192 | `capacity` entries of `entry size` bytes |
+//!
+//! The other side of a ring is untrusted. Each side keeps its own index privately and only
+//! *publishes* it; the index it reads from shared memory is validated (`0 ≤ prod - cons ≤
+//! capacity`) before use, and entries are copied out before they are parsed, so a hostile
+//! peer can make its own ring report [`RingError::Corrupt`] but can never make the daemon read
+//! or write outside the mapping. The file is sealed against shrinking, so the peer cannot turn
+//! an access into a `SIGBUS`.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// First word of a ring: `"SRRG"`.
+pub const RING_MAGIC: u32 = u32::from_le_bytes(*b"SRRG");
+const VERSION: u32 = 1;
+const PROD: usize = 64;
+const CONS: usize = 128;
+const ENTRIES: usize = 192;
+/// Largest ring accepted (entries × entry size).
+pub const MAX_RING_BYTES: usize = 64 << 20;
+
+/// Why a ring operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RingError {
+    /// The parameters or the mapped header are not a valid ring.
+    #[error("invalid ring: {0}")]
+    Invalid(&'static str),
+    /// The peer published an index that no honest peer could (`prod - cons > capacity`).
+    #[error("ring indices corrupt (producer {prod}, consumer {cons})")]
+    Corrupt {
+        /// Producer index seen.
+        prod: u32,
+        /// Consumer index seen.
+        cons: u32,
+    },
+    /// A system call failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+fn io(what: &'static str) -> impl FnOnce(rustix::io::Errno) -> RingError {
+    move |e| RingError::Io {
+        what,
+        source: e.into(),
+    }
+}
+
+/// Which end of the ring this mapping is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Writes entries, publishes the producer index.
+    Producer,
+    /// Reads entries, publishes the consumer index.
+    Consumer,
+}
+
+/// One mapping of a ring, used as one end.
+#[derive(Debug)]
+pub struct Ring {
+    base: NonNull<u8>,
+    len: usize,
+    entry_size: usize,
+    capacity: u32,
+    role: Role,
+    /// This end's own index, never re-read from shared memory.
+    mine: u32,
+}
+
+// SAFETY: a `Ring` owns its mapping exclusively within this process (it unmaps it on drop);
+// all accesses go through raw pointers into it with atomics or volatile copies, so moving it
+// to another thread is as safe as moving a `Vec`.
+#[allow(unsafe_code)]
+unsafe impl Send for Ring {}
+
+impl Ring {
+    /// Create a ring of `capacity` entries of `entry_size` bytes in a new sealed memfd; returns
+    /// this process's end and the fd to pass to the peer (SCM_RIGHTS).
+    pub fn create(
+        capacity: u32,
+        entry_size: usize,
+        role: Role,
+    ) -> Result<(Ring, OwnedFd), RingError> {
+        use rustix::fs::{MemfdFlags, SealFlags};
+        if !capacity.is_power_of_two() || entry_size == 0 || !entry_size.is_multiple_of(8) {
+            return Err(RingError::Invalid(
+                "capacity must be a power of two, entries 8-byte multiples",
+            ));
+        }
+        let bytes = (capacity as usize)
+            .checked_mul(entry_size)
+            .filter(|&b| b <= MAX_RING_BYTES)
+            .ok_or(RingError::Invalid("ring too large"))?;
+        let len = ENTRIES + bytes;
+        let fd = rustix::fs::memfd_create(
+            "softrdma-ring",
+            MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+        )
+        .map_err(io("memfd_create"))?;
+        rustix::fs::ftruncate(&fd, len as u64).map_err(io("ftruncate"))?;
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
+            .map_err(io("F_ADD_SEALS"))?;
+        let mut ring = Ring::map_len(&fd, len, role)?;
+        ring.entry_size = entry_size;
+        ring.capacity = capacity;
+        ring.word(0).store(RING_MAGIC, Ordering::Relaxed);
+        ring.word(4).store(VERSION, Ordering::Relaxed);
+        ring.word(8).store(entry_size as u32, Ordering::Relaxed);
+        ring.word(12).store(capacity, Ordering::Release);
+        Ok((ring, fd))
+    }
+
+    /// Map a ring received from the peer and check its header against its size.
+    pub fn open(fd: &impl AsFd, role: Role) -> Result<Ring, RingError> {
+        // A peer that could shrink the file could turn our accesses into SIGBUS.
+        let seals = rustix::fs::fcntl_get_seals(fd).map_err(io("F_GET_SEALS"))?;
+        if !seals.contains(rustix::fs::SealFlags::SHRINK) {
+            return Err(RingError::Invalid("file not sealed against shrinking"));
+        }
+        let st = rustix::fs::fstat(fd).map_err(io("fstat"))?;
+        let len = usize::try_from(st.st_size).map_err(|_| RingError::Invalid("size"))?;
+        if !(ENTRIES..=ENTRIES + MAX_RING_BYTES).contains(&len) {
+            return Err(RingError::Invalid("size"));
+        }
+        let mut ring = Ring::map_len(fd, len, role)?;
+        let magic = ring.word(0).load(Ordering::Acquire);
+        let version = ring.word(4).load(Ordering::Relaxed);
+        let entry_size = ring.word(8).load(Ordering::Relaxed) as usize;
+        let capacity = ring.word(12).load(Ordering::Relaxed);
+        if magic != RING_MAGIC || version != VERSION {
+            return Err(RingError::Invalid("magic or version"));
+        }
+        if !capacity.is_power_of_two()
+            || entry_size == 0
+            || (capacity as usize).checked_mul(entry_size) != Some(len - ENTRIES)
+        {
+            return Err(RingError::Invalid("geometry does not match the size"));
+        }
+        ring.entry_size = entry_size;
+        ring.capacity = capacity;
+        ring.mine = match role {
+            Role::Producer => ring.word(PROD).load(Ordering::Acquire),
+            Role::Consumer => ring.word(CONS).load(Ordering::Acquire),
+        };
+        Ok(ring)
+    }
+
+    #[allow(unsafe_code)]
+    fn map_len(fd: &impl AsFd, len: usize, role: Role) -> Result<Ring, RingError> {
+        use rustix::mm::{MapFlags, ProtFlags};
+        // SAFETY: a fresh shared mapping chosen by the kernel (null hint), of a file at least
+        // `len` bytes long (checked or set by the callers) and sealed or checked against
+        // shrinking; it aliases no Rust object.
+        let p = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED,
+                fd,
+                0,
+            )
+        }
+        .map_err(io("mmap"))?;
+        let base = NonNull::new(p.cast::<u8>()).ok_or(RingError::Invalid("null mapping"))?;
+        Ok(Ring {
+            base,
+            len,
+            entry_size: 0,
+            capacity: 0,
+            role,
+            mine: 0,
+        })
+    }
+
+    /// The 32-bit word at byte `off` of the header, as an atomic shared with the peer.
+    #[allow(unsafe_code)]
+    fn word(&self, off: usize) -> &AtomicU32 {
+        debug_assert!(off.is_multiple_of(4) && off + 4 <= ENTRIES);
+        // SAFETY: `off + 4 <= ENTRIES <= len`, the mapping is page-aligned so the word is
+        // 4-aligned, it lives as long as `self`, and the peer only ever accesses it
+        // atomically too.
+        unsafe { AtomicU32::from_ptr(self.base.as_ptr().add(off).cast::<u32>()) }
+    }
+
+    fn slot(&self, index: u32) -> *mut u8 {
+        let i = (index & (self.capacity - 1)) as usize;
+        // In bounds: `i < capacity`, and `ENTRIES + capacity * entry_size == len`.
+        self.base
+            .as_ptr()
+            .wrapping_add(ENTRIES + i * self.entry_size)
+    }
+
+    /// Entries the ring holds.
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// Bytes per entry.
+    pub fn entry_size(&self) -> usize {
+        self.entry_size
+    }
+
+    fn check(&self, prod: u32, cons: u32) -> Result<u32, RingError> {
+        let used = prod.wrapping_sub(cons);
+        if used > self.capacity {
+            return Err(RingError::Corrupt { prod, cons });
+        }
+        Ok(used)
+    }
+
+    /// Producer: append one entry (`entry.len() <= entry_size`, zero-padded). `Ok(false)` if
+    /// the ring is full.
+    #[allow(unsafe_code)]
+    pub fn push(&mut self, entry: &[u8]) -> Result<bool, RingError> {
+        if self.role != Role::Producer || entry.len() > self.entry_size {
+            return Err(RingError::Invalid("push on a consumer, or entry too long"));
+        }
+        let cons = self.word(CONS).load(Ordering::Acquire);
+        if self.check(self.mine, cons)? == self.capacity {
+            return Ok(false);
+        }
+        let slot = self.slot(self.mine);
+        for i in 0..self.entry_size {
+            let b = entry.get(i).copied().unwrap_or(0);
+            // SAFETY: `slot..slot + entry_size` is inside the mapping (see `slot`); volatile
+            // because the peer maps the same bytes.
+            unsafe { slot.add(i).write_volatile(b) };
+        }
+        self.mine = self.mine.wrapping_add(1);
+        self.word(PROD).store(self.mine, Ordering::Release);
+        Ok(true)
+    }
+
+    /// Consumer: copy the oldest entry into `out` (`entry_size` bytes) and release its slot.
+    /// `Ok(false)` if the ring is empty. The bytes are the peer's: parse them as untrusted.
+    #[allow(unsafe_code)]
+    pub fn pop(&mut self, out: &mut [u8]) -> Result<bool, RingError> {
+        if self.role != Role::Consumer || out.len() != self.entry_size {
+            return Err(RingError::Invalid(
+                "pop on a producer, or wrong buffer size",
+            ));
+        }
+        let prod = self.word(PROD).load(Ordering::Acquire);
+        if self.check(prod, self.mine)? == 0 {
+            return Ok(false);
+        }
+        let slot = self.slot(self.mine);
+        for (i, o) in out.iter_mut().enumerate() {
+            // SAFETY: inside the mapping (see `slot`); volatile because the peer maps it.
+            *o = unsafe { slot.add(i).read_volatile() };
+        }
+        self.mine = self.mine.wrapping_add(1);
+        self.word(CONS).store(self.mine, Ordering::Release);
+        Ok(true)
+    }
+}
+
+impl Drop for Ring {
+    #[allow(unsafe_code)]
+    fn drop(&mut self) {
+        // SAFETY: `base..base + len` is the mapping this `Ring` made and owns; nothing
+        // borrowed from it outlives `self`.
+        let _ = unsafe { rustix::mm::munmap(self.base.as_ptr().cast(), self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_cross_between_two_mappings_in_order_and_wrap() {
+        let (mut p, fd) = Ring::create(4, 16, Role::Producer).unwrap();
+        let mut c = Ring::open(&fd, Role::Consumer).unwrap();
+        assert_eq!((c.capacity(), c.entry_size()), (4, 16));
+        let mut out = [0u8; 16];
+        assert!(!c.pop(&mut out).unwrap());
+        for round in 0u8..10 {
+            for i in 0..4u8 {
+                assert!(p.push(&[round, i]).unwrap());
+            }
+            assert!(!p.push(&[9]).unwrap(), "full at capacity");
+            for i in 0..4u8 {
+                assert!(c.pop(&mut out).unwrap());
+                assert_eq!(&out[..3], &[round, i, 0]);
+            }
+            assert!(!c.pop(&mut out).unwrap());
+        }
+    }
+
+    #[test]
+    fn a_hostile_peer_index_is_reported_not_followed() {
+        let (mut p, fd) = Ring::create(8, 8, Role::Producer).unwrap();
+        let c = Ring::open(&fd, Role::Consumer).unwrap();
+        // The "client" publishes a consumer index ahead of the producer.
+        c.word(CONS).store(1000, Ordering::Release);
+        assert!(matches!(p.push(&[1]), Err(RingError::Corrupt { .. })));
+        drop(c);
+        let (p2, fd2) = Ring::create(8, 8, Role::Producer).unwrap();
+        let mut c2 = Ring::open(&fd2, Role::Consumer).unwrap();
+        p2.word(PROD).store(u32::MAX, Ordering::Release);
+        let mut out = [0u8; 8];
+        assert!(matches!(c2.pop(&mut out), Err(RingError::Corrupt { .. })));
+        let _ = p.push(&[]);
+    }
+
+    #[test]
+    fn bad_geometry_is_refused_and_the_file_cannot_shrink() {
+        assert!(Ring::create(3, 8, Role::Producer).is_err());
+        assert!(Ring::create(4, 7, Role::Producer).is_err());
+        assert!(Ring::create(1 << 30, 64, Role::Producer).is_err());
+        let (_p, fd) = Ring::create(4, 8, Role::Producer).unwrap();
+        assert!(
+            rustix::fs::ftruncate(&fd, 64).is_err(),
+            "sealed against shrinking"
+        );
+        // A memfd that is not a ring.
+        let junk = rustix::fs::memfd_create("junk", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        rustix::fs::ftruncate(&junk, 4096).unwrap();
+        assert!(Ring::open(&junk, Role::Consumer).is_err());
+        let tiny = rustix::fs::memfd_create("tiny", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        assert!(Ring::open(&tiny, Role::Consumer).is_err());
+    }
+}
