@@ -53,6 +53,42 @@ fn bench(prog: &str, size: &str, server_prints_results: bool) {
     check(&so, size, server_prints_results);
 }
 
+/// `-a`: every size from 2 bytes to 8 MiB, a few iterations each; every row is printed.
+fn bench_all_sizes(prog: &str) {
+    require(prog, "perftest");
+    let port = free_tcp_port().to_string();
+    let n = "5";
+    let server = ["-a", "-n", n, "-p", &port];
+    let client = ["-a", "-n", n, "-p", &port, "127.0.0.1"];
+    let (so, co) = server_client(prog, &server, &client, LIMIT);
+    assert!(so.status.success(), "{}", describe(&so));
+    assert!(co.status.success(), "{}", describe(&co));
+    let text = String::from_utf8_lossy(&co.stdout);
+    for shift in 1..=23 {
+        let size = (1u64 << shift).to_string();
+        let found = text.lines().any(|l| {
+            let mut f = l.split_whitespace();
+            f.next() == Some(size.as_str()) && f.next() == Some(n)
+        });
+        assert!(found, "no row for {size} bytes: {}", describe(&co));
+    }
+}
+
+#[test]
+fn ib_write_bw_runs_every_size() {
+    bench_all_sizes("ib_write_bw");
+}
+
+#[test]
+fn ib_read_bw_runs_every_size() {
+    bench_all_sizes("ib_read_bw");
+}
+
+#[test]
+fn ib_send_bw_runs_every_size() {
+    bench_all_sizes("ib_send_bw");
+}
+
 #[test]
 fn ib_write_bw_completes_at_the_default_size() {
     bench("ib_write_bw", "65536", true);
