@@ -1,7 +1,7 @@
 //! The randomized mixed-service sweep: RC (receiving from an SRQ, writing partly through a
 //! type 2 memory window), UC and UD traffic at once between two engines, over seeds × loss
-//! {0, 1 %, 5 %, 10 %} × duplication × reordering, with an SRQ that may start short (RC
-//! waits on RNR NAKs, UD datagrams are dropped) and is replenished later.
+//! {0, 1 %, 5 %, 10 %} × duplication × reordering × corruption, with an SRQ that may start
+//! short (RC waits on RNR NAKs, UD datagrams are dropped) and is replenished later.
 //!
 //! Invariants checked for every scenario:
 //! - RC: every WR succeeds; every SEND lands exactly once, in order, intact, in a WQE of the
@@ -120,11 +120,13 @@ fn run(seed: u64) -> Result<u64, String> {
     let loss = LOSS[(seed % 4) as usize];
     let dup = if seed / 4 % 2 == 1 { 0.02 } else { 0.0 };
     let reorder = if seed / 8 % 2 == 1 { 0.02 } else { 0.0 };
+    let corrupt = if seed / 16 % 2 == 1 { 0.01 } else { 0.0 };
     let link = LinkConfig::perfect(Duration::from_micros(5))
         .with_loss(loss)
         .with_duplicate(dup)
-        .with_reorder(reorder, Duration::from_micros(30));
-    let faults = loss > 0.0 || dup > 0.0 || reorder > 0.0;
+        .with_reorder(reorder, Duration::from_micros(30))
+        .with_corrupt(corrupt, 3);
+    let faults = loss > 0.0 || dup > 0.0 || reorder > 0.0 || corrupt > 0.0;
     let mtu = [PathMtu::Mtu1024, PathMtu::Mtu2048, PathMtu::Mtu4096][rng.below(3) as usize];
     let mut sim = Sim::new(seed, NetConfig::with_link(link));
     let a = add_host4(&mut sim, 1, seed, 8 << 20);
@@ -516,7 +518,7 @@ fn run(seed: u64) -> Result<u64, String> {
         }
         uc_last = Some(m.seq);
     }
-    if loss == 0.0 && reorder == 0.0 && uc_wcs.len() as u64 != uc_needed {
+    if loss == 0.0 && reorder == 0.0 && corrupt == 0.0 && uc_wcs.len() as u64 != uc_needed {
         return Err(format!(
             "{} of {uc_needed} UC messages arrived without loss",
             uc_wcs.len()
