@@ -599,7 +599,17 @@ pub struct ibv_ah {
     pub handle: u32,
 }
 
+/// `struct ibv_async_event`.
+#[repr(C)]
+pub struct ibv_async_event {
+    /// The object concerned (`cq`, `qp`, `srq`, `wq`) or the port number.
+    pub element: *mut c_void,
+    /// `enum ibv_event_type`.
+    pub event_type: u32,
+}
+
 const _: () = {
+    assert!(size_of::<ibv_async_event>() == 16);
     assert!(size_of::<ibv_srq_init_attr>() == 24);
     assert!(size_of::<ibv_ah>() == 24);
     assert!(size_of::<ibv_device>() == 664);

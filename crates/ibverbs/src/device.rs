@@ -465,6 +465,48 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn _ibv_query_gid_table(
+    c: *mut ibv_context,
+    entries: *mut ibv_gid_entry,
+    max_entries: usize,
+    flags: u32,
+    entry_size: usize,
+) -> isize {
+    // SAFETY: see `ctx`.
+    let Some(cx) = (unsafe { ctx(c) }) else {
+        return -(libc::EINVAL as isize);
+    };
+    if flags != 0
+        || entry_size < size_of::<ibv_gid_entry>()
+        || (entries.is_null() && max_entries > 0)
+    {
+        return -(libc::EINVAL as isize);
+    }
+    let gids = cx.dev.gids();
+    if gids.len() > max_entries {
+        return -(libc::EINVAL as isize);
+    }
+    for (i, g) in gids.iter().enumerate() {
+        let e = ibv_gid_entry {
+            gid: g.0,
+            gid_index: i as u32,
+            port_num: 1,
+            gid_type: 2, // IBV_GID_TYPE_ROCE_V2
+            ndev_ifindex: 0,
+        };
+        // SAFETY: the caller's array has `max_entries` entries of `entry_size` bytes each
+        // (at least our struct's size), and i < max_entries.
+        unsafe {
+            (entries as *mut u8)
+                .add(i * entry_size)
+                .cast::<ibv_gid_entry>()
+                .write_unaligned(e)
+        };
+    }
+    gids.len() as isize
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn ibv_query_gid_type(
     c: *mut ibv_context,
     port: u8,
@@ -527,6 +569,7 @@ symver!(
     ibv_query_port,
     ibv_query_gid,
     _ibv_query_gid_ex,
+    _ibv_query_gid_table,
     ibv_query_gid_type,
     ibv_query_pkey,
     ibv_get_pkey_index,

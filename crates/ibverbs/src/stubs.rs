@@ -105,12 +105,21 @@ unsupported_int!(
     ibv_query_ece,
     ibv_set_ece,
     ibv_resolve_eth_l2_from_gid,
+    // Re-registration, resizing and dma-buf memory: not offered yet.
+    ibv_rereg_mr,
+    ibv_resize_cq,
 );
 
 unsupported_ptr!(
     _verbs_init_and_alloc_context,
     verbs_open_device,
     ibv_create_ah_from_wc,
+    ibv_reg_dmabuf_mr,
+    // Sharing objects across processes (by a kernel fd): no kernel objects here.
+    ibv_import_device,
+    ibv_import_pd,
+    ibv_import_mr,
+    ibv_import_dm,
     ibv_qp_to_qp_ex,
 );
 
@@ -123,7 +132,38 @@ nothing!(
     ibv_copy_ah_attr_from_kern,
     ibv_copy_path_rec_from_kern,
     ibv_copy_qp_attr_from_kern,
+    ibv_unimport_pd,
+    ibv_unimport_mr,
+    ibv_unimport_dm,
+    // Events are consumed by ibv_get_async_event; nothing to release.
+    ibv_ack_async_event,
 );
+
+/// Asynchronous events are not delivered through this library yet: -1 with `ENOSYS`
+/// (never blocks forever).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_async_event() -> c_int {
+    set_errno(libc::ENOSYS);
+    -1
+}
+
+/// Fork support: nothing is pinned by a kernel, so fork needs no preparation.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_fork_init() -> c_int {
+    0
+}
+
+/// `IBV_FORK_UNNEEDED`: fork is always safe with a soft device.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_is_fork_initialized() -> c_int {
+    2
+}
+
+/// No data-in-order guarantee is advertised beyond the verbs rules (0: no flags).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_qp_data_in_order() -> c_int {
+    0
+}
 
 /// Fork protection: our memory is not pinned by a kernel driver, so there is nothing to
 /// protect (success, as libibverbs returns when fork support is not initialized).
@@ -187,6 +227,10 @@ pub unsafe extern "C" fn ibv_wc_status_str(status: u32) -> *const c_char {
 }
 
 symver!(
+    ibv_get_async_event,
+    ibv_fork_init,
+    ibv_is_fork_initialized,
+    ibv_query_qp_data_in_order,
     verbs_allow_disassociate_destroy,
     ibv_dontfork_range,
     ibv_dofork_range,

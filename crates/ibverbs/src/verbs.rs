@@ -1063,6 +1063,64 @@ pub unsafe extern "C" fn ibv_create_srq(
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn ibv_modify_srq(
+    srq: *mut ibv_srq,
+    attr: *mut ibv_srq_attr,
+    mask: c_int,
+) -> c_int {
+    if srq.is_null() || attr.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a non-NULL SRQ comes from ibv_create_srq; attr is the caller's struct.
+    let (q, a) = unsafe { (&*(srq as *mut Srq), &*attr) };
+    // SAFETY: its context is ours.
+    let cx = match unsafe { ctx_ok(q.ibv.context) } {
+        Ok(cx) => cx,
+        Err(e) => return e,
+    };
+    let Some(mask) = engine::SrqAttrMask::from_bits(mask as u32) else {
+        return libc::EINVAL;
+    };
+    let ea = SrqAttr {
+        max_wr: a.max_wr,
+        max_sge: a.max_sge,
+        srq_limit: a.srq_limit,
+    };
+    match cx.dev.runtime().lock().modify_srq(q.handle, &ea, mask) {
+        Ok(()) => 0,
+        Err(e) => verr(e),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
+    if srq.is_null() || attr.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a non-NULL SRQ comes from ibv_create_srq.
+    let q = unsafe { &*(srq as *mut Srq) };
+    // SAFETY: its context is ours.
+    let cx = match unsafe { ctx_ok(q.ibv.context) } {
+        Ok(cx) => cx,
+        Err(e) => return e,
+    };
+    match cx.dev.runtime().lock().query_srq(q.handle) {
+        Ok(a) => {
+            // SAFETY: non-NULL caller struct.
+            unsafe {
+                attr.write(ibv_srq_attr {
+                    max_wr: a.max_wr,
+                    max_sge: a.max_sge,
+                    srq_limit: a.srq_limit,
+                })
+            };
+            0
+        }
+        Err(e) => verr(e),
+    }
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
     if srq.is_null() {
         return libc::EINVAL;
@@ -1132,6 +1190,8 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
 symver!(
     ibv_create_srq,
     ibv_destroy_srq,
+    ibv_modify_srq,
+    ibv_query_srq,
     ibv_create_ah,
     ibv_destroy_ah,
     ibv_alloc_pd,

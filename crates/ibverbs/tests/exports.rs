@@ -39,14 +39,15 @@ fn every_imported_symbol_is_exported_with_its_version_node_and_nothing_else() {
         .filter(|l| !l.is_empty())
         .map(String::from)
         .collect();
-    assert_eq!(want.len(), 109);
+    // The 109 symbols of shared/abi plus the 18 more rdma-core's pyverbs imports.
+    assert_eq!(want.len(), 127);
     let missing: Vec<_> = want.difference(&got).collect();
     let extra: Vec<_> = got.difference(&want).collect();
     assert!(
         missing.is_empty() && extra.is_empty(),
         "missing {missing:?}\nunexpected {extra:?}"
     );
-    // The shared measurement, when present, is the same list.
+    // The shared measurement, when present, is covered.
     if let Ok(shared) = std::fs::read_to_string("/work/shared/abi/libibverbs-imports.txt") {
         let shared: BTreeSet<String> = shared
             .lines()
@@ -54,7 +55,8 @@ fn every_imported_symbol_is_exported_with_its_version_node_and_nothing_else() {
             .filter(|l| !l.is_empty())
             .map(String::from)
             .collect();
-        assert_eq!(shared, want, "exports.txt differs from shared/abi");
+        let uncovered: Vec<_> = shared.difference(&want).collect();
+        assert!(uncovered.is_empty(), "not in exports.txt: {uncovered:?}");
     }
 }
 
