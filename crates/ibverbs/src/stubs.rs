@@ -105,8 +105,7 @@ unsupported_int!(
     ibv_query_ece,
     ibv_set_ece,
     ibv_resolve_eth_l2_from_gid,
-    // Re-registration, resizing and dma-buf memory: not offered yet.
-    ibv_rereg_mr,
+    // Resizing CQs: not offered yet.
     ibv_resize_cq,
 );
 
@@ -144,6 +143,14 @@ nothing!(
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_async_event() -> c_int {
     set_errno(libc::ENOSYS);
+    -1
+}
+
+/// Re-registration is not offered yet: `IBV_REREG_MR_ERR_INPUT` with `errno = EOPNOTSUPP`
+/// (what callers, pyverbs among them, recognize as "unsupported").
+#[no_mangle]
+pub unsafe extern "C" fn ibv_rereg_mr() -> c_int {
+    set_errno(libc::EOPNOTSUPP);
     -1
 }
 
@@ -227,6 +234,7 @@ pub unsafe extern "C" fn ibv_wc_status_str(status: u32) -> *const c_char {
 }
 
 symver!(
+    ibv_rereg_mr,
     ibv_get_async_event,
     ibv_fork_init,
     ibv_is_fork_initialized,

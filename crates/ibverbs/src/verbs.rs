@@ -285,18 +285,21 @@ pub unsafe extern "C" fn ibv_create_cq(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
-    _comp_vector: c_int,
+    comp_vector: c_int,
 ) -> *mut ibv_cq {
     // SAFETY: see `ctx`.
     let cx = match unsafe { ctx_ok(c) } {
         Ok(cx) => cx,
         Err(e) => return fail(e),
     };
-    let Ok(depth) = u32::try_from(cqe) else {
-        return fail(libc::EINVAL);
+    // One completion vector; at least one entry, at most the device's max_cqe (as rxe).
+    let max_cqe = cx.dev.query_device().max_cqe;
+    let depth = match u32::try_from(cqe) {
+        Ok(d) if d >= 1 && d <= max_cqe && comp_vector == 0 => d,
+        _ => return fail(libc::EINVAL),
     };
     let rt = cx.dev.runtime();
-    let h = match rt.lock().create_cq(depth.max(1)) {
+    let h = match rt.lock().create_cq(depth) {
         Ok(h) => h,
         Err(e) => return fail(verr(e)),
     };
