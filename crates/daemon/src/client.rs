@@ -12,6 +12,7 @@ use crate::proto::{
     DeviceAttrMsg, DeviceInfo, Header, PortAttrMsg, ProtoError, QpAttrMsg, QpInitMsg, Request,
     Response, SendWrMsg, SgeMsg, WcMsg, HEADER_LEN, VERSION,
 };
+use crate::ring::{Ring, RingError, Role};
 
 /// The control socket used when neither the caller nor the environment names one.
 pub const DEFAULT_SOCKET: &str = "/run/softrdma/softrdmad.sock";
@@ -74,6 +75,24 @@ pub struct MrInfo {
     pub lkey: u32,
     /// Remote key (for peers).
     pub rkey: u32,
+}
+
+/// A CQ's completions in shared memory, polled without a system call.
+#[derive(Debug)]
+pub struct CqRing {
+    ring: Ring,
+}
+
+impl CqRing {
+    /// Up to `max` completions, oldest first.
+    pub fn poll(&mut self, max: usize) -> Result<Vec<WcMsg>, RingError> {
+        let mut out = Vec::new();
+        let mut e = [0u8; WcMsg::ENTRY_LEN];
+        while out.len() < max && self.ring.pop(&mut e)? {
+            out.push(WcMsg::from_entry(&e));
+        }
+        Ok(out)
+    }
 }
 
 /// One connection to `softrdmad`.
@@ -281,6 +300,58 @@ impl Client {
     pub fn poll_cq(&mut self, cq: u32, max: u32) -> Result<Vec<WcMsg>, ClientError> {
         match self.call(&Request::PollCq { cq, max })? {
             Response::Completions(c) => Ok(c),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+
+    /// Deliver `cq`'s completions into a shared-memory ring of `capacity` entries (a power of
+    /// two), polled with no system call ([`CqRing::poll`]); [`Client::poll_cq`] is refused
+    /// on that CQ from then on.
+    pub fn attach_cq_ring(&mut self, cq: u32, capacity: u32) -> Result<CqRing, ClientError> {
+        use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+        self.next_id = self.next_id.wrapping_add(1);
+        let id = self.next_id;
+        self.stream
+            .write_all(&Request::AttachCqRing { cq, capacity }.encode(id))?;
+        // The fd rides on the answer's first bytes: read the header with recvmsg.
+        let mut hb = [0u8; HEADER_LEN];
+        let mut got = 0;
+        let mut fd = None;
+        while got < HEADER_LEN {
+            let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut control = RecvAncillaryBuffer::new(&mut space);
+            let r = rustix::net::recvmsg(
+                &self.stream,
+                &mut [std::io::IoSliceMut::new(&mut hb[got..])],
+                &mut control,
+                RecvFlags::CMSG_CLOEXEC,
+            )
+            .map_err(std::io::Error::from)?;
+            if r.bytes == 0 {
+                return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+            }
+            got += r.bytes;
+            for m in control.drain() {
+                if let RecvAncillaryMessage::ScmRights(fds) = m {
+                    for f in fds {
+                        fd.get_or_insert(f);
+                    }
+                }
+            }
+        }
+        let h = Header::parse(&hb)?;
+        let mut body = vec![0u8; h.length as usize];
+        self.stream.read_exact(&mut body)?;
+        if h.id != id {
+            return Err(ClientError::Unexpected);
+        }
+        match Response::decode(h.kind, &body)? {
+            Response::Error { errno, message } => Err(ClientError::Refused { errno, message }),
+            Response::Done => {
+                let fd = fd.ok_or(ClientError::Unexpected)?;
+                let ring = Ring::open(&fd, Role::Consumer).map_err(|_| ClientError::Unexpected)?;
+                Ok(CqRing { ring })
+            }
             _ => Err(ClientError::Unexpected),
         }
     }

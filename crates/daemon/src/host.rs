@@ -18,14 +18,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
-use engine::{Engine, EngineConfig, Instant};
+use std::collections::HashMap;
+
+use engine::{CqHandle, Engine, EngineConfig, Instant};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use wire::{Ipv4, Ipv4Repr, Ipv6, Ipv6Repr, Udp, UdpRepr};
 
 use crate::memory::{ClientMemory, SharedRegions};
+use crate::proto::WcMsg;
+use crate::ring::{Ring, RingError};
 
 /// Room in front of a received datagram for the IP and UDP headers rebuilt there.
 const HEADROOM: usize = wire::IPV6_HEADER_LEN + wire::UDP_HEADER_LEN;
+/// How soon to look again while completions wait for room in a CQ ring.
+const RING_BACKLOG_POLL: std::time::Duration = std::time::Duration::from_micros(200);
 /// Largest UDP payload.
 const MAX_DATAGRAM: usize = 65536;
 
@@ -69,6 +75,8 @@ pub struct Core {
     /// The engine.
     pub engine: Engine<ClientMemory>,
     txbuf: Vec<u8>,
+    /// CQs whose completions go to a shared-memory ring.
+    rings: HashMap<CqHandle, Ring>,
 }
 
 struct Shared {
@@ -94,10 +102,22 @@ impl Shared {
     /// Send everything the engine has to send, and take its asynchronous events so they
     /// never pile up (they are logged; routing them to the owning client is still to come).
     fn pump(&self, core: &mut Core, now: Instant) {
-        let Core { engine, txbuf } = core;
+        let Core {
+            engine,
+            txbuf,
+            rings,
+        } = core;
         while let Some(ev) = engine.get_async_event() {
             tracing::debug!(event = ?ev, "async event");
         }
+        rings.retain(|&cq, ring| match fill_ring(engine, cq, ring) {
+            Ok(()) => true,
+            Err(e) => {
+                // The client broke its own ring: detach it; its CQ keeps the completions.
+                tracing::warn!(?cq, error = %e, "CQ ring detached");
+                false
+            }
+        });
         while let Some(t) = engine.poll_transmit(now, txbuf) {
             let pkt = &txbuf[..t.len];
             let (hl, src) = match pkt.first().map(|b| b >> 4) {
@@ -145,6 +165,37 @@ impl Shared {
         }
         self.pump(&mut core, now);
     }
+}
+
+/// Move as many of `cq`'s completions into its ring as fit.
+fn fill_ring(
+    engine: &mut Engine<ClientMemory>,
+    cq: CqHandle,
+    ring: &mut Ring,
+) -> Result<(), RingError> {
+    let free = ring.free()? as usize;
+    if free == 0 || engine.cq_len(cq).map_or(true, |n| n == 0) {
+        return Ok(());
+    }
+    let wcs = engine.poll_cq(cq, free).unwrap_or_default();
+    for c in &wcs {
+        let m = WcMsg {
+            wr_id: c.wr_id,
+            status: c.status.to_ibv(),
+            opcode: c.opcode.to_ibv(),
+            vendor_err: c.vendor_err,
+            byte_len: c.byte_len,
+            imm_data: c.imm_data,
+            invalidated_rkey: c.invalidated_rkey,
+            qp_num: c.qp_num,
+            src_qp: c.src_qp,
+            wc_flags: c.wc_flags.bits(),
+            pkey_index: c.pkey_index,
+        };
+        // `free` slots were checked above and only this thread (under the lock) produces.
+        ring.push(&m.to_entry())?;
+    }
+    Ok(())
 }
 
 /// Put the IP and UDP headers the sender emitted in front of a datagram at
@@ -261,6 +312,7 @@ impl Device {
             core: Mutex::new(Core {
                 engine,
                 txbuf: vec![0; MAX_DATAGRAM + HEADROOM],
+                rings: HashMap::new(),
             }),
             socks,
             remote_port: config.remote_port,
@@ -297,6 +349,26 @@ impl Device {
         r
     }
 
+    /// Deliver `cq`'s completions into `ring` from now on (those already queued first).
+    pub fn attach_ring(&self, cq: CqHandle, ring: Ring) -> Result<(), engine::VerbsError> {
+        let mut core = self.shared.lock();
+        core.engine.cq_len(cq)?;
+        core.rings.insert(cq, ring);
+        let now = self.shared.now();
+        self.shared.pump(&mut core, now);
+        Ok(())
+    }
+
+    /// Stop delivering `cq`'s completions into a ring (before destroying the CQ).
+    pub fn detach_ring(&self, cq: CqHandle) {
+        self.shared.lock().rings.remove(&cq);
+    }
+
+    /// Whether `cq` delivers into a ring.
+    pub fn has_ring(&self, cq: CqHandle) -> bool {
+        self.shared.lock().rings.contains_key(&cq)
+    }
+
     /// Run `f` on the engine under the device lock, for reads that change nothing.
     pub fn read<R>(&self, f: impl FnOnce(&Engine<ClientMemory>) -> R) -> R {
         f(&self.shared.lock().engine)
@@ -319,9 +391,22 @@ fn progress(shared: &Shared) {
     let mut rxbuf = vec![0u8; MAX_DATAGRAM + HEADROOM];
     while !shared.stop.load(Ordering::Relaxed) {
         shared.drive(&mut rxbuf);
-        let deadline = shared.lock().engine.poll_timeout();
-        let timeout =
-            deadline.map(|t| TimeSpec::from_duration(t.saturating_duration_since(shared.now())));
+        let (deadline, backlog) = {
+            let core = shared.lock();
+            let backlog = core
+                .rings
+                .keys()
+                .any(|&cq| core.engine.cq_len(cq).is_ok_and(|n| n > 0));
+            (core.engine.poll_timeout(), backlog)
+        };
+        let mut timeout = deadline.map(|t| t.saturating_duration_since(shared.now()));
+        if backlog {
+            // Completions wait for room in a client's CQ ring. Until clients ring a doorbell
+            // when they free slots, look again soon: this costs CPU only while a client
+            // lags behind its own completions.
+            timeout = Some(timeout.map_or(RING_BACKLOG_POLL, |t| t.min(RING_BACKLOG_POLL)));
+        }
+        let timeout = timeout.map(TimeSpec::from_duration);
         let mut fds: Vec<PollFd<'_>> = shared
             .socks
             .iter()

@@ -11,11 +11,20 @@
 //! Layers: [`proto`] (bytes ↔ messages, no I/O), [`memory`] (client memory as an
 //! [`engine::Memory`]), [`host`] (an engine on UDP sockets with a progress thread),
 //! [`server`] (connections and handle tables), [`client`] (the library side), [`ring`]
-//! (shared-memory rings for the coming data path; not wired into the protocol yet).
+//! (shared-memory rings over a sealed memfd).
 //!
-//! Not here yet (issue 6): shared-memory SQ/RQ/CQ rings with doorbells (every verb is a
-//! message today), completion channels, same-host direct data movement, a `softrdma` API
-//! backend, and `softrdma stat` in the CLI (the [`proto::Request::Stat`] request exists).
+//! ## Data path today
+//!
+//! Posting is a request on the socket. Completions come either by request
+//! ([`proto::Request::PollCq`]) or, after [`client::Client::attach_cq_ring`], through a CQ
+//! ring in shared memory (its memfd passed with SCM_RIGHTS) that the client polls with no
+//! system call. The daemon refills a ring whenever it handles anything; while completions
+//! wait for room it looks again every 200 µs (no consumer doorbell yet).
+//!
+//! Not here yet (issue 6): SQ/RQ rings and doorbells (posting is a message today), a
+//! consumer doorbell for CQ rings, completion channels, same-host direct data movement, the
+//! `softrdma` API backend, UC/UD tests, and `softrdma stat` in the CLI (the
+//! [`proto::Request::Stat`] request exists).
 
 #![warn(missing_docs)]
 

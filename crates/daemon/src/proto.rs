@@ -517,6 +517,52 @@ pub struct WcMsg {
     pub pkey_index: u16,
 }
 
+impl WcMsg {
+    /// Bytes of one completion in a CQ ring.
+    pub const ENTRY_LEN: usize = 64;
+
+    /// The ring entry of this completion.
+    pub fn to_entry(&self) -> [u8; WcMsg::ENTRY_LEN] {
+        let mut w = Writer::default();
+        w.u64(self.wr_id)
+            .u32(self.status)
+            .u32(self.opcode)
+            .u32(self.vendor_err)
+            .u32(self.byte_len)
+            .u32(self.imm_data)
+            .u32(self.invalidated_rkey)
+            .u32(self.qp_num)
+            .u32(self.src_qp)
+            .u32(self.wc_flags)
+            .u16(self.pkey_index);
+        let mut e = [0u8; WcMsg::ENTRY_LEN];
+        e[..w.buf.len()].copy_from_slice(&w.buf);
+        e
+    }
+
+    /// A completion from a ring entry (any bytes decode: every field is a plain number).
+    pub fn from_entry(e: &[u8; WcMsg::ENTRY_LEN]) -> WcMsg {
+        let mut r = Reader::new(e);
+        // 46 bytes read from 64: none of these can fail.
+        let mut f = || -> Result<WcMsg, ProtoError> {
+            Ok(WcMsg {
+                wr_id: r.u64()?,
+                status: r.u32()?,
+                opcode: r.u32()?,
+                vendor_err: r.u32()?,
+                byte_len: r.u32()?,
+                imm_data: r.u32()?,
+                invalidated_rkey: r.u32()?,
+                qp_num: r.u32()?,
+                src_qp: r.u32()?,
+                wc_flags: r.u32()?,
+                pkey_index: r.u16()?,
+            })
+        };
+        f().unwrap_or_default()
+    }
+}
+
 /// A device the daemon serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceInfo {
@@ -624,6 +670,8 @@ kinds! {
     POLL_CQ = 18,
     /// [`Request::Stat`].
     STAT = 19,
+    /// [`Request::AttachCqRing`].
+    ATTACH_CQ_RING = 20,
 }
 
 /// A request from a client. Handles (`pd`, `cq`, `mr`, `qp`) are the connection's own
@@ -743,6 +791,15 @@ pub enum Request {
     },
     /// The daemon's counters and each device's.
     Stat,
+    /// Deliver `cq`'s completions into a shared-memory ring of `capacity` entries
+    /// ([`crate::ring`], [`WcMsg::ENTRY_LEN`]-byte entries) instead of [`Request::PollCq`];
+    /// the answer carries the ring's memfd (SCM_RIGHTS).
+    AttachCqRing {
+        /// CQ handle.
+        cq: u32,
+        /// Entries (a power of two).
+        capacity: u32,
+    },
 }
 
 fn write_sges(w: &mut Writer, sges: &[SgeMsg]) {
@@ -788,6 +845,7 @@ impl Request {
             Request::PostRecv { .. } => kind::POST_RECV,
             Request::PollCq { .. } => kind::POLL_CQ,
             Request::Stat => kind::STAT,
+            Request::AttachCqRing { .. } => kind::ATTACH_CQ_RING,
         }
     }
 
@@ -899,6 +957,9 @@ impl Request {
             }
             Request::PollCq { cq, max } => {
                 w.u32(*cq).u32(*max);
+            }
+            Request::AttachCqRing { cq, capacity } => {
+                w.u32(*cq).u32(*capacity);
             }
         }
         w.buf
@@ -1018,6 +1079,10 @@ impl Request {
             kind::POLL_CQ => Request::PollCq {
                 cq: r.u32()?,
                 max: r.u32()?,
+            },
+            kind::ATTACH_CQ_RING => Request::AttachCqRing {
+                cq: r.u32()?,
+                capacity: r.u32()?,
             },
             k => return Err(ProtoError::UnknownKind(k)),
         };

@@ -218,6 +218,12 @@ impl Ring {
         self.entry_size
     }
 
+    /// Producer: entries that can be pushed now.
+    pub fn free(&self) -> Result<u32, RingError> {
+        let cons = self.word(CONS).load(Ordering::Acquire);
+        Ok(self.capacity - self.check(self.mine, cons)?)
+    }
+
     fn check(&self, prod: u32, cons: u32) -> Result<u32, RingError> {
         let used = prod.wrapping_sub(cons);
         if used > self.capacity {

@@ -12,6 +12,7 @@
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,11 +30,15 @@ use crate::proto::{
     DeviceAttrMsg, DeviceInfo, Header, PortAttrMsg, ProtoError, QpAttrMsg, QpInitMsg, Request,
     Response, SendOpMsg, SendWrMsg, SgeMsg, WcMsg, HEADER_LEN, MAX_WCS, VERSION,
 };
+use crate::ring::{Ring, Role};
 
 const EINVAL: i32 = 22;
 const EFAULT: i32 = 14;
 const EPROTO: i32 = 71;
 const ENOMEM: i32 = 12;
+
+/// Largest CQ ring.
+const MAX_RING_ENTRIES: u32 = 1 << 16;
 
 /// Most objects one connection may hold (the engine's own limits apply too).
 const MAX_OBJECTS_PER_CONNECTION: usize = 1 << 16;
@@ -163,6 +168,8 @@ struct Conn<'d> {
     greeted: bool,
     objs: HashMap<u32, Obj>,
     next: u32,
+    /// A file descriptor to pass with the next answer (SCM_RIGHTS).
+    pending_fd: Option<OwnedFd>,
 }
 
 impl<'d> Conn<'d> {
@@ -382,6 +389,7 @@ impl<'d> Conn<'d> {
             Request::DestroyCq { cq } => {
                 let (i, h) = self.cq(cq)?;
                 d.devices[i].with(|e| e.destroy_cq(h))?;
+                d.devices[i].detach_ring(h);
                 self.objs.remove(&cq);
                 self.stat(|s| &s.live_cqs, false);
                 Ok(Response::Done)
@@ -421,6 +429,12 @@ impl<'d> Conn<'d> {
             }
             Request::PollCq { cq, max } => {
                 let (i, h) = self.cq(cq)?;
+                if d.devices[i].has_ring(h) {
+                    return Err(fail(
+                        EINVAL,
+                        "this CQ delivers into its ring: poll the ring",
+                    ));
+                }
                 let max = (max as usize).min(MAX_WCS);
                 let wcs = d.devices[i].with(|e| e.poll_cq(h, max))?;
                 Ok(Response::Completions(
@@ -440,6 +454,20 @@ impl<'d> Conn<'d> {
                         })
                         .collect(),
                 ))
+            }
+            Request::AttachCqRing { cq, capacity } => {
+                let (i, h) = self.cq(cq)?;
+                if !(1..=MAX_RING_ENTRIES).contains(&capacity) || !capacity.is_power_of_two() {
+                    return Err(fail(EINVAL, "ring capacity must be a power of two ≤ 65536"));
+                }
+                if d.devices[i].has_ring(h) {
+                    return Err(fail(EINVAL, "this CQ already has a ring"));
+                }
+                let (ring, fd) = Ring::create(capacity, WcMsg::ENTRY_LEN, Role::Producer)
+                    .map_err(|e| fail(ENOMEM, e.to_string()))?;
+                d.devices[i].attach_ring(h, ring)?;
+                self.pending_fd = Some(fd);
+                Ok(Response::Done)
             }
             Request::Stat => {
                 let mut v = d.stats.snapshot();
@@ -531,6 +559,7 @@ impl<'d> Conn<'d> {
                     })
                 }
                 Obj::Cq { h, .. } => dev.with(|e| e.destroy_cq(h)).map(|()| {
+                    dev.detach_ring(h);
                     s.live_cqs.fetch_sub(1, Ordering::Relaxed);
                     s.reclaimed_cqs.fetch_add(1, Ordering::Relaxed);
                 }),
@@ -698,6 +727,23 @@ fn read_full(s: &mut UnixStream, buf: &mut [u8]) -> Result<bool, std::io::Error>
     Ok(true)
 }
 
+/// Send `bytes` with `fd` attached to the first of them (SCM_RIGHTS).
+fn send_with_fd(stream: &mut UnixStream, bytes: &[u8], fd: &OwnedFd) -> std::io::Result<()> {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    use std::os::fd::AsFd;
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    let fds = [fd.as_fd()];
+    control.push(SendAncillaryMessage::ScmRights(&fds));
+    let n = rustix::net::sendmsg(
+        &*stream,
+        &[std::io::IoSlice::new(bytes)],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )?;
+    stream.write_all(&bytes[n..])
+}
+
 /// Close after an error answer so that the answer arrives: a Unix socket closed with unread
 /// input resets the connection and the peer may lose what was sent. Discard a bounded amount
 /// of what the peer still sends, for a bounded time.
@@ -764,7 +810,12 @@ fn message_loop(conn: &mut Conn<'_>, stream: &mut UnixStream) -> End {
                 }
             }
         };
-        if let Err(e) = stream.write_all(&reply.encode(header.kind, header.id)) {
+        let bytes = reply.encode(header.kind, header.id);
+        let sent = match conn.pending_fd.take() {
+            None => stream.write_all(&bytes),
+            Some(fd) => send_with_fd(stream, &bytes, &fd),
+        };
+        if let Err(e) = sent {
             return End::Io(e);
         }
     }
@@ -794,6 +845,7 @@ pub fn serve_connection(daemon: &Daemon, mut stream: UnixStream) {
         greeted: false,
         objs: HashMap::new(),
         next: 0,
+        pending_fd: None,
     };
     tracing::info!(pid = conn.pid, uid = conn.uid, "client connected");
     match message_loop(&mut conn, &mut stream) {
