@@ -632,45 +632,45 @@ macro_rules! kinds {
 }
 
 kinds! {
-    /// [`Request::Hello`].
+    /// [`super::Request::Hello`].
     HELLO = 1,
-    /// [`Request::ListDevices`].
+    /// [`super::Request::ListDevices`].
     LIST_DEVICES = 2,
-    /// [`Request::QueryDevice`].
+    /// [`super::Request::QueryDevice`].
     QUERY_DEVICE = 3,
-    /// [`Request::QueryPort`].
+    /// [`super::Request::QueryPort`].
     QUERY_PORT = 4,
-    /// [`Request::QueryGid`].
+    /// [`super::Request::QueryGid`].
     QUERY_GID = 5,
-    /// [`Request::AllocPd`].
+    /// [`super::Request::AllocPd`].
     ALLOC_PD = 6,
-    /// [`Request::DeallocPd`].
+    /// [`super::Request::DeallocPd`].
     DEALLOC_PD = 7,
-    /// [`Request::RegMr`].
+    /// [`super::Request::RegMr`].
     REG_MR = 8,
-    /// [`Request::DeregMr`].
+    /// [`super::Request::DeregMr`].
     DEREG_MR = 9,
-    /// [`Request::CreateCq`].
+    /// [`super::Request::CreateCq`].
     CREATE_CQ = 10,
-    /// [`Request::DestroyCq`].
+    /// [`super::Request::DestroyCq`].
     DESTROY_CQ = 11,
-    /// [`Request::CreateQp`].
+    /// [`super::Request::CreateQp`].
     CREATE_QP = 12,
-    /// [`Request::ModifyQp`].
+    /// [`super::Request::ModifyQp`].
     MODIFY_QP = 13,
-    /// [`Request::QueryQp`].
+    /// [`super::Request::QueryQp`].
     QUERY_QP = 14,
-    /// [`Request::DestroyQp`].
+    /// [`super::Request::DestroyQp`].
     DESTROY_QP = 15,
-    /// [`Request::PostSend`].
+    /// [`super::Request::PostSend`].
     POST_SEND = 16,
-    /// [`Request::PostRecv`].
+    /// [`super::Request::PostRecv`].
     POST_RECV = 17,
-    /// [`Request::PollCq`].
+    /// [`super::Request::PollCq`].
     POLL_CQ = 18,
-    /// [`Request::Stat`].
+    /// [`super::Request::Stat`].
     STAT = 19,
-    /// [`Request::AttachCqRing`].
+    /// [`super::Request::AttachCqRing`].
     ATTACH_CQ_RING = 20,
 }
 
