@@ -87,13 +87,26 @@ pub struct ibv_context {
 pub type QueryPortFn =
     unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int;
 
+/// `query_device_ex` of `struct verbs_context` (input, attr, attr_size).
+pub type QueryDeviceExFn =
+    unsafe extern "C" fn(*mut ibv_context, *const c_void, *mut u8, usize) -> c_int;
+
+/// Size of `struct ibv_device_attr_ex`.
+pub const DEVICE_ATTR_EX_SIZE: usize = 400;
+/// Offset of `phys_port_cnt_ex` in `struct ibv_device_attr_ex`.
+pub const PHYS_PORT_CNT_EX_OFFSET: usize = 396;
+
 /// `struct verbs_context`: the extended context; `ibv_context` is its last member.
 #[repr(C)]
 pub struct verbs_context {
     /// `query_port` (used by the inline `ibv_query_port`).
     pub query_port: Option<QueryPortFn>,
-    /// `advise_mr` .. `_ABI_placeholder3`: 38 slots we leave NULL ("not supported").
-    pub other: [usize; 38],
+    /// `advise_mr` .. `priv`: 26 slots we leave NULL ("not supported").
+    pub other_a: [usize; 26],
+    /// `query_device_ex` (used by the inline `ibv_query_device_ex`).
+    pub query_device_ex: Option<QueryDeviceExFn>,
+    /// `ibv_destroy_flow` .. `_ABI_placeholder3`: 11 slots left NULL.
+    pub other_b: [usize; 11],
     /// Bytes of this struct that are valid, counted back from `context`.
     pub sz: usize,
     /// The classic context.
@@ -630,6 +643,7 @@ const _: () = {
     assert!(offset_of!(ibv_context, abi_compat) == 320);
     assert!(size_of::<verbs_context>() == 648);
     assert!(offset_of!(verbs_context, sz) == 312);
+    assert!(offset_of!(verbs_context, query_device_ex) == 216);
     assert!(offset_of!(verbs_context, context) == 320);
     assert!(size_of::<ibv_pd>() == 16);
     assert!(size_of::<ibv_mr>() == 48);

@@ -203,6 +203,36 @@ unsafe extern "C" fn query_port_op(
     unsafe { query_port_into(c, port, attr, len.min(size_of::<ibv_port_attr>())) }
 }
 
+/// `ibv_query_device_ex`: the classic attributes, no extended capabilities, and
+/// `phys_port_cnt_ex`.
+unsafe extern "C" fn query_device_ex_op(
+    c: *mut ibv_context,
+    _input: *const c_void,
+    attr: *mut u8,
+    attr_size: usize,
+) -> c_int {
+    if attr.is_null() || attr_size < size_of::<ibv_device_attr>() {
+        return libc::EINVAL;
+    }
+    let n = attr_size.min(DEVICE_ATTR_EX_SIZE);
+    // SAFETY: the caller's struct has `attr_size` bytes (>= n).
+    unsafe { std::ptr::write_bytes(attr, 0, n) };
+    // SAFETY: the first member of ibv_device_attr_ex is an ibv_device_attr.
+    let r = unsafe { ibv_query_device(c, attr.cast()) };
+    if r != 0 {
+        return r;
+    }
+    if n >= PHYS_PORT_CNT_EX_OFFSET + 4 {
+        // SAFETY: in bounds (checked); u32 field of the caller's struct, maybe unaligned.
+        unsafe {
+            attr.add(PHYS_PORT_CNT_EX_OFFSET)
+                .cast::<u32>()
+                .write_unaligned(1)
+        };
+    }
+    0
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
     if !is_our_device(device) {
@@ -225,7 +255,9 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
     let ctx = Box::new(Ctx {
         vctx: verbs_context {
             query_port: Some(query_port_op),
-            other: [0; 38],
+            other_a: [0; 26],
+            query_device_ex: Some(query_device_ex_op),
+            other_b: [0; 11],
             sz: size_of::<verbs_context>(),
             context: ibv_context {
                 device,

@@ -7,16 +7,27 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// The built `libibverbs.so` (target/<profile>/, next to the test's deps folder).
+/// The built `libibverbs.so`: the newest of target/<profile>/libibverbs.so (`cargo build`)
+/// and target/<profile>/deps/libibverbs.so (what `cargo test` builds for the tests, not
+/// copied up).
 pub fn built_library() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps/<test>");
-    let lib = profile_dir.join("libibverbs.so");
-    assert!(lib.exists(), "{} not built", lib.display());
-    lib
+    let deps = exe.parent().expect("target/<profile>/deps");
+    let profile_dir = deps.parent().expect("target/<profile>");
+    let newest = [
+        profile_dir.join("libibverbs.so"),
+        deps.join("libibverbs.so"),
+    ]
+    .into_iter()
+    .filter_map(|p| {
+        let t = std::fs::metadata(&p).and_then(|m| m.modified()).ok()?;
+        Some((t, p))
+    })
+    .max();
+    match newest {
+        Some((_, p)) => p,
+        None => panic!("libibverbs.so not built under {}", profile_dir.display()),
+    }
 }
 
 /// A folder holding the library as `libibverbs.so.1`, for `LD_LIBRARY_PATH` (made once per

@@ -1,0 +1,121 @@
+//! rdma-core's own test suite (Debian python3-pyverbs, tests under
+//! /usr/share/doc/rdma-core/tests) against the drop-in library: the modules for what we offer
+//! end with no failure and no error. Skips are the suite's own, for features not offered
+//! (extended QPs, memory windows, device memory, dma-buf, rereg, XRC, EFA/mlx5 specifics).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{describe, free_udp_port, library_dir, run};
+
+const SUITE: &str = "/usr/share/doc/rdma-core/tests";
+const PYTHON: &str = "/usr/bin/python3";
+
+/// A private, unpacked copy of the suite (some of its files ship gzipped).
+fn suite_copy() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(make_suite_copy).clone()
+}
+
+fn make_suite_copy() -> PathBuf {
+    if !Path::new(SUITE).join("run_tests.py").exists() {
+        let _ = Command::new("apt-get")
+            .args([
+                "install",
+                "-y",
+                "--no-install-recommends",
+                "python3-pyverbs",
+            ])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .stdout(Stdio::null())
+            .status();
+    }
+    assert!(
+        Path::new(SUITE).join("run_tests.py").exists(),
+        "python3-pyverbs is not installed and apt-get could not install it"
+    );
+    let root = std::env::temp_dir().join(format!("softrdma-pyverbs-{}", std::process::id()));
+    let dst = root.join("tests");
+    if !dst.join("run_tests.py").exists() {
+        std::fs::create_dir_all(&root).expect("create suite dir");
+        let st = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "cp -r {SUITE} {root} && gunzip -f {root}/tests/*.gz",
+                root = root.display()
+            ))
+            .status()
+            .expect("sh runs");
+        assert!(st.success(), "copying the suite failed");
+    }
+    dst
+}
+
+fn run_module(module: &str) {
+    let dir = suite_copy();
+    let mut c = Command::new(PYTHON);
+    c.arg(dir.join("run_tests.py"))
+        .args(["-v", "-k", module])
+        .current_dir(dir.parent().expect("suite has a parent"))
+        .env("LD_LIBRARY_PATH", library_dir())
+        .env("SOFTRDMA_ADDR", "127.0.0.1")
+        .env("SOFTRDMA_PORT", free_udp_port().to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let o = run(c, Duration::from_secs(300));
+    // unittest reports on stderr.
+    let report = String::from_utf8_lossy(&o.stderr);
+    let ran = report.lines().any(|l| l.starts_with("Ran "));
+    let failed = report
+        .lines()
+        .any(|l| l.starts_with("FAIL:") || l.starts_with("ERROR:") || l.starts_with("FAILED"));
+    assert!(
+        o.status.success() && ran && !failed,
+        "{module}: {}",
+        describe(&o)
+    );
+}
+
+#[test]
+fn pyverbs_test_device_passes() {
+    run_module("test_device");
+}
+
+#[test]
+fn pyverbs_test_pd_passes() {
+    run_module("test_pd");
+}
+
+#[test]
+fn pyverbs_test_mr_passes() {
+    run_module("test_mr");
+}
+
+#[test]
+fn pyverbs_test_cq_passes() {
+    run_module("test_cq");
+}
+
+#[test]
+fn pyverbs_test_cq_events_passes() {
+    run_module("test_cq_events");
+}
+
+#[test]
+fn pyverbs_test_qp_passes() {
+    run_module("test_qp");
+}
+
+#[test]
+fn pyverbs_test_atomic_passes() {
+    run_module("test_atomic");
+}
+
+#[test]
+fn pyverbs_test_addr_passes() {
+    run_module("test_addr");
+}
