@@ -5,7 +5,9 @@ use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-use softrdma::{AccessFlags, Buffer, Device, MemoryRegion, Qp, WcOpcode};
+use softrdma::{
+    AccessFlags, Buffer, Device, MemoryRegion, Qp, QpType, WcFlags, WcOpcode, DEFAULT_QKEY, GRH_LEN,
+};
 
 use crate::perf::{self, PerfArgs, Test};
 use crate::tool::{open_device, Result, ToolError};
@@ -203,8 +205,10 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> Result<()> {
         )?;
         say!("   compare_swap(105 -> 7): returned {old}, B's word is now {now}");
 
-        say!("\n7. UD message: not available yet. The engine implements RC only so far; UD, UC,");
-        say!("   SRQ and memory windows come with a later issue (nothing is faked here).");
+        say!("\n7. UD message: a datagram QP on each device, no connection. A sends one packet");
+        say!("   through an address handle built from B's GID, to B's UD QPN with the Q_Key;");
+        say!("   B's receive buffer gets the 40-byte GRH first, and the completion names A's QP.");
+        ud_message(&a, &b, a_ip, b_ip, out)?;
 
         let ca = a.dev.runtime().io_counters();
         let cb = b.dev.runtime().io_counters();
@@ -255,6 +259,94 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> Result<()> {
         perf::run(test, &pa, out)?;
     }
     say!("\ndemo done: every step checked its result.");
+    Ok(())
+}
+
+/// Step 7: one UD SEND from A to B, checked: payload, length with the GRH, source QP, the
+/// GRH's addresses (for IPv4 its last 20 bytes are the IPv4 header, as Linux RoCE writes it).
+fn ud_message(a: &Host, b: &Host, a_ip: IpAddr, b_ip: IpAddr, out: &mut dyn Write) -> Result<()> {
+    let make = |h: &Host| -> Result<(softrdma::Cq, Qp)> {
+        let cq = h.dev.create_cq(8)?;
+        let qp =
+            h.qp.pd()
+                .qp_builder(&cq, &cq)
+                .qp_type(QpType::Ud)
+                .qkey(DEFAULT_QKEY)
+                .build()?;
+        Ok((cq, qp))
+    };
+    let (a_cq, a_ud) = make(a)?;
+    let (b_cq, b_ud) = make(b)?;
+    // B: a receive of up to 256 bytes behind the GRH, at +3328 in its region.
+    const AT: usize = 3328;
+    b_ud.recv(20, &[b.mr.sge(AT..AT + GRH_LEN + 256)?])?;
+    let ah = a.qp.pd().create_ah(b.dev.gid(0)?)?;
+    let msg = b"a UD datagram from A";
+    a.mr.write(3072, msg)?;
+    a_ud.send_ud(
+        21,
+        &[a.mr.sge(3072..3072 + msg.len())?],
+        &ah,
+        b_ud.qpn(),
+        DEFAULT_QKEY,
+    )?;
+    check(
+        a_cq.wait_ok(WAIT)?.opcode == WcOpcode::Send,
+        "UD send completion",
+    )?;
+    let wc = b_cq.wait_ok(WAIT)?;
+    check(wc.opcode == WcOpcode::Recv, "UD receive completion")?;
+    check(
+        wc.byte_len as usize == GRH_LEN + msg.len(),
+        format!(
+            "UD receive of {} bytes, expected {GRH_LEN} + {}",
+            wc.byte_len,
+            msg.len()
+        ),
+    )?;
+    check(
+        wc.src_qp == a_ud.qpn(),
+        format!(
+            "UD source QP {:#x}, expected A's {:#x}",
+            wc.src_qp,
+            a_ud.qpn()
+        ),
+    )?;
+    check(
+        wc.wc_flags.contains(WcFlags::GRH),
+        "UD completion without the GRH flag",
+    )?;
+    let mut grh = [0u8; GRH_LEN];
+    b.mr.read(AT, &mut grh)?;
+    let mut text = vec![0u8; msg.len()];
+    b.mr.read(AT + GRH_LEN, &mut text)?;
+    check(text == msg, "B received other bytes than A sent over UD")?;
+    // IPv4: the header sits in the GRH's last 20 bytes; source at +12, destination at +16.
+    let v4 = |o: usize| IpAddr::V4(Ipv4Addr::new(grh[o], grh[o + 1], grh[o + 2], grh[o + 3]));
+    let (src, dst) = (v4(20 + 12), v4(20 + 16));
+    check(
+        grh[20] >> 4 == 4 && src == a_ip && dst == b_ip,
+        format!("the GRH names {src} -> {dst}, expected {a_ip} -> {b_ip}"),
+    )?;
+    let _ = writeln!(
+        out,
+        "   A: UD QPN {:#08x} -> B: UD QPN {:#08x}, Q_Key {DEFAULT_QKEY:#010x}",
+        a_ud.qpn(),
+        b_ud.qpn()
+    );
+    let _ = writeln!(
+        out,
+        "   B completion: {:?}, {} bytes = {GRH_LEN}-byte GRH + {:?}",
+        wc.opcode,
+        wc.byte_len,
+        String::from_utf8_lossy(&text)
+    );
+    let _ = writeln!(
+        out,
+        "   from source QP {:#08x}; GRH (IPv4 header in its last 20 bytes): {src} -> {dst}",
+        wc.src_qp
+    );
+    let _ = out.flush();
     Ok(())
 }
 
