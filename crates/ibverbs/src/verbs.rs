@@ -470,12 +470,12 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_in
         Ok(v) => v,
         Err(e) => return -verr(e),
     };
-    if v.is_empty() && n > 0 && q.ibv.channel.is_null() {
+    if v.is_empty() && n > 0 && q.ibv.channel.is_null() && !poll_drive().is_zero() {
         // Busy-polling programs (the pingpongs, perftest) spin here: let the spinning thread
         // receive packets itself for a moment instead of contending for the engine lock with
         // the progress thread (one runnable spinner per side instead of two). CQs with a
         // completion channel are left alone: arming them would post spurious events.
-        if let Ok(true) = rt.wait_cq(q.handle, Some(POLL_DRIVE)) {
+        if let Ok(true) = rt.wait_cq(q.handle, Some(poll_drive())) {
             v = match rt.lock().poll_cq(q.handle, n) {
                 Ok(v) => v,
                 Err(e) => return -verr(e),
@@ -509,8 +509,22 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_in
     v.len() as c_int
 }
 
-/// How long an empty `poll_cq` lets the calling thread receive before it returns.
-const POLL_DRIVE: std::time::Duration = std::time::Duration::from_micros(50);
+/// How long an empty `poll_cq` lets the calling thread receive before it returns
+/// (`SOFTRDMA_POLL_DRIVE_US`; default 0: receiving is left to the progress thread). Measured
+/// in a release build on 2 CPUs: driving for 50 us helped ibv_rc_pingpong (317 vs 401
+/// us/iter) but hurt perftest badly (ib_write_lat typical 4 ms vs 13 us: after a wait the
+/// runtime hands the socket back to the progress thread only after 500 us, while the
+/// program busy-polls memory; ib_write_bw 243 vs 483 MB/s).
+fn poll_drive() -> std::time::Duration {
+    static D: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
+    *D.get_or_init(|| {
+        let us = std::env::var("SOFTRDMA_POLL_DRIVE_US")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        std::time::Duration::from_micros(us)
+    })
+}
 
 // ---- QPs ----
 
