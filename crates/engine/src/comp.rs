@@ -107,6 +107,9 @@ pub(crate) fn arm_ack_timer(qp: &mut Qp, now: Instant) {
 
 /// Put the requester at `psn`: the WQE holding it and the packet within.
 fn reposition(qp: &mut Qp, psn: Psn) {
+    // Never before the oldest unacknowledged PSN: what precedes it is complete (and its WQEs
+    // may be gone), and going back there would skip unsent packets of the current WQE.
+    let psn = if psn.is_before(qp.req.una) { qp.req.una } else { psn };
     for (i, w) in qp.sq.iter().enumerate() {
         if !w.started {
             break;
@@ -130,6 +133,11 @@ fn progress<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, new_una: Psn)
         return;
     }
     qp.req.una = new_una;
+    if qp.req.rnr_until.is_some() && new_una.is_after(qp.req.rnr_psn) {
+        // The RNR-NAKed packet was accepted after all (a late or reordered ACK): no reason
+        // to wait any longer.
+        qp.req.rnr_until = None;
+    }
     qp.req.retry_left = qp.attr.retry_cnt;
     qp.req.rnr_retry_left = qp.attr.rnr_retry;
     qp.req.last_rewind = None;
