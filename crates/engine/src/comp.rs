@@ -109,7 +109,11 @@ pub(crate) fn arm_ack_timer(qp: &mut Qp, now: Instant) {
 fn reposition(qp: &mut Qp, psn: Psn) {
     // Never before the oldest unacknowledged PSN: what precedes it is complete (and its WQEs
     // may be gone), and going back there would skip unsent packets of the current WQE.
-    let psn = if psn.is_before(qp.req.una) { qp.req.una } else { psn };
+    let psn = if psn.is_before(qp.req.una) {
+        qp.req.una
+    } else {
+        psn
+    };
     for (i, w) in qp.sq.iter().enumerate() {
         if !w.started {
             break;

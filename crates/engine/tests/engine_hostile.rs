@@ -339,7 +339,10 @@ fn random_well_formed_packets_never_break_the_engine() {
     }
     eprintln!(
         "{delivered} packets, {resets} QP resets; {:?}",
-        v.e.counters().iter().filter(|c| c.1 > 0).collect::<Vec<_>>()
+        v.e.counters()
+            .iter()
+            .filter(|c| c.1 > 0)
+            .collect::<Vec<_>>()
     );
     assert!(v.e.counters().get(engine::Counter::RxPackets) > delivered / 2);
     assert!(resets > 0, "hostile packets should have errored some QP");
