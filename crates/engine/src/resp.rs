@@ -6,7 +6,7 @@
 
 use wire::{
     AethRepr, AtomicAckEthRepr, BthRepr, Msn, NakCode, OpKind, Opcode, PacketLayout, Psn, Qpn,
-    RoceV2Packet, Syndrome, TransportRepr, ROCEV2_UDP_PORT,
+    RethRepr, RoceV2Packet, Syndrome, TransportRepr, ROCEV2_UDP_PORT,
 };
 
 use crate::counters::Counter;
@@ -430,6 +430,29 @@ fn remember(qp: &mut Qp, r: Resource) {
     qp.resp.resources.push_back(r);
 }
 
+/// The owner of the memory a READ request names, once its R_Key, PD, bounds and REMOTE_READ
+/// right check out; `None` when they do not. A zero-length READ names no memory, so its R_Key
+/// is not checked (IBA: zero-length RDMA validates no R_Key). Shared by first execution and
+/// duplicate replay, which must judge the same request the same way.
+fn read_target<M: Memory + ?Sized>(
+    qp: &Qp,
+    ctx: &Ctx<'_, M>,
+    reth: &RethRepr,
+) -> Option<crate::MemOwner> {
+    if reth.dma_len == 0 {
+        return Some(crate::MemOwner::default());
+    }
+    ctx.check_rkey(
+        qp.qpn,
+        reth.rkey.value(),
+        qp.pd,
+        reth.va,
+        u64::from(reth.dma_len),
+        AccessFlags::REMOTE_READ,
+    )
+    .ok()
+}
+
 /// RDMA READ REQUEST: check, remember, and queue the responses (built at transmit time).
 fn do_read<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &RoceV2Packet<'_>) {
     let t = &pkt.transport;
@@ -440,23 +463,9 @@ fn do_read<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &RoceV2Pa
     }
     let Some(reth) = t.reth else { return };
     let len = u64::from(reth.dma_len);
-    let owner = if len == 0 {
-        crate::MemOwner::default()
-    } else {
-        match ctx.check_rkey(
-            qp.qpn,
-            reth.rkey.value(),
-            qp.pd,
-            reth.va,
-            len,
-            AccessFlags::REMOTE_READ,
-        ) {
-            Ok(o) => o,
-            Err(_) => {
-                fatal_nak(qp, ctx, psn, NakCode::RemoteAccessError);
-                return;
-            }
-        }
+    let Some(owner) = read_target(qp, ctx, &reth) else {
+        fatal_nak(qp, ctx, psn, NakCode::RemoteAccessError);
+        return;
     };
     let mtu = qp.path.map_or(256, |p| p.mtu);
     let n = packets_for(len, mtu);
@@ -556,23 +565,9 @@ fn duplicate<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &RoceV2
                 return;
             };
             let len = u64::from(reth.dma_len);
-            let owner = if len == 0 {
-                crate::MemOwner::default()
-            } else {
-                match ctx.check_rkey(
-                    qp.qpn,
-                    reth.rkey.value(),
-                    qp.pd,
-                    reth.va,
-                    len,
-                    AccessFlags::REMOTE_READ,
-                ) {
-                    Ok(o) => o,
-                    Err(_) => {
-                        fatal_nak(qp, ctx, psn, NakCode::RemoteAccessError);
-                        return;
-                    }
-                }
+            let Some(owner) = read_target(qp, ctx, &reth) else {
+                fatal_nak(qp, ctx, psn, NakCode::RemoteAccessError);
+                return;
             };
             ctx.count(qp, Counter::RespReplayed);
             let msn = qp.resp.msn;
