@@ -523,7 +523,6 @@ impl<'d> Conn<'d> {
             return;
         }
         let d = self.daemon;
-        d.stats.clients_reclaimed.fetch_add(1, Ordering::Relaxed);
         let objs: Vec<Obj> = self.objs.drain().map(|(_, o)| o).collect();
         let rank = |o: &Obj| match o {
             Obj::Qp { .. } => 0,
@@ -572,6 +571,9 @@ impl<'d> Conn<'d> {
                 tracing::warn!(pid = self.pid, object = ?o, error = %e, "reclaim failed");
             }
         }
+        // Counted once every object is gone, so a reader that sees the client reclaimed also
+        // sees each object's counter (the crash test raced the old order).
+        d.stats.clients_reclaimed.fetch_add(1, Ordering::Relaxed);
         tracing::info!(
             pid = self.pid,
             uid = self.uid,
