@@ -20,8 +20,13 @@ fn result_row<'a>(text: &'a str, size: &str) -> Option<&'a str> {
     })
 }
 
-fn check(o: &Output, size: &str, client: bool) {
-    assert!(o.status.success(), "{}", describe(o));
+fn check(o: &Output, other: &Output, size: &str, client: bool) {
+    assert!(
+        o.status.success(),
+        "{}\nthe other side: {}",
+        describe(o),
+        describe(other)
+    );
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(
         text.contains("Device         : softrdma0"),
@@ -49,8 +54,8 @@ fn bench(prog: &str, size: &str, server_prints_results: bool) {
     let server = ["-n", ITERS, "-p", &port];
     let client = ["-n", ITERS, "-p", &port, "127.0.0.1"];
     let (so, co) = server_client(prog, &server, &client, LIMIT);
-    check(&co, size, true);
-    check(&so, size, server_prints_results);
+    check(&co, &so, size, true);
+    check(&so, &co, size, server_prints_results);
 }
 
 /// `-a`: every size from 2 bytes to 8 MiB, a few iterations each; every row is printed.
@@ -61,8 +66,9 @@ fn bench_all_sizes(prog: &str) {
     let server = ["-a", "-n", n, "-p", &port];
     let client = ["-a", "-n", n, "-p", &port, "127.0.0.1"];
     let (so, co) = server_client(prog, &server, &client, LIMIT);
-    assert!(so.status.success(), "{}", describe(&so));
-    assert!(co.status.success(), "{}", describe(&co));
+    let both = || format!("server: {}\nclient: {}", describe(&so), describe(&co));
+    assert!(so.status.success(), "{}", both());
+    assert!(co.status.success(), "{}", both());
     let text = String::from_utf8_lossy(&co.stdout);
     for shift in 1..=23 {
         let size = (1u64 << shift).to_string();
