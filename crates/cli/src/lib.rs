@@ -3,7 +3,7 @@
 //! This is the top layer of softrdma. It holds `softrdma decode`, a tcpdump-style decoder
 //! for RoCEv2 captures built on the `wire` codec, and the device tools built on the
 //! `softrdma` API: `devinfo`, `pingpong`, the perftest-compatible benchmarks ([`perf`]) with
-//! their raw-socket [`baseline`], and `demo`.
+//! their raw-socket [`baseline`], and `demo`; and [`stat`], the host daemon's counters.
 
 #![warn(missing_docs)]
 
@@ -15,6 +15,7 @@ pub mod devinfo;
 pub mod link;
 pub mod perf;
 pub mod pingpong;
+pub mod stat;
 pub mod tool;
 
 use std::io::{Read, Write};

@@ -1,5 +1,5 @@
 //! `softrdma`: command-line tools for softrdma: decode, devinfo, pingpong, the
-//! perftest-compatible benchmarks, and demo.
+//! perftest-compatible benchmarks, demo, and stat (the host daemon's counters).
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
@@ -9,7 +9,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use softrdma_cli::perf::{PerfArgs, Test};
 use softrdma_cli::tool::ToolError;
-use softrdma_cli::{decode_capture, demo, devinfo, perf, pingpong, DecodeError, DecodeSummary};
+use softrdma_cli::{
+    decode_capture, demo, devinfo, perf, pingpong, stat, DecodeError, DecodeSummary,
+};
 
 /// RDMA in software: tools for softrdma.
 #[derive(Parser)]
@@ -58,6 +60,8 @@ enum Command {
     AtomicLat(PerfArgs),
     /// A few-second narrated tour of RDMA between two devices on loopback.
     Demo(demo::DemoArgs),
+    /// Show the counters of the host daemon softrdmad and of each of its devices.
+    Stat(stat::StatArgs),
 }
 
 fn summary_line(s: &DecodeSummary) -> String {
@@ -158,5 +162,15 @@ fn main() -> ExitCode {
         Command::SendLat(a) => bench(Test::SendLat, &a),
         Command::AtomicLat(a) => bench(Test::AtomicLat, &a),
         Command::Demo(a) => finish("demo", demo::run(&a, &mut out)),
+        Command::Stat(a) => match stat::run(&a, &mut out) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(stat::StatError::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("softrdma stat: {e}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }
