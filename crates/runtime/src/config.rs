@@ -55,7 +55,8 @@ pub struct RuntimeConfig {
     pub busy_poll: Duration,
     /// Datagrams received per `recvmmsg` call.
     pub rx_batch: usize,
-    /// Port MTU (the largest path MTU a QP may use).
+    /// Port MTU (the largest path MTU a QP may use). The port offers less when the link
+    /// under `addr` cannot carry it (see [`crate::link`]).
     pub mtu: Mtu,
     /// Device attributes to report and enforce.
     pub device: DeviceAttr,

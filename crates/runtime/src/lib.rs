@@ -86,6 +86,7 @@
 pub mod capture;
 mod config;
 mod io;
+pub mod link;
 mod memory;
 
 use std::collections::{HashMap, VecDeque};
@@ -374,7 +375,8 @@ impl Runtime {
             config.rng_seed.unwrap_or_else(random_seed),
         );
         ec.device = config.device.clone();
-        ec.mtu = config.mtu;
+        // The port offers what the link under the address carries (DF is always set).
+        ec.mtu = link::port_mtu(config.addr, config.mtu);
         if config.src_port_policy == SrcPortPolicy::Fixed {
             // The engine emits the port the packets leave from: no rewriting needed.
             ec.udp_src_port = Some(port);
