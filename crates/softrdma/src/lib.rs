@@ -45,10 +45,22 @@
 //! remote QPN and Q_Key; every receive buffer starts with [`GRH_LEN`] bytes of GRH. A
 //! [`Srq`] ([`Pd::create_srq`], [`QpBuilder::srq`]) feeds the receives of several QPs.
 //!
+//! ## UC
+//!
+//! A UC QP ([`QpBuilder::qp_type`] with [`QpType::Uc`]) connects like an RC one and carries
+//! SEND and RDMA WRITE (with immediate), without acknowledgements or retransmission.
+//!
+//! ## Memory windows and invalidation
+//!
+//! A [`MemoryWindow`] ([`Pd::alloc_mw`]) exposes part of a region that allows
+//! [`AccessFlags::MW_BIND`] to peers, with its own rights and rkey: type 1 is bound with
+//! [`Qp::bind_mw`], type 2 with a bind work request, [`Qp::post_bind_mw`], and freed again by
+//! [`Qp::local_inv`] or a peer's [`Qp::send_with_inv`] (which also invalidate regions).
+//!
 //! ## What is not here yet
 //!
-//! Memory windows (the engine has them: `Pd` will grow `alloc_mw` and `Qp` a bind call) and
-//! UC QPs.
+//! XRC, and fast-registration MRs (the engine has neither: any region can be invalidated,
+//! none re-validated).
 
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
@@ -57,6 +69,7 @@ mod cq;
 mod device;
 pub mod handshake;
 mod mr;
+mod mw;
 mod qp;
 mod ud;
 
@@ -64,10 +77,12 @@ pub use cq::Cq;
 pub use device::{Device, DeviceBuilder};
 pub use handshake::{Endpoint, HandshakeError, RemoteMr};
 pub use mr::{Buffer, MemoryRegion, RawMemoryRegion, RegisterableBuffer};
+pub use mw::MemoryWindow;
 pub use qp::{ConnectOptions, Pd, Qp, QpBuilder, DEFAULT_QKEY};
 pub use ud::{AddressHandle, Srq};
 
 pub use engine::qp_attr::Mtu;
+pub use engine::MwType;
 pub use engine::{
     AccessFlags, AhAttr, AsyncEvent, Counter, Counters, DeviceAttr, Gid, PortAttr, QpAttr,
     QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendPayload, SendWr, Sge,
