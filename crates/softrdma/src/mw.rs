@@ -28,6 +28,7 @@
 
 use std::ops::RangeBounds;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 
 use engine::{AccessFlags, MrHandle, MwBind, MwHandle, MwType, SendOp, SendWr, Sge, VerbsError};
 
@@ -115,6 +116,19 @@ fn mr_handle(e: &runtime::EngineGuard<'_>, mr: &RawMemoryRegion) -> Result<MrHan
     }
 }
 
+/// Refuse a window or region of another device before naming it by handle: handles are
+/// per device, so another device's window would name an unrelated one of this device.
+fn same_device(qp: &Qp, mw: &MemoryWindow, mr: Option<&RawMemoryRegion>) -> Result<()> {
+    let dev = &qp.pd().device().inner;
+    if !Arc::ptr_eq(dev, &mw.pd.device().inner) {
+        return Err(Error::Verbs(VerbsError::InvalidMw));
+    }
+    if mr.is_some_and(|mr| !Arc::ptr_eq(dev, &mr.pd().device().inner)) {
+        return Err(Error::Verbs(VerbsError::InvalidMr));
+    }
+    Ok(())
+}
+
 /// The bind description for `range` (byte offsets into `mr`) with `access`, and the
 /// descriptor a peer uses once the window is bound with `rkey`.
 fn describe(
@@ -146,8 +160,10 @@ impl Qp {
     ///
     /// The region must allow [`AccessFlags::MW_BIND`] (and `LOCAL_WRITE` for remote write or
     /// atomic rights); the window, the region and this QP must share one PD. A type 2
-    /// window is refused here with [`VerbsError::InvalidMw`]: bind it with
-    /// [`Qp::post_bind_mw`].
+    /// window is refused here with [`VerbsError::InvalidMw`] (bind it with
+    /// [`Qp::post_bind_mw`]), and so is a window of another device (a region of another
+    /// device with [`VerbsError::InvalidMr`]); a range outside the region is
+    /// [`Error::OutOfBounds`]. Nothing is posted then.
     pub fn bind_mw(
         &self,
         wr_id: u64,
@@ -156,6 +172,7 @@ impl Qp {
         range: impl RangeBounds<usize>,
         access: AccessFlags,
     ) -> Result<RemoteMr> {
+        same_device(self, mw, Some(mr))?;
         let rt = &self.pd().device().inner.rt;
         let mut e = rt.lock();
         let handle = mr_handle(&e, mr)?;
@@ -167,6 +184,7 @@ impl Qp {
     /// Unbind type 1 window `mw` (a zero-length `ibv_bind_mw`): once the signaled bind has
     /// completed, no key of the window works. Returns the window's new rkey.
     pub fn unbind_mw(&self, wr_id: u64, mw: &MemoryWindow) -> Result<u32> {
+        same_device(self, mw, None)?;
         let bind = MwBind {
             // Not looked at: a zero-length bind of a type 1 window names no region.
             mr: MrHandle(0),
@@ -189,8 +207,9 @@ impl Qp {
     /// A type 2 window must be free to be bound: after allocation, [`Qp::local_inv`] or a
     /// peer's [`Qp::send_with_inv`]; otherwise the bind completes with `MwBindErr`. The
     /// region must allow [`AccessFlags::MW_BIND`]; window, region and QP share one PD. A
-    /// type 1 window is refused with [`VerbsError::InvalidMw`]: bind it with
-    /// [`Qp::bind_mw`].
+    /// type 1 window is refused with [`VerbsError::InvalidMw`] (bind it with
+    /// [`Qp::bind_mw`]), as are another device's windows and regions and ranges outside
+    /// the region (as for [`Qp::bind_mw`]); nothing is posted then.
     pub fn post_bind_mw(
         &self,
         wr_id: u64,
@@ -202,6 +221,7 @@ impl Qp {
         if mw.mw_type != MwType::Type2 {
             return Err(Error::Verbs(VerbsError::InvalidMw));
         }
+        same_device(self, mw, Some(mr))?;
         let rt = &self.pd().device().inner.rt;
         // Held across reading, posting and advancing the posted key, so that two threads
         // binding the same window post distinct keys.

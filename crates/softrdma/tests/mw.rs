@@ -458,3 +458,55 @@ fn a_deallocated_window_rkey_is_refused() {
     assert_eq!(write_from_a(&a, b"gone", &remote), WcStatus::RemAccessErr);
     assert!(mr.to_vec().iter().all(|&x| x == 0));
 }
+
+#[test]
+fn a_window_or_region_of_another_device_is_refused_before_anything_is_posted() {
+    let (a, b) = pair_v4(LEN);
+    let a_mr = window_region(&a);
+    let b_mr = window_region(&b);
+    let a_mw = a.pd.alloc_mw(MwType::Type1).unwrap();
+    let b_mw = b.pd.alloc_mw(MwType::Type1).unwrap();
+    let r = b.qp.bind_mw(1, &a_mw, &b_mr, 0..64, rw());
+    assert!(
+        matches!(r, Err(Error::Verbs(VerbsError::InvalidMw))),
+        "{r:?}"
+    );
+    let r = b.qp.bind_mw(1, &b_mw, &a_mr, 0..64, rw());
+    assert!(
+        matches!(r, Err(Error::Verbs(VerbsError::InvalidMr))),
+        "{r:?}"
+    );
+    let a_mw2 = a.pd.alloc_mw(MwType::Type2).unwrap();
+    let r = b.qp.post_bind_mw(1, &a_mw2, &b_mr, 0..64, rw());
+    assert!(
+        matches!(r, Err(Error::Verbs(VerbsError::InvalidMw))),
+        "{r:?}"
+    );
+    assert!(b.cq.poll_one().unwrap().is_none());
+    assert!(!b_mw.is_bound().unwrap());
+    assert!(!a_mw.is_bound().unwrap());
+}
+
+#[test]
+fn atomics_go_through_a_window_that_allows_them() {
+    let (a, b) = pair_v4(LEN);
+    let mr = window_region(&b);
+    mr.write_u64(128, 40).unwrap();
+    let (_mw, remote) = bind_type1(&b, &mr, 0..1024, AccessFlags::REMOTE_ATOMIC);
+    let word = RemoteMr {
+        addr: remote.addr + 128,
+        len: 8,
+        rkey: remote.rkey,
+    };
+    a.qp.fetch_add(12, a.mr.sge(0..8).unwrap(), &word, 2)
+        .unwrap();
+    assert_eq!(a.cq.wait_ok(WAIT).unwrap().opcode, WcOpcode::FetchAdd);
+    assert_eq!(a.mr.read_u64(0).unwrap(), 40);
+    assert_eq!(mr.read_u64(128).unwrap(), 42);
+}
+
+#[test]
+fn memory_windows_can_be_shared_between_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<MemoryWindow>();
+}
