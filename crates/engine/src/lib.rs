@@ -124,7 +124,7 @@ pub use time::Instant;
 pub use wr::{RecvWr, SendFlags, SendOp, SendPayload, SendWr, Sge};
 
 pub use ah::AhHandle;
-pub use mw::{MwBind, MwHandle, MwKeys, MwType};
+pub use mw::{inc_rkey, MwBind, MwHandle, MwKeys, MwType};
 pub use srq::{SrqAttr, SrqAttrMask, SrqHandle};
 pub use ud::{UdDest, GRH_LEN};
 

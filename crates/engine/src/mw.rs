@@ -121,8 +121,9 @@ impl MwTable {
     }
 }
 
-/// The rkey after `rkey` with the same window index and the next tag (`ibv_inc_rkey`).
-pub(crate) fn inc_rkey(rkey: u32) -> u32 {
+/// The rkey after `rkey` with the same window index and the next tag (`ibv_inc_rkey`): what
+/// a type 2 bind WR names as the window's new key.
+pub fn inc_rkey(rkey: u32) -> u32 {
     (rkey & !0xff) | (rkey.wrapping_add(1) & 0xff)
 }
 
