@@ -5,12 +5,13 @@
 //! created it: when the client is dropped (or its process dies) the daemon destroys them all.
 
 use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
 use crate::proto::{
-    DeviceAttrMsg, DeviceInfo, Header, PortAttrMsg, ProtoError, QpAttrMsg, QpInitMsg, Request,
-    Response, SendWrMsg, SgeMsg, WcMsg, HEADER_LEN, VERSION,
+    AhMsg, AsyncEventMsg, DeviceAttrMsg, DeviceInfo, Header, PortAttrMsg, ProtoError, QpAttrMsg,
+    QpInitMsg, Request, Response, SendWrMsg, SgeMsg, WcMsg, HEADER_LEN, VERSION,
 };
 use crate::ring::{Ring, RingError, Role};
 
@@ -308,11 +309,24 @@ impl Client {
     /// two), polled with no system call ([`CqRing::poll`]); [`Client::poll_cq`] is refused
     /// on that CQ from then on.
     pub fn attach_cq_ring(&mut self, cq: u32, capacity: u32) -> Result<CqRing, ClientError> {
+        let fd = self.call_for_fd(&Request::AttachCqRing { cq, capacity })?;
+        let ring = Ring::open(&fd, Role::Consumer).map_err(|_| ClientError::Unexpected)?;
+        Ok(CqRing { ring })
+    }
+
+    /// A completion channel for `cq` (`ibv_create_comp_channel` for one CQ): an eventfd
+    /// the daemon signals when an armed notification ([`Client::req_notify_cq`]) fires.
+    /// Read it to clear it.
+    pub fn cq_channel(&mut self, cq: u32) -> Result<OwnedFd, ClientError> {
+        self.call_for_fd(&Request::CqChannel { cq })
+    }
+
+    /// Send `req` and take the descriptor its `Done` answer carries (SCM_RIGHTS).
+    fn call_for_fd(&mut self, req: &Request) -> Result<OwnedFd, ClientError> {
         use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
         self.next_id = self.next_id.wrapping_add(1);
         let id = self.next_id;
-        self.stream
-            .write_all(&Request::AttachCqRing { cq, capacity }.encode(id))?;
+        self.stream.write_all(&req.encode(id))?;
         // The fd rides on the answer's first bytes: read the header with recvmsg.
         let mut hb = [0u8; HEADER_LEN];
         let mut got = 0;
@@ -347,12 +361,117 @@ impl Client {
         }
         match Response::decode(h.kind, &body)? {
             Response::Error { errno, message } => Err(ClientError::Refused { errno, message }),
-            Response::Done => {
-                let fd = fd.ok_or(ClientError::Unexpected)?;
-                let ring = Ring::open(&fd, Role::Consumer).map_err(|_| ClientError::Unexpected)?;
-                Ok(CqRing { ring })
-            }
+            Response::Done => fd.ok_or(ClientError::Unexpected),
             _ => Err(ClientError::Unexpected),
+        }
+    }
+
+    fn count(&mut self, req: &Request) -> Result<u64, ClientError> {
+        match self.call(req)? {
+            Response::Count(n) => Ok(n),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+
+    /// Completions waiting in `cq` (not counting a ring's).
+    pub fn cq_len(&mut self, cq: u32) -> Result<u64, ClientError> {
+        self.count(&Request::CqLen { cq })
+    }
+
+    /// `ibv_req_notify_cq`.
+    pub fn req_notify_cq(&mut self, cq: u32, solicited_only: bool) -> Result<(), ClientError> {
+        self.done(&Request::ReqNotifyCq { cq, solicited_only })
+    }
+
+    /// `ibv_create_srq`; returns the SRQ handle.
+    pub fn create_srq(&mut self, pd: u32, max_wr: u32, max_sge: u32) -> Result<u32, ClientError> {
+        self.handle(&Request::CreateSrq {
+            pd,
+            max_wr,
+            max_sge,
+        })
+    }
+
+    /// `ibv_destroy_srq`.
+    pub fn destroy_srq(&mut self, srq: u32) -> Result<(), ClientError> {
+        self.done(&Request::DestroySrq { srq })
+    }
+
+    /// `ibv_post_srq_recv` of one WR.
+    pub fn post_srq_recv(
+        &mut self,
+        srq: u32,
+        wr_id: u64,
+        sges: Vec<SgeMsg>,
+    ) -> Result<(), ClientError> {
+        self.done(&Request::PostSrqRecv { srq, wr_id, sges })
+    }
+
+    /// Receive WRs waiting in `srq`.
+    pub fn srq_len(&mut self, srq: u32) -> Result<u64, ClientError> {
+        self.count(&Request::SrqLen { srq })
+    }
+
+    /// `ibv_create_qp` drawing receives from `srq`.
+    pub fn create_qp_with_srq(&mut self, init: QpInitMsg, srq: u32) -> Result<QpInfo, ClientError> {
+        match self.call(&Request::CreateQpWithSrq { init, srq })? {
+            Response::Qp { handle, qpn } => Ok(QpInfo { handle, qpn }),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+
+    /// `ibv_create_ah`; returns the AH handle.
+    pub fn create_ah(&mut self, pd: u32, ah: AhMsg) -> Result<u32, ClientError> {
+        self.handle(&Request::CreateAh { pd, ah })
+    }
+
+    /// `ibv_destroy_ah`.
+    pub fn destroy_ah(&mut self, ah: u32) -> Result<(), ClientError> {
+        self.done(&Request::DestroyAh { ah })
+    }
+
+    /// `ibv_post_send` of one WR on a UD QP, to `remote_qpn` at `ah` with `remote_qkey`.
+    pub fn post_send_ud(
+        &mut self,
+        qp: u32,
+        ah: u32,
+        remote_qpn: u32,
+        remote_qkey: u32,
+        wr: SendWrMsg,
+    ) -> Result<(), ClientError> {
+        self.done(&Request::PostSendUd {
+            qp,
+            ah,
+            remote_qpn,
+            remote_qkey,
+            wr,
+        })
+    }
+
+    /// Take the asynchronous events of this connection's objects, oldest first.
+    pub fn async_events(&mut self) -> Result<Vec<AsyncEventMsg>, ClientError> {
+        match self.call(&Request::GetAsyncEvents)? {
+            Response::AsyncEvents(v) => Ok(v),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+
+    /// End the connection and wait until the daemon has closed its end, which it does only
+    /// after destroying every object of the connection (its MRs deregistered: it no longer
+    /// touches their memory). Every later call fails.
+    pub fn close_and_wait(&mut self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Write);
+        let _ = self.stream.set_read_timeout(None);
+        let mut sink = [0u8; 4096];
+        // Answers still in flight are discarded; end of stream or an error (reset) both mean
+        // the daemon's side is gone.
+        loop {
+            match self.stream.read(&mut sink) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
         }
     }
 

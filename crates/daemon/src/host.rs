@@ -18,14 +18,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
-use engine::{CqHandle, Engine, EngineConfig, Instant};
+use engine::{AsyncEvent, CqHandle, Engine, EngineConfig, Instant};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use wire::{Ipv4, Ipv4Repr, Ipv6, Ipv6Repr, Udp, UdpRepr};
 
 use crate::memory::{ClientMemory, SharedRegions};
-use crate::proto::WcMsg;
 use crate::ring::{Ring, RingError};
 
 /// Room in front of a received datagram for the IP and UDP headers rebuilt there.
@@ -77,7 +76,14 @@ pub struct Core {
     txbuf: Vec<u8>,
     /// CQs whose completions go to a shared-memory ring.
     rings: HashMap<CqHandle, Ring>,
+    /// Completion channels: signalled when an armed notification of their CQ fires.
+    channels: HashMap<CqHandle, EventFd>,
+    /// Asynchronous events not yet taken by the connection owning their object.
+    events: VecDeque<AsyncEvent>,
 }
+
+/// Most asynchronous events kept for clients to take; the oldest go first.
+const MAX_EVENTS: usize = 1024;
 
 struct Shared {
     core: Mutex<Core>,
@@ -99,16 +105,27 @@ impl Shared {
         self.core.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Send everything the engine has to send, and take its asynchronous events so they
-    /// never pile up (they are logged; routing them to the owning client is still to come).
+    /// Send everything the engine has to send, keep its asynchronous events for their
+    /// owners (bounded), and signal the channels of CQs whose notification fired.
     fn pump(&self, core: &mut Core, now: Instant) {
         let Core {
             engine,
             txbuf,
             rings,
+            channels,
+            events,
         } = core;
         while let Some(ev) = engine.get_async_event() {
             tracing::debug!(event = ?ev, "async event");
+            if events.len() >= MAX_EVENTS {
+                events.pop_front();
+            }
+            events.push_back(ev);
+        }
+        while let Some(cq) = engine.get_cq_event() {
+            if let Some(fd) = channels.get(&cq) {
+                let _ = fd.write(1);
+            }
         }
         rings.retain(|&cq, ring| match fill_ring(engine, cq, ring) {
             Ok(()) => true,
@@ -179,19 +196,7 @@ fn fill_ring(
     }
     let wcs = engine.poll_cq(cq, free).unwrap_or_default();
     for c in &wcs {
-        let m = WcMsg {
-            wr_id: c.wr_id,
-            status: c.status.to_ibv(),
-            opcode: c.opcode.to_ibv(),
-            vendor_err: c.vendor_err,
-            byte_len: c.byte_len,
-            imm_data: c.imm_data,
-            invalidated_rkey: c.invalidated_rkey,
-            qp_num: c.qp_num,
-            src_qp: c.src_qp,
-            wc_flags: c.wc_flags.bits(),
-            pkey_index: c.pkey_index,
-        };
+        let m = crate::convert::wc_to_msg(c);
         // `free` slots were checked above and only this thread (under the lock) produces.
         ring.push(&m.to_entry())?;
     }
@@ -313,6 +318,8 @@ impl Device {
                 engine,
                 txbuf: vec![0; MAX_DATAGRAM + HEADROOM],
                 rings: HashMap::new(),
+                channels: HashMap::new(),
+                events: VecDeque::new(),
             }),
             socks,
             remote_port: config.remote_port,
@@ -362,6 +369,70 @@ impl Device {
     /// Stop delivering `cq`'s completions into a ring (before destroying the CQ).
     pub fn detach_ring(&self, cq: CqHandle) {
         self.shared.lock().rings.remove(&cq);
+    }
+
+    /// A completion channel for `cq`: an eventfd the device signals whenever an armed
+    /// notification of the CQ fires. Returns a descriptor of it to hand to the client.
+    pub fn channel(&self, cq: CqHandle) -> Result<std::os::fd::OwnedFd, HostError> {
+        let io = |what| {
+            move |e: nix::errno::Errno| HostError::Io {
+                what,
+                source: e.into(),
+            }
+        };
+        let mut core = self.shared.lock();
+        if let Some(fd) = core.channels.get(&cq) {
+            return fd
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|source| HostError::Io {
+                    what: "dup",
+                    source,
+                });
+        }
+        let fd = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+            .map_err(io("eventfd"))?;
+        let out = fd
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|source| HostError::Io {
+                what: "dup",
+                source,
+            })?;
+        core.channels.insert(cq, fd);
+        Ok(out)
+    }
+
+    /// Signal `cq`'s completion channel now if it has one and the CQ holds completions
+    /// (`ibv_req_notify_cq` on a CQ that is not empty: "arm, then wait" must not sleep
+    /// through completions that came first).
+    pub fn signal_if_pending(&self, cq: CqHandle) {
+        let core = self.shared.lock();
+        if core.engine.cq_len(cq).is_ok_and(|n| n > 0) {
+            if let Some(fd) = core.channels.get(&cq) {
+                let _ = fd.write(1);
+            }
+        }
+    }
+
+    /// Forget `cq`'s completion channel (before destroying the CQ).
+    pub fn drop_channel(&self, cq: CqHandle) {
+        self.shared.lock().channels.remove(&cq);
+    }
+
+    /// Take the asynchronous events `mine` recognizes (turned into what it returns), oldest
+    /// first; the others stay for their owners.
+    pub fn take_events<T>(&self, mine: impl Fn(&AsyncEvent) -> Option<T>) -> Vec<T> {
+        let mut core = self.shared.lock();
+        let mut out = Vec::new();
+        core.events.retain(|ev| match mine(ev) {
+            Some(t) => {
+                out.push(t);
+                false
+            }
+            None => true,
+        });
+        out
     }
 
     /// Whether `cq` delivers into a ring.

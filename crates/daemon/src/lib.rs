@@ -29,6 +29,7 @@
 #![warn(missing_docs)]
 
 pub mod client;
+pub mod convert;
 pub mod host;
 pub mod memory;
 pub mod proto;

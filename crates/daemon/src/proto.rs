@@ -672,6 +672,30 @@ kinds! {
     STAT = 19,
     /// [`super::Request::AttachCqRing`].
     ATTACH_CQ_RING = 20,
+    /// [`super::Request::CreateSrq`].
+    CREATE_SRQ = 21,
+    /// [`super::Request::DestroySrq`].
+    DESTROY_SRQ = 22,
+    /// [`super::Request::PostSrqRecv`].
+    POST_SRQ_RECV = 23,
+    /// [`super::Request::SrqLen`].
+    SRQ_LEN = 24,
+    /// [`super::Request::CqLen`].
+    CQ_LEN = 25,
+    /// [`super::Request::CreateAh`].
+    CREATE_AH = 26,
+    /// [`super::Request::DestroyAh`].
+    DESTROY_AH = 27,
+    /// [`super::Request::PostSendUd`].
+    POST_SEND_UD = 28,
+    /// [`super::Request::CreateQpWithSrq`].
+    CREATE_QP_WITH_SRQ = 29,
+    /// [`super::Request::ReqNotifyCq`].
+    REQ_NOTIFY_CQ = 30,
+    /// [`super::Request::CqChannel`].
+    CQ_CHANNEL = 31,
+    /// [`super::Request::GetAsyncEvents`].
+    GET_ASYNC_EVENTS = 32,
 }
 
 /// A request from a client. Handles (`pd`, `cq`, `mr`, `qp`) are the connection's own
@@ -800,6 +824,260 @@ pub enum Request {
         /// Entries (a power of two).
         capacity: u32,
     },
+    /// `ibv_create_srq`.
+    CreateSrq {
+        /// PD handle.
+        pd: u32,
+        /// Receive WRs it holds.
+        max_wr: u32,
+        /// SGEs per receive WR.
+        max_sge: u32,
+    },
+    /// `ibv_destroy_srq`.
+    DestroySrq {
+        /// SRQ handle.
+        srq: u32,
+    },
+    /// `ibv_post_srq_recv` of one WR.
+    PostSrqRecv {
+        /// SRQ handle.
+        srq: u32,
+        /// Returned in the completion.
+        wr_id: u64,
+        /// Buffers.
+        sges: Vec<SgeMsg>,
+    },
+    /// Receive WRs waiting in an SRQ (answered with [`Response::Count`]).
+    SrqLen {
+        /// SRQ handle.
+        srq: u32,
+    },
+    /// Completions waiting in a CQ (answered with [`Response::Count`]).
+    CqLen {
+        /// CQ handle.
+        cq: u32,
+    },
+    /// `ibv_create_ah` (RoCE: always global).
+    CreateAh {
+        /// PD handle.
+        pd: u32,
+        /// The address vector.
+        ah: AhMsg,
+    },
+    /// `ibv_destroy_ah`.
+    DestroyAh {
+        /// AH handle.
+        ah: u32,
+    },
+    /// `ibv_post_send` of one WR on a UD QP.
+    PostSendUd {
+        /// QP handle.
+        qp: u32,
+        /// AH handle.
+        ah: u32,
+        /// Destination QP number.
+        remote_qpn: u32,
+        /// Q_Key (high bit set: the QP's own).
+        remote_qkey: u32,
+        /// The work request.
+        wr: SendWrMsg,
+    },
+    /// `ibv_create_qp` taking receives from an SRQ.
+    CreateQpWithSrq {
+        /// Queue sizes and type.
+        init: QpInitMsg,
+        /// SRQ handle.
+        srq: u32,
+    },
+    /// `ibv_req_notify_cq`: signal the CQ's channel ([`Request::CqChannel`]) at its next
+    /// (solicited) completion.
+    ReqNotifyCq {
+        /// CQ handle.
+        cq: u32,
+        /// Only solicited or error completions.
+        solicited_only: bool,
+    },
+    /// A completion channel for `cq`: the answer carries an eventfd (SCM_RIGHTS) that the
+    /// daemon signals whenever an armed notification of the CQ fires.
+    CqChannel {
+        /// CQ handle.
+        cq: u32,
+    },
+    /// Take the asynchronous events of this connection's objects (answered with
+    /// [`Response::AsyncEvents`]).
+    GetAsyncEvents,
+}
+
+/// An address vector (`ibv_ah_attr` with its GRH) as [`Request::CreateAh`] carries it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AhMsg {
+    /// Destination GID.
+    pub dgid: [u8; 16],
+    /// Source GID index.
+    pub sgid_index: u8,
+    /// Hop limit.
+    pub hop_limit: u8,
+    /// Traffic class.
+    pub traffic_class: u8,
+    /// Flow label.
+    pub flow_label: u32,
+}
+
+/// One asynchronous event (`ibv_async_event`) as [`Response::AsyncEvents`] carries it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AsyncEventMsg {
+    /// What happened: one of the `EV_*` constants of [`AsyncEventMsg`].
+    pub kind: u8,
+    /// The object: a QP number, or the connection's CQ or SRQ handle, or a port number.
+    pub id: u32,
+}
+
+impl AsyncEventMsg {
+    /// `IBV_EVENT_CQ_ERR` (`id`: CQ handle).
+    pub const EV_CQ_ERR: u8 = 1;
+    /// `IBV_EVENT_SQ_DRAINED` (`id`: QPN).
+    pub const EV_SQ_DRAINED: u8 = 2;
+    /// `IBV_EVENT_QP_FATAL` (`id`: QPN).
+    pub const EV_QP_FATAL: u8 = 3;
+    /// `IBV_EVENT_SRQ_LIMIT_REACHED` (`id`: SRQ handle).
+    pub const EV_SRQ_LIMIT_REACHED: u8 = 4;
+    /// `IBV_EVENT_QP_LAST_WQE_REACHED` (`id`: QPN).
+    pub const EV_QP_LAST_WQE_REACHED: u8 = 5;
+    /// `IBV_EVENT_PORT_ACTIVE` (`id`: port).
+    pub const EV_PORT_ACTIVE: u8 = 6;
+    /// `IBV_EVENT_PORT_ERR` (`id`: port).
+    pub const EV_PORT_ERR: u8 = 7;
+}
+
+/// Most asynchronous events in one answer.
+pub const MAX_EVENTS: usize = 4096;
+
+fn write_send_wr(w: &mut Writer, wr: &SendWrMsg) {
+    w.u64(wr.wr_id).u32(wr.flags);
+    match wr.op {
+        SendOpMsg::Send => {
+            w.u8(0);
+        }
+        SendOpMsg::SendWithImm { imm } => {
+            w.u8(1).u32(imm);
+        }
+        SendOpMsg::SendWithInv { rkey } => {
+            w.u8(2).u32(rkey);
+        }
+        SendOpMsg::Write { remote_addr, rkey } => {
+            w.u8(3).u64(remote_addr).u32(rkey);
+        }
+        SendOpMsg::WriteWithImm {
+            remote_addr,
+            rkey,
+            imm,
+        } => {
+            w.u8(4).u64(remote_addr).u32(rkey).u32(imm);
+        }
+        SendOpMsg::Read { remote_addr, rkey } => {
+            w.u8(5).u64(remote_addr).u32(rkey);
+        }
+        SendOpMsg::CmpSwap {
+            remote_addr,
+            rkey,
+            compare,
+            swap,
+        } => {
+            w.u8(6).u64(remote_addr).u32(rkey).u64(compare).u64(swap);
+        }
+        SendOpMsg::FetchAdd {
+            remote_addr,
+            rkey,
+            add,
+        } => {
+            w.u8(7).u64(remote_addr).u32(rkey).u64(add);
+        }
+    }
+    write_sges(w, &wr.sges);
+    match &wr.inline {
+        None => {
+            w.u8(0);
+        }
+        Some(d) => {
+            w.u8(1).blob(d);
+        }
+    }
+}
+
+fn read_send_wr(r: &mut Reader<'_>) -> Result<SendWrMsg, ProtoError> {
+    let wr_id = r.u64()?;
+    let flags = r.u32()?;
+    let op = match r.u8()? {
+        0 => SendOpMsg::Send,
+        1 => SendOpMsg::SendWithImm { imm: r.u32()? },
+        2 => SendOpMsg::SendWithInv { rkey: r.u32()? },
+        3 => SendOpMsg::Write {
+            remote_addr: r.u64()?,
+            rkey: r.u32()?,
+        },
+        4 => SendOpMsg::WriteWithImm {
+            remote_addr: r.u64()?,
+            rkey: r.u32()?,
+            imm: r.u32()?,
+        },
+        5 => SendOpMsg::Read {
+            remote_addr: r.u64()?,
+            rkey: r.u32()?,
+        },
+        6 => SendOpMsg::CmpSwap {
+            remote_addr: r.u64()?,
+            rkey: r.u32()?,
+            compare: r.u64()?,
+            swap: r.u64()?,
+        },
+        7 => SendOpMsg::FetchAdd {
+            remote_addr: r.u64()?,
+            rkey: r.u32()?,
+            add: r.u64()?,
+        },
+        _ => return Err(ProtoError::Invalid("send opcode")),
+    };
+    let sges = read_sges(r)?;
+    let inline = if r.bool()? {
+        Some(r.blob()?.to_vec())
+    } else {
+        None
+    };
+    Ok(SendWrMsg {
+        wr_id,
+        op,
+        flags,
+        sges,
+        inline,
+    })
+}
+
+fn write_qp_init(w: &mut Writer, q: &QpInitMsg) {
+    w.u32(q.pd)
+        .u32(q.send_cq)
+        .u32(q.recv_cq)
+        .u32(q.qp_type)
+        .u32(q.max_send_wr)
+        .u32(q.max_recv_wr)
+        .u32(q.max_send_sge)
+        .u32(q.max_recv_sge)
+        .u32(q.max_inline_data)
+        .bool(q.sq_sig_all);
+}
+
+fn read_qp_init(r: &mut Reader<'_>) -> Result<QpInitMsg, ProtoError> {
+    Ok(QpInitMsg {
+        pd: r.u32()?,
+        send_cq: r.u32()?,
+        recv_cq: r.u32()?,
+        qp_type: r.u32()?,
+        max_send_wr: r.u32()?,
+        max_recv_wr: r.u32()?,
+        max_send_sge: r.u32()?,
+        max_recv_sge: r.u32()?,
+        max_inline_data: r.u32()?,
+        sq_sig_all: r.bool()?,
+    })
 }
 
 fn write_sges(w: &mut Writer, sges: &[SgeMsg]) {
@@ -846,6 +1124,18 @@ impl Request {
             Request::PollCq { .. } => kind::POLL_CQ,
             Request::Stat => kind::STAT,
             Request::AttachCqRing { .. } => kind::ATTACH_CQ_RING,
+            Request::CreateSrq { .. } => kind::CREATE_SRQ,
+            Request::DestroySrq { .. } => kind::DESTROY_SRQ,
+            Request::PostSrqRecv { .. } => kind::POST_SRQ_RECV,
+            Request::SrqLen { .. } => kind::SRQ_LEN,
+            Request::CqLen { .. } => kind::CQ_LEN,
+            Request::CreateAh { .. } => kind::CREATE_AH,
+            Request::DestroyAh { .. } => kind::DESTROY_AH,
+            Request::PostSendUd { .. } => kind::POST_SEND_UD,
+            Request::CreateQpWithSrq { .. } => kind::CREATE_QP_WITH_SRQ,
+            Request::ReqNotifyCq { .. } => kind::REQ_NOTIFY_CQ,
+            Request::CqChannel { .. } => kind::CQ_CHANNEL,
+            Request::GetAsyncEvents => kind::GET_ASYNC_EVENTS,
         }
     }
 
@@ -885,71 +1175,15 @@ impl Request {
                 w.u32(*dev).u32(*cqe);
             }
             Request::CreateQp(q) => {
-                w.u32(q.pd)
-                    .u32(q.send_cq)
-                    .u32(q.recv_cq)
-                    .u32(q.qp_type)
-                    .u32(q.max_send_wr)
-                    .u32(q.max_recv_wr)
-                    .u32(q.max_send_sge)
-                    .u32(q.max_recv_sge)
-                    .u32(q.max_inline_data)
-                    .bool(q.sq_sig_all);
+                write_qp_init(&mut w, q);
             }
             Request::ModifyQp { qp, mask, attr } => {
                 w.u32(*qp).u32(*mask);
                 attr.write(&mut w);
             }
             Request::PostSend { qp, wr } => {
-                w.u32(*qp).u64(wr.wr_id).u32(wr.flags);
-                match wr.op {
-                    SendOpMsg::Send => {
-                        w.u8(0);
-                    }
-                    SendOpMsg::SendWithImm { imm } => {
-                        w.u8(1).u32(imm);
-                    }
-                    SendOpMsg::SendWithInv { rkey } => {
-                        w.u8(2).u32(rkey);
-                    }
-                    SendOpMsg::Write { remote_addr, rkey } => {
-                        w.u8(3).u64(remote_addr).u32(rkey);
-                    }
-                    SendOpMsg::WriteWithImm {
-                        remote_addr,
-                        rkey,
-                        imm,
-                    } => {
-                        w.u8(4).u64(remote_addr).u32(rkey).u32(imm);
-                    }
-                    SendOpMsg::Read { remote_addr, rkey } => {
-                        w.u8(5).u64(remote_addr).u32(rkey);
-                    }
-                    SendOpMsg::CmpSwap {
-                        remote_addr,
-                        rkey,
-                        compare,
-                        swap,
-                    } => {
-                        w.u8(6).u64(remote_addr).u32(rkey).u64(compare).u64(swap);
-                    }
-                    SendOpMsg::FetchAdd {
-                        remote_addr,
-                        rkey,
-                        add,
-                    } => {
-                        w.u8(7).u64(remote_addr).u32(rkey).u64(add);
-                    }
-                }
-                write_sges(&mut w, &wr.sges);
-                match &wr.inline {
-                    None => {
-                        w.u8(0);
-                    }
-                    Some(d) => {
-                        w.u8(1).blob(d);
-                    }
-                }
+                w.u32(*qp);
+                write_send_wr(&mut w, wr);
             }
             Request::PostRecv { qp, wr_id, sges } => {
                 w.u32(*qp).u64(*wr_id);
@@ -961,6 +1195,50 @@ impl Request {
             Request::AttachCqRing { cq, capacity } => {
                 w.u32(*cq).u32(*capacity);
             }
+            Request::CreateSrq {
+                pd,
+                max_wr,
+                max_sge,
+            } => {
+                w.u32(*pd).u32(*max_wr).u32(*max_sge);
+            }
+            Request::DestroySrq { srq: h }
+            | Request::SrqLen { srq: h }
+            | Request::CqLen { cq: h }
+            | Request::DestroyAh { ah: h }
+            | Request::CqChannel { cq: h } => {
+                w.u32(*h);
+            }
+            Request::PostSrqRecv { srq, wr_id, sges } => {
+                w.u32(*srq).u64(*wr_id);
+                write_sges(&mut w, sges);
+            }
+            Request::CreateAh { pd, ah } => {
+                w.u32(*pd);
+                w.buf.extend_from_slice(&ah.dgid);
+                w.u8(ah.sgid_index)
+                    .u8(ah.hop_limit)
+                    .u8(ah.traffic_class)
+                    .u32(ah.flow_label);
+            }
+            Request::PostSendUd {
+                qp,
+                ah,
+                remote_qpn,
+                remote_qkey,
+                wr,
+            } => {
+                w.u32(*qp).u32(*ah).u32(*remote_qpn).u32(*remote_qkey);
+                write_send_wr(&mut w, wr);
+            }
+            Request::CreateQpWithSrq { init, srq } => {
+                write_qp_init(&mut w, init);
+                w.u32(*srq);
+            }
+            Request::ReqNotifyCq { cq, solicited_only } => {
+                w.u32(*cq).bool(*solicited_only);
+            }
+            Request::GetAsyncEvents => {}
         }
         w.buf
     }
@@ -1003,74 +1281,16 @@ impl Request {
                 dev: r.u32()?,
                 cqe: r.u32()?,
             },
-            kind::CREATE_QP => Request::CreateQp(QpInitMsg {
-                pd: r.u32()?,
-                send_cq: r.u32()?,
-                recv_cq: r.u32()?,
-                qp_type: r.u32()?,
-                max_send_wr: r.u32()?,
-                max_recv_wr: r.u32()?,
-                max_send_sge: r.u32()?,
-                max_recv_sge: r.u32()?,
-                max_inline_data: r.u32()?,
-                sq_sig_all: r.bool()?,
-            }),
+            kind::CREATE_QP => Request::CreateQp(read_qp_init(&mut r)?),
             kind::MODIFY_QP => Request::ModifyQp {
                 qp: r.u32()?,
                 mask: r.u32()?,
                 attr: QpAttrMsg::read(&mut r)?,
             },
-            kind::POST_SEND => {
-                let qp = r.u32()?;
-                let wr_id = r.u64()?;
-                let flags = r.u32()?;
-                let op = match r.u8()? {
-                    0 => SendOpMsg::Send,
-                    1 => SendOpMsg::SendWithImm { imm: r.u32()? },
-                    2 => SendOpMsg::SendWithInv { rkey: r.u32()? },
-                    3 => SendOpMsg::Write {
-                        remote_addr: r.u64()?,
-                        rkey: r.u32()?,
-                    },
-                    4 => SendOpMsg::WriteWithImm {
-                        remote_addr: r.u64()?,
-                        rkey: r.u32()?,
-                        imm: r.u32()?,
-                    },
-                    5 => SendOpMsg::Read {
-                        remote_addr: r.u64()?,
-                        rkey: r.u32()?,
-                    },
-                    6 => SendOpMsg::CmpSwap {
-                        remote_addr: r.u64()?,
-                        rkey: r.u32()?,
-                        compare: r.u64()?,
-                        swap: r.u64()?,
-                    },
-                    7 => SendOpMsg::FetchAdd {
-                        remote_addr: r.u64()?,
-                        rkey: r.u32()?,
-                        add: r.u64()?,
-                    },
-                    _ => return Err(ProtoError::Invalid("send opcode")),
-                };
-                let sges = read_sges(&mut r)?;
-                let inline = if r.bool()? {
-                    Some(r.blob()?.to_vec())
-                } else {
-                    None
-                };
-                Request::PostSend {
-                    qp,
-                    wr: SendWrMsg {
-                        wr_id,
-                        op,
-                        flags,
-                        sges,
-                        inline,
-                    },
-                }
-            }
+            kind::POST_SEND => Request::PostSend {
+                qp: r.u32()?,
+                wr: read_send_wr(&mut r)?,
+            },
             kind::POST_RECV => Request::PostRecv {
                 qp: r.u32()?,
                 wr_id: r.u64()?,
@@ -1084,6 +1304,47 @@ impl Request {
                 cq: r.u32()?,
                 capacity: r.u32()?,
             },
+            kind::CREATE_SRQ => Request::CreateSrq {
+                pd: r.u32()?,
+                max_wr: r.u32()?,
+                max_sge: r.u32()?,
+            },
+            kind::DESTROY_SRQ => Request::DestroySrq { srq: r.u32()? },
+            kind::POST_SRQ_RECV => Request::PostSrqRecv {
+                srq: r.u32()?,
+                wr_id: r.u64()?,
+                sges: read_sges(&mut r)?,
+            },
+            kind::SRQ_LEN => Request::SrqLen { srq: r.u32()? },
+            kind::CQ_LEN => Request::CqLen { cq: r.u32()? },
+            kind::CREATE_AH => Request::CreateAh {
+                pd: r.u32()?,
+                ah: AhMsg {
+                    dgid: r.array()?,
+                    sgid_index: r.u8()?,
+                    hop_limit: r.u8()?,
+                    traffic_class: r.u8()?,
+                    flow_label: r.u32()?,
+                },
+            },
+            kind::DESTROY_AH => Request::DestroyAh { ah: r.u32()? },
+            kind::POST_SEND_UD => Request::PostSendUd {
+                qp: r.u32()?,
+                ah: r.u32()?,
+                remote_qpn: r.u32()?,
+                remote_qkey: r.u32()?,
+                wr: read_send_wr(&mut r)?,
+            },
+            kind::CREATE_QP_WITH_SRQ => Request::CreateQpWithSrq {
+                init: read_qp_init(&mut r)?,
+                srq: r.u32()?,
+            },
+            kind::REQ_NOTIFY_CQ => Request::ReqNotifyCq {
+                cq: r.u32()?,
+                solicited_only: r.bool()?,
+            },
+            kind::CQ_CHANNEL => Request::CqChannel { cq: r.u32()? },
+            kind::GET_ASYNC_EVENTS => Request::GetAsyncEvents,
             k => return Err(ProtoError::UnknownKind(k)),
         };
         r.finish()?;
@@ -1143,6 +1404,10 @@ pub enum Response {
     Completions(Vec<WcMsg>),
     /// Answer to [`Request::Stat`]: named counters.
     Stat(Vec<(String, u64)>),
+    /// A number of things ([`Request::CqLen`], [`Request::SrqLen`]).
+    Count(u64),
+    /// Answer to [`Request::GetAsyncEvents`], oldest first.
+    AsyncEvents(Vec<AsyncEventMsg>),
 }
 
 /// Tags of the [`Response`] variants inside a success body (the first byte).
@@ -1159,6 +1424,8 @@ mod rtag {
     pub const QP_ATTR: u8 = 9;
     pub const COMPLETIONS: u8 = 10;
     pub const STAT: u8 = 11;
+    pub const COUNT: u8 = 12;
+    pub const ASYNC_EVENTS: u8 = 13;
 }
 
 /// Most completions in one answer.
@@ -1257,6 +1524,15 @@ impl Response {
                 w.u8(rtag::STAT).count(s.len());
                 for (name, v) in s {
                     w.string(name).u64(*v);
+                }
+            }
+            Response::Count(n) => {
+                w.u8(rtag::COUNT).u64(*n);
+            }
+            Response::AsyncEvents(evs) => {
+                w.u8(rtag::ASYNC_EVENTS).count(evs.len());
+                for e in evs {
+                    w.u8(e.kind).u32(e.id);
                 }
             }
         }
@@ -1365,6 +1641,18 @@ impl Response {
                 }
                 Response::Stat(v)
             }
+            rtag::COUNT => Response::Count(r.u64()?),
+            rtag::ASYNC_EVENTS => {
+                let n = r.count(MAX_EVENTS, 5)?;
+                let mut v = Vec::with_capacity(n);
+                for _ in 0..n {
+                    v.push(AsyncEventMsg {
+                        kind: r.u8()?,
+                        id: r.u32()?,
+                    });
+                }
+                Response::AsyncEvents(v)
+            }
             _ => return Err(ProtoError::Invalid("response tag")),
         };
         r.finish()?;
@@ -1460,6 +1748,60 @@ mod tests {
             },
             Request::PollCq { cq: 2, max: 16 },
             Request::Stat,
+            Request::CreateSrq {
+                pd: 1,
+                max_wr: 64,
+                max_sge: 2,
+            },
+            Request::PostSrqRecv {
+                srq: 7,
+                wr_id: 3,
+                sges: vec![SgeMsg::default(); 2],
+            },
+            Request::CreateAh {
+                pd: 1,
+                ah: AhMsg {
+                    dgid: [9; 16],
+                    sgid_index: 1,
+                    hop_limit: 64,
+                    traffic_class: 2,
+                    flow_label: 3,
+                },
+            },
+            Request::PostSendUd {
+                qp: 4,
+                ah: 5,
+                remote_qpn: 0x12,
+                remote_qkey: 0x1111_1111,
+                wr: SendWrMsg {
+                    wr_id: 11,
+                    op: SendOpMsg::SendWithImm { imm: 5 },
+                    flags: 2,
+                    sges: vec![SgeMsg::default()],
+                    inline: None,
+                },
+            },
+            Request::CreateQpWithSrq {
+                init: QpInitMsg {
+                    pd: 1,
+                    send_cq: 2,
+                    recv_cq: 3,
+                    qp_type: 2,
+                    max_send_wr: 16,
+                    max_recv_wr: 0,
+                    max_send_sge: 2,
+                    max_recv_sge: 2,
+                    max_inline_data: 64,
+                    sq_sig_all: false,
+                },
+                srq: 7,
+            },
+            Request::ReqNotifyCq {
+                cq: 2,
+                solicited_only: true,
+            },
+            Request::CqChannel { cq: 2 },
+            Request::CqLen { cq: 2 },
         ]
     }
 
@@ -1508,6 +1850,11 @@ mod tests {
                 lkey: 2,
                 rkey: 3,
             },
+            Response::Count(7),
+            Response::AsyncEvents(vec![AsyncEventMsg {
+                kind: AsyncEventMsg::EV_QP_FATAL,
+                id: 0x11,
+            }]),
         ];
         for r in rs {
             let bytes = r.encode(kind::STAT, 5);

@@ -19,16 +19,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use engine::{
-    AccessFlags, AhAttr, AtomicCap, CqHandle, MemOwner, MrHandle, PdHandle, PortState, QpAttr,
-    QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendPayload, SendWr,
-    Sge, VerbsError,
+    AccessFlags, AhHandle, CqHandle, MemOwner, MrHandle, PdHandle, QpAttr, QpAttrMask, QpCap,
+    QpInitAttr, QpState, QpType, RecvWr, SrqAttr, SrqHandle, UdDest, VerbsError,
 };
 
+use crate::convert::{self, ConvertError};
 use crate::host::Device;
 use crate::memory::{self, Region, SharedRegions};
 use crate::proto::{
-    DeviceAttrMsg, DeviceInfo, Header, PortAttrMsg, ProtoError, QpAttrMsg, QpInitMsg, Request,
-    Response, SendOpMsg, SendWrMsg, SgeMsg, WcMsg, HEADER_LEN, MAX_WCS, VERSION,
+    DeviceInfo, Header, ProtoError, QpInitMsg, Request, Response, SgeMsg, WcMsg, HEADER_LEN,
+    MAX_EVENTS, MAX_WCS, VERSION,
 };
 use crate::ring::{Ring, Role};
 
@@ -36,6 +36,7 @@ const EINVAL: i32 = 22;
 const EFAULT: i32 = 14;
 const EPROTO: i32 = 71;
 const ENOMEM: i32 = 12;
+const EOPNOTSUPP: i32 = 95;
 
 /// Largest CQ ring.
 const MAX_RING_ENTRIES: u32 = 1 << 16;
@@ -92,6 +93,14 @@ stats! {
     reclaimed_cqs,
     /// QPs flushed and destroyed because their connection ended.
     reclaimed_qps,
+    /// SRQs alive.
+    live_srqs,
+    /// AHs alive.
+    live_ahs,
+    /// SRQs destroyed because their connection ended.
+    reclaimed_srqs,
+    /// AHs destroyed because their connection ended.
+    reclaimed_ahs,
 }
 
 /// The daemon: its devices, the registered client memory, its counters.
@@ -125,6 +134,14 @@ enum Obj {
         dev: usize,
         qpn: u32,
     },
+    Srq {
+        dev: usize,
+        h: SrqHandle,
+    },
+    Ah {
+        dev: usize,
+        h: AhHandle,
+    },
 }
 
 impl Obj {
@@ -133,7 +150,9 @@ impl Obj {
             Obj::Pd { dev, .. }
             | Obj::Mr { dev, .. }
             | Obj::Cq { dev, .. }
-            | Obj::Qp { dev, .. } => dev,
+            | Obj::Qp { dev, .. }
+            | Obj::Srq { dev, .. }
+            | Obj::Ah { dev, .. } => dev,
         }
     }
 }
@@ -148,6 +167,19 @@ impl From<VerbsError> for Fail {
     fn from(e: VerbsError) -> Fail {
         Fail {
             errno: e.errno(),
+            message: e.to_string(),
+        }
+    }
+}
+
+impl From<ConvertError> for Fail {
+    fn from(e: ConvertError) -> Fail {
+        let errno = match e {
+            ConvertError::Unsupported(_) => EOPNOTSUPP,
+            _ => EINVAL,
+        };
+        Fail {
+            errno,
             message: e.to_string(),
         }
     }
@@ -226,6 +258,28 @@ impl<'d> Conn<'d> {
         }
     }
 
+    fn srq(&self, h: u32) -> Result<(usize, SrqHandle), Fail> {
+        match self.get(h)? {
+            Obj::Srq { dev, h } => Ok((dev, h)),
+            _ => Err(fail(EINVAL, format!("handle {h} is not an SRQ"))),
+        }
+    }
+
+    fn ah(&self, h: u32) -> Result<(usize, AhHandle), Fail> {
+        match self.get(h)? {
+            Obj::Ah { dev, h } => Ok((dev, h)),
+            _ => Err(fail(EINVAL, format!("handle {h} is not an AH"))),
+        }
+    }
+
+    /// The connection's handle of an engine object on device `dev` that `matches`.
+    fn handle_of(&self, dev: usize, matches: impl Fn(&Obj) -> bool) -> Option<u32> {
+        self.objs
+            .iter()
+            .find(|(_, o)| o.dev() == dev && matches(o))
+            .map(|(h, _)| *h)
+    }
+
     fn room(&self) -> Result<(), Fail> {
         if self.objs.len() >= MAX_OBJECTS_PER_CONNECTION {
             return Err(fail(ENOMEM, "too many objects on this connection"));
@@ -273,36 +327,12 @@ impl<'d> Conn<'d> {
             Request::QueryDevice { dev } => {
                 let (_, dev) = self.device(dev)?;
                 let a = dev.read(|e| e.query_device());
-                Ok(Response::DeviceAttr(DeviceAttrMsg {
-                    node_guid: a.node_guid,
-                    max_mr_size: a.max_mr_size,
-                    max_qp: a.max_qp,
-                    max_qp_wr: a.max_qp_wr,
-                    max_sge: a.max_sge,
-                    max_cq: a.max_cq,
-                    max_cqe: a.max_cqe,
-                    max_mr: a.max_mr,
-                    max_pd: a.max_pd,
-                    max_qp_rd_atom: a.max_qp_rd_atom,
-                    max_qp_init_rd_atom: a.max_qp_init_rd_atom,
-                    atomic_cap: match a.atomic_cap {
-                        AtomicCap::Hca => 1,
-                        AtomicCap::Glob => 2,
-                        _ => 0,
-                    },
-                    phys_port_cnt: a.phys_port_cnt,
-                }))
+                Ok(Response::DeviceAttr(convert::device_attr_to_msg(&a)))
             }
             Request::QueryPort { dev, port } => {
                 let (_, dev) = self.device(dev)?;
                 let p = dev.read(|e| e.query_port(port))?;
-                Ok(Response::PortAttr(PortAttrMsg {
-                    state: if p.state == PortState::Active { 4 } else { 1 },
-                    max_mtu: p.max_mtu.bytes() as u32,
-                    active_mtu: p.active_mtu.bytes() as u32,
-                    gid_tbl_len: p.gid_tbl_len,
-                    max_msg_sz: p.max_msg_sz,
-                }))
+                Ok(Response::PortAttr(convert::port_attr_to_msg(&p)))
             }
             Request::QueryGid { dev, port, index } => {
                 let (_, dev) = self.device(dev)?;
@@ -390,23 +420,24 @@ impl<'d> Conn<'d> {
                 let (i, h) = self.cq(cq)?;
                 d.devices[i].with(|e| e.destroy_cq(h))?;
                 d.devices[i].detach_ring(h);
+                d.devices[i].drop_channel(h);
                 self.objs.remove(&cq);
                 self.stat(|s| &s.live_cqs, false);
                 Ok(Response::Done)
             }
-            Request::CreateQp(q) => self.create_qp(q),
+            Request::CreateQp(q) => self.create_qp(q, None),
             Request::ModifyQp { qp, mask, attr } => {
                 let (i, qpn) = self.qp(qp)?;
                 let mask = QpAttrMask::from_bits(mask)
                     .ok_or_else(|| fail(EINVAL, "unknown attribute mask bits"))?;
-                let attr = qp_attr_from_msg(&attr, mask)?;
+                let attr = convert::qp_attr_from_msg(&attr, mask)?;
                 d.devices[i].with(|e| e.modify_qp(qpn, &attr, mask))?;
                 Ok(Response::Done)
             }
             Request::QueryQp { qp } => {
                 let (i, qpn) = self.qp(qp)?;
                 let a = d.devices[i].read(|e| e.query_qp(qpn))?;
-                Ok(Response::QpAttr(qp_attr_to_msg(&a)))
+                Ok(Response::QpAttr(convert::qp_attr_to_msg(&a)))
             }
             Request::DestroyQp { qp } => {
                 let (i, qpn) = self.qp(qp)?;
@@ -417,7 +448,7 @@ impl<'d> Conn<'d> {
             }
             Request::PostSend { qp, wr } => {
                 let (i, qpn) = self.qp(qp)?;
-                let wr = send_wr_from_msg(wr)?;
+                let wr = convert::send_wr_from_msg(wr)?;
                 d.devices[i].with(|e| e.post_send(qpn, wr))?;
                 Ok(Response::Done)
             }
@@ -438,21 +469,7 @@ impl<'d> Conn<'d> {
                 let max = (max as usize).min(MAX_WCS);
                 let wcs = d.devices[i].with(|e| e.poll_cq(h, max))?;
                 Ok(Response::Completions(
-                    wcs.iter()
-                        .map(|c| WcMsg {
-                            wr_id: c.wr_id,
-                            status: c.status.to_ibv(),
-                            opcode: c.opcode.to_ibv(),
-                            vendor_err: c.vendor_err,
-                            byte_len: c.byte_len,
-                            imm_data: c.imm_data,
-                            invalidated_rkey: c.invalidated_rkey,
-                            qp_num: c.qp_num,
-                            src_qp: c.src_qp,
-                            wc_flags: c.wc_flags.bits(),
-                            pkey_index: c.pkey_index,
-                        })
-                        .collect(),
+                    wcs.iter().map(convert::wc_to_msg).collect(),
                 ))
             }
             Request::AttachCqRing { cq, capacity } => {
@@ -484,10 +501,148 @@ impl<'d> Conn<'d> {
                 }
                 Ok(Response::Stat(v))
             }
+            Request::CreateSrq {
+                pd,
+                max_wr,
+                max_sge,
+            } => {
+                self.room()?;
+                let (i, pdh) = self.pd(pd)?;
+                let attr = SrqAttr {
+                    max_wr,
+                    max_sge,
+                    srq_limit: 0,
+                };
+                let h = d.devices[i].with(|e| e.create_srq(pdh, &attr))?;
+                self.stat(|s| &s.live_srqs, true);
+                Ok(Response::Handle(self.insert(Obj::Srq { dev: i, h })))
+            }
+            Request::DestroySrq { srq } => {
+                let (i, h) = self.srq(srq)?;
+                d.devices[i].with(|e| e.destroy_srq(h))?;
+                self.objs.remove(&srq);
+                self.stat(|s| &s.live_srqs, false);
+                Ok(Response::Done)
+            }
+            Request::PostSrqRecv { srq, wr_id, sges } => {
+                let (i, h) = self.srq(srq)?;
+                let wr = RecvWr::new(wr_id, sges.iter().map(convert::sge_from_msg).collect());
+                d.devices[i].with(|e| e.post_srq_recv(h, wr))?;
+                Ok(Response::Done)
+            }
+            Request::SrqLen { srq } => {
+                let (i, h) = self.srq(srq)?;
+                let n = d.devices[i].read(|e| e.srq_len(h))?;
+                Ok(Response::Count(n as u64))
+            }
+            Request::CqLen { cq } => {
+                let (i, h) = self.cq(cq)?;
+                let n = d.devices[i].read(|e| e.cq_len(h))?;
+                Ok(Response::Count(n as u64))
+            }
+            Request::CreateAh { pd, ah } => {
+                self.room()?;
+                let (i, pdh) = self.pd(pd)?;
+                let attr = convert::ah_from_msg(&ah);
+                let h = d.devices[i].with(|e| e.create_ah(pdh, &attr))?;
+                self.stat(|s| &s.live_ahs, true);
+                Ok(Response::Handle(self.insert(Obj::Ah { dev: i, h })))
+            }
+            Request::DestroyAh { ah } => {
+                let (i, h) = self.ah(ah)?;
+                d.devices[i].with(|e| e.destroy_ah(h))?;
+                self.objs.remove(&ah);
+                self.stat(|s| &s.live_ahs, false);
+                Ok(Response::Done)
+            }
+            Request::PostSendUd {
+                qp,
+                ah,
+                remote_qpn,
+                remote_qkey,
+                wr,
+            } => {
+                let (i, qpn) = self.qp(qp)?;
+                let (ai, ah) = self.ah(ah)?;
+                if ai != i {
+                    return Err(fail(EINVAL, "QP and AH are on different devices"));
+                }
+                let wr = convert::send_wr_from_msg(wr)?;
+                let dest = UdDest {
+                    ah,
+                    remote_qpn,
+                    remote_qkey,
+                };
+                d.devices[i].with(|e| e.post_send_ud(qpn, wr, dest))?;
+                Ok(Response::Done)
+            }
+            Request::CreateQpWithSrq { init, srq } => self.create_qp(init, Some(srq)),
+            Request::ReqNotifyCq { cq, solicited_only } => {
+                let (i, h) = self.cq(cq)?;
+                d.devices[i].with(|e| e.req_notify_cq(h, solicited_only))?;
+                if !solicited_only {
+                    d.devices[i].signal_if_pending(h);
+                }
+                Ok(Response::Done)
+            }
+            Request::CqChannel { cq } => {
+                let (i, h) = self.cq(cq)?;
+                let fd = d.devices[i]
+                    .channel(h)
+                    .map_err(|e| fail(ENOMEM, e.to_string()))?;
+                self.pending_fd = Some(fd);
+                Ok(Response::Done)
+            }
+            Request::GetAsyncEvents => {
+                let mut out = Vec::new();
+                for (i, dev) in d.devices.iter().enumerate() {
+                    if out.len() >= MAX_EVENTS {
+                        break;
+                    }
+                    let room = MAX_EVENTS - out.len();
+                    let taken = std::cell::Cell::new(0usize);
+                    out.extend(dev.take_events(|ev| {
+                        if taken.get() >= room {
+                            return None;
+                        }
+                        let m = self.event_for_me(i, ev)?;
+                        taken.set(taken.get() + 1);
+                        Some(m)
+                    }));
+                }
+                Ok(Response::AsyncEvents(out))
+            }
         }
     }
 
-    fn create_qp(&mut self, q: QpInitMsg) -> Result<Response, Fail> {
+    /// `ev` of device `dev` as this connection names it, if one of its objects is concerned
+    /// (port events go to whichever connection asks first).
+    fn event_for_me(
+        &self,
+        dev: usize,
+        ev: &engine::AsyncEvent,
+    ) -> Option<crate::proto::AsyncEventMsg> {
+        use engine::AsyncEvent as E;
+        let owns_qp = |n: u32| {
+            self.handle_of(dev, |o| matches!(o, Obj::Qp { qpn, .. } if *qpn == n))
+                .is_some()
+        };
+        match *ev {
+            E::SqDrained { qpn } | E::QpFatal { qpn } | E::QpLastWqeReached { qpn }
+                if !owns_qp(qpn) =>
+            {
+                return None;
+            }
+            _ => {}
+        }
+        convert::async_event_to_msg(
+            ev,
+            |cq| self.handle_of(dev, |o| matches!(o, Obj::Cq { h, .. } if *h == cq)),
+            |srq| self.handle_of(dev, |o| matches!(o, Obj::Srq { h, .. } if *h == srq)),
+        )
+    }
+
+    fn create_qp(&mut self, q: QpInitMsg, srq: Option<u32>) -> Result<Response, Fail> {
         self.room()?;
         let (i, pd) = self.pd(q.pd)?;
         let (si, send_cq) = self.cq(q.send_cq)?;
@@ -510,7 +665,16 @@ impl<'d> Conn<'d> {
             qp_type,
             sq_sig_all: q.sq_sig_all,
         };
-        let qpn = self.daemon.devices[i].with(|e| e.create_qp(&init))?;
+        let qpn = match srq {
+            None => self.daemon.devices[i].with(|e| e.create_qp(&init))?,
+            Some(srq) => {
+                let (si, srq) = self.srq(srq)?;
+                if si != i {
+                    return Err(fail(EINVAL, "PD and SRQ are on different devices"));
+                }
+                self.daemon.devices[i].with(|e| e.create_qp_with_srq(&init, srq))?
+            }
+        };
         self.stat(|s| &s.live_qps, true);
         let handle = self.insert(Obj::Qp { dev: i, qpn });
         Ok(Response::Qp { handle, qpn })
@@ -526,9 +690,10 @@ impl<'d> Conn<'d> {
         let objs: Vec<Obj> = self.objs.drain().map(|(_, o)| o).collect();
         let rank = |o: &Obj| match o {
             Obj::Qp { .. } => 0,
-            Obj::Mr { .. } => 1,
-            Obj::Cq { .. } => 2,
-            Obj::Pd { .. } => 3,
+            Obj::Mr { .. } | Obj::Ah { .. } => 1,
+            Obj::Srq { .. } => 2,
+            Obj::Cq { .. } => 3,
+            Obj::Pd { .. } => 4,
         };
         let mut objs = objs;
         objs.sort_by_key(rank);
@@ -557,8 +722,17 @@ impl<'d> Conn<'d> {
                         s.reclaimed_mrs.fetch_add(1, Ordering::Relaxed);
                     })
                 }
+                Obj::Srq { h, .. } => dev.with(|e| e.destroy_srq(h)).map(|()| {
+                    s.live_srqs.fetch_sub(1, Ordering::Relaxed);
+                    s.reclaimed_srqs.fetch_add(1, Ordering::Relaxed);
+                }),
+                Obj::Ah { h, .. } => dev.with(|e| e.destroy_ah(h)).map(|()| {
+                    s.live_ahs.fetch_sub(1, Ordering::Relaxed);
+                    s.reclaimed_ahs.fetch_add(1, Ordering::Relaxed);
+                }),
                 Obj::Cq { h, .. } => dev.with(|e| e.destroy_cq(h)).map(|()| {
                     dev.detach_ring(h);
+                    dev.drop_channel(h);
                     s.live_cqs.fetch_sub(1, Ordering::Relaxed);
                     s.reclaimed_cqs.fetch_add(1, Ordering::Relaxed);
                 }),
@@ -582,129 +756,8 @@ impl<'d> Conn<'d> {
     }
 }
 
-fn sge(s: &SgeMsg) -> Sge {
-    Sge::new(s.addr, s.length, s.lkey)
-}
-
-fn send_wr_from_msg(m: SendWrMsg) -> Result<SendWr, Fail> {
-    let mut flags =
-        SendFlags::from_bits(m.flags).ok_or_else(|| fail(EINVAL, "unknown send flags"))?;
-    let op = match m.op {
-        SendOpMsg::Send => SendOp::Send,
-        SendOpMsg::SendWithImm { imm } => SendOp::SendWithImm { imm },
-        SendOpMsg::SendWithInv { rkey } => SendOp::SendWithInv { rkey },
-        SendOpMsg::Write { remote_addr, rkey } => SendOp::RdmaWrite { remote_addr, rkey },
-        SendOpMsg::WriteWithImm {
-            remote_addr,
-            rkey,
-            imm,
-        } => SendOp::RdmaWriteWithImm {
-            remote_addr,
-            rkey,
-            imm,
-        },
-        SendOpMsg::Read { remote_addr, rkey } => SendOp::RdmaRead { remote_addr, rkey },
-        SendOpMsg::CmpSwap {
-            remote_addr,
-            rkey,
-            compare,
-            swap,
-        } => SendOp::AtomicCmpSwap {
-            remote_addr,
-            rkey,
-            compare,
-            swap,
-        },
-        SendOpMsg::FetchAdd {
-            remote_addr,
-            rkey,
-            add,
-        } => SendOp::AtomicFetchAdd {
-            remote_addr,
-            rkey,
-            add,
-        },
-    };
-    let payload = match m.inline {
-        Some(d) => {
-            flags |= SendFlags::INLINE;
-            SendPayload::Inline(d)
-        }
-        None => {
-            flags.remove(SendFlags::INLINE);
-            SendPayload::Sges(m.sges.iter().map(sge).collect())
-        }
-    };
-    Ok(SendWr {
-        wr_id: m.wr_id,
-        op,
-        payload,
-        flags,
-    })
-}
-
-fn qp_attr_from_msg(m: &QpAttrMsg, mask: QpAttrMask) -> Result<QpAttr, Fail> {
-    let mut a = QpAttr::default();
-    if mask.contains(QpAttrMask::STATE) {
-        a.qp_state = QpState::try_from(m.qp_state).map_err(|e| fail(EINVAL, e.to_string()))?;
-    }
-    if mask.contains(QpAttrMask::PATH_MTU) {
-        a.path_mtu = wire::Mtu::from_bytes(m.path_mtu as usize)
-            .ok_or_else(|| fail(EINVAL, format!("bad path MTU {}", m.path_mtu)))?;
-    }
-    if mask.contains(QpAttrMask::ACCESS_FLAGS) {
-        a.qp_access_flags = AccessFlags::from_bits(m.qp_access_flags)
-            .ok_or_else(|| fail(EINVAL, "unknown access flags"))?;
-    }
-    a.qkey = m.qkey;
-    a.rq_psn = m.rq_psn;
-    a.sq_psn = m.sq_psn;
-    a.dest_qp_num = m.dest_qp_num;
-    a.pkey_index = m.pkey_index;
-    if mask.contains(QpAttrMask::PORT) {
-        a.port_num = m.port_num;
-    }
-    a.max_rd_atomic = m.max_rd_atomic;
-    a.max_dest_rd_atomic = m.max_dest_rd_atomic;
-    a.min_rnr_timer = m.min_rnr_timer;
-    a.timeout = m.timeout;
-    a.retry_cnt = m.retry_cnt;
-    a.rnr_retry = m.rnr_retry;
-    a.ah_attr = AhAttr {
-        dgid: m.dgid,
-        sgid_index: m.sgid_index,
-        hop_limit: m.hop_limit,
-        traffic_class: m.traffic_class,
-        flow_label: m.flow_label,
-        is_global: true,
-        ..a.ah_attr
-    };
-    Ok(a)
-}
-
-fn qp_attr_to_msg(a: &QpAttr) -> QpAttrMsg {
-    QpAttrMsg {
-        qp_state: a.qp_state.to_ibv(),
-        path_mtu: a.path_mtu.bytes() as u32,
-        qkey: a.qkey,
-        rq_psn: a.rq_psn,
-        sq_psn: a.sq_psn,
-        dest_qp_num: a.dest_qp_num,
-        qp_access_flags: a.qp_access_flags.bits(),
-        pkey_index: a.pkey_index,
-        port_num: a.port_num,
-        max_rd_atomic: a.max_rd_atomic,
-        max_dest_rd_atomic: a.max_dest_rd_atomic,
-        min_rnr_timer: a.min_rnr_timer,
-        timeout: a.timeout,
-        retry_cnt: a.retry_cnt,
-        rnr_retry: a.rnr_retry,
-        dgid: a.ah_attr.dgid,
-        sgid_index: a.ah_attr.sgid_index,
-        hop_limit: a.ah_attr.hop_limit,
-        traffic_class: a.ah_attr.traffic_class,
-        flow_label: a.ah_attr.flow_label,
-    }
+fn sge(s: &SgeMsg) -> engine::Sge {
+    convert::sge_from_msg(s)
 }
 
 /// Why the message loop of a connection ended.

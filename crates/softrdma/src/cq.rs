@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use engine::{CqHandle, WcStatus, WorkCompletion};
-use runtime::CqNotifier;
 
+use crate::backend::Notifier;
 use crate::device::Device;
 use crate::{Error, Result};
 
@@ -21,44 +21,33 @@ pub struct Cq {
 pub(crate) struct CqInner {
     pub(crate) dev: Device,
     pub(crate) handle: CqHandle,
-    notifier: Arc<CqNotifier>,
+    notifier: Arc<Notifier>,
 }
 
 impl Drop for CqInner {
     fn drop(&mut self) {
         // QPs hold their CQs, so nothing uses this one any more.
-        if let Err(e) = self.dev.inner.rt.lock().destroy_cq(self.handle) {
+        if let Err(e) = self.dev.backend_ref().destroy_cq(self.handle) {
             tracing::warn!(error = %e, "destroy_cq failed");
         }
     }
 }
 
-/// Wait until `fd` is readable or `timeout` passes.
-pub(crate) fn wait_fd(fd: BorrowedFd<'_>, timeout: Option<Duration>) -> Result<()> {
-    Ok(runtime::wait_readable(fd, timeout)?)
-}
-
 impl Cq {
-    pub(crate) fn new(dev: Device, handle: CqHandle) -> Result<Cq> {
-        let notifier = dev.inner.rt.cq_notifier(handle)?;
-        Ok(Cq {
+    pub(crate) fn new(dev: Device, handle: CqHandle, notifier: Notifier) -> Cq {
+        Cq {
             inner: Arc::new(CqInner {
                 dev,
                 handle,
-                notifier,
+                notifier: Arc::new(notifier),
             }),
-        })
+        }
     }
 
-    /// Take up to `max` completions, oldest first (`ibv_poll_cq`); never blocks.
+    /// Take up to `max` completions, oldest first (`ibv_poll_cq`); never blocks (on the
+    /// daemon backend it is one request to the daemon).
     pub fn poll(&self, max: usize) -> Result<Vec<WorkCompletion>> {
-        Ok(self
-            .inner
-            .dev
-            .inner
-            .rt
-            .lock()
-            .poll_cq(self.inner.handle, max)?)
+        self.inner.dev.backend_ref().poll_cq(self.inner.handle, max)
     }
 
     /// Take the oldest completion, if any.
@@ -68,7 +57,7 @@ impl Cq {
 
     /// Completions waiting.
     pub fn len(&self) -> Result<usize> {
-        Ok(self.inner.dev.inner.rt.lock().cq_len(self.inner.handle)?)
+        self.inner.dev.backend_ref().cq_len(self.inner.handle)
     }
 
     /// No completions waiting.
@@ -102,8 +91,12 @@ impl Cq {
                 }
                 None => None,
             };
-            // Sleeps until the CQ has a completion, receiving packets on this thread meanwhile.
-            self.inner.dev.inner.rt.wait_cq(self.inner.handle, left)?;
+            // Sleeps until the CQ has a completion (embedded: receiving packets on this
+            // thread meanwhile; daemon: on the CQ's completion channel).
+            self.inner
+                .dev
+                .backend_ref()
+                .wait_cq(self.inner.handle, &self.inner.notifier, left)?;
         }
     }
 
@@ -122,18 +115,16 @@ impl Cq {
     /// Request a notification for the next completion (`ibv_req_notify_cq`): the descriptor
     /// of [`AsFd`] becomes readable. For callers with their own event loop.
     pub fn req_notify(&self) -> Result<()> {
-        Ok(self.inner.dev.inner.rt.arm_cq(self.inner.handle)?)
+        self.inner
+            .dev
+            .backend_ref()
+            .arm_cq(self.inner.handle, false)
     }
 
     /// Request a notification for the next solicited or error completion only
     /// (`ibv_req_notify_cq` with `solicited_only`).
     pub fn req_notify_solicited(&self) -> Result<()> {
-        Ok(self
-            .inner
-            .dev
-            .inner
-            .rt
-            .arm_cq_with(self.inner.handle, true)?)
+        self.inner.dev.backend_ref().arm_cq(self.inner.handle, true)
     }
 
     /// Consume a notification (`ibv_get_cq_event` + ack); true if there was one.
@@ -198,7 +189,7 @@ impl AsFd for Cq {
 }
 
 #[cfg(feature = "tokio")]
-struct NotifierFd(Arc<CqNotifier>);
+struct NotifierFd(Arc<Notifier>);
 
 #[cfg(feature = "tokio")]
 impl std::os::fd::AsRawFd for NotifierFd {

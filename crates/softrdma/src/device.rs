@@ -1,6 +1,7 @@
-//! Opening an embedded device and asking it what it is.
+//! Opening a device (embedded or through the host daemon) and asking it what it is.
 
 use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,13 +9,15 @@ use engine::qp_attr::Mtu;
 use engine::{AsyncEvent, Counters, DeviceAttr, Gid, PortAttr};
 use runtime::{Runtime, RuntimeConfig, RxPath, SrcPortPolicy};
 
+use crate::backend::{Backend, BackendKind, DaemonConfig, DaemonDevice};
 use crate::cq::Cq;
 use crate::qp::Pd;
 use crate::{Error, Result};
 
-/// An open soft RDMA device (an `ibv_context`): one RoCEv2 port on one local IP address.
-/// Cheap to clone; the device closes when the last clone and every object made from it are
-/// dropped.
+/// An open soft RDMA device (an `ibv_context`): one RoCEv2 port on one local IP address,
+/// either embedded in this process or served by the host daemon `softrdmad` (see the crate
+/// docs, "Backends"). Cheap to clone; the device closes when the last clone and every object
+/// made from it are dropped.
 #[derive(Clone, Debug)]
 pub struct Device {
     pub(crate) inner: Arc<DeviceInner>,
@@ -22,7 +25,7 @@ pub struct Device {
 
 #[derive(Debug)]
 pub(crate) struct DeviceInner {
-    pub(crate) rt: Runtime,
+    pub(crate) backend: Backend,
     /// How long a waiting thread polls its CQ before it sleeps.
     pub(crate) wait_spin: Duration,
 }
@@ -30,41 +33,57 @@ pub(crate) struct DeviceInner {
 /// Options for [`Device::builder`].
 #[derive(Debug, Clone)]
 pub struct DeviceBuilder {
+    addr: Option<IpAddr>,
     config: RuntimeConfig,
     wait_spin: Duration,
+    backend: Option<BackendKind>,
+    daemon: DaemonConfig,
+    /// Options that configure an embedded engine's socket or engine, set explicitly: the
+    /// daemon has its own configuration, so they are refused there (except a matching port
+    /// or MTU).
+    embedded_only: Vec<&'static str>,
+    port_set: Option<u16>,
+    mtu_set: Option<Mtu>,
 }
 
 impl DeviceBuilder {
     /// UDP port to receive on (default 4791). Give devices that share an address distinct
-    /// ports, and point each at the other's with [`DeviceBuilder::remote_port`].
+    /// ports, and point each at the other's with [`DeviceBuilder::remote_port`]. On the
+    /// daemon backend, only the daemon's own port is accepted.
     pub fn port(mut self, port: u16) -> Self {
         self.config.port = port;
+        self.port_set = Some(port);
         self
     }
 
-    /// UDP port to send to (default 4791).
+    /// UDP port to send to (default 4791). Embedded backend only.
     pub fn remote_port(mut self, port: u16) -> Self {
         self.config.remote_port = port;
+        self.embedded_only.push("remote_port");
         self
     }
 
-    /// How UDP source ports are chosen (default: per QP).
+    /// How UDP source ports are chosen (default: per QP). Embedded backend only.
     pub fn src_port_policy(mut self, policy: SrcPortPolicy) -> Self {
         self.config.src_port_policy = policy;
+        self.embedded_only.push("src_port_policy");
         self
     }
 
     /// Receive path (default: the UDP socket; see the runtime docs, "Receive policy").
     /// [`RxPath::Raw`] checks every sender's ICRC exactly (Linux rxe included) and needs
-    /// root or `CAP_NET_RAW`.
+    /// root or `CAP_NET_RAW`. Embedded backend only.
     pub fn rx_path(mut self, path: RxPath) -> Self {
         self.config.rx_path = path;
+        self.embedded_only.push("rx_path");
         self
     }
 
     /// How long the progress thread polls after activity before it sleeps (default 0).
+    /// Embedded backend only.
     pub fn busy_poll(mut self, d: Duration) -> Self {
         self.config.busy_poll = d;
+        self.embedded_only.push("busy_poll");
         self
     }
 
@@ -74,99 +93,231 @@ impl DeviceBuilder {
         self
     }
 
-    /// Port MTU (default 4096).
+    /// Port MTU (default 4096). On the daemon backend, only the daemon's MTU is accepted.
     pub fn mtu(mut self, mtu: Mtu) -> Self {
         self.config.mtu = mtu;
+        self.mtu_set = Some(mtu);
         self
     }
 
     /// Fixed seed for the key generator (tests only: keys must be unpredictable).
+    /// Embedded backend only.
     pub fn rng_seed(mut self, seed: u64) -> Self {
         self.config.rng_seed = Some(seed);
+        self.embedded_only.push("rng_seed");
         self
     }
 
-    /// Bind the socket and start the device.
+    /// Which backend to open (default: `$SOFTRDMA_BACKEND`, else embedded).
+    pub fn backend(mut self, kind: BackendKind) -> Self {
+        self.backend = Some(kind);
+        self
+    }
+
+    /// The daemon's control socket (default: `$SOFTRDMA_DAEMON_SOCKET`, else
+    /// `/run/softrdma/softrdmad.sock`).
+    pub fn daemon_socket(mut self, path: impl Into<PathBuf>) -> Self {
+        self.daemon.socket = Some(path.into());
+        self
+    }
+
+    /// Whether a missing daemon may be started (default: `$SOFTRDMA_DAEMON_SPAWN`, else
+    /// yes).
+    pub fn spawn_daemon(mut self, on: bool) -> Self {
+        self.daemon.spawn = Some(on);
+        self
+    }
+
+    /// The `softrdmad` binary to start if no daemon answers (default:
+    /// `$SOFTRDMA_DAEMON_BIN`, else next to this executable, else on `PATH`).
+    pub fn daemon_binary(mut self, path: impl Into<PathBuf>) -> Self {
+        self.daemon.binary = Some(path.into());
+        self
+    }
+
+    /// Arguments for a started daemon besides `--socket` (default:
+    /// `$SOFTRDMA_DAEMON_ARGS` split at whitespace), e.g. `["--addr", "127.0.0.1"]`.
+    pub fn daemon_args<S: Into<String>>(mut self, args: impl IntoIterator<Item = S>) -> Self {
+        self.daemon.args = Some(args.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Open the device: bind the socket and start the engine (embedded), or connect to the
+    /// daemon (starting it if allowed) and pick its device on this address.
     pub fn open(self) -> Result<Device> {
-        let rt = Runtime::start(self.config)?;
+        let kind = match self.backend {
+            Some(k) => k,
+            None => BackendKind::from_env()?.unwrap_or(BackendKind::Embedded),
+        };
+        let backend = match kind {
+            BackendKind::Embedded => {
+                if self.addr.is_none() {
+                    return Err(Error::Config(format!(
+                        "the embedded backend needs an address (set {} to an IP address)",
+                        DEVICE_ENV
+                    )));
+                }
+                Backend::Embedded(Runtime::start(self.config)?)
+            }
+            BackendKind::Daemon => {
+                if let Some(opt) = self.embedded_only.first() {
+                    return Err(Error::Config(format!(
+                        "option {opt} configures an embedded device; softrdmad has its own"
+                    )));
+                }
+                let d = DaemonDevice::open(self.addr, &self.daemon)?;
+                let b = Backend::Daemon(d);
+                if let Some(p) = self.port_set {
+                    if p != b.local_addr().port() {
+                        return Err(Error::Config(format!(
+                            "port {p} asked for, but softrdmad serves port {}",
+                            b.local_addr().port()
+                        )));
+                    }
+                }
+                if let Some(m) = self.mtu_set {
+                    let active = b.query_port()?.active_mtu;
+                    if m != active {
+                        return Err(Error::Config(format!(
+                            "MTU {} asked for, but softrdmad's port has {}",
+                            m.bytes(),
+                            active.bytes()
+                        )));
+                    }
+                }
+                b
+            }
+        };
         Ok(Device {
             inner: Arc::new(DeviceInner {
-                rt,
+                backend,
                 wait_spin: self.wait_spin,
             }),
         })
     }
 }
 
+/// Environment variable naming the device [`Device::open_default`] opens: an IP address
+/// (either backend) or a daemon device name such as `srxe0`.
+pub const DEVICE_ENV: &str = "SOFTRDMA_DEVICE";
+
 impl Device {
-    /// Open a device on `addr` with the defaults (UDP 4791).
+    /// Open a device on `addr` with the defaults (UDP 4791, backend from
+    /// `$SOFTRDMA_BACKEND`, else embedded).
     pub fn open(addr: IpAddr) -> Result<Device> {
         Device::builder(addr).open()
+    }
+
+    /// Open the device the environment names: backend `$SOFTRDMA_BACKEND` (default:
+    /// daemon), device `$SOFTRDMA_DEVICE` (an IP address; default on the daemon: its first
+    /// device; the embedded backend needs one).
+    pub fn open_default() -> Result<Device> {
+        let kind = BackendKind::from_env()?.unwrap_or(BackendKind::Daemon);
+        let addr = match std::env::var(DEVICE_ENV) {
+            Ok(v) if !v.trim().is_empty() => Some(
+                v.trim()
+                    .parse::<IpAddr>()
+                    .map_err(|_| Error::Config(format!("{DEVICE_ENV}={v} is not an IP address")))?,
+            ),
+            _ => None,
+        };
+        let b = DeviceBuilder {
+            addr,
+            ..Device::builder(addr.unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into()))
+        };
+        b.backend(kind).open()
     }
 
     /// Options for a device on `addr`.
     pub fn builder(addr: IpAddr) -> DeviceBuilder {
         DeviceBuilder {
+            addr: Some(addr),
             config: RuntimeConfig::new(addr),
             wait_spin: Duration::ZERO,
+            backend: None,
+            daemon: DaemonConfig {
+                socket: None,
+                spawn: None,
+                binary: None,
+                args: None,
+            },
+            embedded_only: Vec::new(),
+            port_set: None,
+            mtu_set: None,
         }
+    }
+
+    pub(crate) fn backend_ref(&self) -> &Backend {
+        &self.inner.backend
+    }
+
+    /// Which backend this device runs on.
+    pub fn backend(&self) -> BackendKind {
+        self.inner.backend.kind()
     }
 
     /// The address and UDP port the device receives on.
     pub fn local_addr(&self) -> SocketAddr {
-        self.inner.rt.local_addr()
+        self.inner.backend.local_addr()
     }
 
-    /// Device attributes (`ibv_query_device`).
+    /// Device attributes (`ibv_query_device`; on the daemon backend, read when the device
+    /// was opened).
     pub fn query_device(&self) -> DeviceAttr {
-        self.inner.rt.lock().query_device()
+        self.inner.backend.query_device()
     }
 
     /// Attributes of port 1, the only port (`ibv_query_port`).
     pub fn query_port(&self) -> Result<PortAttr> {
-        Ok(self.inner.rt.lock().query_port(1)?)
+        self.inner.backend.query_port()
     }
 
     /// The GID at `index` of port 1 (`ibv_query_gid`): index 0 is the device's address.
     pub fn gid(&self, index: u32) -> Result<Gid> {
-        Ok(self.inner.rt.lock().query_gid(1, index)?)
+        self.inner.backend.gid(index)
     }
 
     /// Every GID of port 1, in table order.
     pub fn gids(&self) -> Vec<Gid> {
-        let e = self.inner.rt.lock();
-        (0..)
-            .map_while(|i| e.query_gid(1, i).ok())
-            .collect::<Vec<_>>()
+        self.inner.backend.gids()
     }
 
-    /// Device-wide counters (packets, bytes, and every drop reason).
-    pub fn counters(&self) -> Counters {
-        self.inner.rt.lock().counters().clone()
+    /// Device-wide counters (packets, bytes, and every drop reason) of an embedded device;
+    /// [`Error::Unsupported`] on the daemon backend (see [`Device::counter_values`]).
+    pub fn counters(&self) -> Result<Counters> {
+        self.inner.backend.counters()
+    }
+
+    /// Device-wide counters by name, on either backend (on the daemon: the daemon's device,
+    /// which every process using it shares).
+    pub fn counter_values(&self) -> Result<Vec<(String, u64)>> {
+        self.inner.backend.counter_values()
     }
 
     /// A new protection domain (`ibv_alloc_pd`).
     pub fn alloc_pd(&self) -> Result<Pd> {
-        let h = self.inner.rt.lock().alloc_pd()?;
+        let h = self.inner.backend.alloc_pd()?;
         Ok(Pd::new(self.clone(), h))
     }
 
     /// A completion queue with room for `depth` completions (`ibv_create_cq`).
     pub fn create_cq(&self, depth: u32) -> Result<Cq> {
-        let h = self.inner.rt.lock().create_cq(depth)?;
-        Cq::new(self.clone(), h)
+        let (h, notifier) = self.inner.backend.create_cq(depth)?;
+        Ok(Cq::new(self.clone(), h, notifier))
     }
 
-    /// The next asynchronous event (`ibv_get_async_event` without blocking).
-    pub fn async_event(&self) -> Option<AsyncEvent> {
-        self.inner.rt.get_async_event()
+    /// The next asynchronous event (`ibv_get_async_event` without blocking). On the daemon
+    /// backend this asks the daemon, and a failed request is an error.
+    pub fn async_event(&self) -> Result<Option<AsyncEvent>> {
+        self.inner.backend.async_event()
     }
 
-    /// Wait for the next asynchronous event, at most `timeout` (`None`: no limit).
+    /// Wait for the next asynchronous event, at most `timeout` (`None`: no limit). The
+    /// daemon backend has no event descriptor yet and asks the daemon every 2 ms.
     pub fn wait_async_event(&self, timeout: Option<Duration>) -> Result<AsyncEvent> {
         let deadline = timeout.map(|t| std::time::Instant::now() + t);
         loop {
-            if let Some(ev) = self.async_event() {
+            if let Some(ev) = self.async_event()? {
                 return Ok(ev);
             }
             let left = match deadline {
@@ -179,13 +330,37 @@ impl Device {
                 }
                 None => None,
             };
-            crate::cq::wait_fd(self.inner.rt.async_event_fd(), left)?;
+            self.inner.backend.wait_async_event(left)?;
         }
     }
 
-    /// The runtime underneath, for what this API does not cover yet (raw verbs on the
-    /// engine, socket counters).
+    /// The embedded runtime underneath, for what this API does not cover (raw verbs on the
+    /// engine, socket counters, packet capture); `None` on the daemon backend.
+    pub fn try_runtime(&self) -> Option<&Runtime> {
+        self.inner.backend.runtime()
+    }
+
+    /// The embedded runtime underneath (see [`Device::try_runtime`]).
+    ///
+    /// # Panics
+    ///
+    /// On a daemon-backend device, which has no runtime in this process: callers that may
+    /// get one (any program that honours `SOFTRDMA_BACKEND`) use [`Device::try_runtime`].
     pub fn runtime(&self) -> &Runtime {
-        &self.inner.rt
+        match self.inner.backend.runtime() {
+            Some(rt) => rt,
+            None => panic!(
+                "Device::runtime() on a softrdmad-backed device: there is no runtime in this \
+                 process (use Device::try_runtime)"
+            ),
+        }
+    }
+
+    /// On the daemon backend: the daemon's device name and pid.
+    pub fn daemon_info(&self) -> Option<(String, u32)> {
+        match &self.inner.backend {
+            Backend::Daemon(d) => Some((d.name().to_string(), d.daemon_pid())),
+            Backend::Embedded(_) => None,
+        }
     }
 }

@@ -65,6 +65,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+mod backend;
 mod cq;
 mod device;
 pub mod handshake;
@@ -73,8 +74,11 @@ mod mw;
 mod qp;
 mod ud;
 
+pub use backend::{
+    BackendKind, BACKEND_ENV, DAEMON_ARGS_ENV, DAEMON_BIN_ENV, SOCKET_ENV, SPAWN_ENV,
+};
 pub use cq::Cq;
-pub use device::{Device, DeviceBuilder};
+pub use device::{Device, DeviceBuilder, DEVICE_ENV};
 pub use handshake::{Endpoint, HandshakeError, RemoteMr};
 pub use mr::{Buffer, MemoryRegion, RawMemoryRegion, RegisterableBuffer};
 pub use mw::MemoryWindow;
@@ -117,6 +121,27 @@ pub enum Error {
         /// Its status.
         status: WcStatus,
     },
+    /// The host daemon's connection failed, or the daemon refused a request (its errno and
+    /// reason).
+    #[error(transparent)]
+    Daemon(#[from] daemon::client::ClientError),
+    /// No daemon answers on the control socket, and none could be started.
+    #[error("no softrdmad on {}: {reason}", socket.display())]
+    NoDaemon {
+        /// The control socket tried.
+        socket: std::path::PathBuf,
+        /// Why connecting (and starting one) failed.
+        reason: String,
+    },
+    /// The daemon answered with something that cannot be right (an unknown status...).
+    #[error("bad answer from softrdmad: {0}")]
+    BadAnswer(String),
+    /// What was asked for is not offered on this device's backend.
+    #[error("not supported on this backend: {0}")]
+    Unsupported(&'static str),
+    /// The configuration (environment or builder options) does not hold together.
+    #[error("configuration: {0}")]
+    Config(String),
     /// An offset range outside a memory region.
     #[error("range {offset}..{offset}+{len} is outside the region of {size} bytes")]
     OutOfBounds {

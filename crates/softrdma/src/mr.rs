@@ -5,7 +5,9 @@
 use std::alloc::Layout;
 use std::ops::{Bound, RangeBounds};
 
-use engine::{AccessFlags, MrKeys, Sge};
+use engine::{AccessFlags, Sge};
+
+use crate::backend::Backend;
 
 use crate::handshake::RemoteMr;
 use crate::qp::Pd;
@@ -139,11 +141,19 @@ impl<B: RegisterableBuffer> std::fmt::Debug for MemoryRegion<B> {
     }
 }
 
+/// A region's handle (the engine's, or the daemon connection's) and keys.
+#[derive(Debug, Clone, Copy)]
+struct Keys {
+    handle: u32,
+    lkey: u32,
+    rkey: u32,
+}
+
 /// A registered region over memory the crate does not own ([`Pd::register_raw`]); it is
 /// deregistered when dropped.
 pub struct RawMemoryRegion {
     pd: Pd,
-    keys: MrKeys,
+    keys: Keys,
     addr: usize,
     len: usize,
     access: AccessFlags,
@@ -192,12 +202,15 @@ impl RawMemoryRegion {
         len: usize,
         access: AccessFlags,
     ) -> Result<RawMemoryRegion> {
-        let rt = &pd.device().inner.rt;
         // SAFETY: forwarded from the caller's contract (valid until deregistered).
-        let keys = unsafe { rt.lock().reg_mr(pd.handle(), addr, len, access)? };
+        let (handle, lkey, rkey) = unsafe {
+            pd.device()
+                .backend_ref()
+                .reg_mr(pd.handle(), addr, len, access)?
+        };
         Ok(RawMemoryRegion {
             pd: pd.clone(),
-            keys,
+            keys: Keys { handle, lkey, rkey },
             addr: addr as usize,
             len,
             access,
@@ -205,13 +218,15 @@ impl RawMemoryRegion {
         })
     }
 
+    /// Deregister (once). When it returns, the device can no longer reach the memory:
+    /// a daemon that could not deregister it loses this process's connection first.
     fn dereg(&mut self) {
         if self.registered {
             self.registered = false;
-            let r = self.pd.device().inner.rt.lock().dereg_mr(self.keys.handle);
-            if let Err(e) = r {
-                tracing::warn!(error = %e, "dereg_mr failed");
-            }
+            self.pd
+                .device()
+                .backend_ref()
+                .dereg_mr_for_good(self.keys.handle);
         }
     }
 
@@ -295,42 +310,105 @@ impl<B: RegisterableBuffer> MemoryRegion<B> {
 
     /// Run `f` on the bytes while the device is locked out (it touches registered memory
     /// only under the same lock). Do not call into the device from `f`: it would deadlock.
+    ///
+    /// On the daemon backend the device cannot be locked out: `f` sees a copy of the bytes
+    /// taken just before (see the crate docs, "Safety of registered memory").
     pub fn with<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
-        let _guard = self.raw.pd.device().inner.rt.lock();
-        // SAFETY: the region owns the bytes (alive, fixed address); holding the device lock
-        // excludes every device access, and the application can only reach them through
-        // this region's methods, which take the same lock.
-        let s = unsafe { std::slice::from_raw_parts(self.raw.addr as *const u8, self.raw.len) };
-        f(s)
+        match self.raw.pd.device().backend_ref() {
+            Backend::Embedded(rt) => {
+                let _guard = rt.lock();
+                // SAFETY: the region owns the bytes (alive, fixed address); holding the
+                // device lock excludes every device access, and the application can only
+                // reach them through this region's methods, which take the same lock.
+                let s =
+                    unsafe { std::slice::from_raw_parts(self.raw.addr as *const u8, self.raw.len) };
+                f(s)
+            }
+            Backend::Daemon(_) => f(&self.snapshot(0, self.raw.len)),
+        }
     }
 
     /// Run `f` on the bytes, mutably, while the device is locked out. `&mut self` keeps other
     /// threads out of [`MemoryRegion::with`]; do not call into the device from `f`.
+    ///
+    /// On the daemon backend `f` works on a copy, and the bytes it changed are written back
+    /// afterwards (bytes it left alone keep whatever the device wrote meanwhile).
     pub fn with_mut<R>(&mut self, f: impl FnOnce(&mut [u8]) -> R) -> R {
-        let _guard = self.raw.pd.device().inner.rt.lock();
-        // SAFETY: as in `with`; `&mut self` makes this the only application access.
-        let s = unsafe { std::slice::from_raw_parts_mut(self.raw.addr as *mut u8, self.raw.len) };
-        f(s)
+        match self.raw.pd.device().backend_ref() {
+            Backend::Embedded(rt) => {
+                let _guard = rt.lock();
+                // SAFETY: as in `with`; `&mut self` makes this the only application access.
+                let s = unsafe {
+                    std::slice::from_raw_parts_mut(self.raw.addr as *mut u8, self.raw.len)
+                };
+                f(s)
+            }
+            Backend::Daemon(_) => {
+                let before = self.snapshot(0, self.raw.len);
+                let mut work = before.clone();
+                let r = f(&mut work);
+                for (i, (old, new)) in before.iter().zip(&work).enumerate() {
+                    if old != new {
+                        self.store(i, std::slice::from_ref(new));
+                    }
+                }
+                r
+            }
+        }
+    }
+
+    /// `len` bytes at `off` (in bounds), read the way DMA'd memory must be: volatile, one
+    /// byte at a time, since the daemon may write them from outside the process meanwhile.
+    fn snapshot(&self, off: usize, len: usize) -> Vec<u8> {
+        let base = (self.raw.addr + off) as *const u8;
+        (0..len)
+            // SAFETY: in bounds of memory the region owns and keeps alive; a volatile read
+            // of a byte tolerates concurrent writes by the daemon (it sees old or new).
+            .map(|i| unsafe { std::ptr::read_volatile(base.add(i)) })
+            .collect()
+    }
+
+    /// Store `data` at `off` (in bounds) with volatile byte writes (see `snapshot`).
+    fn store(&self, off: usize, data: &[u8]) {
+        let base = (self.raw.addr + off) as *mut u8;
+        for (i, b) in data.iter().enumerate() {
+            // SAFETY: in bounds of memory the region owns; the application reaches it only
+            // through this region, and the daemon's writes are byte-wise like these.
+            unsafe { std::ptr::write_volatile(base.add(i), *b) };
+        }
     }
 
     /// Copy `out.len()` bytes at `offset` out of the region.
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         let (off, len) = range_of(offset..offset.saturating_add(out.len()), self.raw.len)?;
-        self.with(|s| out.copy_from_slice(&s[off..off + len]));
+        match self.raw.pd.device().backend_ref() {
+            Backend::Embedded(_) => self.with(|s| out.copy_from_slice(&s[off..off + len])),
+            Backend::Daemon(_) => out.copy_from_slice(&self.snapshot(off, len)),
+        }
         Ok(())
     }
 
     /// Copy `data` into the region at `offset`. Takes `&self`: like the device, any thread may
-    /// write registered memory; each copy is atomic with respect to device accesses.
+    /// write registered memory; on the embedded backend each copy is atomic with respect to
+    /// device accesses (on the daemon backend it is not: see the crate docs).
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
         let (off, len) = range_of(offset..offset.saturating_add(data.len()), self.raw.len)?;
-        let _guard = self.raw.pd.device().inner.rt.lock();
-        // SAFETY: in bounds (checked above) of memory the region owns; the device lock
-        // excludes device accesses and every other application access through this region
-        // (all take the lock), so this raw copy races with nothing.
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), (self.raw.addr + off) as *mut u8, len)
-        };
+        match self.raw.pd.device().backend_ref() {
+            Backend::Embedded(rt) => {
+                let _guard = rt.lock();
+                // SAFETY: in bounds (checked above) of memory the region owns; the device
+                // lock excludes device accesses and every other application access through
+                // this region (all take the lock), so this raw copy races with nothing.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        data.as_ptr(),
+                        (self.raw.addr + off) as *mut u8,
+                        len,
+                    )
+                };
+            }
+            Backend::Daemon(_) => self.store(off, data),
+        }
         Ok(())
     }
 

@@ -53,12 +53,11 @@ pub struct MemoryWindow {
 impl Pd {
     /// A new, unbound memory window of `mw_type` in this PD (`ibv_alloc_mw`).
     pub fn alloc_mw(&self, mw_type: MwType) -> Result<MemoryWindow> {
-        let keys = self
+        let rt = self
             .device()
-            .inner
-            .rt
-            .lock()
-            .alloc_mw(self.handle(), mw_type)?;
+            .backend_ref()
+            .embedded("memory windows through softrdmad")?;
+        let keys = rt.lock().alloc_mw(self.handle(), mw_type)?;
         Ok(MemoryWindow {
             pd: self.clone(),
             handle: keys.handle,
@@ -82,19 +81,34 @@ impl MemoryWindow {
     /// The window's rkey as the device sees it now: the key of its latest executed bind
     /// (binds still queued behind other work requests have not changed it yet).
     pub fn rkey(&self) -> Result<u32> {
-        Ok(self.pd.device().inner.rt.lock().query_mw(self.handle)?.0)
+        Ok(self.rt()?.lock().query_mw(self.handle)?.0)
     }
 
     /// Whether the window is bound now (false before its first bind, after a type 1 unbind,
     /// and after a type 2 window was invalidated).
     pub fn is_bound(&self) -> Result<bool> {
-        Ok(self.pd.device().inner.rt.lock().query_mw(self.handle)?.1)
+        Ok(self.rt()?.lock().query_mw(self.handle)?.1)
+    }
+}
+
+impl MemoryWindow {
+    /// The embedded runtime (a window only exists on an embedded device: `alloc_mw`
+    /// refuses on the daemon backend).
+    fn rt(&self) -> Result<&runtime::Runtime> {
+        self.pd
+            .device()
+            .backend_ref()
+            .embedded("memory windows through softrdmad")
     }
 }
 
 impl Drop for MemoryWindow {
     fn drop(&mut self) {
-        if let Err(e) = self.pd.device().inner.rt.lock().dealloc_mw(self.handle) {
+        let r = match self.rt() {
+            Ok(rt) => rt.lock().dealloc_mw(self.handle).map_err(Error::from),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = r {
             tracing::warn!(error = %e, "dealloc_mw failed");
         }
     }
@@ -173,11 +187,11 @@ impl Qp {
         access: AccessFlags,
     ) -> Result<RemoteMr> {
         same_device(self, mw, Some(mr))?;
-        let rt = &self.pd().device().inner.rt;
+        let rt = mw.rt()?;
         let mut e = rt.lock();
         let handle = mr_handle(&e, mr)?;
         let (bind, mut remote) = describe(mr, handle, range, access)?;
-        remote.rkey = e.bind_mw(self.qpn(), wr_id, mw.handle, bind, true)?;
+        remote.rkey = e.bind_mw(self.handle(), wr_id, mw.handle, bind, true)?;
         Ok(remote)
     }
 
@@ -192,10 +206,10 @@ impl Qp {
             length: 0,
             access: AccessFlags::empty(),
         };
-        let rt = &self.pd().device().inner.rt;
-        Ok(rt
+        Ok(mw
+            .rt()?
             .lock()
-            .bind_mw(self.qpn(), wr_id, mw.handle, bind, true)?)
+            .bind_mw(self.handle(), wr_id, mw.handle, bind, true)?)
     }
 
     /// Bind type 2 window `mw` to `range` (byte offsets into `mr`) with the remote rights
@@ -222,14 +236,14 @@ impl Qp {
             return Err(Error::Verbs(VerbsError::InvalidMw));
         }
         same_device(self, mw, Some(mr))?;
-        let rt = &self.pd().device().inner.rt;
+        let rt = mw.rt()?;
         // Held across reading, posting and advancing the posted key, so that two threads
         // binding the same window post distinct keys.
         let mut e = rt.lock();
         let handle = mr_handle(&e, mr)?;
         let (bind, mut remote) = describe(mr, handle, range, access)?;
         let rkey = inc_rkey(mw.posted_rkey.load(Ordering::Relaxed));
-        e.post_send(self.qpn(), SendWr::bind_mw(wr_id, mw.handle, rkey, bind))?;
+        e.post_send(self.handle(), SendWr::bind_mw(wr_id, mw.handle, rkey, bind))?;
         mw.posted_rkey.store(rkey, Ordering::Relaxed);
         remote.rkey = rkey;
         Ok(remote)

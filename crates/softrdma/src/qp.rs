@@ -32,7 +32,7 @@ struct PdInner {
 
 impl Drop for PdInner {
     fn drop(&mut self) {
-        if let Err(e) = self.dev.inner.rt.lock().dealloc_pd(self.handle) {
+        if let Err(e) = self.dev.backend_ref().dealloc_pd(self.handle) {
             tracing::warn!(error = %e, "dealloc_pd failed");
         }
     }
@@ -208,7 +208,6 @@ impl QpBuilder {
 
     /// Create the QP and move it RESET → INIT (port 1, P_Key index 0, the access flags).
     pub fn build(self) -> Result<Qp> {
-        let rt = &self.pd.device().inner.rt;
         let init = QpInitAttr {
             pd: self.pd.handle(),
             send_cq: self.send_cq.inner.handle,
@@ -217,16 +216,18 @@ impl QpBuilder {
             qp_type: self.qp_type,
             sq_sig_all: self.sq_sig_all,
         };
-        let qpn = match &self.srq {
-            Some(srq) => rt.lock().create_qp_with_srq(&init, srq.inner.handle)?,
-            None => rt.lock().create_qp(&init)?,
-        };
+        let (handle, qpn) = self
+            .pd
+            .device()
+            .backend_ref()
+            .create_qp(&init, self.srq.as_ref().map(|s| s.inner.handle))?;
         let qp = Qp {
             inner: Arc::new(QpInner {
                 pd: self.pd.clone(),
                 _send_cq: self.send_cq,
                 _recv_cq: self.recv_cq,
                 _srq: self.srq,
+                handle,
                 qpn,
                 psn: initial_psn(qpn),
             }),
@@ -318,13 +319,16 @@ struct QpInner {
     _send_cq: Cq,
     _recv_cq: Cq,
     _srq: Option<Srq>,
+    /// What the backend names the QP by: the QPN (embedded) or the daemon connection's
+    /// handle.
+    handle: u32,
     qpn: u32,
     psn: u32,
 }
 
 impl Drop for QpInner {
     fn drop(&mut self) {
-        if let Err(e) = self.pd.device().inner.rt.lock().destroy_qp(self.qpn) {
+        if let Err(e) = self.pd.device().backend_ref().destroy_qp(self.handle) {
             tracing::warn!(error = %e, "destroy_qp failed");
         }
     }
@@ -339,8 +343,13 @@ fn smaller(a: Mtu, b: Mtu) -> Mtu {
 }
 
 impl Qp {
-    fn rt(&self) -> &runtime::Runtime {
-        &self.inner.pd.device().inner.rt
+    fn backend(&self) -> &crate::backend::Backend {
+        self.inner.pd.device().backend_ref()
+    }
+
+    /// What the backend names this QP by.
+    pub(crate) fn handle(&self) -> u32 {
+        self.inner.handle
     }
 
     /// RESET → INIT (P_Key index, port, Q_Key) → RTR → RTS (first PSN) for a UD QP.
@@ -395,7 +404,7 @@ impl Qp {
             remote_qpn,
             remote_qkey: qkey,
         };
-        Ok(self.rt().lock().post_send_ud(self.inner.qpn, wr, dest)?)
+        self.backend().post_send_ud(self.inner.handle, wr, dest)
     }
 
     /// The QP number.
@@ -415,7 +424,7 @@ impl Qp {
 
     /// Current attributes (`ibv_query_qp`).
     pub fn query(&self) -> Result<QpAttr> {
-        Ok(self.rt().lock().query_qp(self.inner.qpn)?)
+        self.backend().query_qp(self.inner.handle)
     }
 
     /// Current state.
@@ -425,7 +434,7 @@ impl Qp {
 
     /// Raw `ibv_modify_qp`: the attributes `mask` selects, checked against the IBA table.
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
-        Ok(self.rt().lock().modify_qp(self.inner.qpn, attr, mask)?)
+        self.backend().modify_qp(self.inner.handle, attr, mask)
     }
 
     /// What the peer needs to connect to this QP (with `mr` advertised if given).
@@ -522,12 +531,12 @@ impl Qp {
     /// Post a send work request (`ibv_post_send`). The packets leave before this returns
     /// when the send queue is free.
     pub fn post_send(&self, wr: SendWr) -> Result<()> {
-        Ok(self.rt().lock().post_send(self.inner.qpn, wr)?)
+        self.backend().post_send(self.inner.handle, wr)
     }
 
     /// Post a receive work request (`ibv_post_recv`).
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
-        Ok(self.rt().lock().post_recv(self.inner.qpn, wr)?)
+        self.backend().post_recv(self.inner.handle, wr)
     }
 
     /// Post a receive of `sges` (scatter list).

@@ -22,7 +22,7 @@ pub(crate) struct SrqInner {
 
 impl Drop for SrqInner {
     fn drop(&mut self) {
-        if let Err(e) = self.pd.device().inner.rt.lock().destroy_srq(self.handle) {
+        if let Err(e) = self.pd.device().backend_ref().destroy_srq(self.handle) {
             tracing::warn!(error = %e, "destroy_srq failed");
         }
     }
@@ -35,7 +35,7 @@ impl Srq {
             max_sge,
             srq_limit: 0,
         };
-        let handle = pd.device().inner.rt.lock().create_srq(pd.handle(), &attr)?;
+        let handle = pd.device().backend_ref().create_srq(pd.handle(), &attr)?;
         Ok(Srq {
             inner: Arc::new(SrqInner {
                 pd: pd.clone(),
@@ -46,8 +46,11 @@ impl Srq {
 
     /// Post a receive work request (`ibv_post_srq_recv`).
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
-        let rt = &self.inner.pd.device().inner.rt;
-        Ok(rt.lock().post_srq_recv(self.inner.handle, wr)?)
+        self.inner
+            .pd
+            .device()
+            .backend_ref()
+            .post_srq_recv(self.inner.handle, wr)
     }
 
     /// Post a receive of `sges` (scatter list).
@@ -57,8 +60,11 @@ impl Srq {
 
     /// Receive WRs waiting.
     pub fn len(&self) -> Result<usize> {
-        let rt = &self.inner.pd.device().inner.rt;
-        Ok(rt.lock().srq_len(self.inner.handle)?)
+        self.inner
+            .pd
+            .device()
+            .backend_ref()
+            .srq_len(self.inner.handle)
     }
 
     /// No receive WRs waiting.
@@ -81,7 +87,7 @@ pub struct AddressHandle {
 
 impl Drop for AddressHandle {
     fn drop(&mut self) {
-        if let Err(e) = self.pd.device().inner.rt.lock().destroy_ah(self.handle) {
+        if let Err(e) = self.pd.device().backend_ref().destroy_ah(self.handle) {
             tracing::warn!(error = %e, "destroy_ah failed");
         }
     }
@@ -89,7 +95,7 @@ impl Drop for AddressHandle {
 
 impl AddressHandle {
     pub(crate) fn new(pd: &Pd, attr: &AhAttr) -> Result<AddressHandle> {
-        let handle = pd.device().inner.rt.lock().create_ah(pd.handle(), attr)?;
+        let handle = pd.device().backend_ref().create_ah(pd.handle(), attr)?;
         Ok(AddressHandle {
             pd: pd.clone(),
             handle,

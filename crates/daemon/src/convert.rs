@@ -1,0 +1,507 @@
+//! Engine types ↔ protocol messages, in both directions: the server turns requests into
+//! verbs and results into answers, the client (the `softrdma` API's daemon backend) does the
+//! reverse. Every conversion from a message checks what it reads: numbers that name no
+//! value are a [`ConvertError`], never a panic.
+
+use engine::{
+    AccessFlags, AhAttr, AsyncEvent, AtomicCap, DeviceAttr, PortAttr, PortState, QpAttr,
+    QpAttrMask, QpState, SendFlags, SendOp, SendPayload, SendWr, Sge, WcFlags, WcOpcode, WcStatus,
+    WorkCompletion,
+};
+
+use crate::proto::{
+    AhMsg, AsyncEventMsg, DeviceAttrMsg, PortAttrMsg, QpAttrMsg, SendOpMsg, SendWrMsg, SgeMsg,
+    WcMsg,
+};
+
+/// A message field that names no engine value, or an engine value no message can carry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConvertError {
+    /// A number outside the values it may take.
+    #[error("invalid {what}: {value}")]
+    Invalid {
+        /// Which field.
+        what: &'static str,
+        /// Its value.
+        value: u64,
+    },
+    /// An operation the control protocol does not carry (memory window binds, local
+    /// invalidation).
+    #[error("{0} is not supported through softrdmad")]
+    Unsupported(&'static str),
+}
+
+fn invalid(what: &'static str, value: impl Into<u64>) -> ConvertError {
+    ConvertError::Invalid {
+        what,
+        value: value.into(),
+    }
+}
+
+/// A scatter/gather element as the protocol carries it.
+pub fn sge_to_msg(s: &Sge) -> SgeMsg {
+    SgeMsg {
+        addr: s.addr,
+        length: s.length,
+        lkey: s.lkey,
+    }
+}
+
+/// A scatter/gather element from the protocol.
+pub fn sge_from_msg(s: &SgeMsg) -> Sge {
+    Sge::new(s.addr, s.length, s.lkey)
+}
+
+/// A send work request as the protocol carries it; memory window binds and local
+/// invalidations are [`ConvertError::Unsupported`].
+pub fn send_wr_to_msg(wr: &SendWr) -> Result<SendWrMsg, ConvertError> {
+    let op = match wr.op {
+        SendOp::Send => SendOpMsg::Send,
+        SendOp::SendWithImm { imm } => SendOpMsg::SendWithImm { imm },
+        SendOp::SendWithInv { rkey } => SendOpMsg::SendWithInv { rkey },
+        SendOp::RdmaWrite { remote_addr, rkey } => SendOpMsg::Write { remote_addr, rkey },
+        SendOp::RdmaWriteWithImm {
+            remote_addr,
+            rkey,
+            imm,
+        } => SendOpMsg::WriteWithImm {
+            remote_addr,
+            rkey,
+            imm,
+        },
+        SendOp::RdmaRead { remote_addr, rkey } => SendOpMsg::Read { remote_addr, rkey },
+        SendOp::AtomicCmpSwap {
+            remote_addr,
+            rkey,
+            compare,
+            swap,
+        } => SendOpMsg::CmpSwap {
+            remote_addr,
+            rkey,
+            compare,
+            swap,
+        },
+        SendOp::AtomicFetchAdd {
+            remote_addr,
+            rkey,
+            add,
+        } => SendOpMsg::FetchAdd {
+            remote_addr,
+            rkey,
+            add,
+        },
+        _ => return Err(ConvertError::Unsupported("this send opcode")),
+    };
+    let (sges, inline) = match &wr.payload {
+        SendPayload::Sges(s) => (s.iter().map(sge_to_msg).collect(), None),
+        SendPayload::Inline(d) => (Vec::new(), Some(d.clone())),
+    };
+    Ok(SendWrMsg {
+        wr_id: wr.wr_id,
+        op,
+        flags: wr.flags.bits(),
+        sges,
+        inline,
+    })
+}
+
+/// A send work request from the protocol.
+pub fn send_wr_from_msg(m: SendWrMsg) -> Result<SendWr, ConvertError> {
+    let mut flags = SendFlags::from_bits(m.flags).ok_or(invalid("send flags", m.flags))?;
+    let op = match m.op {
+        SendOpMsg::Send => SendOp::Send,
+        SendOpMsg::SendWithImm { imm } => SendOp::SendWithImm { imm },
+        SendOpMsg::SendWithInv { rkey } => SendOp::SendWithInv { rkey },
+        SendOpMsg::Write { remote_addr, rkey } => SendOp::RdmaWrite { remote_addr, rkey },
+        SendOpMsg::WriteWithImm {
+            remote_addr,
+            rkey,
+            imm,
+        } => SendOp::RdmaWriteWithImm {
+            remote_addr,
+            rkey,
+            imm,
+        },
+        SendOpMsg::Read { remote_addr, rkey } => SendOp::RdmaRead { remote_addr, rkey },
+        SendOpMsg::CmpSwap {
+            remote_addr,
+            rkey,
+            compare,
+            swap,
+        } => SendOp::AtomicCmpSwap {
+            remote_addr,
+            rkey,
+            compare,
+            swap,
+        },
+        SendOpMsg::FetchAdd {
+            remote_addr,
+            rkey,
+            add,
+        } => SendOp::AtomicFetchAdd {
+            remote_addr,
+            rkey,
+            add,
+        },
+    };
+    let payload = match m.inline {
+        Some(d) => {
+            flags |= SendFlags::INLINE;
+            SendPayload::Inline(d)
+        }
+        None => {
+            flags.remove(SendFlags::INLINE);
+            SendPayload::Sges(m.sges.iter().map(sge_from_msg).collect())
+        }
+    };
+    Ok(SendWr {
+        wr_id: m.wr_id,
+        op,
+        payload,
+        flags,
+    })
+}
+
+/// QP attributes from the protocol; only the fields `mask` selects are checked.
+pub fn qp_attr_from_msg(m: &QpAttrMsg, mask: QpAttrMask) -> Result<QpAttr, ConvertError> {
+    let mut a = QpAttr::default();
+    if mask.contains(QpAttrMask::STATE) {
+        a.qp_state = QpState::try_from(m.qp_state).map_err(|_| invalid("QP state", m.qp_state))?;
+    }
+    if mask.contains(QpAttrMask::PATH_MTU) {
+        a.path_mtu =
+            wire::Mtu::from_bytes(m.path_mtu as usize).ok_or(invalid("path MTU", m.path_mtu))?;
+    }
+    if mask.contains(QpAttrMask::ACCESS_FLAGS) {
+        a.qp_access_flags = AccessFlags::from_bits(m.qp_access_flags)
+            .ok_or(invalid("access flags", m.qp_access_flags))?;
+    }
+    a.qkey = m.qkey;
+    a.rq_psn = m.rq_psn;
+    a.sq_psn = m.sq_psn;
+    a.dest_qp_num = m.dest_qp_num;
+    a.pkey_index = m.pkey_index;
+    if mask.contains(QpAttrMask::PORT) {
+        a.port_num = m.port_num;
+    }
+    a.max_rd_atomic = m.max_rd_atomic;
+    a.max_dest_rd_atomic = m.max_dest_rd_atomic;
+    a.min_rnr_timer = m.min_rnr_timer;
+    a.timeout = m.timeout;
+    a.retry_cnt = m.retry_cnt;
+    a.rnr_retry = m.rnr_retry;
+    a.ah_attr = AhAttr {
+        dgid: m.dgid,
+        sgid_index: m.sgid_index,
+        hop_limit: m.hop_limit,
+        traffic_class: m.traffic_class,
+        flow_label: m.flow_label,
+        is_global: true,
+        ..a.ah_attr
+    };
+    Ok(a)
+}
+
+/// QP attributes as the protocol carries them (the RoCE RC/UC/UD subset).
+pub fn qp_attr_to_msg(a: &QpAttr) -> QpAttrMsg {
+    QpAttrMsg {
+        qp_state: a.qp_state.to_ibv(),
+        path_mtu: a.path_mtu.bytes() as u32,
+        qkey: a.qkey,
+        rq_psn: a.rq_psn,
+        sq_psn: a.sq_psn,
+        dest_qp_num: a.dest_qp_num,
+        qp_access_flags: a.qp_access_flags.bits(),
+        pkey_index: a.pkey_index,
+        port_num: a.port_num,
+        max_rd_atomic: a.max_rd_atomic,
+        max_dest_rd_atomic: a.max_dest_rd_atomic,
+        min_rnr_timer: a.min_rnr_timer,
+        timeout: a.timeout,
+        retry_cnt: a.retry_cnt,
+        rnr_retry: a.rnr_retry,
+        dgid: a.ah_attr.dgid,
+        sgid_index: a.ah_attr.sgid_index,
+        hop_limit: a.ah_attr.hop_limit,
+        traffic_class: a.ah_attr.traffic_class,
+        flow_label: a.ah_attr.flow_label,
+    }
+}
+
+/// An address vector as the protocol carries it.
+pub fn ah_to_msg(a: &AhAttr) -> AhMsg {
+    AhMsg {
+        dgid: a.dgid,
+        sgid_index: a.sgid_index,
+        hop_limit: a.hop_limit,
+        traffic_class: a.traffic_class,
+        flow_label: a.flow_label,
+    }
+}
+
+/// An address vector from the protocol (RoCE: global, port 1).
+pub fn ah_from_msg(m: &AhMsg) -> AhAttr {
+    AhAttr {
+        dgid: m.dgid,
+        sgid_index: m.sgid_index,
+        hop_limit: m.hop_limit,
+        traffic_class: m.traffic_class,
+        flow_label: m.flow_label,
+        is_global: true,
+        port_num: 1,
+        ..AhAttr::default()
+    }
+}
+
+/// A completion as the protocol carries it.
+pub fn wc_to_msg(c: &WorkCompletion) -> WcMsg {
+    WcMsg {
+        wr_id: c.wr_id,
+        status: c.status.to_ibv(),
+        opcode: c.opcode.to_ibv(),
+        vendor_err: c.vendor_err,
+        byte_len: c.byte_len,
+        imm_data: c.imm_data,
+        invalidated_rkey: c.invalidated_rkey,
+        qp_num: c.qp_num,
+        src_qp: c.src_qp,
+        wc_flags: c.wc_flags.bits(),
+        pkey_index: c.pkey_index,
+    }
+}
+
+const STATUSES: [WcStatus; 22] = [
+    WcStatus::Success,
+    WcStatus::LocLenErr,
+    WcStatus::LocQpOpErr,
+    WcStatus::LocEecOpErr,
+    WcStatus::LocProtErr,
+    WcStatus::WrFlushErr,
+    WcStatus::MwBindErr,
+    WcStatus::BadRespErr,
+    WcStatus::LocAccessErr,
+    WcStatus::RemInvReqErr,
+    WcStatus::RemAccessErr,
+    WcStatus::RemOpErr,
+    WcStatus::RetryExcErr,
+    WcStatus::RnrRetryExcErr,
+    WcStatus::LocRddViolErr,
+    WcStatus::RemInvRdReqErr,
+    WcStatus::RemAbortErr,
+    WcStatus::InvEecnErr,
+    WcStatus::InvEecStateErr,
+    WcStatus::FatalErr,
+    WcStatus::RespTimeoutErr,
+    WcStatus::GeneralErr,
+];
+
+const OPCODES: [WcOpcode; 9] = [
+    WcOpcode::Send,
+    WcOpcode::RdmaWrite,
+    WcOpcode::RdmaRead,
+    WcOpcode::CompSwap,
+    WcOpcode::FetchAdd,
+    WcOpcode::BindMw,
+    WcOpcode::LocalInv,
+    WcOpcode::Recv,
+    WcOpcode::RecvRdmaWithImm,
+];
+
+/// A completion from the protocol (or a CQ ring entry): unknown status or opcode numbers
+/// are errors.
+pub fn wc_from_msg(m: &WcMsg) -> Result<WorkCompletion, ConvertError> {
+    let status = STATUSES
+        .into_iter()
+        .find(|s| s.to_ibv() == m.status)
+        .ok_or(invalid("completion status", m.status))?;
+    let opcode = OPCODES
+        .into_iter()
+        .find(|o| o.to_ibv() == m.opcode)
+        .ok_or(invalid("completion opcode", m.opcode))?;
+    let mut wc = WorkCompletion::default();
+    wc.wr_id = m.wr_id;
+    wc.status = status;
+    wc.opcode = opcode;
+    wc.vendor_err = m.vendor_err;
+    wc.byte_len = m.byte_len;
+    wc.imm_data = m.imm_data;
+    wc.invalidated_rkey = m.invalidated_rkey;
+    wc.qp_num = m.qp_num;
+    wc.src_qp = m.src_qp;
+    wc.wc_flags = WcFlags::from_bits_truncate(m.wc_flags);
+    wc.pkey_index = m.pkey_index;
+    Ok(wc)
+}
+
+/// Device attributes as the protocol carries them.
+pub fn device_attr_to_msg(a: &DeviceAttr) -> DeviceAttrMsg {
+    DeviceAttrMsg {
+        node_guid: a.node_guid,
+        max_mr_size: a.max_mr_size,
+        max_qp: a.max_qp,
+        max_qp_wr: a.max_qp_wr,
+        max_sge: a.max_sge,
+        max_cq: a.max_cq,
+        max_cqe: a.max_cqe,
+        max_mr: a.max_mr,
+        max_pd: a.max_pd,
+        max_qp_rd_atom: a.max_qp_rd_atom,
+        max_qp_init_rd_atom: a.max_qp_init_rd_atom,
+        atomic_cap: match a.atomic_cap {
+            AtomicCap::Hca => 1,
+            AtomicCap::Glob => 2,
+            _ => 0,
+        },
+        phys_port_cnt: a.phys_port_cnt,
+    }
+}
+
+/// Device attributes from the protocol: the fields it carries, the engine's defaults for
+/// the rest (the daemon runs the same engine).
+pub fn device_attr_from_msg(m: &DeviceAttrMsg) -> DeviceAttr {
+    let mut a = DeviceAttr::default();
+    a.node_guid = m.node_guid;
+    a.sys_image_guid = m.node_guid;
+    a.max_mr_size = m.max_mr_size;
+    a.max_qp = m.max_qp;
+    a.max_qp_wr = m.max_qp_wr;
+    a.max_sge = m.max_sge;
+    a.max_cq = m.max_cq;
+    a.max_cqe = m.max_cqe;
+    a.max_mr = m.max_mr;
+    a.max_pd = m.max_pd;
+    a.max_qp_rd_atom = m.max_qp_rd_atom;
+    a.max_qp_init_rd_atom = m.max_qp_init_rd_atom;
+    a.atomic_cap = match m.atomic_cap {
+        1 => AtomicCap::Hca,
+        2 => AtomicCap::Glob,
+        _ => AtomicCap::None,
+    };
+    a.phys_port_cnt = m.phys_port_cnt;
+    a
+}
+
+/// Port attributes as the protocol carries them.
+pub fn port_attr_to_msg(p: &PortAttr) -> PortAttrMsg {
+    PortAttrMsg {
+        state: if p.state == PortState::Active { 4 } else { 1 },
+        max_mtu: p.max_mtu.bytes() as u32,
+        active_mtu: p.active_mtu.bytes() as u32,
+        gid_tbl_len: p.gid_tbl_len,
+        max_msg_sz: p.max_msg_sz,
+    }
+}
+
+/// Port attributes from the protocol. The engine offers no constructor for them, so they
+/// start as what a scratch engine (the one the daemon runs) reports and take the message's
+/// values.
+pub fn port_attr_from_msg(m: &PortAttrMsg) -> Result<PortAttr, ConvertError> {
+    let mtu = |v: u32| wire::Mtu::from_bytes(v as usize).ok_or(invalid("MTU", v));
+    let config = engine::EngineConfig::new(vec![std::net::Ipv4Addr::LOCALHOST.into()], 0);
+    let memory = crate::memory::ClientMemory::new(crate::memory::SharedRegions::default());
+    let scratch = engine::Engine::with_memory(config, Box::new(memory));
+    let mut p = scratch
+        .query_port(1)
+        .map_err(|_| ConvertError::Unsupported("port attributes"))?;
+    p.state = if m.state == 4 {
+        PortState::Active
+    } else {
+        PortState::Down
+    };
+    p.max_mtu = mtu(m.max_mtu)?;
+    p.active_mtu = mtu(m.active_mtu)?;
+    p.gid_tbl_len = m.gid_tbl_len;
+    p.max_msg_sz = m.max_msg_sz;
+    Ok(p)
+}
+
+/// An asynchronous event as the protocol carries it, with the CQ or SRQ named by `handle`
+/// (the connection's handle for the engine's). `None` for an event that names an object
+/// `handle` does not know.
+pub fn async_event_to_msg(
+    ev: &AsyncEvent,
+    cq_handle: impl Fn(engine::CqHandle) -> Option<u32>,
+    srq_handle: impl Fn(engine::SrqHandle) -> Option<u32>,
+) -> Option<AsyncEventMsg> {
+    let (kind, id) = match *ev {
+        AsyncEvent::CqErr { cq } => (AsyncEventMsg::EV_CQ_ERR, cq_handle(cq)?),
+        AsyncEvent::SqDrained { qpn } => (AsyncEventMsg::EV_SQ_DRAINED, qpn),
+        AsyncEvent::QpFatal { qpn } => (AsyncEventMsg::EV_QP_FATAL, qpn),
+        AsyncEvent::SrqLimitReached { srq } => {
+            (AsyncEventMsg::EV_SRQ_LIMIT_REACHED, srq_handle(srq)?)
+        }
+        AsyncEvent::QpLastWqeReached { qpn } => (AsyncEventMsg::EV_QP_LAST_WQE_REACHED, qpn),
+        AsyncEvent::PortActive { port } => (AsyncEventMsg::EV_PORT_ACTIVE, u32::from(port)),
+        AsyncEvent::PortErr { port } => (AsyncEventMsg::EV_PORT_ERR, u32::from(port)),
+        _ => return None,
+    };
+    Some(AsyncEventMsg { kind, id })
+}
+
+/// An asynchronous event from the protocol; CQs and SRQs keep the connection's handle
+/// numbers (the daemon backend's handles).
+pub fn async_event_from_msg(m: &AsyncEventMsg) -> Result<AsyncEvent, ConvertError> {
+    let port = || u8::try_from(m.id).map_err(|_| invalid("port", m.id));
+    Ok(match m.kind {
+        AsyncEventMsg::EV_CQ_ERR => AsyncEvent::CqErr {
+            cq: engine::CqHandle(m.id),
+        },
+        AsyncEventMsg::EV_SQ_DRAINED => AsyncEvent::SqDrained { qpn: m.id },
+        AsyncEventMsg::EV_QP_FATAL => AsyncEvent::QpFatal { qpn: m.id },
+        AsyncEventMsg::EV_SRQ_LIMIT_REACHED => AsyncEvent::SrqLimitReached {
+            srq: engine::SrqHandle(m.id),
+        },
+        AsyncEventMsg::EV_QP_LAST_WQE_REACHED => AsyncEvent::QpLastWqeReached { qpn: m.id },
+        AsyncEventMsg::EV_PORT_ACTIVE => AsyncEvent::PortActive { port: port()? },
+        AsyncEventMsg::EV_PORT_ERR => AsyncEvent::PortErr { port: port()? },
+        k => return Err(invalid("async event kind", k)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_status_and_opcode_survives_the_trip() {
+        for status in STATUSES {
+            for opcode in OPCODES {
+                let mut wc = WorkCompletion::default();
+                wc.wr_id = 7;
+                wc.status = status;
+                wc.opcode = opcode;
+                wc.byte_len = 3;
+                wc.imm_data = 4;
+                wc.invalidated_rkey = 5;
+                wc.qp_num = 6;
+                wc.src_qp = 7;
+                wc.wc_flags = WcFlags::WITH_IMM;
+                assert_eq!(wc_from_msg(&wc_to_msg(&wc)).unwrap(), wc);
+            }
+        }
+        let bad = WcMsg {
+            status: 99,
+            ..WcMsg::default()
+        };
+        assert!(wc_from_msg(&bad).is_err());
+    }
+
+    #[test]
+    fn send_wrs_survive_the_trip_and_binds_are_refused() {
+        let wr = SendWr::rdma_write(1, vec![Sge::new(0x1000, 8, 3)], 0x2000, 9);
+        assert_eq!(send_wr_from_msg(send_wr_to_msg(&wr).unwrap()).unwrap(), wr);
+        assert_eq!(
+            send_wr_to_msg(&SendWr::local_inv(1, 5)),
+            Err(ConvertError::Unsupported("this send opcode"))
+        );
+    }
+
+    #[test]
+    fn unknown_async_event_kinds_are_errors() {
+        assert!(async_event_from_msg(&AsyncEventMsg { kind: 0, id: 1 }).is_err());
+        let ev = AsyncEvent::QpFatal { qpn: 0x11 };
+        let m = async_event_to_msg(&ev, |_| None, |_| None).unwrap();
+        assert_eq!(async_event_from_msg(&m).unwrap(), ev);
+    }
+}

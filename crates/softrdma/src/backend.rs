@@ -1,0 +1,741 @@
+//! The two soft RNICs under one API: the embedded engine ([`runtime::Runtime`] in this
+//! process) and the host daemon `softrdmad` (reached over its control socket with
+//! [`daemon::client::Client`]). Every verb of the API goes through [`Backend`]; handles keep
+//! the engine's newtypes on both sides (on the daemon they hold the connection's handle
+//! numbers).
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use daemon::client::{Client, ClientError};
+use daemon::convert;
+use daemon::proto::{DeviceInfo, QpInitMsg};
+use engine::{
+    AccessFlags, AhAttr, AhHandle, AsyncEvent, CqHandle, DeviceAttr, Gid, PdHandle, PortAttr,
+    QpAttr, QpAttrMask, QpInitAttr, RecvWr, SendWr, SrqAttr, SrqHandle, UdDest, WorkCompletion,
+};
+use runtime::{CqNotifier, Runtime};
+
+use crate::{Error, Result};
+
+/// Which soft RNIC a [`crate::Device`] runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BackendKind {
+    /// An engine inside this process, on its own UDP socket (one process per address and
+    /// port).
+    Embedded,
+    /// The host daemon `softrdmad`, shared by every process of the host.
+    Daemon,
+}
+
+/// Environment variable choosing the backend: `embedded` or `daemon`.
+pub const BACKEND_ENV: &str = "SOFTRDMA_BACKEND";
+/// Environment variable turning the start of a missing daemon off (`0`, `no`, `false`, `off`)
+/// or on (anything else).
+pub const SPAWN_ENV: &str = "SOFTRDMA_DAEMON_SPAWN";
+/// Environment variable naming the `softrdmad` binary to start.
+pub const DAEMON_BIN_ENV: &str = "SOFTRDMA_DAEMON_BIN";
+/// Environment variable with extra arguments (split at whitespace) for a started daemon,
+/// e.g. `--addr 127.0.0.1 --port 4791`.
+pub const DAEMON_ARGS_ENV: &str = "SOFTRDMA_DAEMON_ARGS";
+pub use daemon::client::SOCKET_ENV;
+
+impl BackendKind {
+    /// The backend `$SOFTRDMA_BACKEND` names, if set; an unknown value is an error.
+    pub fn from_env() -> Result<Option<BackendKind>> {
+        match std::env::var(BACKEND_ENV) {
+            Err(_) => Ok(None),
+            Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
+                "" => Ok(None),
+                "embedded" => Ok(Some(BackendKind::Embedded)),
+                "daemon" => Ok(Some(BackendKind::Daemon)),
+                _ => Err(Error::Config(format!(
+                    "{BACKEND_ENV}={v}: expected `embedded` or `daemon`"
+                ))),
+            },
+        }
+    }
+}
+
+/// Whether a missing daemon may be started: `$SOFTRDMA_DAEMON_SPAWN`, default yes.
+pub(crate) fn spawn_from_env() -> bool {
+    match std::env::var(SPAWN_ENV) {
+        Err(_) => true,
+        Ok(v) => !matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "0" | "no" | "false" | "off"
+        ),
+    }
+}
+
+/// How to reach (and if need be start) the daemon.
+#[derive(Debug, Clone)]
+pub(crate) struct DaemonConfig {
+    pub(crate) socket: Option<PathBuf>,
+    pub(crate) spawn: Option<bool>,
+    pub(crate) binary: Option<PathBuf>,
+    pub(crate) args: Option<Vec<String>>,
+}
+
+/// The backend of one open device.
+#[derive(Debug)]
+pub(crate) enum Backend {
+    Embedded(Runtime),
+    Daemon(DaemonDevice),
+}
+
+/// One device of `softrdmad`, through one connection of this process.
+#[derive(Debug)]
+pub(crate) struct DaemonDevice {
+    client: Mutex<Client>,
+    dev: u32,
+    info: DeviceInfo,
+    attr: DeviceAttr,
+    port: PortAttr,
+    gids: Vec<Gid>,
+    /// Asynchronous events taken from the daemon but not yet from the API.
+    events: Mutex<VecDeque<AsyncEvent>>,
+}
+
+/// A CQ's notification descriptor: the runtime's notifier, or the daemon's completion
+/// channel (an eventfd passed over the socket).
+#[derive(Debug)]
+pub(crate) enum Notifier {
+    Embedded(Arc<CqNotifier>),
+    Daemon(OwnedFd),
+}
+
+impl Notifier {
+    pub(crate) fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Notifier::Embedded(n) => n.as_fd(),
+            Notifier::Daemon(fd) => fd.as_fd(),
+        }
+    }
+
+    /// Consume a pending notification; true if there was one.
+    pub(crate) fn clear(&self) -> bool {
+        match self {
+            Notifier::Embedded(n) => n.clear(),
+            Notifier::Daemon(fd) => {
+                // The daemon made the eventfd non-blocking; the flag travels with the open
+                // file, so this read never blocks.
+                let mut b = [0u8; 8];
+                matches!(rustix::io::read(fd, &mut b), Ok(8))
+            }
+        }
+    }
+}
+
+fn unsupported(what: &'static str) -> Error {
+    Error::Unsupported(what)
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while a caller held the connection leaves it usable: every call is one
+    // request and its whole answer.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn sges(s: &[engine::Sge]) -> Vec<daemon::proto::SgeMsg> {
+    s.iter().map(convert::sge_to_msg).collect()
+}
+
+impl From<convert::ConvertError> for Error {
+    fn from(e: convert::ConvertError) -> Error {
+        match e {
+            convert::ConvertError::Unsupported(what) => Error::Unsupported(what),
+            other => Error::BadAnswer(other.to_string()),
+        }
+    }
+}
+
+impl DaemonDevice {
+    fn c(&self) -> MutexGuard<'_, Client> {
+        lock(&self.client)
+    }
+
+    /// Connect (starting the daemon if allowed and needed) and pick the device serving
+    /// `addr`, or the first device when `addr` is `None`.
+    pub(crate) fn open(
+        addr: Option<std::net::IpAddr>,
+        config: &DaemonConfig,
+    ) -> Result<DaemonDevice> {
+        let socket = config
+            .socket
+            .clone()
+            .unwrap_or_else(daemon::client::socket_path);
+        let spawn = config.spawn.unwrap_or_else(spawn_from_env);
+        let mut client = connect_or_spawn(&socket, spawn, config)?;
+        let devices = client.list_devices()?;
+        let info = match addr {
+            None => devices.into_iter().next(),
+            Some(a) => devices.into_iter().find(|d| d.addrs.contains(&a)),
+        }
+        .ok_or_else(|| {
+            Error::Config(match addr {
+                Some(a) => format!("softrdmad at {} serves no device on {a}", socket.display()),
+                None => format!("softrdmad at {} serves no device", socket.display()),
+            })
+        })?;
+        let attr = convert::device_attr_from_msg(&client.query_device(info.index)?);
+        let port = convert::port_attr_from_msg(&client.query_port(info.index, 1)?)?;
+        let mut gids = Vec::new();
+        for i in 0..port.gid_tbl_len.min(256) {
+            match client.query_gid(info.index, 1, i) {
+                Ok(g) => gids.push(Gid(g)),
+                Err(ClientError::Refused { .. }) => break,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(DaemonDevice {
+            client: Mutex::new(client),
+            dev: info.index,
+            info,
+            attr,
+            port,
+            gids,
+            events: Mutex::new(VecDeque::new()),
+        })
+    }
+
+    /// The daemon device's name (`srxe0`...).
+    pub(crate) fn name(&self) -> &str {
+        &self.info.name
+    }
+
+    /// The daemon's pid.
+    pub(crate) fn daemon_pid(&self) -> u32 {
+        self.c().daemon_pid()
+    }
+}
+
+/// Where to look for `softrdmad`: `$SOFTRDMA_DAEMON_BIN`, the configured path, next to the
+/// current executable (and one directory up, for test binaries in `target/*/deps`), then
+/// `PATH`.
+fn find_daemon_binary(config: &DaemonConfig) -> Option<PathBuf> {
+    if let Some(b) = &config.binary {
+        return Some(b.clone());
+    }
+    if let Some(b) = std::env::var_os(DAEMON_BIN_ENV) {
+        return Some(PathBuf::from(b));
+    }
+    let name = "softrdmad";
+    if let Ok(exe) = std::env::current_exe() {
+        let mut dir = exe.parent();
+        for _ in 0..2 {
+            if let Some(d) = dir {
+                let p = d.join(name);
+                if p.is_file() {
+                    return Some(p);
+                }
+                dir = d.parent();
+            }
+        }
+    }
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+/// How long a started daemon may take to open its socket.
+const SPAWN_WAIT: Duration = Duration::from_secs(10);
+
+fn connect_or_spawn(socket: &Path, spawn: bool, config: &DaemonConfig) -> Result<Client> {
+    let first = match Client::connect(socket) {
+        Ok(c) => return Ok(c),
+        Err(e) => e,
+    };
+    if !spawn {
+        return Err(Error::NoDaemon {
+            socket: socket.to_path_buf(),
+            reason: format!("{first} (starting one is turned off)"),
+        });
+    }
+    let bin = find_daemon_binary(config).ok_or_else(|| Error::NoDaemon {
+        socket: socket.to_path_buf(),
+        reason: format!(
+            "{first}; no softrdmad binary to start (set {DAEMON_BIN_ENV} or put it on PATH)"
+        ),
+    })?;
+    let args: Vec<String> = match &config.args {
+        Some(a) => a.clone(),
+        None => std::env::var(DAEMON_ARGS_ENV)
+            .map(|s| s.split_whitespace().map(str::to_string).collect())
+            .unwrap_or_default(),
+    };
+    tracing::info!(binary = %bin.display(), socket = %socket.display(), ?args, "starting softrdmad");
+    let mut cmd = std::process::Command::new(&bin);
+    cmd.args(&args)
+        .arg("--socket")
+        .arg(socket)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    // Its own process group: a Ctrl-C meant for this program does not stop the host's
+    // daemon, which other processes may be using by then.
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let mut child = cmd.spawn().map_err(|e| Error::NoDaemon {
+        socket: socket.to_path_buf(),
+        reason: format!("{first}; starting {} failed: {e}", bin.display()),
+    })?;
+    let deadline = Instant::now() + SPAWN_WAIT;
+    let mut exited = None;
+    loop {
+        if let Ok(c) = Client::connect(socket) {
+            if exited.is_none() {
+                // Reap it when it ends, whenever that is.
+                std::thread::spawn(move || {
+                    let _ = child.wait();
+                });
+            }
+            return Ok(c);
+        }
+        if exited.is_none() {
+            if let Ok(Some(status)) = child.try_wait() {
+                // Another process may have started one at the same moment (ours then
+                // found the socket taken): keep trying to connect until the deadline.
+                exited = Some(status);
+            }
+        }
+        if Instant::now() >= deadline {
+            if exited.is_none() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            return Err(Error::NoDaemon {
+                socket: socket.to_path_buf(),
+                reason: match exited {
+                    Some(s) => format!("started {} but it exited ({s})", bin.display()),
+                    None => format!(
+                        "started {} but its socket did not come up in {SPAWN_WAIT:?}",
+                        bin.display()
+                    ),
+                },
+            });
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+impl Backend {
+    pub(crate) fn kind(&self) -> BackendKind {
+        match self {
+            Backend::Embedded(_) => BackendKind::Embedded,
+            Backend::Daemon(_) => BackendKind::Daemon,
+        }
+    }
+
+    pub(crate) fn runtime(&self) -> Option<&Runtime> {
+        match self {
+            Backend::Embedded(rt) => Some(rt),
+            Backend::Daemon(_) => None,
+        }
+    }
+
+    pub(crate) fn local_addr(&self) -> SocketAddr {
+        match self {
+            Backend::Embedded(rt) => rt.local_addr(),
+            Backend::Daemon(d) => {
+                let ip = d
+                    .gids
+                    .first()
+                    .map(|g| g.to_ip())
+                    .or_else(|| d.info.addrs.first().copied())
+                    .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into());
+                SocketAddr::new(ip, d.info.port)
+            }
+        }
+    }
+
+    pub(crate) fn query_device(&self) -> DeviceAttr {
+        match self {
+            Backend::Embedded(rt) => rt.lock().query_device(),
+            Backend::Daemon(d) => d.attr.clone(),
+        }
+    }
+
+    pub(crate) fn query_port(&self) -> Result<PortAttr> {
+        match self {
+            Backend::Embedded(rt) => Ok(rt.lock().query_port(1)?),
+            Backend::Daemon(d) => Ok(d.port),
+        }
+    }
+
+    pub(crate) fn gid(&self, index: u32) -> Result<Gid> {
+        match self {
+            Backend::Embedded(rt) => Ok(rt.lock().query_gid(1, index)?),
+            Backend::Daemon(d) => d
+                .gids
+                .get(index as usize)
+                .copied()
+                .ok_or(Error::Verbs(engine::VerbsError::InvalidGidIndex(index))),
+        }
+    }
+
+    pub(crate) fn gids(&self) -> Vec<Gid> {
+        match self {
+            Backend::Embedded(rt) => {
+                let e = rt.lock();
+                (0..).map_while(|i| e.query_gid(1, i).ok()).collect()
+            }
+            Backend::Daemon(d) => d.gids.clone(),
+        }
+    }
+
+    pub(crate) fn counters(&self) -> Result<engine::Counters> {
+        match self {
+            Backend::Embedded(rt) => Ok(rt.lock().counters().clone()),
+            Backend::Daemon(_) => Err(unsupported(
+                "engine counters of a daemon device (use Device::counter_values)",
+            )),
+        }
+    }
+
+    pub(crate) fn counter_values(&self) -> Result<Vec<(String, u64)>> {
+        match self {
+            Backend::Embedded(rt) => Ok(rt
+                .lock()
+                .counters()
+                .iter()
+                .map(|(c, n)| (c.name().to_string(), n))
+                .collect()),
+            Backend::Daemon(d) => {
+                let prefix = format!("{}.", d.info.name);
+                Ok(d.c()
+                    .stat()?
+                    .into_iter()
+                    .filter_map(|(n, v)| n.strip_prefix(&prefix).map(|n| (n.to_string(), v)))
+                    .collect())
+            }
+        }
+    }
+
+    pub(crate) fn alloc_pd(&self) -> Result<PdHandle> {
+        match self {
+            Backend::Embedded(rt) => Ok(rt.lock().alloc_pd()?),
+            Backend::Daemon(d) => Ok(PdHandle(d.c().alloc_pd(d.dev)?)),
+        }
+    }
+
+    pub(crate) fn dealloc_pd(&self, pd: PdHandle) -> Result<()> {
+        match self {
+            Backend::Embedded(rt) => Ok(rt.lock().dealloc_pd(pd)?),
+            Backend::Daemon(d) => Ok(d.c().dealloc_pd(pd.0)?),
+        }
+    }
+
+    /// Register `len` bytes at `addr`; returns (handle, lkey, rkey).
+    ///
+    /// # Safety
+    ///
+    /// `addr..addr + len` stays valid until [`Backend::dereg_mr`] succeeds, and is reached
+    /// by the application only in ways the device's own accesses cannot invalidate.
+    #[allow(unsafe_code)]
+    pub(crate) unsafe fn reg_mr(
+        &self,
+        pd: PdHandle,
+        addr: *mut u8,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<(u32, u32, u32)> {
+        match self {
+            Backend::Embedded(rt) => {
+                // SAFETY: forwarded from this function's contract.
+                let k = unsafe { rt.lock().reg_mr(pd, addr, len, access)? };
+                Ok((k.handle.0, k.lkey, k.rkey))
+            }
+            Backend::Daemon(d) => {
+                let m = d
+                    .c()
+                    .reg_mr_at(pd.0, addr as u64, len as u64, access.bits())?;
+                Ok((m.handle, m.lkey, m.rkey))
+            }
+        }
+    }
+
+    pub(crate) fn dereg_mr(&self, handle: u32) -> Result<()> {
+        match self {
+            Backend::Embedded(rt) => Ok(rt.lock().dereg_mr(engine::MrHandle(handle))?),
+            Backend::Daemon(d) => Ok(d.c().dereg_mr(handle)?),
+        }
+    }
+
+    /// Deregister, and make sure the device can no longer reach the memory even if that
+    /// fails: on the daemon, a failed deregistration (connection broken, or refused) ends
+    /// this connection and waits until the daemon has reclaimed everything it held (the
+    /// daemon closes its end only after that). The device is unusable afterwards.
+    pub(crate) fn dereg_mr_for_good(&self, handle: u32) {
+        if let Err(e) = self.dereg_mr(handle) {
+            tracing::warn!(error = %e, "dereg_mr failed");
+            if let Backend::Daemon(d) = self {
+                tracing::warn!("closing the softrdmad connection so it releases the memory");
+                d.c().close_and_wait();
+            }
+        }
+    }
+
+    pub(crate) fn create_cq(&self, depth: u32) -> Result<(CqHandle, Notifier)> {
+        match self {
+            Backend::Embedded(rt) => {
+                let h = rt.lock().create_cq(depth)?;
+                match rt.cq_notifier(h) {
+                    Ok(n) => Ok((h, Notifier::Embedded(n))),
+                    Err(e) => {
+                        let _ = rt.lock().destroy_cq(h);
+                        Err(e.into())
+                    }
+                }
+            }
+            Backend::Daemon(d) => {
+                let mut c = d.c();
+                let h = c.create_cq(d.dev, depth)?;
+                match c.cq_channel(h) {
+                    Ok(fd) => Ok((CqHandle(h), Notifier::Daemon(fd))),
+                    Err(e) => {
+                        let _ = c.destroy_cq(h);
+                        Err(e.into())
+                    }
+                }
+            }
+        }
+    }
+
+    pub(crate) fn destroy_cq(&self, cq: CqHandle) -> Result<()> {
+        match self {
+            Backend::Embedded(rt) => Ok(rt.lock().destroy_cq(cq)?),
+            Backend::Daemon(d) => Ok(d.c().destroy_cq(cq.0)?),
+        }
+    }
+
+    pub(crate) fn poll_cq(&self, cq: CqHandle, max: usize) -> Result<Vec<WorkCompletion>> {
+        match self {
+            Backend::Embedded(rt) => Ok(rt.lock().poll_cq(cq, max)?),
+            Backend::Daemon(d) => {
+                let max = u32::try_from(max).unwrap_or(u32::MAX);
+                let wcs = d.c().poll_cq(cq.0, max)?;
+                wcs.iter()
+                    .map(|m| convert::wc_from_msg(m).map_err(Error::from))
+                    .collect()
+            }
+        }
+    }
+
+    pub(crate) fn cq_len(&self, cq: CqHandle) -> Result<usize> {
+        match self {
+            Backend::Embedded(rt) => Ok(rt.lock().cq_len(cq)?),
+            Backend::Daemon(d) => Ok(usize::try_from(d.c().cq_len(cq.0)?).unwrap_or(usize::MAX)),
+        }
+    }
+
+    pub(crate) fn arm_cq(&self, cq: CqHandle, solicited_only: bool) -> Result<()> {
+        match self {
+            Backend::Embedded(rt) => Ok(rt.arm_cq_with(cq, solicited_only)?),
+            Backend::Daemon(d) => Ok(d.c().req_notify_cq(cq.0, solicited_only)?),
+        }
+    }
+
+    /// Sleep until `cq` has a completion or `timeout` passes. `notifier` is the CQ's own.
+    pub(crate) fn wait_cq(
+        &self,
+        cq: CqHandle,
+        notifier: &Notifier,
+        timeout: Option<Duration>,
+    ) -> Result<()> {
+        match self {
+            Backend::Embedded(rt) => {
+                rt.wait_cq(cq, timeout)?;
+                Ok(())
+            }
+            Backend::Daemon(d) => {
+                // Arming a CQ that already holds completions signals its channel at once,
+                // so a completion that came before the arm is not slept through.
+                d.c().req_notify_cq(cq.0, false)?;
+                runtime::wait_readable(notifier.as_fd(), timeout)?;
+                notifier.clear();
+                Ok(())
+            }
+        }
+    }
+
+    /// Create a QP; returns (handle, QPN). The embedded handle is the QPN.
+    pub(crate) fn create_qp(
+        &self,
+        init: &QpInitAttr,
+        srq: Option<SrqHandle>,
+    ) -> Result<(u32, u32)> {
+        match self {
+            Backend::Embedded(rt) => {
+                let qpn = match srq {
+                    Some(s) => rt.lock().create_qp_with_srq(init, s)?,
+                    None => rt.lock().create_qp(init)?,
+                };
+                Ok((qpn, qpn))
+            }
+            Backend::Daemon(d) => {
+                let m = QpInitMsg {
+                    pd: init.pd.0,
+                    send_cq: init.send_cq.0,
+                    recv_cq: init.recv_cq.0,
+                    qp_type: init.qp_type.to_ibv(),
+                    max_send_wr: init.cap.max_send_wr,
+                    max_recv_wr: init.cap.max_recv_wr,
+                    max_send_sge: init.cap.max_send_sge,
+                    max_recv_sge: init.cap.max_recv_sge,
+                    max_inline_data: init.cap.max_inline_data,
+                    sq_sig_all: init.sq_sig_all,
+                };
+                let q = match srq {
+                    Some(s) => d.c().create_qp_with_srq(m, s.0)?,
+                    None => d.c().create_qp(m)?,
+                };
+                Ok((q.handle, q.qpn))
+            }
+        }
+    }
+
+    pub(crate) fn destroy_qp(&self, qp: u32) -> Result<()> {
+        match self {
+            Backend::Embedded(rt) => Ok(rt.lock().destroy_qp(qp)?),
+            Backend::Daemon(d) => Ok(d.c().destroy_qp(qp)?),
+        }
+    }
+
+    pub(crate) fn modify_qp(&self, qp: u32, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        match self {
+            Backend::Embedded(rt) => Ok(rt.lock().modify_qp(qp, attr, mask)?),
+            Backend::Daemon(d) => {
+                Ok(d.c()
+                    .modify_qp(qp, convert::qp_attr_to_msg(attr), mask.bits())?)
+            }
+        }
+    }
+
+    pub(crate) fn query_qp(&self, qp: u32) -> Result<QpAttr> {
+        match self {
+            Backend::Embedded(rt) => Ok(rt.lock().query_qp(qp)?),
+            Backend::Daemon(d) => {
+                let m = d.c().query_qp(qp)?;
+                let all = QpAttrMask::STATE | QpAttrMask::PATH_MTU | QpAttrMask::ACCESS_FLAGS;
+                Ok(convert::qp_attr_from_msg(&m, all | QpAttrMask::PORT)?)
+            }
+        }
+    }
+
+    pub(crate) fn post_send(&self, qp: u32, wr: SendWr) -> Result<()> {
+        match self {
+            Backend::Embedded(rt) => Ok(rt.lock().post_send(qp, wr)?),
+            Backend::Daemon(d) => Ok(d.c().post_send(qp, convert::send_wr_to_msg(&wr)?)?),
+        }
+    }
+
+    pub(crate) fn post_send_ud(&self, qp: u32, wr: SendWr, dest: UdDest) -> Result<()> {
+        match self {
+            Backend::Embedded(rt) => Ok(rt.lock().post_send_ud(qp, wr, dest)?),
+            Backend::Daemon(d) => Ok(d.c().post_send_ud(
+                qp,
+                dest.ah.0,
+                dest.remote_qpn,
+                dest.remote_qkey,
+                convert::send_wr_to_msg(&wr)?,
+            )?),
+        }
+    }
+
+    pub(crate) fn post_recv(&self, qp: u32, wr: RecvWr) -> Result<()> {
+        match self {
+            Backend::Embedded(rt) => Ok(rt.lock().post_recv(qp, wr)?),
+            Backend::Daemon(d) => Ok(d.c().post_recv(qp, wr.wr_id, sges(&wr.sg_list))?),
+        }
+    }
+
+    pub(crate) fn create_srq(&self, pd: PdHandle, attr: &SrqAttr) -> Result<SrqHandle> {
+        match self {
+            Backend::Embedded(rt) => Ok(rt.lock().create_srq(pd, attr)?),
+            Backend::Daemon(d) => Ok(SrqHandle(d.c().create_srq(
+                pd.0,
+                attr.max_wr,
+                attr.max_sge,
+            )?)),
+        }
+    }
+
+    pub(crate) fn destroy_srq(&self, srq: SrqHandle) -> Result<()> {
+        match self {
+            Backend::Embedded(rt) => Ok(rt.lock().destroy_srq(srq)?),
+            Backend::Daemon(d) => Ok(d.c().destroy_srq(srq.0)?),
+        }
+    }
+
+    pub(crate) fn post_srq_recv(&self, srq: SrqHandle, wr: RecvWr) -> Result<()> {
+        match self {
+            Backend::Embedded(rt) => Ok(rt.lock().post_srq_recv(srq, wr)?),
+            Backend::Daemon(d) => Ok(d.c().post_srq_recv(srq.0, wr.wr_id, sges(&wr.sg_list))?),
+        }
+    }
+
+    pub(crate) fn srq_len(&self, srq: SrqHandle) -> Result<usize> {
+        match self {
+            Backend::Embedded(rt) => Ok(rt.lock().srq_len(srq)?),
+            Backend::Daemon(d) => Ok(usize::try_from(d.c().srq_len(srq.0)?).unwrap_or(usize::MAX)),
+        }
+    }
+
+    pub(crate) fn create_ah(&self, pd: PdHandle, attr: &AhAttr) -> Result<AhHandle> {
+        match self {
+            Backend::Embedded(rt) => Ok(rt.lock().create_ah(pd, attr)?),
+            Backend::Daemon(d) => Ok(AhHandle(d.c().create_ah(pd.0, convert::ah_to_msg(attr))?)),
+        }
+    }
+
+    pub(crate) fn destroy_ah(&self, ah: AhHandle) -> Result<()> {
+        match self {
+            Backend::Embedded(rt) => Ok(rt.lock().destroy_ah(ah)?),
+            Backend::Daemon(d) => Ok(d.c().destroy_ah(ah.0)?),
+        }
+    }
+
+    /// The next asynchronous event, without blocking.
+    pub(crate) fn async_event(&self) -> Result<Option<AsyncEvent>> {
+        match self {
+            Backend::Embedded(rt) => Ok(rt.get_async_event()),
+            Backend::Daemon(d) => {
+                let mut q = lock(&d.events);
+                if q.is_empty() {
+                    for m in d.c().async_events()? {
+                        q.push_back(convert::async_event_from_msg(&m)?);
+                    }
+                }
+                Ok(q.pop_front())
+            }
+        }
+    }
+
+    /// Sleep until an asynchronous event may be there, at most `timeout`.
+    pub(crate) fn wait_async_event(&self, timeout: Option<Duration>) -> Result<()> {
+        match self {
+            Backend::Embedded(rt) => Ok(runtime::wait_readable(rt.async_event_fd(), timeout)?),
+            Backend::Daemon(_) => {
+                // The daemon has no event channel yet: ask again after a short sleep.
+                let nap = Duration::from_millis(2);
+                std::thread::sleep(timeout.map_or(nap, |t| t.min(nap)));
+                Ok(())
+            }
+        }
+    }
+
+    /// The embedded runtime, or a clear error on the daemon (for verbs only it offers).
+    pub(crate) fn embedded(&self, what: &'static str) -> Result<&Runtime> {
+        match self {
+            Backend::Embedded(rt) => Ok(rt),
+            Backend::Daemon(_) => Err(unsupported(what)),
+        }
+    }
+}
