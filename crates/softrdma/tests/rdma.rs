@@ -1,13 +1,14 @@
 //! RDMA WRITE, READ and ATOMIC between two devices over real UDP on loopback.
 
+#[macro_use]
 mod common;
 
-use common::{pair_v4, pair_v6, WAIT};
+use common::{pair_v4_on, pair_v6_on, WAIT};
 use softrdma::{Error, WcFlags, WcOpcode, WcStatus};
 
-#[test]
-fn rdma_write_places_bytes_in_the_peer_region_without_a_receive() {
-    let (a, b) = pair_v4(64 * 1024);
+on_both_backends! {
+fn rdma_write_places_bytes_in_the_peer_region_without_a_receive(backend: BackendKind) {
+    let (a, b) = pair_v4_on(backend, 64 * 1024);
     let data: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
     a.mr.write(0, &data).unwrap();
     let remote = b.mr.remote(1000..).unwrap();
@@ -23,10 +24,11 @@ fn rdma_write_places_bytes_in_the_peer_region_without_a_receive() {
         "a plain WRITE completes nothing at the target"
     );
 }
+}
 
-#[test]
-fn rdma_write_with_immediate_consumes_a_receive() {
-    let (a, b) = pair_v4(4096);
+on_both_backends! {
+fn rdma_write_with_immediate_consumes_a_receive(backend: BackendKind) {
+    let (a, b) = pair_v4_on(backend, 4096);
     b.qp.recv(5, &[]).unwrap();
     a.mr.write(0, b"imm").unwrap();
     let remote = b.mr.remote(..).unwrap();
@@ -41,10 +43,11 @@ fn rdma_write_with_immediate_consumes_a_receive() {
     b.mr.read(0, &mut got).unwrap();
     assert_eq!(&got, b"imm");
 }
+}
 
-#[test]
-fn rdma_read_fetches_the_peer_bytes() {
-    let (a, b) = pair_v4(64 * 1024);
+on_both_backends! {
+fn rdma_read_fetches_the_peer_bytes(backend: BackendKind) {
+    let (a, b) = pair_v4_on(backend, 64 * 1024);
     let data: Vec<u8> = (0..30_000u32).map(|i| (i * 13 % 256) as u8).collect();
     b.mr.write(0, &data).unwrap();
     let remote = b.mr.remote(..data.len()).unwrap();
@@ -57,10 +60,11 @@ fn rdma_read_fetches_the_peer_bytes() {
     a.mr.read(100, &mut got).unwrap();
     assert_eq!(got, data);
 }
+}
 
-#[test]
-fn rdma_read_over_ipv6() {
-    let (a, b) = pair_v6(8192);
+on_both_backends! {
+fn rdma_read_over_ipv6(backend: BackendKind) {
+    let (a, b) = pair_v6_on(backend, 8192);
     b.mr.write(0, b"read me over v6").unwrap();
     a.qp.read(3, &[a.mr.sge(0..15).unwrap()], &b.mr.remote(0..15).unwrap())
         .unwrap();
@@ -69,10 +73,11 @@ fn rdma_read_over_ipv6() {
     a.mr.read(0, &mut got).unwrap();
     assert_eq!(&got, b"read me over v6");
 }
+}
 
-#[test]
-fn atomics_act_on_the_peer_word_and_return_the_original() {
-    let (a, b) = pair_v4(4096);
+on_both_backends! {
+fn atomics_act_on_the_peer_word_and_return_the_original(backend: BackendKind) {
+    let (a, b) = pair_v4_on(backend, 4096);
     b.mr.write_u64(64, 100).unwrap();
     let word = b.mr.remote(64..72).unwrap();
     a.qp.fetch_add(1, a.mr.sge(0..8).unwrap(), &word, 5)
@@ -94,10 +99,11 @@ fn atomics_act_on_the_peer_word_and_return_the_original() {
     assert_eq!(a.mr.read_u64(16).unwrap(), 105);
     assert_eq!(b.mr.read_u64(64).unwrap(), 7);
 }
+}
 
-#[test]
-fn a_wrong_rkey_is_a_remote_access_error() {
-    let (a, b) = pair_v4(4096);
+on_both_backends! {
+fn a_wrong_rkey_is_a_remote_access_error(backend: BackendKind) {
+    let (a, b) = pair_v4_on(backend, 4096);
     let mut remote = b.mr.remote(..).unwrap();
     remote.rkey ^= 0x5a5;
     a.qp.write(1, &[a.mr.sge(..8).unwrap()], &remote).unwrap();
@@ -106,10 +112,11 @@ fn a_wrong_rkey_is_a_remote_access_error() {
         other => panic!("expected a remote access error, got {other:?}"),
     }
 }
+}
 
-#[test]
-fn a_deregistered_region_cannot_be_reached_any_more() {
-    let (a, b) = pair_v4(4096);
+on_both_backends! {
+fn a_deregistered_region_cannot_be_reached_any_more(backend: BackendKind) {
+    let (a, b) = pair_v4_on(backend, 4096);
     let remote = b.mr.remote(..).unwrap();
     let b_mr = b.mr;
     let buf = b_mr.into_inner();
@@ -123,4 +130,5 @@ fn a_deregistered_region_cannot_be_reached_any_more() {
         buf.as_slice().iter().all(|&x| x == 0),
         "the returned buffer was not written"
     );
+}
 }

@@ -1,13 +1,14 @@
 //! SEND / RECV between two devices over real UDP on loopback.
 
+#[macro_use]
 mod common;
 
-use common::{pair_v4, pair_v6, WAIT};
+use common::{pair_v4_on, pair_v6_on, WAIT};
 use softrdma::{WcOpcode, WcStatus};
 
-#[test]
-fn a_send_lands_in_the_posted_receive_intact() {
-    let (a, b) = pair_v4(8192);
+on_both_backends! {
+fn a_send_lands_in_the_posted_receive_intact(backend: BackendKind) {
+    let (a, b) = pair_v4_on(backend, 8192);
     b.qp.recv(7, &[b.mr.sge(..).unwrap()]).unwrap();
     let msg: Vec<u8> = (0..5000u32).map(|i| (i * 7) as u8).collect();
     a.mr.write(0, &msg).unwrap();
@@ -21,10 +22,11 @@ fn a_send_lands_in_the_posted_receive_intact() {
     b.mr.read(0, &mut got).unwrap();
     assert_eq!(got, msg);
 }
+}
 
-#[test]
-fn over_ipv6_too() {
-    let (a, b) = pair_v6(4096);
+on_both_backends! {
+fn over_ipv6_too(backend: BackendKind) {
+    let (a, b) = pair_v6_on(backend, 4096);
     b.qp.recv(7, &[b.mr.sge(..).unwrap()]).unwrap();
     a.mr.write(0, b"over ipv6").unwrap();
     a.qp.send(1, &[a.mr.sge(..9).unwrap()]).unwrap();
@@ -35,10 +37,11 @@ fn over_ipv6_too() {
     b.mr.read(0, &mut got).unwrap();
     assert_eq!(&got, b"over ipv6");
 }
+}
 
-#[test]
-fn send_with_immediate_and_scatter_gather() {
-    let (a, b) = pair_v4(4096);
+on_both_backends! {
+fn send_with_immediate_and_scatter_gather(backend: BackendKind) {
+    let (a, b) = pair_v4_on(backend, 4096);
     // Scatter into two pieces of the receive region, gather from three of the send region.
     b.qp.recv(
         9,
@@ -60,10 +63,11 @@ fn send_with_immediate_and_scatter_gather() {
     assert_eq!(&all[100..103], b"abc");
     assert_eq!(&all[200..210], b"defghijklm");
 }
+}
 
-#[test]
-fn many_messages_arrive_in_order() {
-    let (a, b) = pair_v4(64 * 64);
+on_both_backends! {
+fn many_messages_arrive_in_order(backend: BackendKind) {
+    let (a, b) = pair_v4_on(backend, 64 * 64);
     for i in 0..64u64 {
         let off = (i * 64) as usize;
         b.qp.recv(i, &[b.mr.sge(off..off + 64).unwrap()]).unwrap();
@@ -89,4 +93,5 @@ fn many_messages_arrive_in_order() {
     while sent < 64 {
         sent += a.cq.wait(64, WAIT).unwrap().len();
     }
+}
 }

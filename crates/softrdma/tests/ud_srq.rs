@@ -1,13 +1,14 @@
 //! UD sends through address handles, and shared receive queues, over loopback UDP.
 
+#[macro_use]
 mod common;
 
-use common::{all_access, connect, open_pair, Side, WAIT};
+use common::{all_access, connect, open_pair_on, Side, WAIT};
 use softrdma::{Buffer, QpType, WcOpcode, DEFAULT_QKEY, GRH_LEN};
 
-#[test]
-fn a_ud_send_arrives_behind_a_grh_with_the_source_qp() {
-    let (da, db) = open_pair("127.0.0.1", "127.0.0.2");
+on_both_backends! {
+fn a_ud_send_arrives_behind_a_grh_with_the_source_qp(backend: BackendKind) {
+    let (da, db) = open_pair_on(backend, "127.0.0.1", "127.0.0.2");
     let side = |d: &softrdma::Device| {
         let pd = d.alloc_pd().unwrap();
         let cq = d.create_cq(16).unwrap();
@@ -31,10 +32,11 @@ fn a_ud_send_arrives_behind_a_grh_with_the_source_qp() {
     mb.read(GRH_LEN, &mut got).unwrap();
     assert_eq!(&got, b"datagram");
 }
+}
 
-#[test]
-fn two_qps_draw_their_receives_from_one_srq() {
-    let (da, db) = open_pair("127.0.0.1", "127.0.0.2");
+on_both_backends! {
+fn two_qps_draw_their_receives_from_one_srq(backend: BackendKind) {
+    let (da, db) = open_pair_on(backend, "127.0.0.1", "127.0.0.2");
     let pd_b = db.alloc_pd().unwrap();
     let cq_b = db.create_cq(16).unwrap();
     let srq = pd_b.create_srq(16, 1).unwrap();
@@ -88,4 +90,5 @@ fn two_qps_draw_their_receives_from_one_srq() {
     let all = mr_b.to_vec();
     assert_eq!(all[..10], [1; 10]);
     assert_eq!(all[64..74], [2; 10]);
+}
 }

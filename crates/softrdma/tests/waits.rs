@@ -1,17 +1,20 @@
 //! Blocking and async waits, the TCP handshake, and asynchronous events.
 
+#[macro_use]
 mod common;
 
 use std::net::{TcpListener, TcpStream};
 use std::thread;
 use std::time::Duration;
 
-use common::{all_access, open_pair, pair_v4, WAIT};
-use softrdma::{AsyncEvent, Buffer, Device, Error, WcStatus};
+#[cfg(feature = "tokio")]
+use common::pair_v4;
+use common::{all_access, open_on, open_pair_on, pair_v4_on, WAIT};
+use softrdma::{AsyncEvent, Buffer, Error, WcStatus};
 
-#[test]
-fn a_thread_blocked_in_wait_wakes_when_the_message_arrives() {
-    let (a, b) = pair_v4(4096);
+on_both_backends! {
+fn a_thread_blocked_in_wait_wakes_when_the_message_arrives(backend: BackendKind) {
+    let (a, b) = pair_v4_on(backend, 4096);
     b.qp.recv(1, &[b.mr.sge(..).unwrap()]).unwrap();
     let cq = b.cq.clone();
     let waiter = thread::spawn(move || cq.wait_ok(WAIT));
@@ -22,22 +25,24 @@ fn a_thread_blocked_in_wait_wakes_when_the_message_arrives() {
     let wc = waiter.join().unwrap().unwrap();
     assert_eq!(wc.byte_len, 4);
 }
+}
 
-#[test]
-fn a_wait_with_nothing_coming_times_out() {
-    let (a, _b) = pair_v4(64);
+on_both_backends! {
+fn a_wait_with_nothing_coming_times_out(backend: BackendKind) {
+    let (a, _b) = pair_v4_on(backend, 64);
     match a.cq.wait(1, Some(Duration::from_millis(10))) {
         Err(Error::Timeout) => {}
         other => panic!("expected a timeout, got {other:?}"),
     }
 }
+}
 
-#[test]
-fn two_programs_connect_over_tcp_in_a_few_lines() {
+on_both_backends! {
+fn two_programs_connect_over_tcp_in_a_few_lines(backend: BackendKind) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let tcp = listener.local_addr().unwrap();
     // Two programs would both use UDP 4791; in one test process the OS picks the ports.
-    let (dev, server_dev) = open_pair("127.0.0.1", "127.0.0.2");
+    let (dev, server_dev) = open_pair_on(backend, "127.0.0.1", "127.0.0.2");
     let server = thread::spawn(move || {
         let dev = server_dev;
         let pd = dev.alloc_pd().unwrap();
@@ -71,13 +76,11 @@ fn two_programs_connect_over_tcp_in_a_few_lines() {
     let got = server.join().unwrap();
     assert_eq!(&got[..21], b"written by the client");
 }
+}
 
-#[test]
-fn a_cq_overflow_is_an_async_event_and_errors_the_qp() {
-    let a = Device::builder("127.0.0.1".parse().unwrap())
-        .port(0)
-        .open()
-        .unwrap();
+on_both_backends! {
+fn a_cq_overflow_is_an_async_event_and_errors_the_qp(backend: BackendKind) {
+    let a = open_on(backend, "127.0.0.1");
     let pd = a.alloc_pd().unwrap();
     let cq = a.create_cq(1).unwrap();
     let qp = pd.qp_builder(&cq, &cq).build().unwrap();
@@ -92,6 +95,7 @@ fn a_cq_overflow_is_an_async_event_and_errors_the_qp() {
     );
     let wc = cq.wait_one(WAIT).unwrap();
     assert_eq!(wc.status, WcStatus::WrFlushErr);
+}
 }
 
 #[cfg(feature = "tokio")]
@@ -112,9 +116,9 @@ async fn an_async_wait_resolves_when_the_message_arrives() {
     assert_eq!(wc.byte_len, 5);
 }
 
-#[test]
-fn after_a_long_wait_the_device_keeps_serving_peers_with_nobody_waiting() {
-    let (a, b) = pair_v4(4096);
+on_both_backends! {
+fn after_a_long_wait_the_device_keeps_serving_peers_with_nobody_waiting(backend: BackendKind) {
+    let (a, b) = pair_v4_on(backend, 4096);
     // A long wait parks the progress thread; leaving it must hand the socket back.
     assert!(matches!(
         b.cq.wait(1, Some(Duration::from_millis(50))),
@@ -133,4 +137,5 @@ fn after_a_long_wait_the_device_keeps_serving_peers_with_nobody_waiting() {
         // A short wait too (no parking), then traffic with nobody waiting on b.
         let _ = b.cq.wait(1, Some(Duration::from_millis(1)));
     }
+}
 }
