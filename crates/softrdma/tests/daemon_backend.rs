@@ -1,0 +1,255 @@
+//! What is particular to the daemon backend: starting a missing `softrdmad`, two client
+//! processes through one daemon, selection by environment, and the clear refusals.
+
+#[macro_use]
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::Command;
+
+use common::{all_access, open_on, WAIT};
+use softrdma::{BackendKind, Buffer, Device, Error, MwType, WcOpcode};
+
+/// Set in the child process of the two-process test: the parent's TCP address.
+const CHILD_ENV: &str = "SOFTRDMA_TEST_CHILD_TCP";
+
+#[test]
+fn a_missing_daemon_is_a_clear_error_when_starting_one_is_off() {
+    let socket = std::env::temp_dir().join(format!("softrdma-none-{}.sock", std::process::id()));
+    let r = Device::builder("127.0.0.1".parse().unwrap())
+        .backend(BackendKind::Daemon)
+        .daemon_socket(&socket)
+        .spawn_daemon(false)
+        .open();
+    match r {
+        Err(Error::NoDaemon { socket: s, .. }) => assert_eq!(s, socket),
+        other => panic!("expected NoDaemon, got {other:?}"),
+    }
+}
+
+#[test]
+fn options_of_an_embedded_engine_are_refused_on_the_daemon() {
+    let r = Device::builder("127.0.0.1".parse().unwrap())
+        .backend(BackendKind::Daemon)
+        .daemon_socket(&common::test_daemon().socket)
+        .rng_seed(7)
+        .open();
+    assert!(matches!(r, Err(Error::Config(_))), "{r:?}");
+    let r = Device::builder("127.0.0.1".parse().unwrap())
+        .backend(BackendKind::Daemon)
+        .daemon_socket(&common::test_daemon().socket)
+        .port(common::test_daemon().port.wrapping_add(1))
+        .open();
+    assert!(matches!(r, Err(Error::Config(_))), "{r:?}");
+    // The daemon's own port is fine.
+    let d = Device::builder("127.0.0.1".parse().unwrap())
+        .backend(BackendKind::Daemon)
+        .daemon_socket(&common::test_daemon().socket)
+        .port(common::test_daemon().port)
+        .open()
+        .unwrap();
+    assert_eq!(d.local_addr().port(), common::test_daemon().port);
+    assert!(d.try_runtime().is_none());
+    assert!(d.daemon_info().is_some());
+}
+
+#[test]
+fn an_address_the_daemon_does_not_serve_is_a_clear_error() {
+    let r = Device::builder("127.0.0.9".parse().unwrap())
+        .backend(BackendKind::Daemon)
+        .daemon_socket(&common::test_daemon().socket)
+        .open();
+    assert!(matches!(r, Err(Error::Config(_))), "{r:?}");
+}
+
+#[test]
+fn memory_windows_and_engine_counters_are_unsupported_on_the_daemon() {
+    let d = open_on(BackendKind::Daemon, "127.0.0.1");
+    let pd = d.alloc_pd().unwrap();
+    assert!(matches!(
+        pd.alloc_mw(MwType::Type2),
+        Err(Error::Unsupported(_))
+    ));
+    assert!(matches!(d.counters(), Err(Error::Unsupported(_))));
+    // The daemon's counters by name are there instead.
+    let v = d.counter_values().unwrap();
+    assert!(v.iter().any(|(n, _)| n == "rx_packets"), "{v:?}");
+}
+
+on_both_backends! {
+    fn device_attributes_agree_with_the_port(backend: BackendKind) {
+        let d = open_on(backend, "127.0.0.2");
+        let attr = d.query_device();
+        assert!(attr.max_qp > 0 && attr.max_cqe > 0);
+        let port = d.query_port().unwrap();
+        assert_eq!(port.active_mtu.bytes(), 4096);
+        assert_eq!(
+            d.gid(0).unwrap().to_ip(),
+            "127.0.0.2".parse::<std::net::IpAddr>().unwrap()
+        );
+        assert_eq!(d.gids().len() as u32, port.gid_tbl_len);
+        assert!(d.gid(port.gid_tbl_len).is_err());
+    }
+
+    fn registered_memory_written_by_the_device_reads_back_through_every_accessor(
+        backend: BackendKind
+    ) {
+        let (a, mut b) = common::pair_v4_on(backend, 4096);
+        a.mr.write(0, &[0xab; 64]).unwrap();
+        a.qp.write(1, &[a.mr.sge(..64).unwrap()], &b.mr.remote(100..).unwrap())
+            .unwrap();
+        a.cq.wait_ok(WAIT).unwrap();
+        assert!(b.mr.with(|s| s[100..164].iter().all(|&x| x == 0xab)));
+        assert_eq!(b.mr.to_vec()[99], 0);
+        // with_mut changes only what the closure changed.
+        b.mr.with_mut(|s| s[0] = 1);
+        let all = b.mr.to_vec();
+        assert_eq!((all[0], all[100], all[164]), (1, 0xab, 0));
+    }
+}
+
+/// The `softrdmad` binary cargo built for this workspace (`target/<profile>/softrdmad`).
+fn built_daemon() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let profile_dir = exe.parent()?.parent()?;
+    let p = profile_dir.join("softrdmad");
+    p.is_file().then_some(p)
+}
+
+#[test]
+fn a_client_starts_the_daemon_it_misses_and_a_second_process_uses_the_same_one() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return; // the child runs only `child_process_side`
+    }
+    let Some(bin) = built_daemon() else {
+        eprintln!(
+            "SKIPPED: no softrdmad next to the test binaries; run \
+             `cargo test -p softrdma -p softrdma-daemon` (which builds it)"
+        );
+        return;
+    };
+    let pid = std::process::id();
+    let port = 20000 + ((pid.wrapping_mul(13) + 5000) % 12000) as u16;
+    let dir = std::env::temp_dir().join(format!("softrdma-spawn-{pid}"));
+    let socket = dir.join("softrdmad.sock");
+    let dev = Device::builder("127.0.0.1".parse().unwrap())
+        .backend(BackendKind::Daemon)
+        .daemon_socket(&socket)
+        .spawn_daemon(true)
+        .daemon_binary(&bin)
+        .daemon_args(["--addr", "127.0.0.1", "--port", &port.to_string()])
+        .open()
+        .expect("start softrdmad and open its device");
+    let (name, daemon_pid) = dev.daemon_info().unwrap();
+    assert_eq!(name, "srxe0");
+    assert_ne!(daemon_pid, pid, "the daemon is a process of its own");
+
+    let result =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| parent_side(&dev, &socket)));
+    // This test started the daemon: stop it again (by its pid) whatever happened.
+    let _ = Command::new("kill").arg(daemon_pid.to_string()).status();
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Err(p) = result {
+        std::panic::resume_unwind(p);
+    }
+}
+
+fn parent_side(dev: &Device, socket: &std::path::Path) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let exe = std::env::current_exe().unwrap();
+    // The child finds the daemon through the environment only.
+    let mut child = Command::new(exe)
+        .args([
+            "--exact",
+            "child_process_side",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, listener.local_addr().unwrap().to_string())
+        .env(softrdma::BACKEND_ENV, "daemon")
+        .env(softrdma::SOCKET_ENV, socket)
+        .env(softrdma::SPAWN_ENV, "0")
+        .env(softrdma::DEVICE_ENV, "127.0.0.1")
+        .spawn()
+        .unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(16).unwrap();
+    let qp = pd.qp_builder(&cq, &cq).build().unwrap();
+    let mr = pd.register(Buffer::zeroed(8192), all_access()).unwrap();
+    qp.recv(1, &[mr.sge(4096..).unwrap()]).unwrap();
+    let (mut stream, _) = listener.accept().unwrap();
+    let peer = qp
+        .handshake(&mut stream, Some(mr.remote(..4096).unwrap()))
+        .unwrap();
+    // The child WRITEs into our first page, then SENDs into the second.
+    let wc = cq.wait_ok(WAIT).unwrap();
+    assert_eq!((wc.wr_id, wc.opcode, wc.byte_len), (1, WcOpcode::Recv, 20));
+    let all = mr.to_vec();
+    assert_eq!(&all[4096..4116], b"sent by the child...");
+    assert!(all[..3000]
+        .iter()
+        .enumerate()
+        .all(|(i, &x)| x == (i % 251) as u8));
+    // READ the child's region and do an atomic on it.
+    let remote = peer.mr.expect("the child offered its region");
+    qp.read(
+        2,
+        &[mr.sge(5000..5100).unwrap()],
+        &remote.offset(0).unwrap(),
+    )
+    .unwrap();
+    cq.wait_ok(WAIT).unwrap();
+    assert_eq!(&mr.to_vec()[5000..5100], &[0x5c; 100][..]);
+    qp.fetch_add(
+        3,
+        mr.sge(6000..6008).unwrap(),
+        &remote.offset(200).unwrap(),
+        5,
+    )
+    .unwrap();
+    cq.wait_ok(WAIT).unwrap();
+    assert_eq!(mr.read_u64(6000).unwrap(), u64::from_ne_bytes([0x5c; 8]));
+    // Let the child check its word and go.
+    stream.write_all(b"B").unwrap();
+    let mut verdict = [0u8; 1];
+    stream.read_exact(&mut verdict).unwrap();
+    assert_eq!(&verdict, b"K", "the child saw the fetch-and-add");
+    assert!(child.wait().unwrap().success(), "the child process failed");
+}
+
+/// The second process (started by the test above; does nothing in a normal run).
+#[test]
+fn child_process_side() {
+    let Ok(tcp) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let dev = Device::open_default().unwrap();
+    assert_eq!(dev.backend(), BackendKind::Daemon);
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(16).unwrap();
+    let qp = pd.qp_builder(&cq, &cq).build().unwrap();
+    let mr = pd
+        .register(Buffer::from_slice(&[0x5c; 4096]), all_access())
+        .unwrap();
+    let mut stream = TcpStream::connect(tcp).unwrap();
+    let peer = qp
+        .handshake(&mut stream, Some(mr.remote(..).unwrap()))
+        .unwrap();
+    let remote = peer.mr.expect("the parent offered its region");
+    let src = pd.register(Buffer::zeroed(4096), all_access()).unwrap();
+    let data: Vec<u8> = (0..3000usize).map(|i| (i % 251) as u8).collect();
+    src.write(0, &data).unwrap();
+    qp.write(1, &[src.sge(..3000).unwrap()], &remote).unwrap();
+    cq.wait_ok(WAIT).unwrap();
+    src.write(0, b"sent by the child...").unwrap();
+    qp.send(2, &[src.sge(..20).unwrap()]).unwrap();
+    cq.wait_ok(WAIT).unwrap();
+    let mut b = [0u8; 1];
+    stream.read_exact(&mut b).unwrap();
+    let word = mr.read_u64(200).unwrap();
+    let ok = word == u64::from_ne_bytes([0x5c; 8]).wrapping_add(5);
+    stream.write_all(if ok { b"K" } else { b"X" }).unwrap();
+    assert!(ok, "word {word:#x}");
+}
