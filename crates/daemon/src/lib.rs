@@ -8,10 +8,11 @@
 //! ([`server`]), and destroys them when the connection ends. [`client::Client`] is the other
 //! end of the socket.
 //!
-//! Layers: [`proto`] (bytes ↔ messages, no I/O), [`memory`] (client memory as an
-//! [`engine::Memory`]), [`host`] (an engine on UDP sockets with a progress thread),
-//! [`server`] (connections and handle tables), [`client`] (the library side), [`ring`]
-//! (shared-memory rings over a sealed memfd).
+//! Layers: [`proto`] (bytes ↔ messages, no I/O), [`convert`] (engine types ↔ messages,
+//! shared by both ends), [`memory`] (client memory as an [`engine::Memory`]), [`host`] (an
+//! engine on UDP sockets with a progress thread), [`server`] (connections and handle
+//! tables), [`client`] (the library side, which the `softrdma` API's daemon backend uses),
+//! [`ring`] (shared-memory rings over a sealed memfd).
 //!
 //! ## Data path today
 //!
@@ -19,12 +20,15 @@
 //! ([`proto::Request::PollCq`]) or, after [`client::Client::attach_cq_ring`], through a CQ
 //! ring in shared memory (its memfd passed with SCM_RIGHTS) that the client polls with no
 //! system call. The daemon refills a ring whenever it handles anything; while completions
-//! wait for room it looks again every 200 µs (no consumer doorbell yet).
+//! wait for room it looks again every 200 µs (no consumer doorbell yet). A completion
+//! channel ([`proto::Request::CqChannel`]) is an eventfd passed the same way, signalled when
+//! a notification armed with [`proto::Request::ReqNotifyCq`] fires (at once if the CQ is
+//! not empty). Asynchronous events are kept (at most 1024, oldest dropped) until the
+//! connection owning their QP, CQ or SRQ takes them ([`proto::Request::GetAsyncEvents`]).
 //!
 //! Not here yet (issue 6): SQ/RQ rings and doorbells (posting is a message today), a
-//! consumer doorbell for CQ rings, completion channels, same-host direct data movement, the
-//! `softrdma` API backend, UC/UD tests, and `softrdma stat` in the CLI (the
-//! [`proto::Request::Stat`] request exists).
+//! consumer doorbell for CQ rings, an async-event descriptor, same-host direct data
+//! movement, memory windows over the protocol.
 
 #![warn(missing_docs)]
 

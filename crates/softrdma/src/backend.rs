@@ -86,7 +86,7 @@ pub(crate) struct DaemonConfig {
 #[derive(Debug)]
 pub(crate) enum Backend {
     Embedded(Runtime),
-    Daemon(DaemonDevice),
+    Daemon(Box<DaemonDevice>),
 }
 
 /// One device of `softrdmad`, through one connection of this process.

@@ -166,7 +166,7 @@ impl DeviceBuilder {
                     )));
                 }
                 let d = DaemonDevice::open(self.addr, &self.daemon)?;
-                let b = Backend::Daemon(d);
+                let b = Backend::Daemon(Box::new(d));
                 if let Some(p) = self.port_set {
                     if p != b.local_addr().port() {
                         return Err(Error::Config(format!(

@@ -2,9 +2,8 @@
 //!
 //! The verbs model (devices, protection domains, memory regions, completion queues, queue
 //! pairs) over a soft RNIC that speaks standard RoCEv2 on UDP port 4791. This crate is the
-//! layer applications use; underneath, a [`runtime::Runtime`] hosts the sans-IO engine on a
-//! progress thread with a real UDP socket (the embedded device; a host-daemon backend comes
-//! later behind the same types).
+//! layer applications use; underneath runs one of two backends, behind the same types (see
+//! "Backends").
 //!
 //! ```no_run
 //! use softrdma::{AccessFlags, Buffer, Device};
@@ -23,20 +22,86 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## Backends
+//!
+//! - **Embedded** ([`BackendKind::Embedded`]): a [`runtime::Runtime`] hosts the sans-IO
+//!   engine on a progress thread of this process, with its own UDP socket. One process per
+//!   address and port; fastest; everything of this API is there.
+//! - **Daemon** ([`BackendKind::Daemon`]): the host daemon `softrdmad` (crate
+//!   `softrdma-daemon`) runs the engine for every process of the host and owns UDP 4791;
+//!   this process drives it over the daemon's Unix control socket, and the daemon reaches
+//!   registered memory with `process_vm_readv` / `process_vm_writev`. Every verb (posting
+//!   and polling too) is one request on the socket.
+//!
+//! Which one a device uses:
+//!
+//! 1. [`DeviceBuilder::backend`], if called;
+//! 2. else `SOFTRDMA_BACKEND` (`embedded` or `daemon`; anything else is
+//!    [`Error::Config`]);
+//! 3. else embedded for [`Device::open`] / [`Device::builder`], and the daemon for
+//!    [`Device::open_default`] (which opens the device `SOFTRDMA_DEVICE` names: an IP
+//!    address; on the daemon the default is its first device).
+//!
+//! On the daemon, [`Device::open`] picks the daemon's device serving that address. The
+//! control socket is [`DeviceBuilder::daemon_socket`], else `SOFTRDMA_DAEMON_SOCKET`, else
+//! `/run/softrdma/softrdmad.sock`. When no daemon answers there, the library starts one
+//! (`softrdmad --socket <that path>` plus [`DeviceBuilder::daemon_args`] or
+//! `SOFTRDMA_DAEMON_ARGS`), found at [`DeviceBuilder::daemon_binary`], else
+//! `SOFTRDMA_DAEMON_BIN`, else next to the current executable (or one directory up), else on
+//! `PATH`, and waits up to 10 s for its socket. It runs in a process group of its own and
+//! outlives this process, like a service. [`DeviceBuilder::spawn_daemon`]`(false)` or
+//! `SOFTRDMA_DAEMON_SPAWN=0` turns that off; a missing daemon is then
+//! [`Error::NoDaemon`].
+//!
+//! What the daemon backend does not offer, with the error it gives: memory windows
+//! ([`Pd::alloc_mw`]: [`Error::Unsupported`]), the engine's counter set
+//! ([`Device::counters`]: [`Error::Unsupported`]; [`Device::counter_values`] reads the
+//! daemon's device counters by name), the options that configure an embedded engine
+//! ([`DeviceBuilder::remote_port`], `src_port_policy`, `rx_path`, `busy_poll`, `rng_seed`,
+//! and a `port` or `mtu` other than the daemon's: [`Error::Config`]), the raw runtime
+//! ([`Device::try_runtime`] is `None`). Refusals by the daemon are [`Error::Daemon`] with
+//! the errno libibverbs would give (not a [`VerbsError`]). Asynchronous events are polled
+//! from the daemon every 2 ms by [`Device::wait_async_event`] (no event descriptor yet).
+//!
 //! ## Safety of registered memory
 //!
-//! The device reads and writes registered memory from its own thread, whenever a peer's
-//! operation or a posted work request says so. A [`MemoryRegion`] therefore *owns* its buffer
+//! The device reads and writes registered memory from its own thread (embedded) or from the
+//! daemon's process (daemon), whenever a peer's operation or a posted work request says
+//! so. A [`MemoryRegion`] therefore *owns* its buffer
 //! (a [`Buffer`], `Vec<u8>` or `Box<[u8]>`; see [`RegisterableBuffer`]) and never lends it out
 //! as a plain reference while registered: reads and writes go through [`MemoryRegion::read`],
-//! [`MemoryRegion::write`], [`MemoryRegion::with`] and friends, which hold the device lock
-//! (the device touches memory only under that lock). Dropping the region, or
+//! [`MemoryRegion::write`], [`MemoryRegion::with`] and friends, which on the embedded
+//! backend hold the device lock (the device touches memory only under that lock; the daemon
+//! backend is below). Dropping the region, or
 //! [`MemoryRegion::into_inner`], deregisters it first: afterwards the device can never touch
 //! the buffer again, and a work request still naming its keys completes with a protection
 //! error. Work requests name memory by [`Sge`] (address, length, lkey) and are checked by the
 //! device against the registration when they execute, so posting them is safe.
 //! `mem::forget` on a region leaks the buffer (still registered), which is safe. Memory the
 //! crate cannot own goes through the `unsafe` [`Pd::register_raw`].
+//!
+//! On the daemon backend there is no lock the daemon takes: it writes registered memory
+//! with `process_vm_writev` at any moment, like a NIC's DMA. The ownership guarantees stay:
+//! the region owns the buffer, so it cannot be freed, moved or resized while registered, and
+//! dropping the region deregisters it first with a request the daemon answers only once it
+//! will never touch the range again. If that request fails (the connection broke, or the
+//! daemon refused), the library ends its connection and waits until the daemon has closed
+//! its side, which it does only after reclaiming every object of the connection; the
+//! device is unusable afterwards, but the memory is safe to free. What reads and writes mean
+//! while the device may be writing:
+//!
+//! - [`MemoryRegion::read`], [`MemoryRegion::to_vec`], [`MemoryRegion::read_u64`] copy the
+//!   bytes with volatile byte reads: each byte is either old or new, and bytes the device is
+//!   writing meanwhile may be a mix of both (as a CPU reading a DMA target). The data of a
+//!   completed operation is all there once its completion has been polled.
+//! - [`MemoryRegion::write`] and [`MemoryRegion::write_u64`] store with volatile byte writes:
+//!   a device access at the same time (a peer's READ, a posted SEND) may see part of them.
+//!   ATOMIC operations are atomic with respect to other atomics through the daemon, not to
+//!   these writes (`IBV_ATOMIC_HCA`).
+//! - [`MemoryRegion::with`] hands `f` a copy taken just before; [`MemoryRegion::with_mut`]
+//!   hands it a copy and writes back only the bytes `f` changed.
+//! - The `unsafe` [`MemoryRegion::as_slice`] keeps its contract: no device write may happen
+//!   while the slice lives.
 //!
 //! ## UD and SRQ
 //!
