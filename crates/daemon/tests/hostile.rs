@@ -180,3 +180,107 @@ fn registering_memory_that_is_not_mapped_fails_cleanly() {
     assert_eq!(d.stat("unmapped_registrations"), 5);
     drop(buf);
 }
+
+#[test]
+fn another_clients_srqs_ahs_channels_and_events_are_out_of_reach() {
+    use daemon::proto::{AhMsg, QpInitMsg, SendOpMsg, SendWrMsg};
+    let mut d = Daemon::start();
+    let mut a = d.client();
+    let mut b = d.client();
+    let pd_a = a.alloc_pd(0).unwrap();
+    let cq_a = a.create_cq(0, 1).unwrap();
+    let srq_a = a.create_srq(pd_a, 16, 1).unwrap();
+    let ah_a = a
+        .create_ah(
+            pd_a,
+            AhMsg {
+                // ::ffff:127.0.0.1, an IPv4 GID like the device's own.
+                dgid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1],
+                hop_limit: 64,
+                ..AhMsg::default()
+            },
+        )
+        .unwrap();
+    let init = |pd, cq| QpInitMsg {
+        pd,
+        send_cq: cq,
+        recv_cq: cq,
+        qp_type: 2,
+        max_send_wr: 4,
+        max_recv_wr: 4,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+        sq_sig_all: false,
+    };
+    let qp_a = a.create_qp_with_srq(init(pd_a, cq_a), srq_a).unwrap();
+    // b's own PD and CQ exist, so only the foreign SRQ/AH/CQ handles can be what is refused.
+    let pd_b = b.alloc_pd(0).unwrap();
+    let cq_b = b.create_cq(0, 4).unwrap();
+    let wr = SendWrMsg {
+        wr_id: 1,
+        op: SendOpMsg::Send,
+        flags: 0,
+        sges: vec![],
+        inline: None,
+    };
+    for h in [srq_a, ah_a, cq_a, qp_a.handle] {
+        if h == pd_b || h == cq_b {
+            continue; // b's own numbers name b's own objects
+        }
+        assert_eq!(b.destroy_srq(h).unwrap_err().errno(), Some(EINVAL));
+        assert_eq!(b.srq_len(h).unwrap_err().errno(), Some(EINVAL));
+        assert_eq!(
+            b.post_srq_recv(h, 1, vec![]).unwrap_err().errno(),
+            Some(EINVAL)
+        );
+        assert_eq!(b.destroy_ah(h).unwrap_err().errno(), Some(EINVAL));
+        assert_eq!(
+            b.post_send_ud(h, h, 1, 1, wr.clone()).unwrap_err().errno(),
+            Some(EINVAL)
+        );
+        assert_eq!(b.cq_channel(h).unwrap_err().errno(), Some(EINVAL));
+        assert_eq!(b.req_notify_cq(h, false).unwrap_err().errno(), Some(EINVAL));
+        assert_eq!(b.cq_len(h).unwrap_err().errno(), Some(EINVAL));
+        assert_eq!(
+            b.create_qp_with_srq(init(pd_b, cq_b), h)
+                .unwrap_err()
+                .errno(),
+            Some(EINVAL)
+        );
+    }
+    // a's QP goes to ERR (IBV_QPS_ERR with IBV_QP_STATE): on an SRQ that raises
+    // "last WQE reached" for a.
+    a.post_srq_recv(srq_a, 1, vec![]).unwrap();
+    let init_attr = daemon::proto::QpAttrMsg {
+        qp_state: 1,
+        port_num: 1,
+        ..Default::default()
+    };
+    // IBV_QP_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX | IBV_QP_PORT
+    a.modify_qp(qp_a.handle, init_attr, 1 | 8 | 16 | 32)
+        .unwrap();
+    let err = daemon::proto::QpAttrMsg {
+        qp_state: 6,
+        ..Default::default()
+    };
+    a.modify_qp(qp_a.handle, err, 1).unwrap();
+    // b never sees the events of a's objects; a gets its own.
+    assert!(b.async_events().unwrap().is_empty());
+    let evs = a.async_events().unwrap();
+    assert!(
+        evs.iter().any(
+            |e| e.kind == daemon::proto::AsyncEventMsg::EV_QP_LAST_WQE_REACHED && e.id == qp_a.qpn
+        ),
+        "{evs:?}"
+    );
+    assert!(a.async_events().unwrap().is_empty(), "taken once");
+    assert!(d.alive());
+    // Dropping a reclaims its SRQ and AH with everything else.
+    drop(a);
+    let s = d.wait_until("a's objects reclaimed", |s| s.get("clients_reclaimed") == 1);
+    assert_eq!(s.get("reclaimed_srqs"), 1);
+    assert_eq!(s.get("reclaimed_ahs"), 1);
+    assert_eq!(s.get("live_srqs"), 0);
+    assert_eq!(s.get("live_ahs"), 0);
+}

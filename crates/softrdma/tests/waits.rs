@@ -7,8 +7,6 @@ use std::net::{TcpListener, TcpStream};
 use std::thread;
 use std::time::Duration;
 
-#[cfg(feature = "tokio")]
-use common::pair_v4;
 use common::{all_access, open_on, open_pair_on, pair_v4_on, WAIT};
 use softrdma::{AsyncEvent, Buffer, Error, WcStatus};
 
@@ -99,9 +97,8 @@ fn a_cq_overflow_is_an_async_event_and_errors_the_qp(backend: BackendKind) {
 }
 
 #[cfg(feature = "tokio")]
-#[tokio::test(flavor = "current_thread")]
-async fn an_async_wait_resolves_when_the_message_arrives() {
-    let (a, b) = pair_v4(4096);
+async fn an_async_wait_resolves_when_the_message_arrives(backend: softrdma::BackendKind) {
+    let (a, b) = pair_v4_on(backend, 4096);
     b.qp.recv(1, &[b.mr.sge(..).unwrap()]).unwrap();
     let cq = b.cq.clone();
     let wait = tokio::spawn(async move { cq.wait_ok_async().await });
@@ -114,6 +111,18 @@ async fn an_async_wait_resolves_when_the_message_arrives() {
         .unwrap()
         .unwrap();
     assert_eq!(wc.byte_len, 5);
+}
+
+#[cfg(feature = "tokio")]
+#[tokio::test(flavor = "current_thread")]
+async fn an_async_wait_resolves_when_the_message_arrives_embedded() {
+    an_async_wait_resolves_when_the_message_arrives(softrdma::BackendKind::Embedded).await
+}
+
+#[cfg(feature = "tokio")]
+#[tokio::test(flavor = "current_thread")]
+async fn an_async_wait_resolves_when_the_message_arrives_daemon() {
+    an_async_wait_resolves_when_the_message_arrives(softrdma::BackendKind::Daemon).await
 }
 
 on_both_backends! {
