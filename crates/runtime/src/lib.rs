@@ -18,8 +18,18 @@
 //! The progress thread loops: `recvmmsg` (non-blocking, a batch at a time) → lock →
 //! `handle_datagram` for each packet, `handle_timeout` when due, `poll_transmit` until empty →
 //! unlock. After the last activity it keeps polling for [`RuntimeConfig::busy_poll`], then
-//! sleeps in `ppoll` on the socket and the doorbell with the engine's next timer as timeout,
-//! so an idle device uses no CPU.
+//! sleeps in `ppoll` on the socket and the doorbell with the engine's next timer as timeout
+//! (at most 50 ms, so that arming a far timer needs no doorbell), so an idle device uses no
+//! CPU.
+//!
+//! Application threads that poll drive the device themselves: an empty
+//! [`EngineGuard::poll_cq`], [`Runtime::poll_progress`] (for loops that poll memory) and
+//! [`Runtime::wait_cq`] receive on the calling thread and run the packets through the
+//! engine. While they do, the progress thread leaves the socket to them (it keeps running
+//! timers), so a busy-polling ping-pong handles each packet on the thread that waits for it
+//! with no thread switch at all, as a hardware NIC's polled CQ would; half a millisecond
+//! after the last poll (a lease each poll renews) the progress thread takes the socket
+//! back, so nothing stalls when the application stops polling.
 //!
 //! Completions are announced per CQ through an `eventfd` ([`CqNotifier`]), armed with
 //! [`Runtime::arm_cq`] like `ibv_req_notify_cq`: usable for blocking waits, in an epoll set, or
@@ -216,17 +226,50 @@ struct Core {
     rx_counters: IoCounters,
     /// Where every sent and received packet is recorded, if anywhere.
     capture: Option<Arc<Capture>>,
+    /// ACKs held back behind requests (see [`Core::pump`]), with their destinations.
+    held: VecDeque<(Vec<u8>, std::net::IpAddr)>,
+    /// Buffers of sent held ACKs, for reuse.
+    spare: Vec<Vec<u8>>,
 }
 
 impl Core {
     /// Send everything the engine has to send.
-    fn pump(&mut self, now: Instant) {
+    ///
+    /// Requests leave before ACKs: an ACK the engine emits is held until the requests of
+    /// the same pass are sent, and with `hold_acks` longer: until an application thread
+    /// polls or waits again, or the progress thread's next pass (within [`HANDOVER`]). A
+    /// requester's and a responder's packets are separate streams (IBA orders each on its
+    /// own), so only the order within each matters: ACKs keep theirs, and any other
+    /// response (READ data, an atomic's ACK) first sends the ACKs held before it. This takes
+    /// the ACK off the latency path of a ping-pong: the thread that received the data looks
+    /// at it and posts its reply before it pays for sending the ACK.
+    fn pump(&mut self, now: Instant, hold_acks: bool) {
         while let Some(t) = self.engine.poll_transmit(now, &mut self.txbuf) {
             let (pkt, _) = self.txbuf.split_at_mut(t.len);
-            self.tx.send(pkt, t.dst);
-            if let Some(c) = &self.capture {
-                c.record(pkt);
+            match stream_of(pkt) {
+                Stream::Ack => {
+                    let mut b = self.spare.pop().unwrap_or_default();
+                    b.clear();
+                    b.extend_from_slice(pkt);
+                    self.held.push_back((b, t.dst));
+                    continue;
+                }
+                Stream::Response => self.send_held(),
+                Stream::Request => {}
             }
+            let (pkt, _) = self.txbuf.split_at_mut(t.len);
+            send_one(&mut self.tx, self.capture.as_deref(), pkt, t.dst);
+        }
+        if !hold_acks {
+            self.send_held();
+        }
+    }
+
+    /// Send the ACKs held back by [`Core::pump`], oldest first.
+    fn send_held(&mut self) {
+        while let Some((mut b, dst)) = self.held.pop_front() {
+            send_one(&mut self.tx, self.capture.as_deref(), &mut b, dst);
+            self.spare.push(b);
         }
     }
 
@@ -250,31 +293,74 @@ impl Core {
     }
 }
 
+/// Send one packet the engine emitted, and record it.
+fn send_one(tx: &mut io::Tx, capture: Option<&Capture>, pkt: &mut [u8], dst: std::net::IpAddr) {
+    tx.send(pkt, dst);
+    if let Some(c) = capture {
+        c.record(pkt);
+    }
+}
+
+/// Which of a QP's two packet streams an emitted packet belongs to.
+enum Stream {
+    /// The requester's (requests of every transport).
+    Request,
+    /// The responder's plain ACKs and NAKs (RC Acknowledge): may wait behind requests.
+    Ack,
+    /// The responder's other answers (READ responses, atomic ACKs).
+    Response,
+}
+
+/// The stream of a whole IP packet as the engine emitted it (unparsable: a request, so it is
+/// sent at once as before).
+fn stream_of(pkt: &[u8]) -> Stream {
+    let hl = match pkt.first().map(|b| b >> 4) {
+        Some(4) => usize::from(pkt[0] & 0x0f) * 4,
+        Some(6) => wire::IPV6_HEADER_LEN,
+        _ => return Stream::Request,
+    };
+    match pkt
+        .get(hl + wire::UDP_HEADER_LEN)
+        .map(|&b| wire::Opcode::from_u8(b))
+    {
+        Some(Ok(wire::Opcode::RcAcknowledge)) => Stream::Ack,
+        Some(Ok(op)) if !op.is_request() => Stream::Response,
+        _ => Stream::Request,
+    }
+}
+
 /// State shared by the handle and the progress thread.
 struct Shared {
     core: Mutex<Core>,
     /// The receive side. Whoever holds this lock receives *and* hands the batch to the engine,
-    /// so packets reach the engine in arrival order whichever thread drives.
+    /// so packets reach the engine in arrival order whichever thread drives. Lock order: `rx`
+    /// before `core`; a thread that already holds `core` only ever `try_lock`s `rx`.
     rx: Mutex<io::Rx>,
     /// The socket `rx` reads (the UDP socket, or the raw one), polled without the `rx` lock.
     sock: Arc<socket2::Socket>,
     /// Application threads blocked in [`Runtime::wait_cq`], which receive themselves
     /// meanwhile; the progress thread leaves the socket to them.
     drivers: AtomicUsize,
-    /// When (engine ns) the last driver left; the progress thread takes the socket back
-    /// [`HANDOVER`] later unless another driver came (a ping-pong loop waits again at once).
-    last_driver_exit: AtomicU64,
+    /// Until when (engine ns) an application thread drives the socket by polling
+    /// ([`Runtime::poll_progress`], an empty [`EngineGuard::poll_cq`], the end of a
+    /// [`Runtime::wait_cq`]): the progress thread stays off the socket until then, and takes
+    /// it back when the lease runs out without being renewed.
+    lease_until: AtomicU64,
     /// When (engine ns) the drivers count last went from 0 to 1.
     driving_since: AtomicU64,
     /// The progress thread sleeps without looking back at the socket (a wait has lasted
     /// longer than [`LONG_WAIT`]); the last driver to leave must ring the doorbell.
     parked: AtomicBool,
+    /// The progress thread sleeps (or is about to) with the socket in its poll set: a thread
+    /// that starts a lease rings the doorbell so that it stops watching.
+    watching: AtomicBool,
     doorbell: EventFd,
     async_fd: EventFd,
     stop: AtomicBool,
-    /// The engine time (ns) of the next timer the progress thread knows of (`u64::MAX`: none).
-    /// A verb that arms an earlier one rings the doorbell; otherwise no wakeup is needed.
-    sleep_deadline: AtomicU64,
+    /// When (engine ns) the sleeping progress thread wakes by itself; `0` while it is awake
+    /// (it reads the engine's timers under the lock before it sleeps again). A change that
+    /// arms an earlier timer rings the doorbell; otherwise no wakeup is needed.
+    wake_at: AtomicU64,
     origin: std::time::Instant,
     local: SocketAddr,
     busy_poll: Duration,
@@ -286,10 +372,19 @@ impl Shared {
     }
 
     /// Receive one batch (if the socket has any) and run it through the engine, with the
-    /// timers and transmissions it causes. Returns the packets handled.
-    fn drive_rx(&self, rx: &mut io::Rx) -> usize {
+    /// timers and transmissions it causes. Returns the packets handled. `hold_acks`: the
+    /// calling thread waits for what the packets bring (see [`Core::pump`]).
+    fn drive_rx(&self, rx: &mut io::Rx, hold_acks: bool) -> usize {
         let n = rx.recv_batch();
         let mut core = self.lock();
+        self.process(&mut core, rx, n, hold_acks);
+        n
+    }
+
+    /// Hand the `n` packets `rx` just received to the engine, run due timers, send what
+    /// the engine emits, signal waiters, and wake the progress thread if a timer it does not
+    /// know of is now earlier than its wakeup.
+    fn process(&self, core: &mut Core, rx: &io::Rx, n: usize, hold_acks: bool) {
         let now = self.now();
         for i in 0..n {
             if let Some(c) = &core.capture {
@@ -297,20 +392,76 @@ impl Shared {
             }
             core.engine.handle_datagram(now, rx.packet(i));
         }
+        core.rx_counters = rx.counters;
         if core.engine.poll_timeout().is_some_and(|t| t <= now) {
             core.engine.handle_timeout(now);
         }
-        core.pump(now);
+        self.after_change(core, now, hold_acks);
+    }
+
+    /// Run the engine's timers if due, send everything (held ACKs too), signal waiters.
+    fn run_timers_and_send(&self, core: &mut Core, now: Instant) {
+        if core.engine.poll_timeout().is_some_and(|t| t <= now) {
+            core.engine.handle_timeout(now);
+        }
+        self.after_change(core, now, false);
+    }
+
+    /// What every change of engine state is followed by, under the lock: send, signal, and
+    /// ring the doorbell only if the progress thread would otherwise sleep past the next
+    /// timer, or past [`HANDOVER`] with ACKs held (published under this lock: see
+    /// `wake_at`).
+    fn after_change(&self, core: &mut Core, now: Instant, hold_acks: bool) {
+        core.pump(now, hold_acks);
         core.notify(&self.async_fd);
-        core.rx_counters = rx.counters;
-        // Published under the lock: a verb arming an earlier timer after this rings.
-        self.sleep_deadline.store(
-            core.engine
-                .poll_timeout()
-                .map_or(u64::MAX, Instant::as_nanos),
-            Ordering::SeqCst,
-        );
+        let mut next = core
+            .engine
+            .poll_timeout()
+            .map_or(u64::MAX, Instant::as_nanos);
+        if !core.held.is_empty() {
+            next = next.min(now.as_nanos().saturating_add(nanos(HANDOVER)));
+        }
+        if next < self.wake_at.load(Ordering::SeqCst) {
+            let _ = self.doorbell.write(1);
+        }
+    }
+
+    /// An application thread that polls drives the device itself for a while: it receives,
+    /// the progress thread stays off the socket (one thread handles each packet, no wakeup).
+    /// `core` is held, so the receive side is only tried. Returns the packets handled.
+    fn drive_polling(&self, core: &mut Core) -> usize {
+        let now = self.now();
+        self.renew_lease(now);
+        // Coming back means the thread has looked at what the last packets brought: the
+        // ACKs held for them go now, before this thread waits again.
+        core.send_held();
+        let Ok(mut rx) = self.rx.try_lock() else {
+            // The progress thread or a waiting thread is receiving right now.
+            return 0;
+        };
+        let n = rx.recv_batch();
+        if n > 0 {
+            self.process(core, &rx, n, true);
+        } else if core.engine.poll_timeout().is_some_and(|t| t <= now) {
+            core.engine.handle_timeout(now);
+            self.after_change(core, now, true);
+        }
         n
+    }
+
+    /// Keep the socket for polling threads until [`HANDOVER`] from `now`; if the progress
+    /// thread sleeps watching the socket, tell it to stop (once per lease, not per poll).
+    fn renew_lease(&self, now: Instant) {
+        let until = now.as_nanos().saturating_add(nanos(HANDOVER));
+        self.lease_until.store(until, Ordering::SeqCst);
+        if self.watching.load(Ordering::SeqCst) && self.watching.swap(false, Ordering::SeqCst) {
+            let _ = self.doorbell.write(1);
+        }
+    }
+
+    /// Whether an application thread drives the socket at engine time `now_ns`.
+    fn app_drives(&self, now_ns: u64) -> bool {
+        self.drivers.load(Ordering::SeqCst) > 0 || self.lease_until.load(Ordering::SeqCst) > now_ns
     }
 
     fn lock(&self) -> MutexGuard<'_, Core> {
@@ -318,6 +469,11 @@ impl Shared {
         // engine keeps its own invariants per call, so carry on rather than poison every user.
         self.core.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// A duration in nanoseconds, saturating.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// One engine on a UDP socket with its progress thread. Dropping it stops the thread.
@@ -400,6 +556,8 @@ impl Runtime {
             events: VecDeque::new(),
             rx_counters: IoCounters::default(),
             capture: Capture::from_env(),
+            held: VecDeque::new(),
+            spare: Vec::new(),
         };
         let flags = EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC;
         let shared = Arc::new(Shared {
@@ -412,13 +570,14 @@ impl Runtime {
             )),
             sock: rx_sock,
             drivers: AtomicUsize::new(0),
-            last_driver_exit: AtomicU64::new(0),
+            lease_until: AtomicU64::new(0),
             driving_since: AtomicU64::new(0),
             parked: AtomicBool::new(false),
+            watching: AtomicBool::new(false),
             doorbell: EventFd::from_flags(flags).map_err(io_err("eventfd"))?,
             async_fd: EventFd::from_flags(flags).map_err(io_err("eventfd"))?,
             stop: AtomicBool::new(false),
-            sleep_deadline: AtomicU64::new(u64::MAX),
+            wake_at: AtomicU64::new(0),
             origin: std::time::Instant::now(),
             local,
             busy_poll: config.busy_poll,
@@ -523,6 +682,8 @@ impl Runtime {
             if notifier.clear() {
                 return Ok(true);
             }
+            // About to sleep: the ACKs held for packets this thread handled go now.
+            shared.lock().send_held();
             let left = match deadline {
                 Some(d) => {
                     let now = std::time::Instant::now();
@@ -543,13 +704,25 @@ impl Runtime {
             }
             if fds[1].revents().is_some_and(|r| !r.is_empty()) {
                 if let Ok(mut rx) = shared.rx.try_lock() {
-                    shared.drive_rx(&mut rx);
+                    shared.drive_rx(&mut rx, true);
                 }
             }
             if notifier.clear() {
                 return Ok(true);
             }
         }
+    }
+
+    /// Drive the device from the calling thread once: receive what the socket holds, run it
+    /// through the engine (writing memory, completing work), run due timers and send what
+    /// results. Returns the packets handled. For loops that poll memory rather than a CQ
+    /// (an RDMA WRITE ping-pong): while a thread keeps calling this (or polling an empty
+    /// CQ), the progress thread leaves the socket to it and each packet is handled without
+    /// a thread switch; half a millisecond after the last call the progress thread takes
+    /// over again.
+    pub fn poll_progress(&self) -> usize {
+        let mut core = self.shared.lock();
+        self.shared.drive_polling(&mut core)
     }
 
     /// The next asynchronous event (QP fatal, CQ error...), if any.
@@ -590,6 +763,13 @@ impl Runtime {
 
 impl Drop for Runtime {
     fn drop(&mut self) {
+        // The last ACKs may still be held (a program that exits right after its last
+        // completion): the peer's requester waits for them.
+        {
+            let mut core = self.shared.lock();
+            let now = self.shared.now();
+            core.pump(now, false);
+        }
         self.shared.stop.store(true, Ordering::SeqCst);
         let _ = self.shared.doorbell.write(1);
         if let Some(t) = self.thread.take() {
@@ -605,11 +785,11 @@ struct Driving<'a>(&'a Shared);
 impl Drop for Driving<'_> {
     fn drop(&mut self) {
         // No doorbell after a short wait: waking the progress thread after every wait would
-        // cost a context switch per message; it takes the socket back within HANDOVER by
-        // itself. After a long wait it may be parked: then wake it.
-        self.0
-            .last_driver_exit
-            .store(self.0.now().as_nanos(), Ordering::SeqCst);
+        // cost a context switch per message. The leaving thread leaves a lease behind (a
+        // ping-pong loop waits again at once); the progress thread takes the socket back when
+        // it runs out. After a long wait it may be parked: then wake it.
+        let until = self.0.now().as_nanos().saturating_add(nanos(HANDOVER));
+        self.0.lease_until.fetch_max(until, Ordering::SeqCst);
         if self.0.drivers.fetch_sub(1, Ordering::SeqCst) == 1
             && self.0.parked.swap(false, Ordering::SeqCst)
         {
@@ -618,10 +798,15 @@ impl Drop for Driving<'_> {
     }
 }
 
-/// How long after the last `wait_cq` returned the progress thread resumes receiving (and
-/// how often it looks while threads wait). Bounds the extra delay of a packet that arrives
-/// when nobody waits right after somebody did.
+/// How long the socket stays with application threads after they last polled (or waited):
+/// the progress thread then takes it back. Bounds the extra delay of a packet that arrives
+/// when an application thread stopped polling without saying so, and how often the
+/// progress thread looks while threads keep polling.
 const HANDOVER: Duration = Duration::from_micros(500);
+
+/// The longest the progress thread sleeps with no timer due (so that arming a timer further
+/// out needs no doorbell).
+const IDLE_TICK: Duration = Duration::from_millis(50);
 
 /// After threads have waited this long without a break, the progress thread stops looking
 /// every [`HANDOVER`] and parks until the last one leaves (an idle device with a blocked
@@ -692,13 +877,20 @@ impl EngineGuard<'_> {
         Ok(())
     }
 
-    /// Take up to `max` completions from `cq` without the work a changing call triggers on
-    /// unlock (polling changes nothing the network needs).
+    /// Take up to `max` completions from `cq` (`ibv_poll_cq`). If there are none, the calling
+    /// thread drives the device itself: it receives what the socket holds and runs it
+    /// through the engine, and for a while (half a millisecond) the progress thread leaves
+    /// the socket to polling threads, so a busy-polling loop sees each packet without any
+    /// thread switch.
     pub fn poll_cq(
         &mut self,
         cq: CqHandle,
         max: usize,
     ) -> Result<Vec<engine::WorkCompletion>, VerbsError> {
+        let v = self.core.engine.poll_cq(cq, max)?;
+        if !v.is_empty() || max == 0 || self.shared.drive_polling(&mut self.core) == 0 {
+            return Ok(v);
+        }
         self.core.engine.poll_cq(cq, max)
     }
 }
@@ -719,130 +911,123 @@ impl DerefMut for EngineGuard<'_> {
 
 impl Drop for EngineGuard<'_> {
     fn drop(&mut self) {
-        if !self.dirty {
-            return;
-        }
-        let now = self.shared.now();
-        self.core.pump(now);
-        self.core.notify(&self.shared.async_fd);
-        let next = self
-            .core
-            .engine
-            .poll_timeout()
-            .map_or(u64::MAX, Instant::as_nanos);
-        if next < self.shared.sleep_deadline.load(Ordering::SeqCst) {
-            let _ = self.shared.doorbell.write(1);
+        if self.dirty {
+            let now = self.shared.now();
+            // ACKs held for packets an application thread received stay held (behind the
+            // requests this verb may have queued) until it polls again: see `Core::pump`.
+            self.shared.after_change(&mut self.core, now, true);
         }
     }
 }
 
-/// The progress thread.
+/// The progress thread: runs timers always, and receives whenever no application thread
+/// drives the socket (see `Shared::lease_until` and `Shared::drivers`).
 fn progress(shared: &Shared) {
-    use nix::poll::{ppoll, PollFd, PollFlags};
     let mut last_active = std::time::Instant::now();
-    // The engine's next timer as last seen under the lock (verbs that arm an earlier one
-    // ring the doorbell: see `sleep_deadline`).
-    let mut deadline: Option<Instant> = None;
-    let mut sleep = false;
     while !shared.stop.load(Ordering::Relaxed) {
-        // One ppoll tells whether the socket or the doorbell has anything: a spin costs one
-        // syscall and never takes the engine lock (which application threads need). While
-        // an application thread drives the socket in `wait_cq`, it is left to that thread.
-        let now_ns = shared.now().as_nanos();
-        let handover_ns = u64::try_from(HANDOVER.as_nanos()).unwrap_or(u64::MAX);
-        let handed_back = shared
-            .last_driver_exit
-            .load(Ordering::SeqCst)
-            .saturating_add(handover_ns);
-        let watch_socket = shared.drivers.load(Ordering::SeqCst) == 0 && handed_back <= now_ns;
-        let (readable, rung) = {
-            let mut fds = [
-                PollFd::new(shared.doorbell.as_fd(), PollFlags::POLLIN),
-                PollFd::new(shared.sock.as_fd(), PollFlags::POLLIN),
-            ];
-            let n = if watch_socket { 2 } else { 1 };
-            let timeout = if sleep {
-                let mut wake = deadline;
-                let long_ns = u64::try_from(LONG_WAIT.as_nanos()).unwrap_or(u64::MAX);
-                let long = !watch_socket
-                    && shared.drivers.load(Ordering::SeqCst) > 0
-                    && now_ns.saturating_sub(shared.driving_since.load(Ordering::SeqCst))
-                        >= long_ns;
-                // Park, then check again that a driver is still there (the last one to leave
-                // either sees `parked` and rings, or this sees it gone).
-                let parked = long && {
-                    shared.parked.store(true, Ordering::SeqCst);
-                    shared.drivers.load(Ordering::SeqCst) > 0 || {
-                        shared.parked.store(false, Ordering::SeqCst);
-                        false
-                    }
-                };
-                if !watch_socket && !parked {
-                    // Look again when the socket may be ours.
-                    let back = Instant::from_nanos(handed_back.max(now_ns + handover_ns));
-                    wake = Some(wake.map_or(back, |t| t.min(back)));
-                }
-                wake.map(|t| TimeSpec::from_duration(t.saturating_duration_since(shared.now())))
-            } else {
-                Some(TimeSpec::from_duration(Duration::ZERO))
-            };
-            if let Err(e) = ppoll(&mut fds[..n], timeout, None) {
-                if e != nix::errno::Errno::EINTR {
-                    tracing::warn!(error = %e, "ppoll failed");
-                }
+        let drives = shared.app_drives(shared.now().as_nanos());
+        // A pass: receive (unless an application thread does), run due timers, send.
+        let n = match (drives, shared.rx.try_lock()) {
+            (false, Ok(mut rx)) => shared.drive_rx(&mut rx, false),
+            _ => {
+                let mut core = shared.lock();
+                let now = shared.now();
+                shared.run_timers_and_send(&mut core, now);
+                0
             }
-            let ready = |f: &PollFd<'_>| f.revents().is_some_and(|r| !r.is_empty());
-            (watch_socket && ready(&fds[1]), ready(&fds[0]))
         };
-        if sleep {
-            shared.parked.store(false, Ordering::SeqCst);
+        if n > 0 {
+            last_active = std::time::Instant::now();
         }
-        sleep = false;
-        if rung {
-            let _ = shared.doorbell.read();
+        // Keep polling for `busy_poll` after activity, unless an application thread does.
+        let spin = !drives && last_active.elapsed() < shared.busy_poll;
+        if wait(shared, spin) {
+            last_active = std::time::Instant::now();
         }
-        let timer_due = deadline.is_some_and(|t| t <= shared.now());
-        if readable || rung || timer_due {
-            // A driving application thread may hold the receive side: then it handles the
-            // packets, and this pass only runs timers and transmissions.
-            let n = match shared.rx.try_lock() {
-                Ok(mut rx) => shared.drive_rx(&mut rx),
-                Err(_) => {
-                    let mut core = shared.lock();
-                    let now = shared.now();
-                    if core.engine.poll_timeout().is_some_and(|t| t <= now) {
-                        core.engine.handle_timeout(now);
-                    }
-                    core.pump(now);
-                    core.notify(&shared.async_fd);
-                    0
-                }
-            };
-            deadline = nanos_to_instant(shared.sleep_deadline.load(Ordering::SeqCst));
-            if n > 0 || rung {
-                last_active = std::time::Instant::now();
-            }
-            continue;
-        }
-        if last_active.elapsed() < shared.busy_poll {
-            std::hint::spin_loop();
-            continue;
-        }
-        // Idle: flush the capture, refresh the deadline, then sleep in the next ppoll.
+    }
+}
+
+/// The progress thread's wait between passes: until the socket is readable (when it is the
+/// progress thread's to read), the doorbell rings, the engine's next timer, or a polling
+/// thread's lease runs out. With `spin`, just look. Returns true if the doorbell rang.
+fn wait(shared: &Shared, spin: bool) -> bool {
+    use nix::poll::{ppoll, PollFd, PollFlags};
+    let (watch, timeout) = if spin {
+        (
+            !shared.app_drives(shared.now().as_nanos()),
+            Some(Duration::ZERO),
+        )
+    } else {
+        // Decided under the lock, so that a verb that arms an earlier timer after this sees
+        // `wake_at` and rings.
         let core = shared.lock();
         if let Some(c) = &core.capture {
             c.flush();
         }
-        deadline = core.engine.poll_timeout();
-        shared.sleep_deadline.store(
-            deadline.map_or(u64::MAX, Instant::as_nanos),
-            Ordering::SeqCst,
-        );
+        let now = shared.now().as_nanos();
+        let next = core
+            .engine
+            .poll_timeout()
+            .map_or(u64::MAX, Instant::as_nanos);
+        // Wake now and then even with no timer: then a verb arming a far timer (a
+        // retransmission timeout of milliseconds) needs no doorbell and no context switch.
+        let mut wake = next.min(now.saturating_add(nanos(IDLE_TICK)));
+        let watch = plan_socket(shared, now, &mut wake);
+        shared.wake_at.store(wake, Ordering::SeqCst);
         drop(core);
-        sleep = true;
+        (watch, Some(Duration::from_nanos(wake.saturating_sub(now))))
+    };
+    let mut fds = [
+        PollFd::new(shared.doorbell.as_fd(), PollFlags::POLLIN),
+        PollFd::new(shared.sock.as_fd(), PollFlags::POLLIN),
+    ];
+    let n = if watch { 2 } else { 1 };
+    if let Err(e) = ppoll(&mut fds[..n], timeout.map(TimeSpec::from_duration), None) {
+        if e != nix::errno::Errno::EINTR {
+            tracing::warn!(error = %e, "ppoll failed");
+        }
     }
+    shared.wake_at.store(0, Ordering::SeqCst);
+    shared.watching.store(false, Ordering::SeqCst);
+    shared.parked.store(false, Ordering::SeqCst);
+    let rung = fds[0].revents().is_some_and(|r| !r.is_empty());
+    if rung {
+        let _ = shared.doorbell.read();
+    }
+    rung
 }
 
-fn nanos_to_instant(n: u64) -> Option<Instant> {
-    (n != u64::MAX).then_some(Instant::from_nanos(n))
+/// Whether the sleeping progress thread watches the socket; if an application thread
+/// drives it instead, bring `wake` forward to when the socket may come back.
+fn plan_socket(shared: &Shared, now: u64, wake: &mut u64) -> bool {
+    let drivers = shared.drivers.load(Ordering::SeqCst);
+    if drivers > 0
+        && now.saturating_sub(shared.driving_since.load(Ordering::SeqCst)) >= nanos(LONG_WAIT)
+    {
+        // A thread has been blocked in `wait_cq` for long: park until the last one leaves
+        // (it sees `parked` and rings), so that an idle device with a blocked waiter costs
+        // nothing. Check again after publishing, as it may have just left.
+        shared.parked.store(true, Ordering::SeqCst);
+        if shared.drivers.load(Ordering::SeqCst) > 0 {
+            return false;
+        }
+        shared.parked.store(false, Ordering::SeqCst);
+    }
+    // Publish first, then look at the lease: a poller that renews after this load sees
+    // `watching` and rings (both SeqCst).
+    shared.watching.store(true, Ordering::SeqCst);
+    let lease = shared.lease_until.load(Ordering::SeqCst);
+    let drivers = shared.drivers.load(Ordering::SeqCst);
+    if drivers == 0 && lease <= now {
+        return true;
+    }
+    shared.watching.store(false, Ordering::SeqCst);
+    // Blocked waiters renew no lease: look again every HANDOVER while they wait.
+    let back = if drivers > 0 {
+        lease.max(now.saturating_add(nanos(HANDOVER)))
+    } else {
+        lease
+    };
+    *wake = (*wake).min(back);
+    false
 }

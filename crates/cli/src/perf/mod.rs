@@ -239,8 +239,11 @@ struct Params {
 const MAX_SIZE: u64 = 1 << 23;
 /// Receives kept posted by the side that receives SENDs.
 const RX_DEPTH: u32 = 512;
-/// Latency loops signal one send in this many (and poll the send CQ every iteration).
+/// Latency loops signal one send in this many, and poll the send CQ once in this many.
 const LAT_SIGNAL_EVERY: u64 = 16;
+/// How long the default poll mode spins on a CQ before it sleeps (a spinning thread drives
+/// the device itself, so it starves no progress thread).
+const HYBRID_SPIN: Duration = Duration::from_millis(1);
 /// Longest wait for any one completion or memory change before the run is declared stuck.
 const STALL: Duration = Duration::from_secs(10);
 
@@ -419,8 +422,26 @@ impl Side {
         Ok(())
     }
 
-    /// Wait for completions on `cq` as the poll mode says.
+    /// Wait for completions on `cq` as the poll mode says. The default mode polls first:
+    /// an empty poll drives the device from this thread (it receives the packet that
+    /// completes the work itself, with no thread switch), and only a long wait sleeps.
     fn wait(&self, cq: &Cq, max: usize) -> Result<Vec<WorkCompletion>> {
+        if self.mode == PollMode::Hybrid {
+            let t0 = Instant::now();
+            let mut n = 0u32;
+            loop {
+                let v = cq.poll(max)?;
+                if !v.is_empty() {
+                    return check_all(v);
+                }
+                // Reading the clock on every look would cost more than the look.
+                n = n.wrapping_add(1);
+                if n.is_multiple_of(64) && t0.elapsed() > HYBRID_SPIN {
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+        }
         wait_cq(cq, max, self.mode, STALL)
     }
 
@@ -462,19 +483,23 @@ impl Side {
     }
 
     /// Busy-wait until the byte at `off` equals `v` (the peer's WRITE landed; its last byte
-    /// lands last).
+    /// lands last). Each look also drives the device from this thread, so the WRITE is
+    /// received and placed here, with no thread switch.
     fn wait_byte(&self, off: usize, v: u8) -> Result<()> {
         let t0 = Instant::now();
+        let rt = Some(self.dev.runtime());
         let mut n = 0u32;
         while self.byte_at(off) != v {
-            // Let the progress thread take the lock between looks; past a short spin, give
-            // the core away too (it may be the one the progress thread needs), unless told
-            // to spin.
-            for _ in 0..32 {
-                std::hint::spin_loop();
-            }
-            if self.mode != PollMode::Busy && t0.elapsed() > Duration::from_micros(20) {
-                std::thread::yield_now();
+            if let Some(rt) = rt {
+                rt.poll_progress();
+            } else {
+                // The device lives in another process: let it have the core now and then.
+                for _ in 0..32 {
+                    std::hint::spin_loop();
+                }
+                if self.mode != PollMode::Busy && t0.elapsed() > HYBRID_SPIN {
+                    std::thread::yield_now();
+                }
             }
             n = n.wrapping_add(1);
             if n.is_multiple_of(4096) && t0.elapsed() > STALL {
@@ -485,6 +510,20 @@ impl Side {
         }
         Ok(())
     }
+}
+
+/// Fail on the first completion that is not a success.
+fn check_all(v: Vec<WorkCompletion>) -> Result<Vec<WorkCompletion>> {
+    for wc in &v {
+        if wc.status != WcStatus::Success {
+            return Err(softrdma::Error::Completion {
+                wr_id: wc.wr_id,
+                status: wc.status,
+            }
+            .into());
+        }
+    }
+    Ok(v)
 }
 
 /// The WR of one operation of `test` on `size` bytes.
@@ -603,7 +642,6 @@ fn lat_client(side: &mut Side, p: &Params, size: u64, remote: &RemoteMr) -> Resu
                     signaled,
                 )?)?;
                 side.wait_byte(max + last, tag)?;
-                side.drain_sends()?;
             }
             Test::SendLat => {
                 side.qp.post_send(work_request(
@@ -613,13 +651,17 @@ fn lat_client(side: &mut Side, p: &Params, size: u64, remote: &RemoteMr) -> Resu
                 side.wait(&rcq, 1)?;
                 side.recvs_posted -= 1;
                 side.fill_recvs()?;
-                side.drain_sends()?;
             }
             _ => {
                 side.qp
                     .post_send(work_request(p.test, p.cas, side, size, remote, i, true)?)?;
                 side.wait(&side.scq, 1)?;
             }
+        }
+        if p.test.halves_rtt() && i % LAT_SIGNAL_EVERY == 0 {
+            // The completion of the send signaled last round (an extra poll only now and
+            // then: every look at an empty CQ costs a system call).
+            side.drain_sends()?;
         }
         let us = t0.elapsed().as_secs_f64() * 1e6;
         samples.push(if p.test.halves_rtt() { us / 2.0 } else { us });
@@ -656,15 +698,19 @@ fn lat_server(side: &mut Side, p: &Params, size: u64, remote: &RemoteMr) -> Resu
             Test::SendLat => {
                 let rcq = side.rcq.clone();
                 side.wait(&rcq, 1)?;
-                side.recvs_posted -= 1;
-                side.fill_recvs()?;
+                // Answer first: reposting the receive is off the latency path (hundreds
+                // more are posted).
                 side.qp.post_send(work_request(
                     p.test, p.cas, side, size, remote, i, signaled,
                 )?)?;
+                side.recvs_posted -= 1;
+                side.fill_recvs()?;
             }
             _ => return Ok(()),
         }
-        side.drain_sends()?;
+        if i % LAT_SIGNAL_EVERY == 0 {
+            side.drain_sends()?;
+        }
     }
     Ok(())
 }
