@@ -85,6 +85,16 @@ pub struct CqRing {
 }
 
 impl CqRing {
+    /// Completions waiting in the ring.
+    pub fn len(&self) -> Result<u32, RingError> {
+        self.ring.len()
+    }
+
+    /// No completions waiting in the ring.
+    pub fn is_empty(&self) -> Result<bool, RingError> {
+        self.ring.is_empty()
+    }
+
     /// Up to `max` completions, oldest first.
     pub fn poll(&mut self, max: usize) -> Result<Vec<WcMsg>, RingError> {
         let mut out = Vec::new();

@@ -255,6 +255,20 @@ impl Ring {
         Ok(true)
     }
 
+    /// Consumer: entries waiting to be popped.
+    pub fn len(&self) -> Result<u32, RingError> {
+        if self.role != Role::Consumer {
+            return Err(RingError::Invalid("len on a producer"));
+        }
+        let prod = self.word(PROD).load(Ordering::Acquire);
+        self.check(prod, self.mine)
+    }
+
+    /// Consumer: nothing waiting.
+    pub fn is_empty(&self) -> Result<bool, RingError> {
+        Ok(self.len()? == 0)
+    }
+
     /// Consumer: copy the oldest entry into `out` (`entry_size` bytes) and release its slot.
     /// `Ok(false)` if the ring is empty. The bytes are the peer's: parse them as untrusted.
     #[allow(unsafe_code)]
@@ -304,12 +318,15 @@ mod tests {
                 assert!(p.push(&[round, i]).unwrap());
             }
             assert!(!p.push(&[9]).unwrap(), "full at capacity");
+            assert_eq!(c.len().unwrap(), 4);
             for i in 0..4u8 {
                 assert!(c.pop(&mut out).unwrap());
                 assert_eq!(&out[..3], &[round, i, 0]);
             }
             assert!(!c.pop(&mut out).unwrap());
+            assert!(c.is_empty().unwrap());
         }
+        assert!(p.len().is_err(), "len is the consumer's view");
     }
 
     #[test]

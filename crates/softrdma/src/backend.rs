@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use daemon::client::{Client, ClientError};
+use daemon::client::{Client, ClientError, CqRing};
 use daemon::convert;
 use daemon::proto::{DeviceInfo, QpInitMsg};
 use engine::{
@@ -102,19 +102,34 @@ pub(crate) struct DaemonDevice {
     events: Mutex<VecDeque<AsyncEvent>>,
 }
 
-/// A CQ's notification descriptor: the runtime's notifier, or the daemon's completion
-/// channel (an eventfd passed over the socket).
+/// What a CQ keeps besides its handle: the runtime's notifier, or on the daemon its
+/// completion channel (an eventfd passed over the socket) and the shared-memory ring the
+/// daemon delivers its completions into (polled with no system call).
 #[derive(Debug)]
 pub(crate) enum Notifier {
     Embedded(Arc<CqNotifier>),
-    Daemon(OwnedFd),
+    Daemon {
+        channel: OwnedFd,
+        ring: Mutex<CqRing>,
+    },
 }
+
+/// Largest CQ ring the daemon grants.
+const MAX_CQ_RING: u32 = 1 << 16;
 
 impl Notifier {
     pub(crate) fn as_fd(&self) -> BorrowedFd<'_> {
         match self {
             Notifier::Embedded(n) => n.as_fd(),
-            Notifier::Daemon(fd) => fd.as_fd(),
+            Notifier::Daemon { channel, .. } => channel.as_fd(),
+        }
+    }
+
+    /// Completions waiting in the daemon CQ's ring (0 on the embedded backend).
+    fn ring_len(&self) -> Result<usize> {
+        match self {
+            Notifier::Embedded(_) => Ok(0),
+            Notifier::Daemon { ring, .. } => Ok(lock(ring).len().map_err(ring_error)? as usize),
         }
     }
 
@@ -122,7 +137,7 @@ impl Notifier {
     pub(crate) fn clear(&self) -> bool {
         match self {
             Notifier::Embedded(n) => n.clear(),
-            Notifier::Daemon(fd) => {
+            Notifier::Daemon { channel: fd, .. } => {
                 // The daemon made the eventfd non-blocking; the flag travels with the open
                 // file, so this read never blocks.
                 let mut b = [0u8; 8];
@@ -130,6 +145,10 @@ impl Notifier {
             }
         }
     }
+}
+
+fn ring_error(e: daemon::ring::RingError) -> Error {
+    Error::BadAnswer(format!("CQ ring: {e}"))
 }
 
 fn unsupported(what: &'static str) -> Error {
@@ -497,8 +516,19 @@ impl Backend {
             Backend::Daemon(d) => {
                 let mut c = d.c();
                 let h = c.create_cq(d.dev, depth)?;
-                match c.cq_channel(h) {
-                    Ok(fd) => Ok((CqHandle(h), Notifier::Daemon(fd))),
+                let capacity = depth
+                    .max(1)
+                    .checked_next_power_of_two()
+                    .unwrap_or(MAX_CQ_RING);
+                let setup = c.cq_channel(h).and_then(|channel| {
+                    let ring = c.attach_cq_ring(h, capacity.min(MAX_CQ_RING))?;
+                    Ok(Notifier::Daemon {
+                        channel,
+                        ring: Mutex::new(ring),
+                    })
+                });
+                match setup {
+                    Ok(n) => Ok((CqHandle(h), n)),
                     Err(e) => {
                         let _ = c.destroy_cq(h);
                         Err(e.into())
@@ -515,23 +545,34 @@ impl Backend {
         }
     }
 
-    pub(crate) fn poll_cq(&self, cq: CqHandle, max: usize) -> Result<Vec<WorkCompletion>> {
-        match self {
-            Backend::Embedded(rt) => Ok(rt.lock().poll_cq(cq, max)?),
-            Backend::Daemon(d) => {
-                let max = u32::try_from(max).unwrap_or(u32::MAX);
-                let wcs = d.c().poll_cq(cq.0, max)?;
+    /// Up to `max` completions; on the daemon from the CQ's ring, with no system call.
+    pub(crate) fn poll_cq(
+        &self,
+        cq: CqHandle,
+        state: &Notifier,
+        max: usize,
+    ) -> Result<Vec<WorkCompletion>> {
+        match (self, state) {
+            (Backend::Embedded(rt), _) => Ok(rt.lock().poll_cq(cq, max)?),
+            (Backend::Daemon(_), Notifier::Daemon { ring, .. }) => {
+                let wcs = lock(ring).poll(max).map_err(ring_error)?;
                 wcs.iter()
                     .map(|m| convert::wc_from_msg(m).map_err(Error::from))
                     .collect()
             }
+            (Backend::Daemon(_), Notifier::Embedded(_)) => Err(unsupported("a foreign CQ")),
         }
     }
 
-    pub(crate) fn cq_len(&self, cq: CqHandle) -> Result<usize> {
+    /// Completions waiting: on the daemon, those in the ring plus those the daemon holds
+    /// until the ring has room.
+    pub(crate) fn cq_len(&self, cq: CqHandle, state: &Notifier) -> Result<usize> {
         match self {
             Backend::Embedded(rt) => Ok(rt.lock().cq_len(cq)?),
-            Backend::Daemon(d) => Ok(usize::try_from(d.c().cq_len(cq.0)?).unwrap_or(usize::MAX)),
+            Backend::Daemon(d) => {
+                let held = usize::try_from(d.c().cq_len(cq.0)?).unwrap_or(usize::MAX);
+                Ok(held.saturating_add(state.ring_len()?))
+            }
         }
     }
 
@@ -555,9 +596,13 @@ impl Backend {
                 Ok(())
             }
             Backend::Daemon(d) => {
-                // Arming a CQ that already holds completions signals its channel at once,
-                // so a completion that came before the arm is not slept through.
+                // Arming a CQ that already holds completions signals its channel at once, so
+                // a completion that came before the arm is not slept through; one already
+                // moved into the ring is seen by looking there after arming.
                 d.c().req_notify_cq(cq.0, false)?;
+                if notifier.ring_len()? > 0 {
+                    return Ok(());
+                }
                 runtime::wait_readable(notifier.as_fd(), timeout)?;
                 notifier.clear();
                 Ok(())

@@ -45,9 +45,12 @@ impl Cq {
     }
 
     /// Take up to `max` completions, oldest first (`ibv_poll_cq`); never blocks (on the
-    /// daemon backend it is one request to the daemon).
+    /// daemon backend it reads the CQ's ring in shared memory, with no system call).
     pub fn poll(&self, max: usize) -> Result<Vec<WorkCompletion>> {
-        self.inner.dev.backend_ref().poll_cq(self.inner.handle, max)
+        self.inner
+            .dev
+            .backend_ref()
+            .poll_cq(self.inner.handle, &self.inner.notifier, max)
     }
 
     /// Take the oldest completion, if any.
@@ -57,7 +60,10 @@ impl Cq {
 
     /// Completions waiting.
     pub fn len(&self) -> Result<usize> {
-        self.inner.dev.backend_ref().cq_len(self.inner.handle)
+        self.inner
+            .dev
+            .backend_ref()
+            .cq_len(self.inner.handle, &self.inner.notifier)
     }
 
     /// No completions waiting.
