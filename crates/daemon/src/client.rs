@@ -331,6 +331,13 @@ impl Client {
         self.call_for_fd(&Request::CqChannel { cq })
     }
 
+    /// This connection's asynchronous event channel: an eventfd the daemon signals whenever
+    /// a device raises an asynchronous event (then call [`Client::async_events`]). Read it to
+    /// clear it.
+    pub fn async_event_channel(&mut self) -> Result<OwnedFd, ClientError> {
+        self.call_for_fd(&Request::AsyncEventChannel)
+    }
+
     /// Send `req` and take the descriptor its `Done` answer carries (SCM_RIGHTS).
     fn call_for_fd(&mut self, req: &Request) -> Result<OwnedFd, ClientError> {
         use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};

@@ -15,7 +15,7 @@
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 
 use std::collections::{HashMap, VecDeque};
@@ -80,6 +80,9 @@ pub struct Core {
     channels: HashMap<CqHandle, EventFd>,
     /// Asynchronous events not yet taken by the connection owning their object.
     events: VecDeque<AsyncEvent>,
+    /// Connections' event channels, signalled on every asynchronous event (a connection
+    /// that ended leaves a dead reference, pruned then).
+    event_channels: Vec<Weak<EventFd>>,
 }
 
 /// Most asynchronous events kept for clients to take; the oldest go first.
@@ -114,13 +117,25 @@ impl Shared {
             rings,
             channels,
             events,
+            event_channels,
         } = core;
+        let mut any = false;
         while let Some(ev) = engine.get_async_event() {
             tracing::debug!(event = ?ev, "async event");
             if events.len() >= MAX_EVENTS {
                 events.pop_front();
             }
             events.push_back(ev);
+            any = true;
+        }
+        if any {
+            event_channels.retain(|w| match w.upgrade() {
+                Some(fd) => {
+                    let _ = fd.write(1);
+                    true
+                }
+                None => false,
+            });
         }
         while let Some(cq) = engine.get_cq_event() {
             if let Some(fd) = channels.get(&cq) {
@@ -320,6 +335,7 @@ impl Device {
                 rings: HashMap::new(),
                 channels: HashMap::new(),
                 events: VecDeque::new(),
+                event_channels: Vec::new(),
             }),
             socks,
             remote_port: config.remote_port,
@@ -418,6 +434,14 @@ impl Device {
     /// Forget `cq`'s completion channel (before destroying the CQ).
     pub fn drop_channel(&self, cq: CqHandle) {
         self.shared.lock().channels.remove(&cq);
+    }
+
+    /// Signal `channel` whenever this device raises an asynchronous event, for as long as
+    /// it lives.
+    pub fn add_event_channel(&self, channel: &Arc<EventFd>) {
+        let mut core = self.shared.lock();
+        core.event_channels.retain(|w| w.strong_count() > 0);
+        core.event_channels.push(Arc::downgrade(channel));
     }
 
     /// Take the asynchronous events `mine` recognizes (turned into what it returns), oldest

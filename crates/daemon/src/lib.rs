@@ -24,7 +24,9 @@
 //! channel ([`proto::Request::CqChannel`]) is an eventfd passed the same way, signalled when
 //! a notification armed with [`proto::Request::ReqNotifyCq`] fires (at once if the CQ is
 //! not empty). Asynchronous events are kept (at most 1024, oldest dropped) until the
-//! connection owning their QP, CQ or SRQ takes them ([`proto::Request::GetAsyncEvents`]).
+//! connection owning their QP, CQ or SRQ takes them ([`proto::Request::GetAsyncEvents`]);
+//! a connection's event channel ([`proto::Request::AsyncEventChannel`], an eventfd) is
+//! signalled whenever one is raised.
 //!
 //! Not here yet (issue 6): SQ/RQ rings and doorbells (posting is a message today), a
 //! consumer doorbell for CQ rings, an async-event descriptor, same-host direct data

@@ -696,6 +696,8 @@ kinds! {
     CQ_CHANNEL = 31,
     /// [`super::Request::GetAsyncEvents`].
     GET_ASYNC_EVENTS = 32,
+    /// [`super::Request::AsyncEventChannel`].
+    ASYNC_EVENT_CHANNEL = 33,
 }
 
 /// A request from a client. Handles (`pd`, `cq`, `mr`, `qp`) are the connection's own
@@ -906,6 +908,11 @@ pub enum Request {
     /// Take the asynchronous events of this connection's objects (answered with
     /// [`Response::AsyncEvents`]).
     GetAsyncEvents,
+    /// An event channel for this connection: the answer carries an eventfd (SCM_RIGHTS) the
+    /// daemon signals whenever any device raises an asynchronous event (then ask with
+    /// [`Request::GetAsyncEvents`]; an event of another connection's object is a spurious
+    /// wakeup).
+    AsyncEventChannel,
 }
 
 /// An address vector (`ibv_ah_attr` with its GRH) as [`Request::CreateAh`] carries it.
@@ -1136,6 +1143,7 @@ impl Request {
             Request::ReqNotifyCq { .. } => kind::REQ_NOTIFY_CQ,
             Request::CqChannel { .. } => kind::CQ_CHANNEL,
             Request::GetAsyncEvents => kind::GET_ASYNC_EVENTS,
+            Request::AsyncEventChannel => kind::ASYNC_EVENT_CHANNEL,
         }
     }
 
@@ -1238,7 +1246,7 @@ impl Request {
             Request::ReqNotifyCq { cq, solicited_only } => {
                 w.u32(*cq).bool(*solicited_only);
             }
-            Request::GetAsyncEvents => {}
+            Request::GetAsyncEvents | Request::AsyncEventChannel => {}
         }
         w.buf
     }
@@ -1345,6 +1353,7 @@ impl Request {
             },
             kind::CQ_CHANNEL => Request::CqChannel { cq: r.u32()? },
             kind::GET_ASYNC_EVENTS => Request::GetAsyncEvents,
+            kind::ASYNC_EVENT_CHANNEL => Request::AsyncEventChannel,
             k => return Err(ProtoError::UnknownKind(k)),
         };
         r.finish()?;
@@ -1802,6 +1811,7 @@ mod tests {
             },
             Request::CqChannel { cq: 2 },
             Request::CqLen { cq: 2 },
+            Request::AsyncEventChannel,
         ]
     }
 

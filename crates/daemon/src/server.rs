@@ -202,6 +202,9 @@ struct Conn<'d> {
     next: u32,
     /// A file descriptor to pass with the next answer (SCM_RIGHTS).
     pending_fd: Option<OwnedFd>,
+    /// This connection's asynchronous event channel, once asked for (the devices hold only
+    /// weak references: it dies with the connection).
+    event_channel: Option<Arc<nix::sys::eventfd::EventFd>>,
 }
 
 impl<'d> Conn<'d> {
@@ -593,6 +596,30 @@ impl<'d> Conn<'d> {
                 self.pending_fd = Some(fd);
                 Ok(Response::Done)
             }
+            Request::AsyncEventChannel => {
+                use nix::sys::eventfd::{EfdFlags, EventFd};
+                use std::os::fd::AsFd;
+                let ch = match &self.event_channel {
+                    Some(ch) => ch.clone(),
+                    None => {
+                        let fd =
+                            EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+                                .map_err(|e| fail(ENOMEM, e.to_string()))?;
+                        let ch = Arc::new(fd);
+                        for dev in &d.devices {
+                            dev.add_event_channel(&ch);
+                        }
+                        self.event_channel = Some(ch.clone());
+                        ch
+                    }
+                };
+                let dup = ch
+                    .as_fd()
+                    .try_clone_to_owned()
+                    .map_err(|e| fail(ENOMEM, e.to_string()))?;
+                self.pending_fd = Some(dup);
+                Ok(Response::Done)
+            }
             Request::GetAsyncEvents => {
                 let mut out = Vec::new();
                 for (i, dev) in d.devices.iter().enumerate() {
@@ -901,6 +928,7 @@ pub fn serve_connection(daemon: &Daemon, mut stream: UnixStream) {
         objs: HashMap::new(),
         next: 0,
         pending_fd: None,
+        event_channel: None,
     };
     tracing::info!(pid = conn.pid, uid = conn.uid, "client connected");
     match message_loop(&mut conn, &mut stream) {

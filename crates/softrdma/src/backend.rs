@@ -100,6 +100,8 @@ pub(crate) struct DaemonDevice {
     gids: Vec<Gid>,
     /// Asynchronous events taken from the daemon but not yet from the API.
     events: Mutex<VecDeque<AsyncEvent>>,
+    /// The connection's event channel: readable after the daemon raised an event.
+    event_channel: OwnedFd,
 }
 
 /// What a CQ keeps besides its handle: the runtime's notifier, or on the daemon its
@@ -212,7 +214,9 @@ impl DaemonDevice {
                 Err(e) => return Err(e.into()),
             }
         }
+        let event_channel = client.async_event_channel()?;
         Ok(DaemonDevice {
+            event_channel,
             client: Mutex::new(client),
             dev: info.index,
             info,
@@ -767,10 +771,13 @@ impl Backend {
     pub(crate) fn wait_async_event(&self, timeout: Option<Duration>) -> Result<()> {
         match self {
             Backend::Embedded(rt) => Ok(runtime::wait_readable(rt.async_event_fd(), timeout)?),
-            Backend::Daemon(_) => {
-                // The daemon has no event channel yet: ask again after a short sleep.
-                let nap = Duration::from_millis(2);
-                std::thread::sleep(timeout.map_or(nap, |t| t.min(nap)));
+            Backend::Daemon(d) => {
+                runtime::wait_readable(d.event_channel.as_fd(), timeout)?;
+                // Clear it (non-blocking: the flag travels with the open file); the caller
+                // asks the daemon next, and an event of another connection was a spurious
+                // wakeup.
+                let mut b = [0u8; 8];
+                let _ = rustix::io::read(&d.event_channel, &mut b);
                 Ok(())
             }
         }

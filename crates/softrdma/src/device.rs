@@ -312,8 +312,8 @@ impl Device {
         self.inner.backend.async_event()
     }
 
-    /// Wait for the next asynchronous event, at most `timeout` (`None`: no limit). The
-    /// daemon backend has no event descriptor yet and asks the daemon every 2 ms.
+    /// Wait for the next asynchronous event, at most `timeout` (`None`: no limit). Sleeps on
+    /// an event descriptor (the runtime's, or the daemon connection's event channel).
     pub fn wait_async_event(&self, timeout: Option<Duration>) -> Result<AsyncEvent> {
         let deadline = timeout.map(|t| std::time::Instant::now() + t);
         loop {

@@ -60,8 +60,8 @@
 //! ([`DeviceBuilder::remote_port`], `src_port_policy`, `rx_path`, `busy_poll`, `rng_seed`,
 //! and a `port` or `mtu` other than the daemon's: [`Error::Config`]), the raw runtime
 //! ([`Device::try_runtime`] is `None`). Refusals by the daemon are [`Error::Daemon`] with
-//! the errno libibverbs would give (not a [`VerbsError`]). Asynchronous events are polled
-//! from the daemon every 2 ms by [`Device::wait_async_event`] (no event descriptor yet).
+//! the errno libibverbs would give (not a [`VerbsError`]). Asynchronous events reach only
+//! the connection (device) owning their QP, CQ or SRQ.
 //!
 //! ## Safety of registered memory
 //!

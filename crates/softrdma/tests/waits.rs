@@ -148,3 +148,24 @@ fn after_a_long_wait_the_device_keeps_serving_peers_with_nobody_waiting(backend:
     }
 }
 }
+
+on_both_backends! {
+    fn a_thread_waiting_for_an_async_event_wakes_when_one_is_raised(backend: BackendKind) {
+        let a = open_on(backend, "127.0.0.1");
+        let pd = a.alloc_pd().unwrap();
+        let cq = a.create_cq(1).unwrap();
+        let qp = pd.qp_builder(&cq, &cq).build().unwrap();
+        let dev = a.clone();
+        let waiter = thread::spawn(move || dev.wait_async_event(WAIT));
+        // Correct either way; this only makes the waiter likely to be asleep first.
+        thread::sleep(Duration::from_millis(20));
+        qp.recv(1, &[]).unwrap();
+        qp.recv(2, &[]).unwrap();
+        qp.set_error().unwrap();
+        let ev = waiter.join().unwrap().unwrap();
+        assert!(
+            matches!(ev, AsyncEvent::CqErr { .. } | AsyncEvent::QpFatal { .. }),
+            "{ev:?}"
+        );
+    }
+}
