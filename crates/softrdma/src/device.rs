@@ -334,6 +334,17 @@ impl Device {
         }
     }
 
+    /// Drive the device from the calling thread once, for loops that poll memory rather
+    /// than a CQ (an RDMA WRITE ping-pong); returns the packets handled. Embedded: see
+    /// `Runtime::poll_progress`. On the daemon backend the daemon drives its devices itself,
+    /// so this does nothing and returns 0.
+    pub fn poll_progress(&self) -> usize {
+        match &self.inner.backend {
+            Backend::Embedded(rt) => rt.poll_progress(),
+            Backend::Daemon(_) => 0,
+        }
+    }
+
     /// The embedded runtime underneath, for what this API does not cover (raw verbs on the
     /// engine, socket counters, packet capture); `None` on the daemon backend.
     pub fn try_runtime(&self) -> Option<&Runtime> {
