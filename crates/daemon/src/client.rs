@@ -10,8 +10,8 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
 use crate::proto::{
-    AhMsg, AsyncEventMsg, DeviceAttrMsg, DeviceInfo, Header, PortAttrMsg, ProtoError, QpAttrMsg,
-    QpInitMsg, Request, Response, SendWrMsg, SgeMsg, WcMsg, HEADER_LEN, VERSION,
+    AhMsg, AsyncEventMsg, DeviceAttrMsg, DeviceInfo, Header, MwBindMsg, PortAttrMsg, ProtoError,
+    QpAttrMsg, QpInitMsg, Request, Response, SendWrMsg, SgeMsg, WcMsg, HEADER_LEN, VERSION,
 };
 use crate::ring::{Ring, RingError, Role};
 
@@ -463,6 +463,49 @@ impl Client {
             remote_qkey,
             wr,
         })
+    }
+
+    /// `ibv_alloc_mw` of type 1 or 2; returns the handle and the window's rkey.
+    pub fn alloc_mw(&mut self, pd: u32, mw_type: u8) -> Result<(u32, u32), ClientError> {
+        match self.call(&Request::AllocMw { pd, mw_type })? {
+            Response::Mw { handle, rkey, .. } => Ok((handle, rkey)),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+
+    /// `ibv_dealloc_mw`.
+    pub fn dealloc_mw(&mut self, mw: u32) -> Result<(), ClientError> {
+        self.done(&Request::DeallocMw { mw })
+    }
+
+    /// A window's current rkey and whether it is bound.
+    pub fn query_mw(&mut self, mw: u32) -> Result<(u32, bool), ClientError> {
+        match self.call(&Request::QueryMw { mw })? {
+            Response::Mw { rkey, bound, .. } => Ok((rkey, bound)),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+
+    /// `ibv_bind_mw` of a type 1 window, posted on `qp`; returns the rkey the window will
+    /// have once bound.
+    pub fn bind_mw(
+        &mut self,
+        qp: u32,
+        wr_id: u64,
+        mw: u32,
+        bind: MwBindMsg,
+        signaled: bool,
+    ) -> Result<u32, ClientError> {
+        match self.call(&Request::BindMw {
+            qp,
+            wr_id,
+            mw,
+            bind,
+            signaled,
+        })? {
+            Response::Mw { rkey, .. } => Ok(rkey),
+            _ => Err(ClientError::Unexpected),
+        }
     }
 
     /// Take the asynchronous events of this connection's objects, oldest first.

@@ -4,14 +4,14 @@
 //! value are a [`ConvertError`], never a panic.
 
 use engine::{
-    AccessFlags, AhAttr, AsyncEvent, AtomicCap, DeviceAttr, PortAttr, PortState, QpAttr,
+    AccessFlags, AhAttr, AsyncEvent, AtomicCap, DeviceAttr, MwBind, PortAttr, PortState, QpAttr,
     QpAttrMask, QpState, SendFlags, SendOp, SendPayload, SendWr, Sge, WcFlags, WcOpcode, WcStatus,
     WorkCompletion,
 };
 
 use crate::proto::{
-    AhMsg, AsyncEventMsg, DeviceAttrMsg, PortAttrMsg, QpAttrMsg, SendOpMsg, SendWrMsg, SgeMsg,
-    WcMsg,
+    AhMsg, AsyncEventMsg, DeviceAttrMsg, MwBindMsg, PortAttrMsg, QpAttrMsg, SendOpMsg, SendWrMsg,
+    SgeMsg, WcMsg,
 };
 
 /// A message field that names no engine value, or an engine value no message can carry.
@@ -91,6 +91,12 @@ pub fn send_wr_to_msg(wr: &SendWr) -> Result<SendWrMsg, ConvertError> {
             rkey,
             add,
         },
+        SendOp::BindMw { mw, rkey, bind } => SendOpMsg::BindMw {
+            mw: mw.0,
+            rkey,
+            bind: mw_bind_to_msg(&bind),
+        },
+        SendOp::LocalInv { rkey } => SendOpMsg::LocalInv { rkey },
         _ => return Err(ConvertError::Unsupported("this send opcode")),
     };
     let (sges, inline) = match &wr.payload {
@@ -106,7 +112,30 @@ pub fn send_wr_to_msg(wr: &SendWr) -> Result<SendWrMsg, ConvertError> {
     })
 }
 
-/// A send work request from the protocol.
+/// A window bind as the protocol carries it (the region by its handle number as is: on the
+/// client, the connection's handle).
+pub fn mw_bind_to_msg(b: &MwBind) -> MwBindMsg {
+    MwBindMsg {
+        mr: b.mr.0,
+        addr: b.addr,
+        length: b.length,
+        access: b.access.bits(),
+    }
+}
+
+/// A window bind from the protocol, its region handle number kept as is (the server
+/// replaces the connection's handle with the engine's).
+pub fn mw_bind_from_msg(m: &MwBindMsg) -> Result<MwBind, ConvertError> {
+    Ok(MwBind {
+        mr: engine::MrHandle(m.mr),
+        addr: m.addr,
+        length: m.length,
+        access: AccessFlags::from_bits(m.access).ok_or(invalid("access flags", m.access))?,
+    })
+}
+
+/// A send work request from the protocol. A bind keeps the window's and the region's
+/// handle numbers as they came (the server translates them).
 pub fn send_wr_from_msg(m: SendWrMsg) -> Result<SendWr, ConvertError> {
     let mut flags = SendFlags::from_bits(m.flags).ok_or(invalid("send flags", m.flags))?;
     let op = match m.op {
@@ -144,6 +173,12 @@ pub fn send_wr_from_msg(m: SendWrMsg) -> Result<SendWr, ConvertError> {
             rkey,
             add,
         },
+        SendOpMsg::BindMw { mw, rkey, bind } => SendOp::BindMw {
+            mw: engine::MwHandle(mw),
+            rkey,
+            bind: mw_bind_from_msg(&bind)?,
+        },
+        SendOpMsg::LocalInv { rkey } => SendOp::LocalInv { rkey },
     };
     let payload = match m.inline {
         Some(d) => {
@@ -488,12 +523,13 @@ mod tests {
     }
 
     #[test]
-    fn send_wrs_survive_the_trip_and_binds_are_refused() {
+    fn send_wrs_survive_the_trip() {
         let wr = SendWr::rdma_write(1, vec![Sge::new(0x1000, 8, 3)], 0x2000, 9);
         assert_eq!(send_wr_from_msg(send_wr_to_msg(&wr).unwrap()).unwrap(), wr);
+        let inv = SendWr::local_inv(1, 5);
         assert_eq!(
-            send_wr_to_msg(&SendWr::local_inv(1, 5)),
-            Err(ConvertError::Unsupported("this send opcode"))
+            send_wr_from_msg(send_wr_to_msg(&inv).unwrap()).unwrap(),
+            inv
         );
     }
 

@@ -353,6 +353,33 @@ pub enum SendOpMsg {
         /// Value added.
         add: u64,
     },
+    /// Bind a type 2 memory window (`IBV_WR_BIND_MW`).
+    BindMw {
+        /// MW handle.
+        mw: u32,
+        /// The window's rkey once bound.
+        rkey: u32,
+        /// The bind.
+        bind: MwBindMsg,
+    },
+    /// Invalidate a type 2 window or a region by key (`IBV_WR_LOCAL_INV`).
+    LocalInv {
+        /// The key.
+        rkey: u32,
+    },
+}
+
+/// What a memory window bind exposes (`ibv_mw_bind_info`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MwBindMsg {
+    /// MR handle (ignored by a type 1 unbind).
+    pub mr: u32,
+    /// First byte of the window.
+    pub addr: u64,
+    /// Bytes in the window (0 unbinds a type 1 window).
+    pub length: u64,
+    /// `ibv_access_flags` for remote access through the window.
+    pub access: u32,
 }
 
 /// A send work request (`ibv_send_wr`).
@@ -698,6 +725,14 @@ kinds! {
     GET_ASYNC_EVENTS = 32,
     /// [`super::Request::AsyncEventChannel`].
     ASYNC_EVENT_CHANNEL = 33,
+    /// [`super::Request::AllocMw`].
+    ALLOC_MW = 34,
+    /// [`super::Request::DeallocMw`].
+    DEALLOC_MW = 35,
+    /// [`super::Request::QueryMw`].
+    QUERY_MW = 36,
+    /// [`super::Request::BindMw`].
+    BIND_MW = 37,
 }
 
 /// A request from a client. Handles (`pd`, `cq`, `mr`, `qp`) are the connection's own
@@ -913,6 +948,37 @@ pub enum Request {
     /// [`Request::GetAsyncEvents`]; an event of another connection's object is a spurious
     /// wakeup).
     AsyncEventChannel,
+    /// `ibv_alloc_mw` (answered with [`Response::Mw`]).
+    AllocMw {
+        /// PD handle.
+        pd: u32,
+        /// 1 or 2 (`IBV_MW_TYPE_*`).
+        mw_type: u8,
+    },
+    /// `ibv_dealloc_mw`.
+    DeallocMw {
+        /// MW handle.
+        mw: u32,
+    },
+    /// The window's current rkey and whether it is bound (answered with [`Response::Mw`]).
+    QueryMw {
+        /// MW handle.
+        mw: u32,
+    },
+    /// `ibv_bind_mw` of a type 1 window (answered with [`Response::Mw`]: the rkey it will
+    /// have once bound).
+    BindMw {
+        /// QP handle the bind is posted on.
+        qp: u32,
+        /// Returned in the completion.
+        wr_id: u64,
+        /// MW handle.
+        mw: u32,
+        /// The bind.
+        bind: MwBindMsg,
+        /// Complete with a CQE.
+        signaled: bool,
+    },
 }
 
 /// An address vector (`ibv_ah_attr` with its GRH) as [`Request::CreateAh`] carries it.
@@ -999,6 +1065,13 @@ fn write_send_wr(w: &mut Writer, wr: &SendWrMsg) {
         } => {
             w.u8(7).u64(remote_addr).u32(rkey).u64(add);
         }
+        SendOpMsg::BindMw { mw, rkey, bind } => {
+            w.u8(8).u32(mw).u32(rkey);
+            write_bind(w, &bind);
+        }
+        SendOpMsg::LocalInv { rkey } => {
+            w.u8(9).u32(rkey);
+        }
     }
     write_sges(w, &wr.sges);
     match &wr.inline {
@@ -1042,6 +1115,12 @@ fn read_send_wr(r: &mut Reader<'_>) -> Result<SendWrMsg, ProtoError> {
             rkey: r.u32()?,
             add: r.u64()?,
         },
+        8 => SendOpMsg::BindMw {
+            mw: r.u32()?,
+            rkey: r.u32()?,
+            bind: read_bind(r)?,
+        },
+        9 => SendOpMsg::LocalInv { rkey: r.u32()? },
         _ => return Err(ProtoError::Invalid("send opcode")),
     };
     let sges = read_sges(r)?;
@@ -1056,6 +1135,19 @@ fn read_send_wr(r: &mut Reader<'_>) -> Result<SendWrMsg, ProtoError> {
         flags,
         sges,
         inline,
+    })
+}
+
+fn write_bind(w: &mut Writer, b: &MwBindMsg) {
+    w.u32(b.mr).u64(b.addr).u64(b.length).u32(b.access);
+}
+
+fn read_bind(r: &mut Reader<'_>) -> Result<MwBindMsg, ProtoError> {
+    Ok(MwBindMsg {
+        mr: r.u32()?,
+        addr: r.u64()?,
+        length: r.u64()?,
+        access: r.u32()?,
     })
 }
 
@@ -1144,6 +1236,10 @@ impl Request {
             Request::CqChannel { .. } => kind::CQ_CHANNEL,
             Request::GetAsyncEvents => kind::GET_ASYNC_EVENTS,
             Request::AsyncEventChannel => kind::ASYNC_EVENT_CHANNEL,
+            Request::AllocMw { .. } => kind::ALLOC_MW,
+            Request::DeallocMw { .. } => kind::DEALLOC_MW,
+            Request::QueryMw { .. } => kind::QUERY_MW,
+            Request::BindMw { .. } => kind::BIND_MW,
         }
     }
 
@@ -1247,6 +1343,23 @@ impl Request {
                 w.u32(*cq).bool(*solicited_only);
             }
             Request::GetAsyncEvents | Request::AsyncEventChannel => {}
+            Request::AllocMw { pd, mw_type } => {
+                w.u32(*pd).u8(*mw_type);
+            }
+            Request::DeallocMw { mw: h } | Request::QueryMw { mw: h } => {
+                w.u32(*h);
+            }
+            Request::BindMw {
+                qp,
+                wr_id,
+                mw,
+                bind,
+                signaled,
+            } => {
+                w.u32(*qp).u64(*wr_id).u32(*mw);
+                write_bind(&mut w, bind);
+                w.bool(*signaled);
+            }
         }
         w.buf
     }
@@ -1354,6 +1467,19 @@ impl Request {
             kind::CQ_CHANNEL => Request::CqChannel { cq: r.u32()? },
             kind::GET_ASYNC_EVENTS => Request::GetAsyncEvents,
             kind::ASYNC_EVENT_CHANNEL => Request::AsyncEventChannel,
+            kind::ALLOC_MW => Request::AllocMw {
+                pd: r.u32()?,
+                mw_type: r.u8()?,
+            },
+            kind::DEALLOC_MW => Request::DeallocMw { mw: r.u32()? },
+            kind::QUERY_MW => Request::QueryMw { mw: r.u32()? },
+            kind::BIND_MW => Request::BindMw {
+                qp: r.u32()?,
+                wr_id: r.u64()?,
+                mw: r.u32()?,
+                bind: read_bind(&mut r)?,
+                signaled: r.bool()?,
+            },
             k => return Err(ProtoError::UnknownKind(k)),
         };
         r.finish()?;
@@ -1417,6 +1543,15 @@ pub enum Response {
     Count(u64),
     /// Answer to [`Request::GetAsyncEvents`], oldest first.
     AsyncEvents(Vec<AsyncEventMsg>),
+    /// A memory window ([`Request::AllocMw`], [`Request::QueryMw`], [`Request::BindMw`]).
+    Mw {
+        /// Its handle.
+        handle: u32,
+        /// Its rkey (after a bind: the key the bind gives it).
+        rkey: u32,
+        /// Whether it is bound now.
+        bound: bool,
+    },
 }
 
 /// Tags of the [`Response`] variants inside a success body (the first byte).
@@ -1435,6 +1570,7 @@ mod rtag {
     pub const STAT: u8 = 11;
     pub const COUNT: u8 = 12;
     pub const ASYNC_EVENTS: u8 = 13;
+    pub const MW: u8 = 14;
 }
 
 /// Most completions in one answer.
@@ -1543,6 +1679,13 @@ impl Response {
                 for e in evs {
                     w.u8(e.kind).u32(e.id);
                 }
+            }
+            Response::Mw {
+                handle,
+                rkey,
+                bound,
+            } => {
+                w.u8(rtag::MW).u32(*handle).u32(*rkey).bool(*bound);
             }
         }
         frame(RESPONSE_BIT | req_kind, id, &w.buf)
@@ -1662,6 +1805,11 @@ impl Response {
                 }
                 Response::AsyncEvents(v)
             }
+            rtag::MW => Response::Mw {
+                handle: r.u32()?,
+                rkey: r.u32()?,
+                bound: r.bool()?,
+            },
             _ => return Err(ProtoError::Invalid("response tag")),
         };
         r.finish()?;
@@ -1812,6 +1960,43 @@ mod tests {
             Request::CqChannel { cq: 2 },
             Request::CqLen { cq: 2 },
             Request::AsyncEventChannel,
+            Request::AllocMw { pd: 1, mw_type: 2 },
+            Request::BindMw {
+                qp: 4,
+                wr_id: 9,
+                mw: 5,
+                bind: MwBindMsg {
+                    mr: 6,
+                    addr: 0x1000,
+                    length: 64,
+                    access: 2,
+                },
+                signaled: true,
+            },
+            Request::PostSend {
+                qp: 4,
+                wr: SendWrMsg {
+                    wr_id: 12,
+                    op: SendOpMsg::BindMw {
+                        mw: 5,
+                        rkey: 0x301,
+                        bind: MwBindMsg::default(),
+                    },
+                    flags: 2,
+                    sges: vec![],
+                    inline: None,
+                },
+            },
+            Request::PostSend {
+                qp: 4,
+                wr: SendWrMsg {
+                    wr_id: 13,
+                    op: SendOpMsg::LocalInv { rkey: 0x301 },
+                    flags: 2,
+                    sges: vec![],
+                    inline: None,
+                },
+            },
         ]
     }
 
@@ -1865,6 +2050,11 @@ mod tests {
                 kind: AsyncEventMsg::EV_QP_FATAL,
                 id: 0x11,
             }]),
+            Response::Mw {
+                handle: 3,
+                rkey: 0x300,
+                bound: true,
+            },
         ];
         for r in rs {
             let bytes = r.encode(kind::STAT, 5);

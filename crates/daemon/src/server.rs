@@ -19,8 +19,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use engine::{
-    AccessFlags, AhHandle, CqHandle, MemOwner, MrHandle, PdHandle, QpAttr, QpAttrMask, QpCap,
-    QpInitAttr, QpState, QpType, RecvWr, SrqAttr, SrqHandle, UdDest, VerbsError,
+    AccessFlags, AhHandle, CqHandle, MemOwner, MrHandle, MwHandle, MwType, PdHandle, QpAttr,
+    QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendOp, SendWr, SrqAttr, SrqHandle,
+    UdDest, VerbsError,
 };
 
 use crate::convert::{self, ConvertError};
@@ -101,6 +102,10 @@ stats! {
     reclaimed_srqs,
     /// AHs destroyed because their connection ended.
     reclaimed_ahs,
+    /// Memory windows alive.
+    live_mws,
+    /// Memory windows deallocated because their connection ended.
+    reclaimed_mws,
 }
 
 /// The daemon: its devices, the registered client memory, its counters.
@@ -142,6 +147,10 @@ enum Obj {
         dev: usize,
         h: AhHandle,
     },
+    Mw {
+        dev: usize,
+        h: MwHandle,
+    },
 }
 
 impl Obj {
@@ -152,7 +161,8 @@ impl Obj {
             | Obj::Cq { dev, .. }
             | Obj::Qp { dev, .. }
             | Obj::Srq { dev, .. }
-            | Obj::Ah { dev, .. } => dev,
+            | Obj::Ah { dev, .. }
+            | Obj::Mw { dev, .. } => dev,
         }
     }
 }
@@ -273,6 +283,49 @@ impl<'d> Conn<'d> {
             Obj::Ah { dev, h } => Ok((dev, h)),
             _ => Err(fail(EINVAL, format!("handle {h} is not an AH"))),
         }
+    }
+
+    fn mw(&self, h: u32) -> Result<(usize, MwHandle), Fail> {
+        match self.get(h)? {
+            Obj::Mw { dev, h } => Ok((dev, h)),
+            _ => Err(fail(EINVAL, format!("handle {h} is not a memory window"))),
+        }
+    }
+
+    fn mr(&self, h: u32) -> Result<(usize, MrHandle), Fail> {
+        match self.get(h)? {
+            Obj::Mr { dev, h, .. } => Ok((dev, h)),
+            _ => Err(fail(EINVAL, format!("handle {h} is not an MR"))),
+        }
+    }
+
+    /// A window bind naming this connection's window and region, turned into the engine's
+    /// handles of device `dev` (a zero-length bind names no region).
+    fn bind_for_engine(&self, dev: usize, bind: &mut engine::MwBind) -> Result<(), Fail> {
+        if bind.length == 0 {
+            bind.mr = MrHandle(0);
+            return Ok(());
+        }
+        let (d, mr) = self.mr(bind.mr.0)?;
+        if d != dev {
+            return Err(fail(EINVAL, "the region is on another device"));
+        }
+        bind.mr = mr;
+        Ok(())
+    }
+
+    /// A posted WR with the connection's handles it names (a bind's window and region)
+    /// replaced by the engine's.
+    fn wr_for_engine(&self, dev: usize, mut wr: SendWr) -> Result<SendWr, Fail> {
+        if let SendOp::BindMw { mw, bind, .. } = &mut wr.op {
+            let (d, h) = self.mw(mw.0)?;
+            if d != dev {
+                return Err(fail(EINVAL, "the window is on another device"));
+            }
+            *mw = h;
+            self.bind_for_engine(dev, bind)?;
+        }
+        Ok(wr)
     }
 
     /// The connection's handle of an engine object on device `dev` that `matches`.
@@ -451,7 +504,7 @@ impl<'d> Conn<'d> {
             }
             Request::PostSend { qp, wr } => {
                 let (i, qpn) = self.qp(qp)?;
-                let wr = convert::send_wr_from_msg(wr)?;
+                let wr = self.wr_for_engine(i, convert::send_wr_from_msg(wr)?)?;
                 d.devices[i].with(|e| e.post_send(qpn, wr))?;
                 Ok(Response::Done)
             }
@@ -570,7 +623,7 @@ impl<'d> Conn<'d> {
                 if ai != i {
                     return Err(fail(EINVAL, "QP and AH are on different devices"));
                 }
-                let wr = convert::send_wr_from_msg(wr)?;
+                let wr = self.wr_for_engine(i, convert::send_wr_from_msg(wr)?)?;
                 let dest = UdDest {
                     ah,
                     remote_qpn,
@@ -595,6 +648,63 @@ impl<'d> Conn<'d> {
                     .map_err(|e| fail(ENOMEM, e.to_string()))?;
                 self.pending_fd = Some(fd);
                 Ok(Response::Done)
+            }
+            Request::AllocMw { pd, mw_type } => {
+                self.room()?;
+                let (i, pdh) = self.pd(pd)?;
+                let t = match mw_type {
+                    1 => MwType::Type1,
+                    2 => MwType::Type2,
+                    t => return Err(fail(EINVAL, format!("no memory window type {t}"))),
+                };
+                let keys = d.devices[i].with(|e| e.alloc_mw(pdh, t))?;
+                self.stat(|s| &s.live_mws, true);
+                let handle = self.insert(Obj::Mw {
+                    dev: i,
+                    h: keys.handle,
+                });
+                Ok(Response::Mw {
+                    handle,
+                    rkey: keys.rkey,
+                    bound: false,
+                })
+            }
+            Request::DeallocMw { mw } => {
+                let (i, h) = self.mw(mw)?;
+                d.devices[i].with(|e| e.dealloc_mw(h))?;
+                self.objs.remove(&mw);
+                self.stat(|s| &s.live_mws, false);
+                Ok(Response::Done)
+            }
+            Request::QueryMw { mw } => {
+                let (i, h) = self.mw(mw)?;
+                let (rkey, bound) = d.devices[i].read(|e| e.query_mw(h))?;
+                Ok(Response::Mw {
+                    handle: mw,
+                    rkey,
+                    bound,
+                })
+            }
+            Request::BindMw {
+                qp,
+                wr_id,
+                mw,
+                bind,
+                signaled,
+            } => {
+                let (i, qpn) = self.qp(qp)?;
+                let (wi, h) = self.mw(mw)?;
+                if wi != i {
+                    return Err(fail(EINVAL, "the window is on another device"));
+                }
+                let mut bind = convert::mw_bind_from_msg(&bind)?;
+                self.bind_for_engine(i, &mut bind)?;
+                let rkey = d.devices[i].with(|e| e.bind_mw(qpn, wr_id, h, bind, signaled))?;
+                Ok(Response::Mw {
+                    handle: mw,
+                    rkey,
+                    bound: false,
+                })
             }
             Request::AsyncEventChannel => {
                 use nix::sys::eventfd::{EfdFlags, EventFd};
@@ -717,10 +827,11 @@ impl<'d> Conn<'d> {
         let objs: Vec<Obj> = self.objs.drain().map(|(_, o)| o).collect();
         let rank = |o: &Obj| match o {
             Obj::Qp { .. } => 0,
-            Obj::Mr { .. } | Obj::Ah { .. } => 1,
-            Obj::Srq { .. } => 2,
-            Obj::Cq { .. } => 3,
-            Obj::Pd { .. } => 4,
+            Obj::Mw { .. } => 1,
+            Obj::Mr { .. } | Obj::Ah { .. } => 2,
+            Obj::Srq { .. } => 3,
+            Obj::Cq { .. } => 4,
+            Obj::Pd { .. } => 5,
         };
         let mut objs = objs;
         objs.sort_by_key(rank);
@@ -752,6 +863,10 @@ impl<'d> Conn<'d> {
                 Obj::Srq { h, .. } => dev.with(|e| e.destroy_srq(h)).map(|()| {
                     s.live_srqs.fetch_sub(1, Ordering::Relaxed);
                     s.reclaimed_srqs.fetch_add(1, Ordering::Relaxed);
+                }),
+                Obj::Mw { h, .. } => dev.with(|e| e.dealloc_mw(h)).map(|()| {
+                    s.live_mws.fetch_sub(1, Ordering::Relaxed);
+                    s.reclaimed_mws.fetch_add(1, Ordering::Relaxed);
                 }),
                 Obj::Ah { h, .. } => dev.with(|e| e.destroy_ah(h)).map(|()| {
                     s.live_ahs.fetch_sub(1, Ordering::Relaxed);

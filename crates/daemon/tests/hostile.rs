@@ -182,7 +182,7 @@ fn registering_memory_that_is_not_mapped_fails_cleanly() {
 }
 
 #[test]
-fn another_clients_srqs_ahs_channels_and_events_are_out_of_reach() {
+fn another_clients_srqs_ahs_windows_channels_and_events_are_out_of_reach() {
     use daemon::proto::{AhMsg, QpInitMsg, SendOpMsg, SendWrMsg};
     let mut d = Daemon::start();
     let mut a = d.client();
@@ -214,6 +214,7 @@ fn another_clients_srqs_ahs_channels_and_events_are_out_of_reach() {
         sq_sig_all: false,
     };
     let qp_a = a.create_qp_with_srq(init(pd_a, cq_a), srq_a).unwrap();
+    let (mw_a, _) = a.alloc_mw(pd_a, 2).unwrap();
     // b's own PD and CQ exist, so only the foreign SRQ/AH/CQ handles can be what is refused.
     let pd_b = b.alloc_pd(0).unwrap();
     let cq_b = b.create_cq(0, 4).unwrap();
@@ -224,7 +225,7 @@ fn another_clients_srqs_ahs_channels_and_events_are_out_of_reach() {
         sges: vec![],
         inline: None,
     };
-    for h in [srq_a, ah_a, cq_a, qp_a.handle] {
+    for h in [srq_a, ah_a, cq_a, qp_a.handle, mw_a] {
         if h == pd_b || h == cq_b {
             continue; // b's own numbers name b's own objects
         }
@@ -240,6 +241,9 @@ fn another_clients_srqs_ahs_channels_and_events_are_out_of_reach() {
             Some(EINVAL)
         );
         assert_eq!(b.cq_channel(h).unwrap_err().errno(), Some(EINVAL));
+        assert_eq!(b.dealloc_mw(h).unwrap_err().errno(), Some(EINVAL));
+        assert_eq!(b.query_mw(h).unwrap_err().errno(), Some(EINVAL));
+        assert_eq!(b.alloc_mw(h, 2).unwrap_err().errno(), Some(EINVAL));
         assert_eq!(b.req_notify_cq(h, false).unwrap_err().errno(), Some(EINVAL));
         assert_eq!(b.cq_len(h).unwrap_err().errno(), Some(EINVAL));
         assert_eq!(
@@ -281,6 +285,7 @@ fn another_clients_srqs_ahs_channels_and_events_are_out_of_reach() {
     let s = d.wait_until("a's objects reclaimed", |s| s.get("clients_reclaimed") == 1);
     assert_eq!(s.get("reclaimed_srqs"), 1);
     assert_eq!(s.get("reclaimed_ahs"), 1);
+    assert_eq!(s.get("reclaimed_mws"), 1);
     assert_eq!(s.get("live_srqs"), 0);
     assert_eq!(s.get("live_ahs"), 0);
 }

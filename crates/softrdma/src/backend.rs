@@ -15,8 +15,9 @@ use daemon::client::{Client, ClientError, CqRing};
 use daemon::convert;
 use daemon::proto::{DeviceInfo, QpInitMsg};
 use engine::{
-    AccessFlags, AhAttr, AhHandle, AsyncEvent, CqHandle, DeviceAttr, Gid, PdHandle, PortAttr,
-    QpAttr, QpAttrMask, QpInitAttr, RecvWr, SendWr, SrqAttr, SrqHandle, UdDest, WorkCompletion,
+    AccessFlags, AhAttr, AhHandle, AsyncEvent, CqHandle, DeviceAttr, Gid, MwBind, MwHandle, MwType,
+    PdHandle, PortAttr, QpAttr, QpAttrMask, QpInitAttr, RecvWr, SendWr, SrqAttr, SrqHandle, UdDest,
+    WorkCompletion,
 };
 use runtime::{CqNotifier, Runtime};
 
@@ -751,6 +752,57 @@ impl Backend {
         }
     }
 
+    /// A new memory window; returns its handle and rkey.
+    pub(crate) fn alloc_mw(&self, pd: PdHandle, mw_type: MwType) -> Result<(MwHandle, u32)> {
+        match self {
+            Backend::Embedded(rt) => {
+                let k = rt.lock().alloc_mw(pd, mw_type)?;
+                Ok((k.handle, k.rkey))
+            }
+            Backend::Daemon(d) => {
+                let t = match mw_type {
+                    MwType::Type1 => 1,
+                    _ => 2,
+                };
+                let (h, rkey) = d.c().alloc_mw(pd.0, t)?;
+                Ok((MwHandle(h), rkey))
+            }
+        }
+    }
+
+    pub(crate) fn dealloc_mw(&self, mw: MwHandle) -> Result<()> {
+        match self {
+            Backend::Embedded(rt) => Ok(rt.lock().dealloc_mw(mw)?),
+            Backend::Daemon(d) => Ok(d.c().dealloc_mw(mw.0)?),
+        }
+    }
+
+    /// The window's current rkey and whether it is bound.
+    pub(crate) fn query_mw(&self, mw: MwHandle) -> Result<(u32, bool)> {
+        match self {
+            Backend::Embedded(rt) => Ok(rt.lock().query_mw(mw)?),
+            Backend::Daemon(d) => Ok(d.c().query_mw(mw.0)?),
+        }
+    }
+
+    /// Post the bind verb of a type 1 window on QP `qp`; returns the rkey it will have.
+    pub(crate) fn bind_mw(
+        &self,
+        qp: u32,
+        wr_id: u64,
+        mw: MwHandle,
+        bind: MwBind,
+        signaled: bool,
+    ) -> Result<u32> {
+        match self {
+            Backend::Embedded(rt) => Ok(rt.lock().bind_mw(qp, wr_id, mw, bind, signaled)?),
+            Backend::Daemon(d) => {
+                Ok(d.c()
+                    .bind_mw(qp, wr_id, mw.0, convert::mw_bind_to_msg(&bind), signaled)?)
+            }
+        }
+    }
+
     /// The next asynchronous event, without blocking.
     pub(crate) fn async_event(&self) -> Result<Option<AsyncEvent>> {
         match self {
@@ -780,14 +832,6 @@ impl Backend {
                 let _ = rustix::io::read(&d.event_channel, &mut b);
                 Ok(())
             }
-        }
-    }
-
-    /// The embedded runtime, or a clear error on the daemon (for verbs only it offers).
-    pub(crate) fn embedded(&self, what: &'static str) -> Result<&Runtime> {
-        match self {
-            Backend::Embedded(rt) => Ok(rt),
-            Backend::Daemon(_) => Err(unsupported(what)),
         }
     }
 }

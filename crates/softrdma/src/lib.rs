@@ -53,8 +53,7 @@
 //! `SOFTRDMA_DAEMON_SPAWN=0` turns that off; a missing daemon is then
 //! [`Error::NoDaemon`].
 //!
-//! What the daemon backend does not offer, with the error it gives: memory windows
-//! ([`Pd::alloc_mw`]: [`Error::Unsupported`]), the engine's counter set
+//! What the daemon backend does not offer, with the error it gives: the engine's counter set
 //! ([`Device::counters`]: [`Error::Unsupported`]; [`Device::counter_values`] reads the
 //! daemon's device counters by name), the options that configure an embedded engine
 //! ([`DeviceBuilder::remote_port`], `src_port_policy`, `rx_path`, `busy_poll`, `rng_seed`,

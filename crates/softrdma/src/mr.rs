@@ -230,6 +230,12 @@ impl RawMemoryRegion {
         }
     }
 
+    /// What the backend names the region by (the engine's handle, or the daemon
+    /// connection's).
+    pub(crate) fn handle(&self) -> u32 {
+        self.keys.handle
+    }
+
     /// Local key, for SGEs.
     pub fn lkey(&self) -> u32 {
         self.keys.lkey

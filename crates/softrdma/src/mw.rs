@@ -27,8 +27,7 @@
 //! (dropped), accesses through the window fail the key check.
 
 use std::ops::RangeBounds;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use engine::{AccessFlags, MrHandle, MwBind, MwHandle, MwType, SendOp, SendWr, Sge, VerbsError};
 
@@ -46,23 +45,23 @@ pub struct MemoryWindow {
     mw_type: MwType,
     /// Type 2: the rkey the last posted bind WR gives the window. Binds queue up behind other
     /// work requests, so each must name the key after this one, not after the window's
-    /// current key (which changes only when a bind executes).
-    posted_rkey: AtomicU32,
+    /// current key (which changes only when a bind executes). Held while a bind is posted,
+    /// so that two threads binding the same window post distinct keys.
+    posted_rkey: Mutex<u32>,
 }
 
 impl Pd {
     /// A new, unbound memory window of `mw_type` in this PD (`ibv_alloc_mw`).
     pub fn alloc_mw(&self, mw_type: MwType) -> Result<MemoryWindow> {
-        let rt = self
+        let (handle, rkey) = self
             .device()
             .backend_ref()
-            .embedded("memory windows through softrdmad")?;
-        let keys = rt.lock().alloc_mw(self.handle(), mw_type)?;
+            .alloc_mw(self.handle(), mw_type)?;
         Ok(MemoryWindow {
             pd: self.clone(),
-            handle: keys.handle,
+            handle,
             mw_type,
-            posted_rkey: AtomicU32::new(keys.rkey),
+            posted_rkey: Mutex::new(rkey),
         })
     }
 }
@@ -81,53 +80,28 @@ impl MemoryWindow {
     /// The window's rkey as the device sees it now: the key of its latest executed bind
     /// (binds still queued behind other work requests have not changed it yet).
     pub fn rkey(&self) -> Result<u32> {
-        Ok(self.rt()?.lock().query_mw(self.handle)?.0)
+        Ok(self.pd.device().backend_ref().query_mw(self.handle)?.0)
     }
 
     /// Whether the window is bound now (false before its first bind, after a type 1 unbind,
     /// and after a type 2 window was invalidated).
     pub fn is_bound(&self) -> Result<bool> {
-        Ok(self.rt()?.lock().query_mw(self.handle)?.1)
-    }
-}
-
-impl MemoryWindow {
-    /// The embedded runtime (a window only exists on an embedded device: `alloc_mw`
-    /// refuses on the daemon backend).
-    fn rt(&self) -> Result<&runtime::Runtime> {
-        self.pd
-            .device()
-            .backend_ref()
-            .embedded("memory windows through softrdmad")
+        Ok(self.pd.device().backend_ref().query_mw(self.handle)?.1)
     }
 }
 
 impl Drop for MemoryWindow {
     fn drop(&mut self) {
-        let r = match self.rt() {
-            Ok(rt) => rt.lock().dealloc_mw(self.handle).map_err(Error::from),
-            Err(e) => Err(e),
-        };
-        if let Err(e) = r {
+        if let Err(e) = self.pd.device().backend_ref().dealloc_mw(self.handle) {
             tracing::warn!(error = %e, "dealloc_mw failed");
         }
     }
 }
 
-/// Low bits of an MR key that are the engine's random tag; the bits above are the index of
-/// the region, which is its handle (engine `mr::KEY_TAG_BITS`).
-const MR_KEY_TAG_BITS: u32 = 12;
-
-/// The engine handle of `mr`, which a bind names. The region keeps its handle private, so it
-/// is derived from the lkey and then confirmed by asking the engine for that handle's keys:
-/// if the key format ever changes, binding fails with `InvalidMr` instead of naming another
-/// region.
-fn mr_handle(e: &runtime::EngineGuard<'_>, mr: &RawMemoryRegion) -> Result<MrHandle> {
-    let h = MrHandle(mr.lkey() >> MR_KEY_TAG_BITS);
-    match e.query_mr(h) {
-        Ok(keys) if keys.lkey == mr.lkey() && keys.rkey == mr.rkey() => Ok(h),
-        _ => Err(Error::Verbs(VerbsError::InvalidMr)),
-    }
+/// The handle of `mr` a bind names (the backend's: the engine's, or the daemon
+/// connection's, which the daemon turns into its engine's).
+fn mr_handle(mr: &RawMemoryRegion) -> MrHandle {
+    MrHandle(mr.handle())
 }
 
 /// Refuse a window or region of another device before naming it by handle: handles are
@@ -186,12 +160,19 @@ impl Qp {
         range: impl RangeBounds<usize>,
         access: AccessFlags,
     ) -> Result<RemoteMr> {
+        // Checked here too (the engine checks as well), so both backends refuse it alike.
+        if mw.mw_type != MwType::Type1 {
+            return Err(Error::Verbs(VerbsError::InvalidMw));
+        }
         same_device(self, mw, Some(mr))?;
-        let rt = mw.rt()?;
-        let mut e = rt.lock();
-        let handle = mr_handle(&e, mr)?;
-        let (bind, mut remote) = describe(mr, handle, range, access)?;
-        remote.rkey = e.bind_mw(self.handle(), wr_id, mw.handle, bind, true)?;
+        let (bind, mut remote) = describe(mr, mr_handle(mr), range, access)?;
+        remote.rkey = self.pd().device().backend_ref().bind_mw(
+            self.handle(),
+            wr_id,
+            mw.handle,
+            bind,
+            true,
+        )?;
         Ok(remote)
     }
 
@@ -206,10 +187,10 @@ impl Qp {
             length: 0,
             access: AccessFlags::empty(),
         };
-        Ok(mw
-            .rt()?
-            .lock()
-            .bind_mw(self.handle(), wr_id, mw.handle, bind, true)?)
+        self.pd()
+            .device()
+            .backend_ref()
+            .bind_mw(self.handle(), wr_id, mw.handle, bind, true)
     }
 
     /// Bind type 2 window `mw` to `range` (byte offsets into `mr`) with the remote rights
@@ -236,15 +217,13 @@ impl Qp {
             return Err(Error::Verbs(VerbsError::InvalidMw));
         }
         same_device(self, mw, Some(mr))?;
-        let rt = mw.rt()?;
+        let (bind, mut remote) = describe(mr, mr_handle(mr), range, access)?;
         // Held across reading, posting and advancing the posted key, so that two threads
         // binding the same window post distinct keys.
-        let mut e = rt.lock();
-        let handle = mr_handle(&e, mr)?;
-        let (bind, mut remote) = describe(mr, handle, range, access)?;
-        let rkey = inc_rkey(mw.posted_rkey.load(Ordering::Relaxed));
-        e.post_send(self.handle(), SendWr::bind_mw(wr_id, mw.handle, rkey, bind))?;
-        mw.posted_rkey.store(rkey, Ordering::Relaxed);
+        let mut posted = mw.posted_rkey.lock().unwrap_or_else(|e| e.into_inner());
+        let rkey = inc_rkey(*posted);
+        self.post_send(SendWr::bind_mw(wr_id, mw.handle, rkey, bind))?;
+        *posted = rkey;
         remote.rkey = rkey;
         Ok(remote)
     }

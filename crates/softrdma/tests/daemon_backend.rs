@@ -10,7 +10,9 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use common::{all_access, open_on, WAIT};
-use softrdma::{BackendKind, Buffer, Device, Error, MwType, WcOpcode};
+use softrdma::{
+    AccessFlags, BackendKind, Buffer, Device, Error, MwType, VerbsError, WcOpcode, WcStatus,
+};
 
 /// Set in the child process of the two-process test: the parent's TCP address.
 const CHILD_ENV: &str = "SOFTRDMA_TEST_CHILD_TCP";
@@ -65,22 +67,64 @@ fn an_address_the_daemon_does_not_serve_is_a_clear_error() {
 }
 
 #[test]
-fn memory_windows_and_engine_counters_are_unsupported_on_the_daemon() {
+fn engine_counters_are_unsupported_on_the_daemon_and_named_counters_are_there() {
     let d = open_on(BackendKind::Daemon, "127.0.0.1");
-    let pd = d.alloc_pd().unwrap();
-    assert!(matches!(
-        pd.alloc_mw(MwType::Type2),
-        Err(Error::Unsupported(_))
-    ));
     assert!(matches!(d.counters(), Err(Error::Unsupported(_))));
     // The daemon drives its devices itself: polling progress here does nothing.
     assert_eq!(d.poll_progress(), 0);
-    // The daemon's counters by name are there instead.
     let v = d.counter_values().unwrap();
     assert!(v.iter().any(|(n, _)| n == "rx_packets"), "{v:?}");
 }
 
 on_both_backends! {
+    fn a_peer_reaches_memory_through_windows_until_they_are_invalidated_or_unbound(
+        backend: BackendKind
+    ) {
+        let (a, b) = common::pair_v4_on(backend, 4096);
+        let mr = b
+            .pd
+            .register(Buffer::zeroed(4096), AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)
+            .unwrap();
+        let rw = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
+        // Type 2: a bind WR, a WRITE through it, then LOCAL_INV closes it.
+        let t2 = b.pd.alloc_mw(MwType::Type2).unwrap();
+        let remote = b.qp.post_bind_mw(1, &t2, &mr, 100..200, rw).unwrap();
+        assert_eq!(b.cq.wait_ok(WAIT).unwrap().opcode, WcOpcode::BindMw);
+        assert!(t2.is_bound().unwrap());
+        assert_eq!(t2.rkey().unwrap(), remote.rkey);
+        a.mr.write(0, b"through a window").unwrap();
+        a.qp.write(2, &[a.mr.sge(..16).unwrap()], &remote).unwrap();
+        a.cq.wait_ok(WAIT).unwrap();
+        assert_eq!(&mr.to_vec()[100..116], b"through a window");
+        b.qp.local_inv(3, remote.rkey).unwrap();
+        assert_eq!(b.cq.wait_ok(WAIT).unwrap().opcode, WcOpcode::LocalInv);
+        a.qp.write(4, &[a.mr.sge(..16).unwrap()], &remote).unwrap();
+        match a.cq.wait_ok(WAIT) {
+            Err(Error::Completion { status, .. }) => assert_eq!(status, WcStatus::RemAccessErr),
+            other => panic!("expected a remote access error, got {other:?}"),
+        }
+        // Type 1 (on a fresh pair: the failed WRITE moved a's QP to ERR): the bind verb,
+        // a READ through it, then an unbind.
+        let (a, b) = common::pair_v4_on(backend, 4096);
+        let mr = b
+            .pd
+            .register(Buffer::from_slice(&[7; 4096]), AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)
+            .unwrap();
+        let t1 = b.pd.alloc_mw(MwType::Type1).unwrap();
+        assert!(matches!(
+            b.qp.post_bind_mw(5, &t1, &mr, 0..64, rw),
+            Err(Error::Verbs(VerbsError::InvalidMw))
+        ));
+        let remote = b.qp.bind_mw(6, &t1, &mr, 0..64, rw).unwrap();
+        b.cq.wait_ok(WAIT).unwrap();
+        a.qp.read(7, &[a.mr.sge(..64).unwrap()], &remote).unwrap();
+        a.cq.wait_ok(WAIT).unwrap();
+        assert_eq!(a.mr.to_vec()[..64], [7; 64]);
+        b.qp.unbind_mw(8, &t1).unwrap();
+        b.cq.wait_ok(WAIT).unwrap();
+        assert!(!t1.is_bound().unwrap());
+    }
+
     fn device_attributes_agree_with_the_port(backend: BackendKind) {
         let d = open_on(backend, "127.0.0.2");
         let attr = d.query_device();
