@@ -51,27 +51,34 @@ impl BackendKind {
     pub fn from_env() -> Result<Option<BackendKind>> {
         match std::env::var(BACKEND_ENV) {
             Err(_) => Ok(None),
-            Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
-                "" => Ok(None),
-                "embedded" => Ok(Some(BackendKind::Embedded)),
-                "daemon" => Ok(Some(BackendKind::Daemon)),
-                _ => Err(Error::Config(format!(
-                    "{BACKEND_ENV}={v}: expected `embedded` or `daemon`"
-                ))),
-            },
+            Ok(v) => BackendKind::parse(&v),
+        }
+    }
+
+    /// A backend name as `$SOFTRDMA_BACKEND` holds it (any case, blanks around it ignored;
+    /// empty: not set).
+    fn parse(v: &str) -> Result<Option<BackendKind>> {
+        match v.trim().to_ascii_lowercase().as_str() {
+            "" => Ok(None),
+            "embedded" => Ok(Some(BackendKind::Embedded)),
+            "daemon" => Ok(Some(BackendKind::Daemon)),
+            _ => Err(Error::Config(format!(
+                "{BACKEND_ENV}={v}: expected `embedded` or `daemon`"
+            ))),
         }
     }
 }
 
 /// Whether a missing daemon may be started: `$SOFTRDMA_DAEMON_SPAWN`, default yes.
 pub(crate) fn spawn_from_env() -> bool {
-    match std::env::var(SPAWN_ENV) {
-        Err(_) => true,
-        Ok(v) => !matches!(
-            v.trim().to_ascii_lowercase().as_str(),
-            "0" | "no" | "false" | "off"
-        ),
-    }
+    std::env::var(SPAWN_ENV).map_or(true, |v| spawn_allowed(&v))
+}
+
+fn spawn_allowed(v: &str) -> bool {
+    !matches!(
+        v.trim().to_ascii_lowercase().as_str(),
+        "0" | "no" | "false" | "off"
+    )
 }
 
 /// How to reach (and if need be start) the daemon.
@@ -832,6 +839,38 @@ impl Backend {
                 let _ = rustix::io::read(&d.event_channel, &mut b);
                 Ok(())
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_names_parse_and_anything_else_is_a_config_error() {
+        assert_eq!(BackendKind::parse("").unwrap(), None);
+        assert_eq!(
+            BackendKind::parse(" Daemon\n").unwrap(),
+            Some(BackendKind::Daemon)
+        );
+        assert_eq!(
+            BackendKind::parse("embedded").unwrap(),
+            Some(BackendKind::Embedded)
+        );
+        assert!(matches!(
+            BackendKind::parse("kernel"),
+            Err(Error::Config(_))
+        ));
+    }
+
+    #[test]
+    fn spawning_is_on_unless_turned_off() {
+        for off in ["0", "no", "FALSE", " off "] {
+            assert!(!spawn_allowed(off), "{off}");
+        }
+        for on in ["1", "yes", "true", ""] {
+            assert!(spawn_allowed(on), "{on}");
         }
     }
 }
