@@ -299,3 +299,71 @@ fn child_process_side() {
     stream.write_all(if ok { b"K" } else { b"X" }).unwrap();
     assert!(ok, "word {word:#x}");
 }
+
+#[test]
+fn the_examples_run_unchanged_on_a_daemon_chosen_by_the_environment() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    let Some(bin) = built_daemon() else {
+        eprintln!("SKIPPED: no softrdmad next to the test binaries");
+        return;
+    };
+    let exe = std::env::current_exe().unwrap();
+    let examples = exe.parent().unwrap().parent().unwrap().join("examples");
+    let pid = std::process::id();
+    let port = 20000 + ((pid.wrapping_mul(17) + 9000) % 12000) as u16;
+    let dir = std::env::temp_dir().join(format!("softrdma-examples-{pid}"));
+    let socket = dir.join("softrdmad.sock");
+    let mut ran = 0;
+    let mut failures = Vec::new();
+    for ex in [
+        "rc_send_recv",
+        "rdma_write",
+        "rdma_read",
+        "atomics",
+        "srq",
+        "ud_send_recv",
+        "mw",
+    ] {
+        let path = examples.join(ex);
+        if !path.is_file() {
+            eprintln!("SKIPPED example {ex}: not built");
+            continue;
+        }
+        // The first one starts the daemon; the others find it.
+        let out = Command::new(&path)
+            .env(softrdma::BACKEND_ENV, "daemon")
+            .env(softrdma::SOCKET_ENV, &socket)
+            .env(softrdma::DAEMON_BIN_ENV, &bin)
+            .env(
+                softrdma::DAEMON_ARGS_ENV,
+                format!("--addr 127.0.0.1 --addr 127.0.0.2 --port {port}"),
+            )
+            .output()
+            .unwrap();
+        ran += 1;
+        if !out.status.success() {
+            failures.push(format!(
+                "{ex}: {}\n{}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+    }
+    // Stop the daemon the first example started: ask it for its pid, then signal that pid.
+    if let Ok(d) = Device::builder("127.0.0.1".parse().unwrap())
+        .backend(BackendKind::Daemon)
+        .daemon_socket(&socket)
+        .spawn_daemon(false)
+        .open()
+    {
+        if let Some((_, daemon_pid)) = d.daemon_info() {
+            let _ = Command::new("kill").arg(daemon_pid.to_string()).status();
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    eprintln!("{ran} examples ran through softrdmad");
+}
