@@ -218,5 +218,62 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// The errno a libibverbs user would get for this error: a verb's own, the daemon's
+    /// (which sends the one libibverbs returns), an I/O error's, and the closest fit for
+    /// the rest (EOPNOTSUPP for what the backend does not offer, ENODEV for a missing
+    /// daemon, ETIMEDOUT, EINVAL, EIO).
+    pub fn errno(&self) -> i32 {
+        const EIO: i32 = 5;
+        const ENODEV: i32 = 19;
+        const EINVAL: i32 = 22;
+        const EOPNOTSUPP: i32 = 95;
+        const ETIMEDOUT: i32 = 110;
+        match self {
+            Error::Verbs(v) => v.errno(),
+            Error::Runtime(RuntimeError::Verbs(v)) => v.errno(),
+            Error::Runtime(
+                RuntimeError::Bind { source, .. }
+                | RuntimeError::Io { source, .. }
+                | RuntimeError::RawSocket { source },
+            ) => source.raw_os_error().unwrap_or(EIO),
+            Error::Io(e) => e.raw_os_error().unwrap_or(EIO),
+            Error::Daemon(daemon::client::ClientError::Refused { errno, .. }) => *errno,
+            Error::Daemon(daemon::client::ClientError::Io(e)) => e.raw_os_error().unwrap_or(EIO),
+            Error::Timeout => ETIMEDOUT,
+            Error::OutOfBounds { .. } | Error::Config(_) => EINVAL,
+            Error::Unsupported(_) => EOPNOTSUPP,
+            Error::NoDaemon { .. } => ENODEV,
+            _ => EIO,
+        }
+    }
+}
+
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_map_to_the_errno_libibverbs_users_expect() {
+        assert_eq!(
+            Error::Verbs(VerbsError::InvalidMw).errno(),
+            VerbsError::InvalidMw.errno()
+        );
+        let refused = daemon::client::ClientError::Refused {
+            errno: 14,
+            message: "not mapped".into(),
+        };
+        assert_eq!(Error::Daemon(refused).errno(), 14);
+        assert_eq!(Error::Unsupported("x").errno(), 95);
+        assert_eq!(Error::Timeout.errno(), 110);
+        assert_eq!(Error::Config("x".into()).errno(), 22);
+        let no = Error::NoDaemon {
+            socket: "/nowhere".into(),
+            reason: "test".into(),
+        };
+        assert_eq!(no.errno(), 19);
+    }
+}
