@@ -260,6 +260,8 @@ pub(crate) struct Rx {
     raw_port: Option<u16>,
     /// Receive-side counters.
     pub(crate) counters: IoCounters,
+    /// The last look of a polling thread found packets (so the next takes a batch).
+    pub(crate) streaming: bool,
 }
 
 // SAFETY: `MultiHeaders` is !Send only because it holds raw pointers; they point into its own
@@ -296,16 +298,16 @@ impl Rx {
             batch,
             raw_port,
             counters: IoCounters::default(),
+            streaming: false,
         }
     }
 
     /// Receive what is waiting (up to one batch) without blocking; rebuild each datagram's IP
     /// and UDP headers. Returns the number of packets ready in [`Rx::packet`].
     pub(crate) fn recv_batch(&mut self) -> usize {
-        let counters = &mut self.counters;
         self.meta.clear();
         // A raw socket delivers the IP header too: receive from the start of the slot.
-        let at = if self.raw_port.is_some() { 0 } else { HEADROOM };
+        let at = self.payload_offset();
         let mut iovs: Vec<[IoSliceMut<'_>; 1]> = self
             .slots
             .chunks_mut(SLOT)
@@ -330,58 +332,100 @@ impl Rx {
         for m in results {
             let truncated = m.flags.contains(MsgFlags::MSG_TRUNC);
             let src = m.address.and_then(|a| storage_to_socket_addr(&a));
-            let mut dst = None;
-            if let Ok(cmsgs) = m.cmsgs() {
-                for c in cmsgs {
-                    match c {
-                        ControlMessageOwned::Ipv4PacketInfo(i) => {
-                            dst = Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(i.ipi_addr.s_addr))));
-                        }
-                        ControlMessageOwned::Ipv6PacketInfo(i) => {
-                            dst = Some(IpAddr::V6(Ipv6Addr::from(i.ipi6_addr.s6_addr)));
-                        }
-                        _ => {}
-                    }
-                }
-            }
+            let dst = m.cmsgs().ok().and_then(pktinfo_dst);
             raw.push((m.bytes, truncated, src, dst));
         }
         for (i, (len, truncated, src, dst)) in raw.into_iter().enumerate() {
-            if let Some(port) = self.raw_port {
-                let slot = &mut self.slots[i * SLOT..(i + 1) * SLOT];
-                match raw_packet(&mut slot[..len.min(SLOT)], port, truncated) {
-                    RawVerdict::Ours(end) => self.meta.push(Meta {
-                        slot: i,
-                        start: 0,
-                        end,
-                    }),
-                    RawVerdict::NotOurs => {}
-                    RawVerdict::Bad => counters.rx_dropped += 1,
-                }
-                continue;
-            }
-            let Some(src) = src else {
-                counters.rx_dropped += 1;
-                continue;
-            };
-            if truncated || len == 0 || src.is_ipv4() != self.local.is_ipv4() {
-                counters.rx_dropped += 1;
-                continue;
-            }
-            let dst = dst.unwrap_or(self.local);
-            let slot = &mut self.slots[i * SLOT..(i + 1) * SLOT];
-            let Some(start) = rebuild_headers(slot, len, src, dst) else {
-                counters.rx_dropped += 1;
-                continue;
-            };
-            self.meta.push(Meta {
-                slot: i,
-                start,
-                end: HEADROOM + len,
-            });
+            self.accept(i, len, truncated, src, dst);
         }
-        counters.rx_datagrams += self.meta.len() as u64;
+        self.counters.rx_datagrams += self.meta.len() as u64;
         self.meta.len()
+    }
+
+    /// Receive one datagram if one is waiting, without blocking (one `recvmsg`: a thread
+    /// that polls for the next packet of a ping-pong pays for no second look, as a batch
+    /// would). Returns the number of packets ready in [`Rx::packet`] (0 or 1).
+    pub(crate) fn recv_one(&mut self) -> usize {
+        self.meta.clear();
+        let at = self.payload_offset();
+        let mut cmsg = [0u8; 64];
+        let (len, truncated, src, dst) = {
+            let mut iov = [IoSliceMut::new(&mut self.slots[at..SLOT])];
+            let m = match nsock::recvmsg::<SockaddrStorage>(
+                self.sock.as_raw_fd(),
+                &mut iov,
+                Some(&mut cmsg),
+                MsgFlags::MSG_DONTWAIT,
+            ) {
+                Ok(m) => m,
+                Err(nix::errno::Errno::EAGAIN) => return 0,
+                Err(e) => {
+                    tracing::debug!(error = %e, "recvmsg failed");
+                    return 0;
+                }
+            };
+            let truncated = m.flags.contains(MsgFlags::MSG_TRUNC);
+            let src = m.address.and_then(|a| storage_to_socket_addr(&a));
+            let dst = m.cmsgs().ok().and_then(pktinfo_dst);
+            (m.bytes, truncated, src, dst)
+        };
+        self.accept(0, len, truncated, src, dst);
+        self.counters.rx_datagrams += self.meta.len() as u64;
+        self.meta.len()
+    }
+
+    /// Where in a slot the socket writes: a raw socket delivers the IP header too.
+    fn payload_offset(&self) -> usize {
+        if self.raw_port.is_some() {
+            0
+        } else {
+            HEADROOM
+        }
+    }
+
+    /// Check the datagram of `len` bytes received into slot `i` and, if it is usable,
+    /// rebuild its headers and list it in `meta`.
+    fn accept(
+        &mut self,
+        i: usize,
+        len: usize,
+        truncated: bool,
+        src: Option<SocketAddr>,
+        dst: Option<IpAddr>,
+    ) {
+        let counters = &mut self.counters;
+        if let Some(port) = self.raw_port {
+            let slot = &mut self.slots[i * SLOT..(i + 1) * SLOT];
+            match raw_packet(&mut slot[..len.min(SLOT)], port, truncated) {
+                RawVerdict::Ours(end) => self.meta.push(Meta {
+                    slot: i,
+                    start: 0,
+                    end,
+                }),
+                RawVerdict::NotOurs => {}
+                RawVerdict::Bad => counters.rx_dropped += 1,
+            }
+            return;
+        }
+        let Some(src) = src else {
+            counters.rx_dropped += 1;
+            return;
+        };
+        if truncated || len == 0 || src.is_ipv4() != self.local.is_ipv4() {
+            counters.rx_dropped += 1;
+            return;
+        }
+        let dst = dst.unwrap_or(self.local);
+        let slot = &mut self.slots[i * SLOT..(i + 1) * SLOT];
+        let Some(start) = rebuild_headers(slot, len, src, dst) else {
+            counters.rx_dropped += 1;
+            return;
+        };
+        self.meta.push(Meta {
+            slot: i,
+            start,
+            end: HEADROOM + len,
+        });
     }
 
     /// The `i`-th rebuilt packet of the last batch (a whole IP packet).
@@ -423,6 +467,23 @@ fn raw_packet(p: &mut [u8], port: u16, truncated: bool) -> RawVerdict {
     }
     p[hl + 2..hl + 4].copy_from_slice(&ROCEV2_UDP_PORT.to_be_bytes());
     RawVerdict::Ours(total)
+}
+
+/// The local address a datagram was sent to, from its `IP_PKTINFO` / `IPV6_PKTINFO`.
+fn pktinfo_dst(cmsgs: impl Iterator<Item = ControlMessageOwned>) -> Option<IpAddr> {
+    let mut dst = None;
+    for c in cmsgs {
+        match c {
+            ControlMessageOwned::Ipv4PacketInfo(i) => {
+                dst = Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(i.ipi_addr.s_addr))));
+            }
+            ControlMessageOwned::Ipv6PacketInfo(i) => {
+                dst = Some(IpAddr::V6(Ipv6Addr::from(i.ipi6_addr.s6_addr)));
+            }
+            _ => {}
+        }
+    }
+    dst
 }
 
 fn storage_to_socket_addr(a: &SockaddrStorage) -> Option<SocketAddr> {

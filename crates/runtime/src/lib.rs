@@ -439,7 +439,14 @@ impl Shared {
             // The progress thread or a waiting thread is receiving right now.
             return 0;
         };
-        let n = rx.recv_batch();
+        // A ping-pong's next packet comes alone: look for one (the cheapest look); while
+        // packets keep coming, take them a batch at a time.
+        let n = if rx.streaming {
+            rx.recv_batch()
+        } else {
+            rx.recv_one()
+        };
+        rx.streaming = n > 0;
         if n > 0 {
             self.process(core, &rx, n, true);
         } else if core.engine.poll_timeout().is_some_and(|t| t <= now) {

@@ -491,7 +491,13 @@ impl Side {
         let mut n = 0u32;
         while self.byte_at(off) != v {
             if let Some(rt) = rt {
-                rt.poll_progress();
+                // Look at memory again once packets came in (now and then anyway: the
+                // progress thread may have taken over).
+                for _ in 0..16 {
+                    if rt.poll_progress() > 0 {
+                        break;
+                    }
+                }
             } else {
                 // The device lives in another process: let it have the core now and then.
                 for _ in 0..32 {
