@@ -247,6 +247,12 @@ impl Device {
         }
     }
 
+    /// Whether `other` is this same open device (objects name each other by handles that
+    /// mean something only on the device that made them).
+    pub(crate) fn same(&self, other: &Device) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     pub(crate) fn backend_ref(&self) -> &Backend {
         &self.inner.backend
     }

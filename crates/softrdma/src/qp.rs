@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use engine::{
     AccessFlags, AhAttr, PdHandle, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr,
-    SendOp, SendWr, Sge,
+    SendOp, SendWr, Sge, VerbsError,
 };
 
 use engine::qp_attr::Mtu;
@@ -15,7 +15,7 @@ use crate::device::Device;
 use crate::handshake::{Endpoint, RemoteMr};
 use crate::mr::{MemoryRegion, RawMemoryRegion, RegisterableBuffer};
 use crate::ud::{AddressHandle, Srq};
-use crate::Result;
+use crate::{Error, Result};
 
 /// A protection domain (`ibv_pd`): MRs and QPs in one PD may be used together. Cheap to
 /// clone; deallocated when the last clone and everything made in it are gone.
@@ -208,6 +208,19 @@ impl QpBuilder {
 
     /// Create the QP and move it RESET → INIT (port 1, P_Key index 0, the access flags).
     pub fn build(self) -> Result<Qp> {
+        // Handles mean something only on the device that made them: another device's CQ or
+        // SRQ would name an unrelated one of this device (or a daemon connection's).
+        let dev = self.pd.device();
+        if !dev.same(&self.send_cq.inner.dev) || !dev.same(&self.recv_cq.inner.dev) {
+            return Err(Error::Verbs(VerbsError::InvalidCq));
+        }
+        if self
+            .srq
+            .as_ref()
+            .is_some_and(|s| !dev.same(s.pd().device()))
+        {
+            return Err(Error::Verbs(VerbsError::InvalidSrq));
+        }
         let init = QpInitAttr {
             pd: self.pd.handle(),
             send_cq: self.send_cq.inner.handle,
@@ -399,6 +412,9 @@ impl Qp {
         remote_qpn: u32,
         qkey: u32,
     ) -> Result<()> {
+        if !self.inner.pd.device().same(ah.pd().device()) {
+            return Err(Error::Verbs(VerbsError::InvalidAh));
+        }
         let dest = engine::UdDest {
             ah: ah.handle,
             remote_qpn,

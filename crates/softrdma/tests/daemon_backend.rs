@@ -77,6 +77,28 @@ fn engine_counters_are_unsupported_on_the_daemon_and_named_counters_are_there() 
 }
 
 on_both_backends! {
+    fn objects_of_another_device_are_refused_before_they_are_named(backend: BackendKind) {
+        // Two devices (on the daemon: two connections, whose handle numbers overlap).
+        let (d1, d2) = common::open_pair_on(backend, "127.0.0.1", "127.0.0.2");
+        let pd = d1.alloc_pd().unwrap();
+        let cq1 = d1.create_cq(4).unwrap();
+        let cq2 = d2.create_cq(4).unwrap();
+        let r = pd.qp_builder(&cq1, &cq2).build();
+        assert!(matches!(r, Err(Error::Verbs(VerbsError::InvalidCq))), "{r:?}");
+        let srq2 = d2.alloc_pd().unwrap().create_srq(4, 1).unwrap();
+        let r = pd.qp_builder(&cq1, &cq1).srq(&srq2).build();
+        assert!(matches!(r, Err(Error::Verbs(VerbsError::InvalidSrq))), "{r:?}");
+        let ud = pd
+            .qp_builder(&cq1, &cq1)
+            .qp_type(softrdma::QpType::Ud)
+            .build()
+            .unwrap();
+        let pd2 = d2.alloc_pd().unwrap();
+        let ah2 = pd2.create_ah(d1.gid(0).unwrap()).unwrap();
+        let r = ud.send_ud(1, &[], &ah2, ud.qpn(), softrdma::DEFAULT_QKEY);
+        assert!(matches!(r, Err(Error::Verbs(VerbsError::InvalidAh))), "{r:?}");
+    }
+
     fn a_peer_reaches_memory_through_windows_until_they_are_invalidated_or_unbound(
         backend: BackendKind
     ) {
