@@ -240,6 +240,11 @@ impl DaemonDevice {
         &self.info.name
     }
 
+    /// The connection's asynchronous event channel.
+    pub(crate) fn event_channel(&self) -> BorrowedFd<'_> {
+        self.event_channel.as_fd()
+    }
+
     /// The daemon's pid.
     pub(crate) fn daemon_pid(&self) -> u32 {
         self.c().daemon_pid()

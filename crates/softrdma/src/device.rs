@@ -1,6 +1,7 @@
 //! Opening a device (embedded or through the host daemon) and asking it what it is.
 
 use std::net::{IpAddr, SocketAddr};
+use std::os::fd::BorrowedFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -337,6 +338,18 @@ impl Device {
                 None => None,
             };
             self.inner.backend.wait_async_event(left)?;
+        }
+    }
+
+    /// A descriptor that becomes readable when an asynchronous event may be waiting (for
+    /// callers with their own event loop; then take events with [`Device::async_event`]).
+    /// Embedded: the runtime's event descriptor. Daemon: the connection's event channel,
+    /// signalled by every event of the daemon's devices (one of another process's objects
+    /// makes a spurious wakeup); read 8 bytes from it to clear it.
+    pub fn async_event_fd(&self) -> BorrowedFd<'_> {
+        match &self.inner.backend {
+            Backend::Embedded(rt) => rt.async_event_fd(),
+            Backend::Daemon(d) => d.event_channel(),
         }
     }
 

@@ -169,3 +169,31 @@ on_both_backends! {
         );
     }
 }
+
+on_both_backends! {
+    fn the_async_event_descriptor_is_readable_when_an_event_is_raised(backend: BackendKind) {
+        let a = open_on(backend, "127.0.0.2");
+        let pd = a.alloc_pd().unwrap();
+        let cq = a.create_cq(1).unwrap();
+        let qp = pd.qp_builder(&cq, &cq).build().unwrap();
+        qp.recv(1, &[]).unwrap();
+        qp.recv(2, &[]).unwrap();
+        qp.set_error().unwrap();
+        // On the daemon the descriptor also wakes for other connections' events (other
+        // tests of this process share the daemon): those are cleared and waited past.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let ev = loop {
+            runtime::wait_readable(a.async_event_fd(), WAIT).unwrap();
+            if let Some(ev) = a.async_event().unwrap() {
+                break ev;
+            }
+            assert!(std::time::Instant::now() < deadline, "no event came");
+            let mut b = [0u8; 8];
+            let _ = rustix::io::read(a.async_event_fd(), &mut b);
+        };
+        assert!(
+            matches!(ev, AsyncEvent::CqErr { .. } | AsyncEvent::QpFatal { .. }),
+            "{ev:?}"
+        );
+    }
+}
