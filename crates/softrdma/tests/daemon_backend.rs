@@ -389,3 +389,58 @@ fn the_examples_run_unchanged_on_a_daemon_chosen_by_the_environment() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     eprintln!("{ran} examples ran through softrdmad");
 }
+
+#[test]
+fn when_the_daemon_dies_verbs_fail_cleanly_and_regions_still_release_their_memory() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    let Some(bin) = built_daemon() else {
+        eprintln!("SKIPPED: no softrdmad next to the test binaries");
+        return;
+    };
+    let pid = std::process::id();
+    let port = 20000 + ((pid.wrapping_mul(19) + 3000) % 12000) as u16;
+    let dir = std::env::temp_dir().join(format!("softrdma-dies-{pid}"));
+    let socket = dir.join("softrdmad.sock");
+    let dev = Device::builder("127.0.0.1".parse().unwrap())
+        .backend(BackendKind::Daemon)
+        .daemon_socket(&socket)
+        .daemon_binary(&bin)
+        .daemon_args(["--addr", "127.0.0.1", "--port", &port.to_string()])
+        .open()
+        .unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(8).unwrap();
+    let qp = pd.qp_builder(&cq, &cq).build().unwrap();
+    let mr = pd.register(Buffer::zeroed(4096), all_access()).unwrap();
+    let (_, daemon_pid) = dev.daemon_info().unwrap();
+    // This test started the daemon; it ends it, by its pid, and waits until it is gone.
+    Command::new("kill")
+        .args(["-9", &daemon_pid.to_string()])
+        .status()
+        .unwrap();
+    let gone = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while Command::new("kill")
+        .args(["-0", &daemon_pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        assert!(std::time::Instant::now() < gone, "softrdmad did not die");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // Verbs are errors, not panics; local memory still works.
+    assert!(matches!(qp.send(1, &[]), Err(Error::Daemon(_))));
+    assert!(matches!(dev.alloc_pd(), Err(Error::Daemon(_))));
+    assert!(
+        cq.poll(4).unwrap().is_empty(),
+        "the ring is still mapped here"
+    );
+    mr.write(0, b"still mine").unwrap();
+    // Deregistration fails; the region then ends the connection and waits for the daemon's
+    // side to close (at once: it is dead) before the buffer is freed.
+    let buf = mr.into_inner();
+    assert_eq!(&buf.as_slice()[..10], b"still mine");
+    drop((qp, cq, pd, dev));
+    let _ = std::fs::remove_dir_all(&dir);
+}
