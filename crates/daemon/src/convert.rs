@@ -235,6 +235,31 @@ pub fn qp_attr_from_msg(m: &QpAttrMsg, mask: QpAttrMask) -> Result<QpAttr, Conve
         is_global: true,
         ..a.ah_attr
     };
+    if mask.contains(QpAttrMask::CUR_STATE) {
+        a.cur_qp_state = QpState::try_from(m.cur_qp_state)
+            .map_err(|_| invalid("current QP state", m.cur_qp_state))?;
+    }
+    if mask.contains(QpAttrMask::PATH_MIG_STATE) {
+        a.path_mig_state = engine::qp_attr::MigState::try_from(m.path_mig_state)
+            .map_err(|_| invalid("path migration state", m.path_mig_state))?;
+    }
+    a.cap = engine::QpCap {
+        max_send_wr: m.cap.max_send_wr,
+        max_recv_wr: m.cap.max_recv_wr,
+        max_send_sge: m.cap.max_send_sge,
+        max_recv_sge: m.cap.max_recv_sge,
+        max_inline_data: m.cap.max_inline_data,
+    };
+    a.alt_ah_attr = AhAttr {
+        port_num: m.alt_port_num,
+        ..ah_from_msg(&m.alt_ah)
+    };
+    a.alt_pkey_index = m.alt_pkey_index;
+    a.alt_port_num = m.alt_port_num;
+    a.alt_timeout = m.alt_timeout;
+    a.en_sqd_async_notify = m.en_sqd_async_notify;
+    a.sq_draining = m.sq_draining;
+    a.rate_limit = m.rate_limit;
     Ok(a)
 }
 
@@ -261,6 +286,22 @@ pub fn qp_attr_to_msg(a: &QpAttr) -> QpAttrMsg {
         hop_limit: a.ah_attr.hop_limit,
         traffic_class: a.ah_attr.traffic_class,
         flow_label: a.ah_attr.flow_label,
+        cur_qp_state: a.cur_qp_state.to_ibv(),
+        path_mig_state: a.path_mig_state.to_ibv(),
+        cap: crate::proto::QpCapMsg {
+            max_send_wr: a.cap.max_send_wr,
+            max_recv_wr: a.cap.max_recv_wr,
+            max_send_sge: a.cap.max_send_sge,
+            max_recv_sge: a.cap.max_recv_sge,
+            max_inline_data: a.cap.max_inline_data,
+        },
+        alt_ah: ah_to_msg(&a.alt_ah_attr),
+        alt_pkey_index: a.alt_pkey_index,
+        alt_port_num: a.alt_port_num,
+        alt_timeout: a.alt_timeout,
+        en_sqd_async_notify: a.en_sqd_async_notify,
+        sq_draining: a.sq_draining,
+        rate_limit: a.rate_limit,
     }
 }
 
@@ -531,6 +572,53 @@ mod tests {
             send_wr_from_msg(send_wr_to_msg(&inv).unwrap()).unwrap(),
             inv
         );
+    }
+
+    #[test]
+    fn every_qp_attribute_survives_the_trip() {
+        let mut a = QpAttr {
+            qp_state: QpState::Rts,
+            cur_qp_state: QpState::Rtr,
+            path_mtu: engine::qp_attr::Mtu::Mtu1024,
+            path_mig_state: engine::qp_attr::MigState::Armed,
+            qkey: 1,
+            rq_psn: 2,
+            sq_psn: 3,
+            dest_qp_num: 4,
+            qp_access_flags: AccessFlags::REMOTE_WRITE,
+            pkey_index: 5,
+            alt_pkey_index: 6,
+            en_sqd_async_notify: true,
+            sq_draining: true,
+            max_rd_atomic: 7,
+            max_dest_rd_atomic: 8,
+            min_rnr_timer: 9,
+            port_num: 1,
+            timeout: 10,
+            retry_cnt: 6,
+            rnr_retry: 7,
+            alt_port_num: 1,
+            alt_timeout: 11,
+            rate_limit: 12,
+            ..QpAttr::default()
+        };
+        a.cap.max_send_wr = 13;
+        a.cap.max_inline_data = 14;
+        a.ah_attr = AhAttr {
+            dgid: [1; 16],
+            hop_limit: 64,
+            is_global: true,
+            ..AhAttr::default()
+        };
+        a.alt_ah_attr = AhAttr {
+            dgid: [2; 16],
+            hop_limit: 3,
+            is_global: true,
+            port_num: 1,
+            ..AhAttr::default()
+        };
+        let back = qp_attr_from_msg(&qp_attr_to_msg(&a), QpAttrMask::all()).unwrap();
+        assert_eq!(back, a);
     }
 
     #[test]

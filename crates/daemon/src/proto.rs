@@ -21,7 +21,7 @@ use std::net::IpAddr;
 /// First four bytes of every message: `"SRDM"`.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"SRDM");
 /// The protocol version this crate speaks.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 16;
 /// Largest body accepted (inline data and completion batches fit easily).
@@ -440,6 +440,59 @@ pub struct QpAttrMsg {
     pub traffic_class: u8,
     /// Flow label.
     pub flow_label: u32,
+    /// `IBV_QPS_*` the caller believes the QP is in (with `IBV_QP_CUR_STATE`).
+    pub cur_qp_state: u32,
+    /// `IBV_MIG_*`.
+    pub path_mig_state: u32,
+    /// Queue sizes (`ibv_qp_cap`, with `IBV_QP_CAP`; what query reports).
+    pub cap: QpCapMsg,
+    /// Alternate path (`IBV_QP_ALT_PATH`): its address vector.
+    pub alt_ah: AhMsg,
+    /// Alternate P_Key index.
+    pub alt_pkey_index: u16,
+    /// Alternate port.
+    pub alt_port_num: u8,
+    /// Alternate local ACK timeout.
+    pub alt_timeout: u8,
+    /// Raise `IBV_EVENT_SQ_DRAINED` (with `IBV_QP_EN_SQD_ASYNC_NOTIFY`).
+    pub en_sqd_async_notify: bool,
+    /// Query: the send queue is draining (SQD).
+    pub sq_draining: bool,
+    /// Rate limit in kbps (`IBV_QP_RATE_LIMIT`).
+    pub rate_limit: u32,
+}
+
+/// Queue sizes of a QP (`ibv_qp_cap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QpCapMsg {
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth.
+    pub max_recv_wr: u32,
+    /// SGEs per send WR.
+    pub max_send_sge: u32,
+    /// SGEs per receive WR.
+    pub max_recv_sge: u32,
+    /// Inline bytes per send WR.
+    pub max_inline_data: u32,
+}
+
+fn write_ah(w: &mut Writer, a: &AhMsg) {
+    w.buf.extend_from_slice(&a.dgid);
+    w.u8(a.sgid_index)
+        .u8(a.hop_limit)
+        .u8(a.traffic_class)
+        .u32(a.flow_label);
+}
+
+fn read_ah(r: &mut Reader<'_>) -> Result<AhMsg, ProtoError> {
+    Ok(AhMsg {
+        dgid: r.array()?,
+        sgid_index: r.u8()?,
+        hop_limit: r.u8()?,
+        traffic_class: r.u8()?,
+        flow_label: r.u32()?,
+    })
 }
 
 impl QpAttrMsg {
@@ -464,6 +517,20 @@ impl QpAttrMsg {
             .u8(self.hop_limit)
             .u8(self.traffic_class)
             .u32(self.flow_label);
+        w.u32(self.cur_qp_state)
+            .u32(self.path_mig_state)
+            .u32(self.cap.max_send_wr)
+            .u32(self.cap.max_recv_wr)
+            .u32(self.cap.max_send_sge)
+            .u32(self.cap.max_recv_sge)
+            .u32(self.cap.max_inline_data);
+        write_ah(w, &self.alt_ah);
+        w.u16(self.alt_pkey_index)
+            .u8(self.alt_port_num)
+            .u8(self.alt_timeout)
+            .bool(self.en_sqd_async_notify)
+            .bool(self.sq_draining)
+            .u32(self.rate_limit);
     }
 
     fn read(r: &mut Reader<'_>) -> Result<QpAttrMsg, ProtoError> {
@@ -488,6 +555,22 @@ impl QpAttrMsg {
             hop_limit: r.u8()?,
             traffic_class: r.u8()?,
             flow_label: r.u32()?,
+            cur_qp_state: r.u32()?,
+            path_mig_state: r.u32()?,
+            cap: QpCapMsg {
+                max_send_wr: r.u32()?,
+                max_recv_wr: r.u32()?,
+                max_send_sge: r.u32()?,
+                max_recv_sge: r.u32()?,
+                max_inline_data: r.u32()?,
+            },
+            alt_ah: read_ah(r)?,
+            alt_pkey_index: r.u16()?,
+            alt_port_num: r.u8()?,
+            alt_timeout: r.u8()?,
+            en_sqd_async_notify: r.bool()?,
+            sq_draining: r.bool()?,
+            rate_limit: r.u32()?,
         })
     }
 }
@@ -1319,11 +1402,7 @@ impl Request {
             }
             Request::CreateAh { pd, ah } => {
                 w.u32(*pd);
-                w.buf.extend_from_slice(&ah.dgid);
-                w.u8(ah.sgid_index)
-                    .u8(ah.hop_limit)
-                    .u8(ah.traffic_class)
-                    .u32(ah.flow_label);
+                write_ah(&mut w, ah);
             }
             Request::PostSendUd {
                 qp,
@@ -1440,13 +1519,7 @@ impl Request {
             kind::CQ_LEN => Request::CqLen { cq: r.u32()? },
             kind::CREATE_AH => Request::CreateAh {
                 pd: r.u32()?,
-                ah: AhMsg {
-                    dgid: r.array()?,
-                    sgid_index: r.u8()?,
-                    hop_limit: r.u8()?,
-                    traffic_class: r.u8()?,
-                    flow_label: r.u32()?,
-                },
+                ah: read_ah(&mut r)?,
             },
             kind::DESTROY_AH => Request::DestroyAh { ah: r.u32()? },
             kind::POST_SEND_UD => Request::PostSendUd {

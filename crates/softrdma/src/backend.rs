@@ -685,8 +685,7 @@ impl Backend {
             Backend::Embedded(rt) => Ok(rt.lock().query_qp(qp)?),
             Backend::Daemon(d) => {
                 let m = d.c().query_qp(qp)?;
-                let all = QpAttrMask::STATE | QpAttrMask::PATH_MTU | QpAttrMask::ACCESS_FLAGS;
-                Ok(convert::qp_attr_from_msg(&m, all | QpAttrMask::PORT)?)
+                Ok(convert::qp_attr_from_msg(&m, QpAttrMask::all())?)
             }
         }
     }

@@ -77,6 +77,17 @@ fn engine_counters_are_unsupported_on_the_daemon_and_named_counters_are_there() 
 }
 
 on_both_backends! {
+    fn a_queried_qp_reports_what_it_was_built_and_connected_with(backend: BackendKind) {
+        let (a, b) = common::pair_v4_on(backend, 64);
+        let q = a.qp.query().unwrap();
+        assert_eq!(q.qp_state, softrdma::QpState::Rts);
+        assert_eq!(q.dest_qp_num, b.qp.qpn());
+        assert_eq!(q.rq_psn, b.qp.initial_psn());
+        assert!(q.cap.max_send_wr >= 128 && q.cap.max_recv_sge >= 4, "{:?}", q.cap);
+        assert_eq!(q.ah_attr.dgid, b.dev.gid(0).unwrap().0);
+        assert_eq!((q.retry_cnt, q.rnr_retry, q.timeout), (7, 7, 14));
+    }
+
     fn objects_of_another_device_are_refused_before_they_are_named(backend: BackendKind) {
         // Two devices (on the daemon: two connections, whose handle numbers overlap).
         let (d1, d2) = common::open_pair_on(backend, "127.0.0.1", "127.0.0.2");
