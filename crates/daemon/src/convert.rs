@@ -430,15 +430,43 @@ pub fn device_attr_to_msg(a: &DeviceAttr) -> DeviceAttrMsg {
             _ => 0,
         },
         phys_port_cnt: a.phys_port_cnt,
+        fw_ver: a.fw_ver.clone(),
+        sys_image_guid: a.sys_image_guid,
+        page_size_cap: a.page_size_cap,
+        vendor_id: a.vendor_id,
+        vendor_part_id: a.vendor_part_id,
+        hw_ver: a.hw_ver,
+        max_sge_rd: a.max_sge_rd,
+        max_res_rd_atom: a.max_res_rd_atom,
+        max_inline_data: a.max_inline_data,
+        max_srq: a.max_srq,
+        max_srq_wr: a.max_srq_wr,
+        max_srq_sge: a.max_srq_sge,
+        max_mw: a.max_mw,
+        max_ah: a.max_ah,
+        max_pkeys: a.max_pkeys,
     }
 }
 
-/// Device attributes from the protocol: the fields it carries, the engine's defaults for
-/// the rest (the daemon runs the same engine).
+/// Device attributes from the protocol (every field the engine has).
 pub fn device_attr_from_msg(m: &DeviceAttrMsg) -> DeviceAttr {
     let mut a = DeviceAttr::default();
     a.node_guid = m.node_guid;
-    a.sys_image_guid = m.node_guid;
+    a.fw_ver = m.fw_ver.clone();
+    a.sys_image_guid = m.sys_image_guid;
+    a.page_size_cap = m.page_size_cap;
+    a.vendor_id = m.vendor_id;
+    a.vendor_part_id = m.vendor_part_id;
+    a.hw_ver = m.hw_ver;
+    a.max_sge_rd = m.max_sge_rd;
+    a.max_res_rd_atom = m.max_res_rd_atom;
+    a.max_inline_data = m.max_inline_data;
+    a.max_srq = m.max_srq;
+    a.max_srq_wr = m.max_srq_wr;
+    a.max_srq_sge = m.max_srq_sge;
+    a.max_mw = m.max_mw;
+    a.max_ah = m.max_ah;
+    a.max_pkeys = m.max_pkeys;
     a.max_mr_size = m.max_mr_size;
     a.max_qp = m.max_qp;
     a.max_qp_wr = m.max_qp_wr;
@@ -619,6 +647,16 @@ mod tests {
         };
         let back = qp_attr_from_msg(&qp_attr_to_msg(&a), QpAttrMask::all()).unwrap();
         assert_eq!(back, a);
+    }
+
+    #[test]
+    fn device_attributes_survive_the_trip() {
+        let mut a = DeviceAttr::default();
+        a.node_guid = 0x1122;
+        a.sys_image_guid = 0x3344;
+        a.max_mw = 77;
+        a.fw_ver = "9.9".into();
+        assert_eq!(device_attr_from_msg(&device_attr_to_msg(&a)), a);
     }
 
     #[test]

@@ -687,7 +687,7 @@ pub struct DeviceInfo {
 }
 
 /// The device attributes a client needs (`ibv_device_attr` subset).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DeviceAttrMsg {
     /// Node GUID.
     pub node_guid: u64,
@@ -715,6 +715,36 @@ pub struct DeviceAttrMsg {
     pub atomic_cap: u32,
     /// Ports.
     pub phys_port_cnt: u8,
+    /// Firmware version string.
+    pub fw_ver: String,
+    /// System image GUID.
+    pub sys_image_guid: u64,
+    /// Supported page sizes.
+    pub page_size_cap: u64,
+    /// Vendor id.
+    pub vendor_id: u32,
+    /// Vendor part id.
+    pub vendor_part_id: u32,
+    /// Hardware version.
+    pub hw_ver: u32,
+    /// SGEs per RDMA READ WR.
+    pub max_sge_rd: u32,
+    /// READ/ATOMIC resources of the device as responder.
+    pub max_res_rd_atom: u32,
+    /// Inline bytes per send WR.
+    pub max_inline_data: u32,
+    /// SRQs.
+    pub max_srq: u32,
+    /// WRs per SRQ.
+    pub max_srq_wr: u32,
+    /// SGEs per SRQ WR.
+    pub max_srq_sge: u32,
+    /// Memory windows.
+    pub max_mw: u32,
+    /// Address handles.
+    pub max_ah: u32,
+    /// P_Keys.
+    pub max_pkeys: u16,
 }
 
 /// The port attributes a client needs (`ibv_port_attr` subset).
@@ -1695,7 +1725,22 @@ impl Response {
                     .u32(a.max_qp_rd_atom)
                     .u32(a.max_qp_init_rd_atom)
                     .u32(a.atomic_cap)
-                    .u8(a.phys_port_cnt);
+                    .u8(a.phys_port_cnt)
+                    .u64(a.sys_image_guid)
+                    .u64(a.page_size_cap)
+                    .u32(a.vendor_id)
+                    .u32(a.vendor_part_id)
+                    .u32(a.hw_ver)
+                    .u32(a.max_sge_rd)
+                    .u32(a.max_res_rd_atom)
+                    .u32(a.max_inline_data)
+                    .u32(a.max_srq)
+                    .u32(a.max_srq_wr)
+                    .u32(a.max_srq_sge)
+                    .u32(a.max_mw)
+                    .u32(a.max_ah)
+                    .u16(a.max_pkeys)
+                    .string(&a.fw_ver);
             }
             Response::PortAttr(p) => {
                 w.u8(rtag::PORT_ATTR)
@@ -1817,6 +1862,21 @@ impl Response {
                 max_qp_init_rd_atom: r.u32()?,
                 atomic_cap: r.u32()?,
                 phys_port_cnt: r.u8()?,
+                sys_image_guid: r.u64()?,
+                page_size_cap: r.u64()?,
+                vendor_id: r.u32()?,
+                vendor_part_id: r.u32()?,
+                hw_ver: r.u32()?,
+                max_sge_rd: r.u32()?,
+                max_res_rd_atom: r.u32()?,
+                max_inline_data: r.u32()?,
+                max_srq: r.u32()?,
+                max_srq_wr: r.u32()?,
+                max_srq_sge: r.u32()?,
+                max_mw: r.u32()?,
+                max_ah: r.u32()?,
+                max_pkeys: r.u16()?,
+                fw_ver: r.string()?,
             }),
             rtag::PORT_ATTR => Response::PortAttr(PortAttrMsg {
                 state: r.u32()?,
