@@ -49,8 +49,29 @@ pub fn test_daemon() -> &'static TestDaemon {
     D.get_or_init(start_daemon)
 }
 
+/// Remove the control sockets earlier test processes left (the file outlives a test
+/// process; its name carries the pid).
+fn remove_stale_sockets() {
+    let Ok(dir) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in dir.flatten() {
+        let name = e.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("softrdma-test-")) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 fn start_daemon() -> TestDaemon {
     use daemon::host::{Device as HostDevice, DeviceConfig};
+    remove_stale_sockets();
     let pid = std::process::id();
     // Below the ephemeral range, so embedded devices (port 0) never take it; retried on
     // a collision with another test process.
