@@ -424,6 +424,34 @@ impl Client {
         self.done(&Request::PostSrqRecv { srq, wr_id, sges })
     }
 
+    /// `ibv_modify_srq`: `mask` bits MAX_WR (1) and LIMIT (2).
+    pub fn modify_srq(
+        &mut self,
+        srq: u32,
+        mask: u32,
+        max_wr: u32,
+        srq_limit: u32,
+    ) -> Result<(), ClientError> {
+        self.done(&Request::ModifySrq {
+            srq,
+            mask,
+            max_wr,
+            srq_limit,
+        })
+    }
+
+    /// `ibv_query_srq`: (max_wr, max_sge, srq_limit).
+    pub fn query_srq(&mut self, srq: u32) -> Result<(u32, u32, u32), ClientError> {
+        match self.call(&Request::QuerySrq { srq })? {
+            Response::SrqAttr {
+                max_wr,
+                max_sge,
+                srq_limit,
+            } => Ok((max_wr, max_sge, srq_limit)),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+
     /// Receive WRs waiting in `srq`.
     pub fn srq_len(&mut self, srq: u32) -> Result<u64, ClientError> {
         self.count(&Request::SrqLen { srq })

@@ -846,6 +846,10 @@ kinds! {
     QUERY_MW = 36,
     /// [`super::Request::BindMw`].
     BIND_MW = 37,
+    /// [`super::Request::ModifySrq`].
+    MODIFY_SRQ = 38,
+    /// [`super::Request::QuerySrq`].
+    QUERY_SRQ = 39,
 }
 
 /// A request from a client. Handles (`pd`, `cq`, `mr`, `qp`) are the connection's own
@@ -1091,6 +1095,22 @@ pub enum Request {
         bind: MwBindMsg,
         /// Complete with a CQE.
         signaled: bool,
+    },
+    /// `ibv_modify_srq`.
+    ModifySrq {
+        /// SRQ handle.
+        srq: u32,
+        /// `ibv_srq_attr_mask` bits (MAX_WR 1, LIMIT 2).
+        mask: u32,
+        /// Receive WRs it holds (with MAX_WR).
+        max_wr: u32,
+        /// Limit to arm (with LIMIT).
+        srq_limit: u32,
+    },
+    /// `ibv_query_srq` (answered with [`Response::SrqAttr`]).
+    QuerySrq {
+        /// SRQ handle.
+        srq: u32,
     },
 }
 
@@ -1353,6 +1373,8 @@ impl Request {
             Request::DeallocMw { .. } => kind::DEALLOC_MW,
             Request::QueryMw { .. } => kind::QUERY_MW,
             Request::BindMw { .. } => kind::BIND_MW,
+            Request::ModifySrq { .. } => kind::MODIFY_SRQ,
+            Request::QuerySrq { .. } => kind::QUERY_SRQ,
         }
     }
 
@@ -1455,8 +1477,18 @@ impl Request {
             Request::AllocMw { pd, mw_type } => {
                 w.u32(*pd).u8(*mw_type);
             }
-            Request::DeallocMw { mw: h } | Request::QueryMw { mw: h } => {
+            Request::DeallocMw { mw: h }
+            | Request::QueryMw { mw: h }
+            | Request::QuerySrq { srq: h } => {
                 w.u32(*h);
+            }
+            Request::ModifySrq {
+                srq,
+                mask,
+                max_wr,
+                srq_limit,
+            } => {
+                w.u32(*srq).u32(*mask).u32(*max_wr).u32(*srq_limit);
             }
             Request::BindMw {
                 qp,
@@ -1575,6 +1607,13 @@ impl Request {
                 mw_type: r.u8()?,
             },
             kind::DEALLOC_MW => Request::DeallocMw { mw: r.u32()? },
+            kind::MODIFY_SRQ => Request::ModifySrq {
+                srq: r.u32()?,
+                mask: r.u32()?,
+                max_wr: r.u32()?,
+                srq_limit: r.u32()?,
+            },
+            kind::QUERY_SRQ => Request::QuerySrq { srq: r.u32()? },
             kind::QUERY_MW => Request::QueryMw { mw: r.u32()? },
             kind::BIND_MW => Request::BindMw {
                 qp: r.u32()?,
@@ -1646,6 +1685,15 @@ pub enum Response {
     Count(u64),
     /// Answer to [`Request::GetAsyncEvents`], oldest first.
     AsyncEvents(Vec<AsyncEventMsg>),
+    /// Answer to [`Request::QuerySrq`].
+    SrqAttr {
+        /// Receive WRs it holds.
+        max_wr: u32,
+        /// SGEs per receive WR.
+        max_sge: u32,
+        /// Armed limit (0: not armed).
+        srq_limit: u32,
+    },
     /// A memory window ([`Request::AllocMw`], [`Request::QueryMw`], [`Request::BindMw`]).
     Mw {
         /// Its handle.
@@ -1674,6 +1722,7 @@ mod rtag {
     pub const COUNT: u8 = 12;
     pub const ASYNC_EVENTS: u8 = 13;
     pub const MW: u8 = 14;
+    pub const SRQ_ATTR: u8 = 15;
 }
 
 /// Most completions in one answer.
@@ -1804,6 +1853,16 @@ impl Response {
                 bound,
             } => {
                 w.u8(rtag::MW).u32(*handle).u32(*rkey).bool(*bound);
+            }
+            Response::SrqAttr {
+                max_wr,
+                max_sge,
+                srq_limit,
+            } => {
+                w.u8(rtag::SRQ_ATTR)
+                    .u32(*max_wr)
+                    .u32(*max_sge)
+                    .u32(*srq_limit);
             }
         }
         frame(RESPONSE_BIT | req_kind, id, &w.buf)
@@ -1942,6 +2001,11 @@ impl Response {
                 handle: r.u32()?,
                 rkey: r.u32()?,
                 bound: r.bool()?,
+            },
+            rtag::SRQ_ATTR => Response::SrqAttr {
+                max_wr: r.u32()?,
+                max_sge: r.u32()?,
+                srq_limit: r.u32()?,
             },
             _ => return Err(ProtoError::Invalid("response tag")),
         };
@@ -2094,6 +2158,13 @@ mod tests {
             Request::CqLen { cq: 2 },
             Request::AsyncEventChannel,
             Request::AllocMw { pd: 1, mw_type: 2 },
+            Request::ModifySrq {
+                srq: 7,
+                mask: 2,
+                max_wr: 0,
+                srq_limit: 4,
+            },
+            Request::QuerySrq { srq: 7 },
             Request::BindMw {
                 qp: 4,
                 wr_id: 9,
@@ -2187,6 +2258,11 @@ mod tests {
                 handle: 3,
                 rkey: 0x300,
                 bound: true,
+            },
+            Response::SrqAttr {
+                max_wr: 64,
+                max_sge: 2,
+                srq_limit: 4,
             },
         ];
         for r in rs {

@@ -586,6 +586,32 @@ impl<'d> Conn<'d> {
                 d.devices[i].with(|e| e.post_srq_recv(h, wr))?;
                 Ok(Response::Done)
             }
+            Request::ModifySrq {
+                srq,
+                mask,
+                max_wr,
+                srq_limit,
+            } => {
+                let (i, h) = self.srq(srq)?;
+                let mask = engine::SrqAttrMask::from_bits(mask)
+                    .ok_or_else(|| fail(EINVAL, "unknown SRQ attribute mask bits"))?;
+                let attr = SrqAttr {
+                    max_wr,
+                    max_sge: 0,
+                    srq_limit,
+                };
+                d.devices[i].with(|e| e.modify_srq(h, &attr, mask))?;
+                Ok(Response::Done)
+            }
+            Request::QuerySrq { srq } => {
+                let (i, h) = self.srq(srq)?;
+                let a = d.devices[i].read(|e| e.query_srq(h))?;
+                Ok(Response::SrqAttr {
+                    max_wr: a.max_wr,
+                    max_sge: a.max_sge,
+                    srq_limit: a.srq_limit,
+                })
+            }
             Request::SrqLen { srq } => {
                 let (i, h) = self.srq(srq)?;
                 let n = d.devices[i].read(|e| e.srq_len(h))?;

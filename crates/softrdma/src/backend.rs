@@ -16,8 +16,8 @@ use daemon::convert;
 use daemon::proto::{DeviceInfo, QpInitMsg};
 use engine::{
     AccessFlags, AhAttr, AhHandle, AsyncEvent, CqHandle, DeviceAttr, Gid, MwBind, MwHandle, MwType,
-    PdHandle, PortAttr, QpAttr, QpAttrMask, QpInitAttr, RecvWr, SendWr, SrqAttr, SrqHandle, UdDest,
-    WorkCompletion,
+    PdHandle, PortAttr, QpAttr, QpAttrMask, QpInitAttr, RecvWr, SendWr, SrqAttr, SrqAttrMask,
+    SrqHandle, UdDest, WorkCompletion,
 };
 use runtime::{CqNotifier, Runtime};
 
@@ -739,6 +739,35 @@ impl Backend {
         match self {
             Backend::Embedded(rt) => Ok(rt.lock().post_srq_recv(srq, wr)?),
             Backend::Daemon(d) => Ok(d.c().post_srq_recv(srq.0, wr.wr_id, sges(&wr.sg_list))?),
+        }
+    }
+
+    pub(crate) fn modify_srq(
+        &self,
+        srq: SrqHandle,
+        attr: &SrqAttr,
+        mask: SrqAttrMask,
+    ) -> Result<()> {
+        match self {
+            Backend::Embedded(rt) => Ok(rt.lock().modify_srq(srq, attr, mask)?),
+            Backend::Daemon(d) => {
+                Ok(d.c()
+                    .modify_srq(srq.0, mask.bits(), attr.max_wr, attr.srq_limit)?)
+            }
+        }
+    }
+
+    pub(crate) fn query_srq(&self, srq: SrqHandle) -> Result<SrqAttr> {
+        match self {
+            Backend::Embedded(rt) => Ok(rt.lock().query_srq(srq)?),
+            Backend::Daemon(d) => {
+                let (max_wr, max_sge, srq_limit) = d.c().query_srq(srq.0)?;
+                Ok(SrqAttr {
+                    max_wr,
+                    max_sge,
+                    srq_limit,
+                })
+            }
         }
     }
 

@@ -154,7 +154,7 @@ pub use engine::MwType;
 pub use engine::{
     AccessFlags, AhAttr, AsyncEvent, Counter, Counters, DeviceAttr, Gid, PortAttr, QpAttr,
     QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendPayload, SendWr, Sge,
-    VerbsError, WcFlags, WcOpcode, WcStatus, WorkCompletion, GRH_LEN,
+    SrqAttr, SrqAttrMask, VerbsError, WcFlags, WcOpcode, WcStatus, WorkCompletion, GRH_LEN,
 };
 pub use runtime::{RuntimeConfig, RuntimeError, RxPath, SrcPortPolicy};
 

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use engine::{AhAttr, AhHandle, Gid, RecvWr, Sge, SrqAttr, SrqHandle};
+use engine::{AhAttr, AhHandle, Gid, RecvWr, Sge, SrqAttr, SrqAttrMask, SrqHandle};
 
 use crate::qp::Pd;
 use crate::Result;
@@ -56,6 +56,39 @@ impl Srq {
     /// Post a receive of `sges` (scatter list).
     pub fn recv(&self, wr_id: u64, sges: &[Sge]) -> Result<()> {
         self.post_recv(RecvWr::new(wr_id, sges.to_vec()))
+    }
+
+    /// Its attributes (`ibv_query_srq`): capacity, SGEs per WR, and the armed limit (0: not
+    /// armed).
+    pub fn query(&self) -> Result<SrqAttr> {
+        self.inner
+            .pd
+            .device()
+            .backend_ref()
+            .query_srq(self.inner.handle)
+    }
+
+    /// Arm the limit (`ibv_modify_srq` with `IBV_SRQ_LIMIT`): when fewer than `limit`
+    /// receive WRs remain, the device raises [`AsyncEvent::SrqLimitReached`] once and
+    /// disarms it.
+    ///
+    /// [`AsyncEvent::SrqLimitReached`]: engine::AsyncEvent::SrqLimitReached
+    pub fn arm_limit(&self, limit: u32) -> Result<()> {
+        let attr = SrqAttr {
+            max_wr: 0,
+            max_sge: 0,
+            srq_limit: limit,
+        };
+        self.modify(&attr, SrqAttrMask::LIMIT)
+    }
+
+    /// Raw `ibv_modify_srq`: the attributes `mask` selects (a larger `max_wr`, the limit).
+    pub fn modify(&self, attr: &SrqAttr, mask: SrqAttrMask) -> Result<()> {
+        self.inner
+            .pd
+            .device()
+            .backend_ref()
+            .modify_srq(self.inner.handle, attr, mask)
     }
 
     /// Receive WRs waiting.

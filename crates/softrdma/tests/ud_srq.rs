@@ -92,3 +92,50 @@ fn two_qps_draw_their_receives_from_one_srq(backend: BackendKind) {
     assert_eq!(all[64..74], [2; 10]);
 }
 }
+
+on_both_backends! {
+    fn an_armed_srq_limit_raises_one_event_when_the_queue_runs_low(backend: BackendKind) {
+        let (da, db) = open_pair_on(backend, "127.0.0.1", "127.0.0.2");
+        let pd_b = db.alloc_pd().unwrap();
+        let cq_b = db.create_cq(16).unwrap();
+        let srq = pd_b.create_srq(16, 1).unwrap();
+        let mr_b = pd_b.register(Buffer::zeroed(4096), all_access()).unwrap();
+        for i in 0..4u64 {
+            let off = i as usize * 64;
+            srq.recv(i, &[mr_b.sge(off..off + 64).unwrap()]).unwrap();
+        }
+        srq.arm_limit(3).unwrap();
+        let q = srq.query().unwrap();
+        assert_eq!((q.max_sge, q.srq_limit), (1, 3));
+        assert!(q.max_wr >= 16);
+        let pd_a = da.alloc_pd().unwrap();
+        let cq_a = da.create_cq(16).unwrap();
+        let qp_a = pd_a.qp_builder(&cq_a, &cq_a).build().unwrap();
+        let mr_a = pd_a.register(Buffer::zeroed(64), all_access()).unwrap();
+        let qp_b = pd_b.qp_builder(&cq_b, &cq_b).srq(&srq).build().unwrap();
+        let a = Side {
+            dev: da.clone(),
+            pd: pd_a,
+            cq: cq_a,
+            qp: qp_a,
+            mr: mr_a,
+        };
+        let b = Side {
+            dev: db.clone(),
+            pd: pd_b.clone(),
+            cq: cq_b.clone(),
+            qp: qp_b,
+            mr: pd_b.register(Buffer::zeroed(8), all_access()).unwrap(),
+        };
+        connect(&a, &b);
+        for i in 0..2u64 {
+            a.qp.send(i, &[a.mr.sge(..8).unwrap()]).unwrap();
+            a.cq.wait_ok(WAIT).unwrap();
+            cq_b.wait_ok(WAIT).unwrap();
+        }
+        let ev = db.wait_async_event(WAIT).unwrap();
+        assert!(matches!(ev, softrdma::AsyncEvent::SrqLimitReached { .. }), "{ev:?}");
+        assert_eq!(srq.query().unwrap().srq_limit, 0, "disarmed once it fired");
+        assert_eq!(srq.len().unwrap(), 2);
+    }
+}
