@@ -29,7 +29,10 @@
 //! timers), so a busy-polling ping-pong handles each packet on the thread that waits for it
 //! with no thread switch at all, as a hardware NIC's polled CQ would; half a millisecond
 //! after the last poll (a lease each poll renews) the progress thread takes the socket
-//! back, so nothing stalls when the application stops polling.
+//! back, so nothing stalls when the application stops polling. A program that polls a CQ
+//! and then waits in a way the runtime cannot see (polling memory for an RDMA WRITE) would
+//! leave packets waiting until each lease ran out: when that is seen twice in a short time,
+//! CQ polls stop taking the socket for a while ([`Runtime::poll_progress`] always does).
 //!
 //! Completions are announced per CQ through an `eventfd` ([`CqNotifier`]), armed with
 //! [`Runtime::arm_cq`] like `ibv_req_notify_cq`: usable for blocking waits, in an epoll set, or
@@ -93,6 +96,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+mod acks;
 pub mod capture;
 mod config;
 mod io;
@@ -107,6 +111,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+use acks::nanos;
 
 use engine::{
     AccessFlags, AsyncEvent, CqHandle, Engine, EngineConfig, Instant, MemOwner, Memory, MrHandle,
@@ -226,36 +232,29 @@ struct Core {
     rx_counters: IoCounters,
     /// Where every sent and received packet is recorded, if anywhere.
     capture: Option<Arc<Capture>>,
-    /// ACKs held back behind requests (see [`Core::pump`]), with their destinations.
-    held: VecDeque<(Vec<u8>, std::net::IpAddr)>,
-    /// Buffers of sent held ACKs, for reuse.
-    spare: Vec<Vec<u8>>,
+    /// ACKs held back behind requests, and coalesced (see [`Core::pump`]).
+    acks: acks::HeldAcks,
 }
 
 impl Core {
     /// Send everything the engine has to send.
     ///
-    /// Requests leave before ACKs: an ACK the engine emits is held until the requests of
-    /// the same pass are sent, and with `hold_acks` longer: until an application thread
-    /// polls or waits again, or the progress thread's next pass (within [`HANDOVER`]). A
-    /// requester's and a responder's packets are separate streams (IBA orders each on its
-    /// own), so only the order within each matters: ACKs keep theirs, and any other
-    /// response (READ data, an atomic's ACK) first sends the ACKs held before it. This takes
-    /// the ACK off the latency path of a ping-pong: the thread that received the data looks
-    /// at it and posts its reply before it pays for sending the ACK.
+    /// Requests leave before ACKs (see the `acks` module): an ACK the engine emits is held
+    /// until the requests of the same pass are sent, and with `hold_acks` longer: until an
+    /// application thread polls or waits again (coalesced while the peer keeps sending), or
+    /// the progress thread's next pass (within [`HANDOVER`]). ACKs keep their order among
+    /// themselves: any other response (a NAK, READ data, an atomic's ACK) first sends the
+    /// ACKs held before it.
     fn pump(&mut self, now: Instant, hold_acks: bool) {
         while let Some(t) = self.engine.poll_transmit(now, &mut self.txbuf) {
             let (pkt, _) = self.txbuf.split_at_mut(t.len);
-            match stream_of(pkt) {
-                Stream::Ack => {
-                    let mut b = self.spare.pop().unwrap_or_default();
-                    b.clear();
-                    b.extend_from_slice(pkt);
-                    self.held.push_back((b, t.dst));
+            match acks::classify(pkt, t.dst) {
+                acks::Kind::Ack(key) => {
+                    self.acks.hold(pkt, t.dst, key, now.as_nanos());
                     continue;
                 }
-                Stream::Response => self.send_held(),
-                Stream::Request => {}
+                acks::Kind::Response => self.send_held(),
+                acks::Kind::Request => {}
             }
             let (pkt, _) = self.txbuf.split_at_mut(t.len);
             send_one(&mut self.tx, self.capture.as_deref(), pkt, t.dst);
@@ -265,12 +264,18 @@ impl Core {
         }
     }
 
-    /// Send the ACKs held back by [`Core::pump`], oldest first.
+    /// Send every held ACK.
     fn send_held(&mut self) {
-        while let Some((mut b, dst)) = self.held.pop_front() {
-            send_one(&mut self.tx, self.capture.as_deref(), &mut b, dst);
-            self.spare.push(b);
-        }
+        let (tx, capture) = (&mut self.tx, self.capture.as_deref());
+        self.acks
+            .send_all(|pkt, dst| send_one(tx, capture, pkt, dst));
+    }
+
+    /// Send the held ACKs that are due at `now` (an application thread polls again).
+    fn send_due_acks(&mut self, now: Instant) {
+        let (tx, capture) = (&mut self.tx, self.capture.as_deref());
+        self.acks
+            .send_due(now.as_nanos(), |pkt, dst| send_one(tx, capture, pkt, dst));
     }
 
     /// Signal armed CQs that have completions and queue async events.
@@ -301,40 +306,12 @@ fn send_one(tx: &mut io::Tx, capture: Option<&Capture>, pkt: &mut [u8], dst: std
     }
 }
 
-/// Which of a QP's two packet streams an emitted packet belongs to.
-enum Stream {
-    /// The requester's (requests of every transport).
-    Request,
-    /// The responder's plain ACKs and NAKs (RC Acknowledge): may wait behind requests.
-    Ack,
-    /// The responder's other answers (READ responses, atomic ACKs).
-    Response,
-}
-
-/// The stream of a whole IP packet as the engine emitted it (unparsable: a request, so it is
-/// sent at once as before).
-fn stream_of(pkt: &[u8]) -> Stream {
-    let hl = match pkt.first().map(|b| b >> 4) {
-        Some(4) => usize::from(pkt[0] & 0x0f) * 4,
-        Some(6) => wire::IPV6_HEADER_LEN,
-        _ => return Stream::Request,
-    };
-    match pkt
-        .get(hl + wire::UDP_HEADER_LEN)
-        .map(|&b| wire::Opcode::from_u8(b))
-    {
-        Some(Ok(wire::Opcode::RcAcknowledge)) => Stream::Ack,
-        Some(Ok(op)) if !op.is_request() => Stream::Response,
-        _ => Stream::Request,
-    }
-}
-
 /// State shared by the handle and the progress thread.
 struct Shared {
     core: Mutex<Core>,
     /// The receive side. Whoever holds this lock receives *and* hands the batch to the engine,
-    /// so packets reach the engine in arrival order whichever thread drives. Lock order: `rx`
-    /// before `core`; a thread that already holds `core` only ever `try_lock`s `rx`.
+    /// so packets reach the engine in arrival order whichever thread drives. Only ever
+    /// `try_lock`ed, by a thread that holds `core`.
     rx: Mutex<io::Rx>,
     /// The socket `rx` reads (the UDP socket, or the raw one), polled without the `rx` lock.
     sock: Arc<socket2::Socket>,
@@ -348,6 +325,12 @@ struct Shared {
     lease_until: AtomicU64,
     /// When (engine ns) the drivers count last went from 0 to 1.
     driving_since: AtomicU64,
+    /// Until when (engine ns) polling a CQ does not take the socket (only
+    /// [`Runtime::poll_progress`] does). Set when leases were seen to lapse with packets
+    /// waiting, twice in a short time: the application polls a CQ, then waits in a way the
+    /// runtime cannot see (a C program polling memory for an RDMA WRITE), and the packets
+    /// it waits for would sit in the socket until each lease ran out.
+    implicit_off_until: AtomicU64,
     /// The progress thread sleeps without looking back at the socket (a wait has lasted
     /// longer than [`LONG_WAIT`]); the last driver to leave must ring the doorbell.
     parked: AtomicBool,
@@ -374,10 +357,21 @@ impl Shared {
     /// Receive one batch (if the socket has any) and run it through the engine, with the
     /// timers and transmissions it causes. Returns the packets handled. `hold_acks`: the
     /// calling thread waits for what the packets bring (see [`Core::pump`]).
-    fn drive_rx(&self, rx: &mut io::Rx, hold_acks: bool) -> usize {
-        let n = rx.recv_batch();
+    ///
+    /// The engine lock is taken first and the receive side only tried: a thread that held
+    /// the receive side while it waited for the engine lock could be kept from it for long
+    /// by a thread polling a CQ in a tight loop (the lock is not fair), and nobody could
+    /// receive meanwhile.
+    fn drive_rx(&self, hold_acks: bool) -> usize {
         let mut core = self.lock();
-        self.process(&mut core, rx, n, hold_acks);
+        let now = self.now();
+        let Ok(mut rx) = self.rx.try_lock() else {
+            // Another thread is receiving: just run the timers and send.
+            self.run_timers_and_send(&mut core, now);
+            return 0;
+        };
+        let n = rx.recv_batch();
+        self.process(&mut core, &rx, n, hold_acks);
         n
     }
 
@@ -418,7 +412,7 @@ impl Shared {
             .engine
             .poll_timeout()
             .map_or(u64::MAX, Instant::as_nanos);
-        if !core.held.is_empty() {
+        if !core.acks.is_empty() {
             next = next.min(now.as_nanos().saturating_add(nanos(HANDOVER)));
         }
         if next < self.wake_at.load(Ordering::SeqCst) {
@@ -429,12 +423,18 @@ impl Shared {
     /// An application thread that polls drives the device itself for a while: it receives,
     /// the progress thread stays off the socket (one thread handles each packet, no wakeup).
     /// `core` is held, so the receive side is only tried. Returns the packets handled.
-    fn drive_polling(&self, core: &mut Core) -> usize {
+    /// `explicit`: the caller promised to keep polling ([`Runtime::poll_progress`]); an
+    /// empty `poll_cq` takes the socket only while that has not been seen to stall
+    /// packets (see `implicit_off_until`).
+    fn drive_polling(&self, core: &mut Core, explicit: bool) -> usize {
         let now = self.now();
-        self.renew_lease(now);
+        if explicit || self.implicit_leases(now.as_nanos()) {
+            self.renew_lease(now);
+        }
         // Coming back means the thread has looked at what the last packets brought: the
-        // ACKs held for them go now, before this thread waits again.
-        core.send_held();
+        // ACKs held for them go now (unless they wait to be coalesced), before this thread
+        // waits again.
+        core.send_due_acks(now);
         let Ok(mut rx) = self.rx.try_lock() else {
             // The progress thread or a waiting thread is receiving right now.
             return 0;
@@ -466,6 +466,12 @@ impl Shared {
         }
     }
 
+    /// Whether an empty `poll_cq` (and the end of a `wait_cq`) takes the socket from the
+    /// progress thread at engine time `now_ns`.
+    fn implicit_leases(&self, now_ns: u64) -> bool {
+        now_ns >= self.implicit_off_until.load(Ordering::Relaxed)
+    }
+
     /// Whether an application thread drives the socket at engine time `now_ns`.
     fn app_drives(&self, now_ns: u64) -> bool {
         self.drivers.load(Ordering::SeqCst) > 0 || self.lease_until.load(Ordering::SeqCst) > now_ns
@@ -476,11 +482,6 @@ impl Shared {
         // engine keeps its own invariants per call, so carry on rather than poison every user.
         self.core.lock().unwrap_or_else(|e| e.into_inner())
     }
-}
-
-/// A duration in nanoseconds, saturating.
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// One engine on a UDP socket with its progress thread. Dropping it stops the thread.
@@ -563,8 +564,7 @@ impl Runtime {
             events: VecDeque::new(),
             rx_counters: IoCounters::default(),
             capture: Capture::from_env(),
-            held: VecDeque::new(),
-            spare: Vec::new(),
+            acks: acks::HeldAcks::default(),
         };
         let flags = EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC;
         let shared = Arc::new(Shared {
@@ -579,6 +579,7 @@ impl Runtime {
             drivers: AtomicUsize::new(0),
             lease_until: AtomicU64::new(0),
             driving_since: AtomicU64::new(0),
+            implicit_off_until: AtomicU64::new(0),
             parked: AtomicBool::new(false),
             watching: AtomicBool::new(false),
             doorbell: EventFd::from_flags(flags).map_err(io_err("eventfd"))?,
@@ -710,9 +711,7 @@ impl Runtime {
                 Err(e) => return Err(io_err("ppoll")(e)),
             }
             if fds[1].revents().is_some_and(|r| !r.is_empty()) {
-                if let Ok(mut rx) = shared.rx.try_lock() {
-                    shared.drive_rx(&mut rx, true);
-                }
+                shared.drive_rx(true);
             }
             if notifier.clear() {
                 return Ok(true);
@@ -729,7 +728,7 @@ impl Runtime {
     /// over again.
     pub fn poll_progress(&self) -> usize {
         let mut core = self.shared.lock();
-        self.shared.drive_polling(&mut core)
+        self.shared.drive_polling(&mut core, true)
     }
 
     /// The next asynchronous event (QP fatal, CQ error...), if any.
@@ -795,8 +794,11 @@ impl Drop for Driving<'_> {
         // cost a context switch per message. The leaving thread leaves a lease behind (a
         // ping-pong loop waits again at once); the progress thread takes the socket back when
         // it runs out. After a long wait it may be parked: then wake it.
-        let until = self.0.now().as_nanos().saturating_add(nanos(HANDOVER));
-        self.0.lease_until.fetch_max(until, Ordering::SeqCst);
+        let now = self.0.now().as_nanos();
+        if self.0.implicit_leases(now) {
+            let until = now.saturating_add(nanos(HANDOVER));
+            self.0.lease_until.fetch_max(until, Ordering::SeqCst);
+        }
         if self.0.drivers.fetch_sub(1, Ordering::SeqCst) == 1
             && self.0.parked.swap(false, Ordering::SeqCst)
         {
@@ -810,6 +812,12 @@ impl Drop for Driving<'_> {
 /// when an application thread stopped polling without saying so, and how often the
 /// progress thread looks while threads keep polling.
 const HANDOVER: Duration = Duration::from_micros(500);
+
+/// Two lapsed leases with packets waiting within this long turn CQ-poll leases off...
+const LAPSE_WINDOW: Duration = Duration::from_millis(100);
+
+/// ...for this long (then they are tried again: a lapse costs at most [`HANDOVER`]).
+const IMPLICIT_OFF: Duration = Duration::from_secs(1);
 
 /// The longest the progress thread sleeps with no timer due (so that arming a timer further
 /// out needs no doorbell).
@@ -888,14 +896,16 @@ impl EngineGuard<'_> {
     /// thread drives the device itself: it receives what the socket holds and runs it
     /// through the engine, and for a while (half a millisecond) the progress thread leaves
     /// the socket to polling threads, so a busy-polling loop sees each packet without any
-    /// thread switch.
+    /// thread switch. If that is seen to leave packets waiting (the program polls a CQ, then
+    /// waits some other way, as perftest's `ib_write_lat` polls memory), CQ polls stop
+    /// taking the socket for a second and only receive what is there.
     pub fn poll_cq(
         &mut self,
         cq: CqHandle,
         max: usize,
     ) -> Result<Vec<engine::WorkCompletion>, VerbsError> {
         let v = self.core.engine.poll_cq(cq, max)?;
-        if !v.is_empty() || max == 0 || self.shared.drive_polling(&mut self.core) == 0 {
+        if !v.is_empty() || max == 0 || self.shared.drive_polling(&mut self.core, false) == 0 {
             return Ok(v);
         }
         self.core.engine.poll_cq(cq, max)
@@ -931,24 +941,42 @@ impl Drop for EngineGuard<'_> {
 /// drives the socket (see `Shared::lease_until` and `Shared::drivers`).
 fn progress(shared: &Shared) {
     let mut last_active = std::time::Instant::now();
+    // The last sleep left the socket to polling threads; when the last lease lapsed with
+    // packets waiting.
+    let (mut handed_over, mut last_lapse) = (false, None::<u64>);
     while !shared.stop.load(Ordering::Relaxed) {
-        let drives = shared.app_drives(shared.now().as_nanos());
+        let now_ns = shared.now().as_nanos();
+        let drives = shared.app_drives(now_ns);
         // A pass: receive (unless an application thread does), run due timers, send.
-        let n = match (drives, shared.rx.try_lock()) {
-            (false, Ok(mut rx)) => shared.drive_rx(&mut rx, false),
-            _ => {
-                let mut core = shared.lock();
-                let now = shared.now();
-                shared.run_timers_and_send(&mut core, now);
-                0
-            }
+        let n = if drives {
+            let mut core = shared.lock();
+            let now = shared.now();
+            shared.run_timers_and_send(&mut core, now);
+            0
+        } else {
+            shared.drive_rx(false)
         };
         if n > 0 {
             last_active = std::time::Instant::now();
+            if handed_over && !drives {
+                // The socket came back with packets waiting: they sat there since the
+                // polling stopped. Twice within LAPSE_WINDOW: the application waits in ways
+                // the runtime cannot see after polling a CQ; stop giving the socket away
+                // on CQ polls for a while.
+                if last_lapse.is_some_and(|t| now_ns.saturating_sub(t) < nanos(LAPSE_WINDOW)) {
+                    shared.implicit_off_until.store(
+                        now_ns.saturating_add(nanos(IMPLICIT_OFF)),
+                        Ordering::Relaxed,
+                    );
+                }
+                last_lapse = Some(now_ns);
+            }
         }
         // Keep polling for `busy_poll` after activity, unless an application thread does.
         let spin = !drives && last_active.elapsed() < shared.busy_poll;
-        if wait(shared, spin) {
+        let (rung, handed) = wait(shared, spin);
+        handed_over = handed;
+        if rung {
             last_active = std::time::Instant::now();
         }
     }
@@ -956,8 +984,9 @@ fn progress(shared: &Shared) {
 
 /// The progress thread's wait between passes: until the socket is readable (when it is the
 /// progress thread's to read), the doorbell rings, the engine's next timer, or a polling
-/// thread's lease runs out. With `spin`, just look. Returns true if the doorbell rang.
-fn wait(shared: &Shared, spin: bool) -> bool {
+/// thread's lease runs out. With `spin`, just look. Returns whether the doorbell rang and
+/// whether the socket was left to application threads.
+fn wait(shared: &Shared, spin: bool) -> (bool, bool) {
     use nix::poll::{ppoll, PollFd, PollFlags};
     let (watch, timeout) = if spin {
         (
@@ -1001,7 +1030,7 @@ fn wait(shared: &Shared, spin: bool) -> bool {
     if rung {
         let _ = shared.doorbell.read();
     }
-    rung
+    (rung, !watch)
 }
 
 /// Whether the sleeping progress thread watches the socket; if an application thread

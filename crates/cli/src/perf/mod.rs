@@ -244,6 +244,11 @@ const LAT_SIGNAL_EVERY: u64 = 16;
 /// How long the default poll mode spins on a CQ before it sleeps (a spinning thread drives
 /// the device itself, so it starves no progress thread).
 const HYBRID_SPIN: Duration = Duration::from_millis(1);
+/// A spinning loop gives the core away once in this many looks. Both ends of a ping-pong
+/// spin on a 2-CPU machine, and the kernel work that delivers a loopback packet may be
+/// left to `ksoftirqd`, which then waits for a core: measured, iterations stalled for a
+/// millisecond (until the spin gave up and slept) without it.
+const YIELD_EVERY: u32 = 16;
 /// Longest wait for any one completion or memory change before the run is declared stuck.
 const STALL: Duration = Duration::from_secs(10);
 
@@ -436,6 +441,9 @@ impl Side {
                 }
                 // Reading the clock on every look would cost more than the look.
                 n = n.wrapping_add(1);
+                if n.is_multiple_of(YIELD_EVERY) {
+                    std::thread::yield_now();
+                }
                 if n.is_multiple_of(64) && t0.elapsed() > HYBRID_SPIN {
                     break;
                 }
@@ -497,6 +505,10 @@ impl Side {
                     if rt.poll_progress() > 0 {
                         break;
                     }
+                }
+                // Give the core away now and then (see YIELD_EVERY): once in 32 looks.
+                if n.is_multiple_of(2) {
+                    std::thread::yield_now();
                 }
             } else {
                 // The device lives in another process: let it have the core now and then.
