@@ -477,6 +477,19 @@ impl Shared {
         self.drivers.load(Ordering::SeqCst) > 0 || self.lease_until.load(Ordering::SeqCst) > now_ns
     }
 
+    /// The engine lock if it is free. The progress thread only tries it while an
+    /// application thread polls: blocking on it would make every unlock of the polling
+    /// thread a futex wakeup of the progress thread, which then fails to get the lock
+    /// from the spinning thread again and again, on a core the other end of the ping-pong
+    /// needs.
+    fn try_lock(&self) -> Option<MutexGuard<'_, Core>> {
+        match self.core.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Core> {
         // A panic while holding the lock leaves the engine as the panicking verb left it; the
         // engine keeps its own invariants per call, so carry on rather than poison every user.
@@ -949,9 +962,10 @@ fn progress(shared: &Shared) {
         let drives = shared.app_drives(now_ns);
         // A pass: receive (unless an application thread does), run due timers, send.
         let n = if drives {
-            let mut core = shared.lock();
-            let now = shared.now();
-            shared.run_timers_and_send(&mut core, now);
+            if let Some(mut core) = shared.try_lock() {
+                let now = shared.now();
+                shared.run_timers_and_send(&mut core, now);
+            }
             0
         } else {
             shared.drive_rx(false)
@@ -995,16 +1009,22 @@ fn wait(shared: &Shared, spin: bool) -> (bool, bool) {
         )
     } else {
         // Decided under the lock, so that a verb that arms an earlier timer after this sees
-        // `wake_at` and rings.
-        let core = shared.lock();
-        if let Some(c) = &core.capture {
+        // `wake_at` and rings. While an application thread drives, the lock is only tried
+        // (see `Shared::try_lock`); without it the thread sleeps until the lease may end,
+        // and the polling thread runs the timers that fall due meanwhile.
+        let drives = shared.app_drives(shared.now().as_nanos());
+        let core = if drives {
+            shared.try_lock()
+        } else {
+            Some(shared.lock())
+        };
+        if let Some(c) = core.as_ref().and_then(|c| c.capture.as_ref()) {
             c.flush();
         }
         let now = shared.now().as_nanos();
-        let next = core
-            .engine
-            .poll_timeout()
-            .map_or(u64::MAX, Instant::as_nanos);
+        let next = core.as_ref().map_or(u64::MAX, |c| {
+            c.engine.poll_timeout().map_or(u64::MAX, Instant::as_nanos)
+        });
         // Wake now and then even with no timer: then a verb arming a far timer (a
         // retransmission timeout of milliseconds) needs no doorbell and no context switch.
         let mut wake = next.min(now.saturating_add(nanos(IDLE_TICK)));

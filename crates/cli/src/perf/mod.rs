@@ -244,11 +244,14 @@ const LAT_SIGNAL_EVERY: u64 = 16;
 /// How long the default poll mode spins on a CQ before it sleeps (a spinning thread drives
 /// the device itself, so it starves no progress thread).
 const HYBRID_SPIN: Duration = Duration::from_millis(1);
-/// A spinning loop gives the core away once in this many looks. Both ends of a ping-pong
-/// spin on a 2-CPU machine, and the kernel work that delivers a loopback packet may be
-/// left to `ksoftirqd`, which then waits for a core: measured, iterations stalled for a
-/// millisecond (until the spin gave up and slept) without it.
+/// A spinning loop that has waited [`YIELD_AFTER`] gives the core away once in this many
+/// looks. Both ends of a ping-pong spin on a 2-CPU machine, and the kernel work that
+/// delivers a loopback packet may be left to `ksoftirqd`, which then waits for a core:
+/// measured, iterations stalled for a millisecond (until the spin gave up and slept)
+/// without it. Not sooner: with other runnable programs a yield can cost a time slice.
 const YIELD_EVERY: u32 = 16;
+/// See [`YIELD_EVERY`].
+const YIELD_AFTER: Duration = Duration::from_micros(50);
 /// Longest wait for any one completion or memory change before the run is declared stuck.
 const STALL: Duration = Duration::from_secs(10);
 
@@ -441,7 +444,7 @@ impl Side {
                 }
                 // Reading the clock on every look would cost more than the look.
                 n = n.wrapping_add(1);
-                if n.is_multiple_of(YIELD_EVERY) {
+                if n.is_multiple_of(YIELD_EVERY) && t0.elapsed() > YIELD_AFTER {
                     std::thread::yield_now();
                 }
                 if n.is_multiple_of(64) && t0.elapsed() > HYBRID_SPIN {
@@ -495,7 +498,7 @@ impl Side {
     /// received and placed here, with no thread switch.
     fn wait_byte(&self, off: usize, v: u8) -> Result<()> {
         let t0 = Instant::now();
-        let rt = Some(self.dev.runtime());
+        let rt = self.dev.try_runtime();
         let mut n = 0u32;
         while self.byte_at(off) != v {
             if let Some(rt) = rt {
@@ -506,8 +509,8 @@ impl Side {
                         break;
                     }
                 }
-                // Give the core away now and then (see YIELD_EVERY): once in 32 looks.
-                if n.is_multiple_of(2) {
+                // Give the core away now and then once the wait is long (see YIELD_EVERY).
+                if t0.elapsed() > YIELD_AFTER {
                     std::thread::yield_now();
                 }
             } else {
