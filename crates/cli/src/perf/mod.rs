@@ -244,14 +244,6 @@ const LAT_SIGNAL_EVERY: u64 = 16;
 /// How long the default poll mode spins on a CQ before it sleeps (a spinning thread drives
 /// the device itself, so it starves no progress thread).
 const HYBRID_SPIN: Duration = Duration::from_millis(1);
-/// A spinning loop that has waited [`YIELD_AFTER`] gives the core away once in this many
-/// looks. Both ends of a ping-pong spin on a 2-CPU machine, and the kernel work that
-/// delivers a loopback packet may be left to `ksoftirqd`, which then waits for a core:
-/// measured, iterations stalled for a millisecond (until the spin gave up and slept)
-/// without it. Not sooner: with other runnable programs a yield can cost a time slice.
-const YIELD_EVERY: u32 = 16;
-/// See [`YIELD_EVERY`].
-const YIELD_AFTER: Duration = Duration::from_micros(50);
 /// Longest wait for any one completion or memory change before the run is declared stuck.
 const STALL: Duration = Duration::from_secs(10);
 
@@ -437,16 +429,20 @@ impl Side {
         if self.mode == PollMode::Hybrid {
             let t0 = Instant::now();
             let mut n = 0u32;
+            let rt = self.dev.try_runtime();
             loop {
                 let v = cq.poll(max)?;
                 if !v.is_empty() {
                     return check_all(v);
                 }
+                // An empty poll receives on this thread; saying so explicitly now and then
+                // keeps the progress thread off the socket however the runtime judges CQ
+                // polls (see `Runtime::poll_progress`).
+                if let Some(rt) = rt.filter(|_| n.is_multiple_of(16)) {
+                    rt.poll_progress();
+                }
                 // Reading the clock on every look would cost more than the look.
                 n = n.wrapping_add(1);
-                if n.is_multiple_of(YIELD_EVERY) && t0.elapsed() > YIELD_AFTER {
-                    std::thread::yield_now();
-                }
                 if n.is_multiple_of(64) && t0.elapsed() > HYBRID_SPIN {
                     break;
                 }
@@ -508,10 +504,6 @@ impl Side {
                     if rt.poll_progress() > 0 {
                         break;
                     }
-                }
-                // Give the core away now and then once the wait is long (see YIELD_EVERY).
-                if t0.elapsed() > YIELD_AFTER {
-                    std::thread::yield_now();
                 }
             } else {
                 // The device lives in another process: let it have the core now and then.
