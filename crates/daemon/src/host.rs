@@ -20,6 +20,7 @@ use std::thread::JoinHandle;
 
 use std::collections::{HashMap, VecDeque};
 
+use engine::qp_attr::Mtu;
 use engine::{AsyncEvent, CqHandle, Engine, EngineConfig, Instant};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use wire::{Ipv4, Ipv4Repr, Ipv6, Ipv6Repr, Udp, UdpRepr};
@@ -303,6 +304,18 @@ impl core::fmt::Debug for Device {
     }
 }
 
+/// The port MTU of a device on `addrs` asked to offer `wanted`: the largest IB MTU whose
+/// RoCEv2 packets fit the link under every one of its addresses (a port offers one MTU for
+/// all its GIDs, and a path through the smallest link must not lose its packets to DF).
+/// Addresses on no interface leave `wanted`.
+pub fn port_mtu(addrs: &[IpAddr], wanted: Mtu) -> Mtu {
+    addrs
+        .iter()
+        .map(|a| runtime::link::port_mtu(*a, wanted))
+        .min_by_key(|m| m.bytes())
+        .unwrap_or(wanted)
+}
+
 fn random_seed() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     // RandomState is keyed from the OS's randomness: unpredictable keys, as MR keys must be.
@@ -320,6 +333,7 @@ impl Device {
             .map(|a| Ok((*a, socket_for(SocketAddr::new(*a, config.port))?)))
             .collect::<Result<Vec<_>, HostError>>()?;
         let mut ec = EngineConfig::new(config.addrs.clone(), random_seed());
+        ec.mtu = port_mtu(&config.addrs, ec.mtu);
         // Every packet leaves from the receiving port: the engine computes its ICRC over it.
         ec.udp_src_port = Some(config.port);
         let engine = Engine::with_memory(ec, Box::new(ClientMemory::new(regions)));
@@ -514,5 +528,44 @@ fn progress(shared: &Shared) {
             }
         }
         let _ = shared.doorbell.read();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_loopback_device_offers_the_largest_mtu() {
+        let lo: IpAddr = "127.0.0.1".parse().unwrap();
+        assert_eq!(port_mtu(&[lo], Mtu::Mtu4096), Mtu::Mtu4096);
+        // Never more than asked for.
+        assert_eq!(port_mtu(&[lo], Mtu::Mtu2048), Mtu::Mtu2048);
+    }
+
+    #[test]
+    fn addresses_on_no_interface_keep_the_configured_mtu() {
+        // TEST-NET-1 and -2: on no interface of a test machine.
+        let a: IpAddr = "192.0.2.9".parse().unwrap();
+        let b: IpAddr = "198.51.100.9".parse().unwrap();
+        assert_eq!(port_mtu(&[a, b], Mtu::Mtu1024), Mtu::Mtu1024);
+        assert_eq!(port_mtu(&[], Mtu::Mtu4096), Mtu::Mtu4096);
+    }
+
+    #[test]
+    fn a_started_device_reports_its_links_mtu_in_query_port() {
+        let dev = Device::start(
+            DeviceConfig {
+                name: "srxe-test".into(),
+                addrs: vec!["127.0.0.1".parse().unwrap()],
+                port: 0,
+                remote_port: 0,
+            },
+            SharedRegions::default(),
+        )
+        .unwrap();
+        let p = dev.read(|e| e.query_port(1)).unwrap();
+        assert_eq!(p.active_mtu, Mtu::Mtu4096);
+        assert_eq!(p.max_mtu, Mtu::Mtu4096);
     }
 }
