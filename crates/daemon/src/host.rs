@@ -10,7 +10,7 @@
 //! that port, so its ICRC matches), received datagrams rebuilt into the IP packet the sender
 //! emitted (ID 0, DF, destination port 4791: the runtime's receive policy), one progress
 //! thread sleeping in `ppoll` on the sockets and an `eventfd` doorbell until the engine's
-//! next timer.
+//! next timer. The port offers the MTU its links carry ([`port_mtu`]).
 
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::AsFd;

@@ -260,8 +260,13 @@ impl Side {
         }
     }
 
-    /// RESET → INIT → RTR → RTS towards `qpn` at `gid`.
+    /// RESET → INIT → RTR → RTS towards `qpn` at `gid`, path MTU 1024.
     pub fn connect(&mut self, gid: [u8; 16], qpn: u32) {
+        self.connect_mtu(gid, qpn, 1024);
+    }
+
+    /// RESET → INIT → RTR → RTS towards `qpn` at `gid` with a path MTU of `path_mtu` bytes.
+    pub fn connect_mtu(&mut self, gid: [u8; 16], qpn: u32, path_mtu: u32) {
         use mask::*;
         let c = &mut self.client;
         let init = QpAttrMsg {
@@ -274,7 +279,7 @@ impl Side {
             .unwrap();
         let rtr = QpAttrMsg {
             qp_state: 2,
-            path_mtu: 1024,
+            path_mtu,
             dest_qp_num: qpn,
             rq_psn: 100,
             max_dest_rd_atomic: 4,
