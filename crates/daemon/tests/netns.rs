@@ -3,6 +3,7 @@
 //! The clients connect RC QPs across the link and do SEND/RECV, RDMA WRITE and RDMA READ of
 //! multi-packet messages; the data is checked where it lands, and the daemons' counters and
 //! the veth's own show the packets crossed the link as UDP, none larger than the link allows.
+//! A device spanning loopback and the 1500-byte link offers the smaller link's MTU.
 //!
 //! The client processes are this test binary run again inside a namespace with a filter
 //! (`netns_peer`, a no-op in a normal run), talking to the parent over stdin/stdout.
@@ -187,6 +188,39 @@ fn netns_peer() {
     assert_eq!(w[3].byte_len as usize, READ_LEN);
     assert!(me.buf.read(READ_AT, READ_LEN) == pattern(3, READ_LEN));
     say("DONE");
+}
+
+const SPAN_ENV: &str = "SOFTRDMAD_NETNS_SPAN_ADDR";
+
+/// Run only when re-executed inside a namespace with `SPAN_ENV` set to the address of its
+/// 1500-byte link (a no-op otherwise): a device on loopback alone offers 4096, a device on
+/// loopback and that link offers what the smaller link carries.
+#[test]
+fn netns_device_spanning_two_links() {
+    let Some(addr) = std::env::var_os(SPAN_ENV) else {
+        return;
+    };
+    use daemon::host::{Device, DeviceConfig};
+    use engine::qp_attr::Mtu;
+    let link: std::net::IpAddr = addr.to_str().unwrap().parse().unwrap();
+    let lo: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+    let active_mtu = |addrs: Vec<std::net::IpAddr>| {
+        let dev = Device::start(
+            DeviceConfig {
+                name: "srxe-span".into(),
+                addrs,
+                port: 0,
+                remote_port: 0,
+            },
+            daemon::memory::SharedRegions::default(),
+        )
+        .unwrap();
+        dev.read(|e| e.query_port(1)).unwrap().active_mtu
+    };
+    assert_eq!(active_mtu(vec![lo]), Mtu::Mtu4096);
+    assert_eq!(active_mtu(vec![lo, link]), Mtu::Mtu1024);
+    assert_eq!(active_mtu(vec![link, lo]), Mtu::Mtu1024);
+    say("SPAN OK");
 }
 
 /// A child process killed (and reaped) on drop, so a failing test leaves nothing running.
@@ -392,4 +426,31 @@ fn two_daemons_on_two_hosts_carry_send_write_and_read_over_a_1500_byte_link() {
     // received.
     assert!(link_counter(&h.a, &h.va, "tx_packets") >= c(&sa, "tx_packets"));
     assert!(link_counter(&h.a, &h.va, "rx_packets") >= c(&sa, "rx_packets"));
+}
+
+#[test]
+fn a_device_spanning_two_links_offers_the_mtu_of_the_smaller() {
+    let h = Hosts::new("ds", 7, LINK_MTU);
+    let exe = std::env::current_exe().unwrap();
+    let out = Hosts::exec(
+        &h.a,
+        exe.to_str().unwrap(),
+        &[
+            "--exact",
+            "netns_device_spanning_two_links",
+            "--nocapture",
+            "--test-threads=1",
+        ],
+    )
+    .env(SPAN_ENV, &h.addr_a)
+    .stdin(Stdio::null())
+    .output()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("SPAN OK"),
+        "{}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
