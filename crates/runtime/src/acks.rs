@@ -9,8 +9,10 @@
 //! QP, ACKs to it are coalesced (RC ACKs are cumulative: the newest covers the older ones)
 //! and one leaves at most [`PATIENCE`] after the oldest was due. A peer that stops sending
 //! until it hears the ACK (it waits for its send completion, as `ibv_rc_pingpong` does) is
-//! seen when an ACK waited out its patience with no new request behind it: that QP's ACKs
-//! then leave at the next poll for [`IMPATIENT_FOR`].
+//! seen when an ACK waited out its patience with no new request behind it and the peer's
+//! next request follows that ACK within [`REACTION`], twice in a row: that QP's ACKs then
+//! leave at the next poll for [`IMPATIENT_FOR`]. (A peer that merely paused, say descheduled, comes back
+//! whenever it does and stays on coalesced ACKs.)
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -18,6 +20,10 @@ use std::time::Duration;
 
 /// The longest a coalesced ACK waits while its application thread polls.
 pub(crate) const PATIENCE: Duration = Duration::from_micros(50);
+
+/// A request this soon after an ACK that waited out its patience alone answers that ACK:
+/// its sender was waiting for it.
+pub(crate) const REACTION: Duration = Duration::from_micros(25);
 
 /// How long ACKs to a peer seen waiting for them leave without coalescing.
 pub(crate) const IMPATIENT_FOR: Duration = Duration::from_millis(10);
@@ -82,6 +88,11 @@ pub(crate) struct HeldAcks {
     spare: Vec<Vec<u8>>,
     /// Peer QPs seen waiting for our ACKs, and until when (engine ns) theirs go at once.
     impatient: HashMap<AckKey, u64>,
+    /// When (engine ns) an ACK that waited out its patience alone went to a peer QP: if its
+    /// next request follows within [`REACTION`], the peer was waiting for it.
+    probes: HashMap<AckKey, u64>,
+    /// Peer QPs whose last probe was answered within [`REACTION`], and when.
+    suspects: HashMap<AckKey, u64>,
 }
 
 impl HeldAcks {
@@ -90,8 +101,9 @@ impl HeldAcks {
         self.held.is_empty()
     }
 
-    /// Hold `pkt`, a plain ACK to `key`, emitted at `now` (ns); it replaces an older one to
-    /// the same QP.
+    /// Hold `pkt`, a plain ACK to `key`, emitted at `now` (ns) for a request that just
+    /// arrived; it replaces an older one to the same QP. A request that soon after a probe
+    /// makes its peer impatient.
     pub(crate) fn hold(&mut self, pkt: &[u8], dst: IpAddr, key: AckKey, now: u64) {
         if let Some(h) = self.held.iter_mut().find(|h| h.key == key) {
             h.pkt.clear();
@@ -99,6 +111,26 @@ impl HeldAcks {
             h.dst = dst;
             h.merged = h.merged.saturating_add(1);
             return;
+        }
+        if let Some(sent) = self.probes.remove(&key) {
+            if now.saturating_sub(sent) >= nanos(REACTION) {
+                self.suspects.remove(&key);
+            } else if self
+                .suspects
+                .insert(key, now)
+                .is_some_and(|t| now.saturating_sub(t) < nanos(IMPATIENT_FOR))
+            {
+                // The second quick answer in a row: the peer waits for our ACKs (one could
+                // be chance: a peer that paused and came back just then).
+                self.suspects.remove(&key);
+                if self.impatient.len() >= 4096 {
+                    self.impatient.retain(|_, t| *t > now);
+                }
+                self.impatient
+                    .insert(key, now.saturating_add(nanos(IMPATIENT_FOR)));
+            } else if self.suspects.len() >= 4096 {
+                self.suspects.clear();
+            }
         }
         let mut b = self.spare.pop().unwrap_or_default();
         b.clear();
@@ -121,8 +153,8 @@ impl HeldAcks {
     }
 
     /// Send the ACKs due at `now` (ns): those to impatient peers, and those that waited out
-    /// their patience. One that did so with no newer request behind it makes its peer
-    /// impatient.
+    /// their patience. One that did so with no newer request behind it is a probe: see
+    /// [`HeldAcks::hold`].
     pub(crate) fn send_due(&mut self, now: u64, mut send: impl FnMut(&mut [u8], IpAddr)) {
         let patience = nanos(PATIENCE);
         let mut i = 0;
@@ -135,11 +167,10 @@ impl HeldAcks {
                 continue;
             }
             if !impatient && h.merged == 0 {
-                if self.impatient.len() >= 4096 {
-                    self.impatient.retain(|_, t| *t > now);
+                if self.probes.len() >= 4096 {
+                    self.probes.clear();
                 }
-                self.impatient
-                    .insert(h.key, now.saturating_add(nanos(IMPATIENT_FOR)));
+                self.probes.insert(h.key, now);
             }
             let mut h = self.held.swap_remove(i);
             send(&mut h.pkt, h.dst);
@@ -209,19 +240,40 @@ mod tests {
     fn a_peer_that_waited_for_its_ack_gets_the_next_ones_at_once() {
         let mut h = HeldAcks::default();
         let key = (PEER, 9);
+        let p = nanos(PATIENCE);
+        let mut sent = 0;
+        // Two ACKs wait out their patience alone, each answered at once by a request.
+        h.hold(&[1], PEER, key, 0);
+        h.send_due(p, |_, _| sent += 1);
+        h.hold(&[2], PEER, key, p + 1);
+        h.send_due(p + 2, |_, _| sent += 1);
+        assert_eq!(sent, 1, "one quick answer could be chance");
+        h.send_due(2 * p + 1, |_, _| sent += 1);
+        assert_eq!(sent, 2);
+        h.hold(&[3], PEER, key, 2 * p + 2);
+        h.send_due(2 * p + 3, |_, _| sent += 1);
+        assert_eq!(sent, 3, "the second one was not");
+        // Until IMPATIENT_FOR has passed.
+        let later = 2 * p + nanos(IMPATIENT_FOR) + 3;
+        h.hold(&[4], PEER, key, later);
+        h.send_due(later + 1, |_, _| sent += 1);
+        assert_eq!(sent, 3);
+        h.send_all(|_, _| sent += 1);
+        assert_eq!(sent, 4);
+    }
+
+    #[test]
+    fn a_peer_that_merely_paused_keeps_coalesced_acks() {
+        let mut h = HeldAcks::default();
+        let key = (PEER, 5);
         let mut sent = 0;
         h.hold(&[1], PEER, key, 0);
         h.send_due(nanos(PATIENCE), |_, _| sent += 1);
         assert_eq!(sent, 1);
-        h.hold(&[2], PEER, key, nanos(PATIENCE) + 1);
-        h.send_due(nanos(PATIENCE) + 2, |_, _| sent += 1);
-        assert_eq!(sent, 2);
-        // Until IMPATIENT_FOR has passed.
-        let later = nanos(PATIENCE) + nanos(IMPATIENT_FOR) + 1;
-        h.hold(&[3], PEER, key, later);
-        h.send_due(later + 1, |_, _| sent += 1);
-        assert_eq!(sent, 2);
-        h.send_all(|_, _| sent += 1);
-        assert_eq!(sent, 3);
+        // Its next request comes long after that ACK: it was not waiting for it.
+        let back = nanos(PATIENCE) + 10 * nanos(REACTION);
+        h.hold(&[2], PEER, key, back);
+        h.send_due(back + 1, |_, _| sent += 1);
+        assert_eq!(sent, 1);
     }
 }

@@ -660,10 +660,12 @@ fn lat_client(side: &mut Side, p: &Params, size: u64, remote: &RemoteMr) -> Resu
                 side.qp.post_send(work_request(
                     p.test, p.cas, side, size, remote, i, signaled,
                 )?)?;
+                // Replace the receive the last answer took while this send is on its way
+                // (hundreds stay posted), not between an answer and the next send.
+                side.fill_recvs()?;
                 let rcq = side.rcq.clone();
                 side.wait(&rcq, 1)?;
                 side.recvs_posted -= 1;
-                side.fill_recvs()?;
             }
             _ => {
                 side.qp
