@@ -28,9 +28,12 @@
 //! a connection's event channel ([`proto::Request::AsyncEventChannel`], an eventfd) is
 //! signalled whenever one is raised.
 //!
+//! Memory windows (alloc, bind verb, BIND_MW and LOCAL_INV work requests), SRQs, AHs and
+//! UD sends go over the protocol too.
+//!
 //! Not here yet (issue 6): SQ/RQ rings and doorbells (posting is a message today), a
-//! consumer doorbell for CQ rings, an async-event descriptor, same-host direct data
-//! movement, memory windows over the protocol.
+//! consumer doorbell for CQ rings, same-host direct data movement (two QPs of one daemon
+//! still exchange UDP packets).
 
 #![warn(missing_docs)]
 

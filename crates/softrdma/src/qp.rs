@@ -158,7 +158,8 @@ impl QpBuilder {
     }
 
     /// Transport service (default RC). A UD QP is moved all the way to RTS by
-    /// [`QpBuilder::build`] (it needs no peer); UC is refused until the engine has it.
+    /// [`QpBuilder::build`] (it needs no peer); UC is connected like RC, with
+    /// [`Qp::handshake`] or [`Qp::connect`].
     pub fn qp_type(mut self, t: QpType) -> Self {
         self.qp_type = t;
         self
