@@ -29,7 +29,9 @@
 use std::ops::RangeBounds;
 use std::sync::{Arc, Mutex};
 
-use engine::{AccessFlags, MrHandle, MwBind, MwHandle, MwType, SendOp, SendWr, Sge, VerbsError};
+use engine::{
+    inc_rkey, AccessFlags, MrHandle, MwBind, MwHandle, MwType, SendOp, SendWr, Sge, VerbsError,
+};
 
 use crate::handshake::RemoteMr;
 use crate::mr::RawMemoryRegion;
@@ -135,12 +137,26 @@ fn describe(
     Ok((bind, remote))
 }
 
-/// The key after `rkey`: same window index, next tag in the low byte (`ibv_inc_rkey`).
-fn inc_rkey(rkey: u32) -> u32 {
-    (rkey & !0xff) | (rkey.wrapping_add(1) & 0xff)
-}
-
 impl Qp {
+    /// What both binds check before posting anything: the window is of the `expected`
+    /// type (checked here too, though the engine checks as well, so both backends refuse
+    /// it alike), window and region belong to this QP's device, and `range` lies within
+    /// the region. Returns the bind description and what a peer will need.
+    fn prepare_bind(
+        &self,
+        mw: &MemoryWindow,
+        expected: MwType,
+        mr: &RawMemoryRegion,
+        range: impl RangeBounds<usize>,
+        access: AccessFlags,
+    ) -> Result<(MwBind, RemoteMr)> {
+        if mw.mw_type != expected {
+            return Err(Error::Verbs(VerbsError::InvalidMw));
+        }
+        same_device(self, mw, Some(mr))?;
+        describe(mr, mr_handle(mr), range, access)
+    }
+
     /// Bind type 1 window `mw` to `range` (byte offsets into `mr`) with the remote rights
     /// `access` (`ibv_bind_mw`): posts a signaled bind on this QP, which executes in order
     /// with its other work requests and completes as `BindMw` (or `MwBindErr`). Returns what
@@ -160,12 +176,7 @@ impl Qp {
         range: impl RangeBounds<usize>,
         access: AccessFlags,
     ) -> Result<RemoteMr> {
-        // Checked here too (the engine checks as well), so both backends refuse it alike.
-        if mw.mw_type != MwType::Type1 {
-            return Err(Error::Verbs(VerbsError::InvalidMw));
-        }
-        same_device(self, mw, Some(mr))?;
-        let (bind, mut remote) = describe(mr, mr_handle(mr), range, access)?;
+        let (bind, mut remote) = self.prepare_bind(mw, MwType::Type1, mr, range, access)?;
         remote.rkey = self.pd().device().backend_ref().bind_mw(
             self.handle(),
             wr_id,
@@ -213,11 +224,7 @@ impl Qp {
         range: impl RangeBounds<usize>,
         access: AccessFlags,
     ) -> Result<RemoteMr> {
-        if mw.mw_type != MwType::Type2 {
-            return Err(Error::Verbs(VerbsError::InvalidMw));
-        }
-        same_device(self, mw, Some(mr))?;
-        let (bind, mut remote) = describe(mr, mr_handle(mr), range, access)?;
+        let (bind, mut remote) = self.prepare_bind(mw, MwType::Type2, mr, range, access)?;
         // Held across reading, posting and advancing the posted key, so that two threads
         // binding the same window post distinct keys.
         let mut posted = mw.posted_rkey.lock().unwrap_or_else(|e| e.into_inner());
@@ -248,16 +255,5 @@ impl Qp {
             SendOp::SendWithInv { rkey },
             sges.to_vec(),
         ))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn inc_rkey_changes_only_the_tag() {
-        assert_eq!(inc_rkey(0x8000_12ff), 0x8000_1200);
-        assert_eq!(inc_rkey(0x8000_1205), 0x8000_1206);
     }
 }
