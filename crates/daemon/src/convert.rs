@@ -53,8 +53,8 @@ pub fn sge_from_msg(s: &SgeMsg) -> Sge {
     Sge::new(s.addr, s.length, s.lkey)
 }
 
-/// A send work request as the protocol carries it; memory window binds and local
-/// invalidations are [`ConvertError::Unsupported`].
+/// A send work request as the protocol carries it (binds carry the window's and region's
+/// handles); an opcode the protocol lacks is [`ConvertError::Unsupported`].
 pub fn send_wr_to_msg(wr: &SendWr) -> Result<SendWrMsg, ConvertError> {
     let op = match wr.op {
         SendOp::Send => SendOpMsg::Send,

@@ -7,31 +7,12 @@ mod common;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 
-use common::{Daemon, Side};
+use common::{hex, say, unhex, Daemon, Side};
 use daemon::client::Client;
 use daemon::proto::{SendOpMsg, SendWrMsg, SgeMsg};
 
 const SIGNALED: u32 = 2;
 const CHILD_ENV: &str = "SOFTRDMAD_TEST_CHILD_SOCKET";
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> [u8; 16] {
-    let mut g = [0u8; 16];
-    for (i, x) in g.iter_mut().enumerate() {
-        *x = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap();
-    }
-    g
-}
-
-/// A line to the parent, written to fd 1 directly (the test harness captures `println!`).
-fn say(line: &str) {
-    let mut out = std::io::stdout().lock();
-    out.write_all(format!("{line}\n").as_bytes()).unwrap();
-    out.flush().unwrap();
-}
 
 /// The child's half: run only when the parent test re-executes this binary with
 /// `CHILD_ENV` set (a no-op otherwise). It connects an RC QP to the parent's, SENDs one

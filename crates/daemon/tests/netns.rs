@@ -21,7 +21,7 @@ use std::process::{Child, ChildStdin, Stdio};
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
-use common::{Side, Stats};
+use common::{hex, say, unhex, Side, Stats};
 use daemon::client::Client;
 use daemon::proto::{SendOpMsg, SendWrMsg, SgeMsg};
 use hosts::Hosts;
@@ -59,25 +59,6 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len as u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8 ^ seed ^ (i >> 8) as u8)
         .collect()
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> [u8; 16] {
-    let mut g = [0u8; 16];
-    for (i, x) in g.iter_mut().enumerate() {
-        *x = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap();
-    }
-    g
-}
-
-/// A line to the parent, written to fd 1 directly (the harness captures `println!`).
-fn say(line: &str) {
-    let mut out = std::io::stdout().lock();
-    out.write_all(format!("{line}\n").as_bytes()).unwrap();
-    out.flush().unwrap();
 }
 
 fn hear() -> String {

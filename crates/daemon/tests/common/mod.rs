@@ -338,3 +338,26 @@ pub fn connected_pair(d: &Daemon, len: usize) -> (Side, Side) {
     b.connect(ga, qa);
     (a, b)
 }
+
+/// A GID as hex text, for a line between a test and its child process.
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The GID [`hex`] wrote.
+pub fn unhex(s: &str) -> [u8; 16] {
+    let mut g = [0u8; 16];
+    for (i, x) in g.iter_mut().enumerate() {
+        *x = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap();
+    }
+    g
+}
+
+/// A line from a child process to its parent test, written to fd 1 directly (the test
+/// harness captures `println!`).
+pub fn say(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    out.write_all(format!("{line}\n").as_bytes()).unwrap();
+    out.flush().unwrap();
+}
