@@ -454,16 +454,7 @@ impl Side {
 
     /// Take receive completions from the receive CQ (without waiting) and repost.
     fn reap_recvs(&mut self) -> Result<u64> {
-        let v = self.rcq.poll(64)?;
-        for wc in &v {
-            if wc.status != WcStatus::Success {
-                return Err(softrdma::Error::Completion {
-                    wr_id: wc.wr_id,
-                    status: wc.status,
-                }
-                .into());
-            }
-        }
+        let v = check_all(self.rcq.poll(64)?)?;
         self.recvs_posted -= v.len() as u32;
         self.fill_recvs()?;
         Ok(v.len() as u64)
