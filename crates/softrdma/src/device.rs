@@ -143,6 +143,13 @@ impl DeviceBuilder {
         self
     }
 
+    /// On the daemon backend, take the daemon's first device whatever its address (for
+    /// [`crate::raw::daemon_devices`], which only needs the daemon up).
+    pub(crate) fn any_daemon_device(mut self) -> Self {
+        self.addr = None;
+        self
+    }
+
     /// Open the device: bind the socket and start the engine (embedded), or connect to the
     /// daemon (starting it if allowed) and pick its device on this address.
     pub fn open(self) -> Result<Device> {

@@ -136,6 +136,7 @@ pub mod handshake;
 mod mr;
 mod mw;
 mod qp;
+pub mod raw;
 mod ud;
 
 pub use backend::{
@@ -147,6 +148,7 @@ pub use handshake::{Endpoint, HandshakeError, RemoteMr};
 pub use mr::{Buffer, MemoryRegion, RawMemoryRegion, RegisterableBuffer};
 pub use mw::MemoryWindow;
 pub use qp::{ConnectOptions, Pd, Qp, QpBuilder, DEFAULT_QKEY};
+pub use raw::{RawCq, RawDevice, RawMr, RawQp};
 pub use ud::{AddressHandle, Srq};
 
 pub use engine::qp_attr::Mtu;

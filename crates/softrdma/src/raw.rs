@@ -1,0 +1,337 @@
+//! Handle-level verbs for FFI layers such as the drop-in `libibverbs.so.1`.
+//!
+//! The typed API ([`crate::Pd`], [`crate::Cq`], [`crate::Qp`]...) owns its objects and
+//! destroys them on drop. A C ABI cannot work that way: the C program owns every object and
+//! names it by a pointer, so the layer underneath needs plain handles it creates and destroys
+//! on request. [`RawDevice`] (from [`Device::raw`]) is that layer: one call per verb, on
+//! either backend (embedded engine or `softrdmad`), with the engine's handle newtypes.
+//!
+//! Nothing here checks that a handle belongs to the caller's objects beyond what the device
+//! itself checks (a stale or foreign handle is a [`crate::VerbsError`] or a daemon refusal,
+//! never undefined behaviour), and nothing is destroyed implicitly: what a caller creates it
+//! destroys. The one `unsafe` verb is [`RawDevice::reg_mr`], whose contract is the verbs one.
+
+use std::net::IpAddr;
+use std::os::fd::BorrowedFd;
+use std::time::Duration;
+
+use engine::{
+    AccessFlags, AhAttr, AsyncEvent, MwType, QpAttr, QpAttrMask, RecvWr, SendWr, SrqAttr,
+    SrqAttrMask, WorkCompletion,
+};
+
+use crate::backend::{Backend, BackendKind, Notifier};
+
+use crate::device::Device;
+use crate::{Error, Result};
+/// The handle types and verb arguments of the engine that this interface speaks in.
+pub use engine::{
+    AhHandle, CqHandle, MrHandle, MwBind, MwHandle, PdHandle, QpInitAttr, SrqHandle, UdDest,
+};
+
+/// The handle-level verbs of one open [`Device`] (see the module docs). Borrowed from the
+/// device: cheap to make for every call.
+#[derive(Debug, Clone, Copy)]
+pub struct RawDevice<'a> {
+    backend: &'a Backend,
+}
+
+/// A registered memory region's handle and keys (`ibv_mr`'s `handle`, `lkey`, `rkey`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawMr {
+    /// Names the region in [`RawDevice::dereg_mr`].
+    pub handle: MrHandle,
+    /// Local key, for SGEs of this process's work requests.
+    pub lkey: u32,
+    /// Remote key, for peers' RDMA operations.
+    pub rkey: u32,
+}
+
+/// A queue pair's handle and number. On the embedded backend they are equal; on the daemon
+/// the handle is the connection's name for the QP and the QPN is the one on the wire (and in
+/// completions and asynchronous events).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawQp {
+    /// Names the QP in the QP verbs of [`RawDevice`].
+    pub handle: u32,
+    /// The QP number peers address.
+    pub qpn: u32,
+}
+
+/// A completion queue: its handle plus what polling and waiting need (the embedded
+/// runtime's notifier, or the daemon's shared-memory ring and completion eventfd). Dropping
+/// it does not destroy the CQ: call [`RawDevice::destroy_cq`] first.
+#[derive(Debug)]
+pub struct RawCq {
+    handle: CqHandle,
+    notifier: Notifier,
+}
+
+impl RawCq {
+    /// The CQ's handle (`ibv_cq.handle`; what [`AsyncEvent::CqErr`] names).
+    pub fn handle(&self) -> CqHandle {
+        self.handle
+    }
+
+    /// The CQ's completion descriptor: readable after [`RawDevice::arm_cq`] once a
+    /// completion arrives (an `ibv_comp_channel` fd can be a duplicate of it). Read it, or
+    /// call [`RawCq::clear_event`], to consume the notification.
+    pub fn event_fd(&self) -> BorrowedFd<'_> {
+        self.notifier.as_fd()
+    }
+
+    /// Consume a pending completion notification without blocking; true if there was one.
+    pub fn clear_event(&self) -> bool {
+        self.notifier.clear()
+    }
+}
+
+/// A device the host daemon serves, as [`daemon_devices`] lists them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DaemonDeviceInfo {
+    /// The daemon's name for it (`srxe0`...).
+    pub name: String,
+    /// Its addresses, in GID table order (open it with [`Device::builder`] on one of them).
+    pub addrs: Vec<IpAddr>,
+    /// The UDP port it receives RoCEv2 on.
+    pub port: u16,
+}
+
+/// The devices of the host daemon at `$SOFTRDMA_DAEMON_SOCKET` (default
+/// `/run/softrdma/softrdmad.sock`), in the daemon's order. When no daemon answers, one is
+/// started as [`crate::DeviceBuilder::open`] would (`$SOFTRDMA_DAEMON_SPAWN`,
+/// `$SOFTRDMA_DAEMON_BIN`, `$SOFTRDMA_DAEMON_ARGS`).
+pub fn daemon_devices() -> Result<Vec<DaemonDeviceInfo>> {
+    let socket = daemon::client::socket_path();
+    let mut client = match daemon::client::Client::connect(&socket) {
+        Ok(c) => c,
+        Err(first) => {
+            // Opening a device starts the daemon (if allowed) and waits for its socket.
+            let dev = Device::builder(std::net::Ipv4Addr::UNSPECIFIED.into())
+                .any_daemon_device()
+                .backend(BackendKind::Daemon)
+                .open()?;
+            drop(dev);
+            daemon::client::Client::connect(&socket).map_err(|e| Error::NoDaemon {
+                socket: socket.clone(),
+                reason: format!("{first}; after starting it: {e}"),
+            })?
+        }
+    };
+    Ok(client
+        .list_devices()?
+        .into_iter()
+        .map(|d| DaemonDeviceInfo {
+            name: d.name,
+            addrs: d.addrs,
+            port: d.port,
+        })
+        .collect())
+}
+
+impl Device {
+    /// The handle-level verbs of this device, for FFI layers (see [`crate::raw`]).
+    pub fn raw(&self) -> RawDevice<'_> {
+        RawDevice {
+            backend: self.backend_ref(),
+        }
+    }
+}
+
+impl RawDevice<'_> {
+    /// Which backend the device runs on.
+    pub fn kind(&self) -> BackendKind {
+        self.backend.kind()
+    }
+
+    /// A new protection domain (`ibv_alloc_pd`).
+    pub fn alloc_pd(&self) -> Result<PdHandle> {
+        self.backend.alloc_pd()
+    }
+
+    /// Free a protection domain (`ibv_dealloc_pd`); refused while objects use it.
+    pub fn dealloc_pd(&self, pd: PdHandle) -> Result<()> {
+        self.backend.dealloc_pd(pd)
+    }
+
+    /// Register `len` bytes at `addr` in `pd` (`ibv_reg_mr`).
+    ///
+    /// # Safety
+    ///
+    /// From the moment this returns until [`RawDevice::dereg_mr`] of the region succeeds
+    /// (or the device is closed), `addr..addr + len` must stay allocated and mapped, and
+    /// the caller must accept that the device reads and writes it at any time, from
+    /// another thread (embedded) or another process (`process_vm_writev` from the daemon),
+    /// as a NIC's DMA would: the bytes may change under any reference the caller holds, so
+    /// the caller must not hold Rust references to that memory across those accesses (C
+    /// callers, who only use raw pointers and volatile-free loads of their own choosing,
+    /// are in the position verbs has always put them in). If deregistration fails, the
+    /// memory must be treated as still registered.
+    #[allow(unsafe_code)]
+    pub unsafe fn reg_mr(
+        &self,
+        pd: PdHandle,
+        addr: *mut u8,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<RawMr> {
+        // SAFETY: this function's contract is the one Backend::reg_mr asks for.
+        let (handle, lkey, rkey) = unsafe { self.backend.reg_mr(pd, addr, len, access)? };
+        Ok(RawMr {
+            handle: MrHandle(handle),
+            lkey,
+            rkey,
+        })
+    }
+
+    /// Deregister a region (`ibv_dereg_mr`): once this returns `Ok`, the device never touches
+    /// its memory again.
+    pub fn dereg_mr(&self, mr: MrHandle) -> Result<()> {
+        self.backend.dereg_mr(mr.0)
+    }
+
+    /// A completion queue with room for `depth` completions (`ibv_create_cq`).
+    pub fn create_cq(&self, depth: u32) -> Result<RawCq> {
+        let (handle, notifier) = self.backend.create_cq(depth)?;
+        Ok(RawCq { handle, notifier })
+    }
+
+    /// Destroy a CQ (`ibv_destroy_cq`); refused while QPs use it. Drop the [`RawCq`] after.
+    pub fn destroy_cq(&self, cq: &RawCq) -> Result<()> {
+        self.backend.destroy_cq(cq.handle)
+    }
+
+    /// Up to `max` completions, oldest first (`ibv_poll_cq`); never blocks (on the daemon it
+    /// reads the CQ's shared-memory ring with no system call).
+    pub fn poll_cq(&self, cq: &RawCq, max: usize) -> Result<Vec<WorkCompletion>> {
+        self.backend.poll_cq(cq.handle, &cq.notifier, max)
+    }
+
+    /// Completions waiting in the CQ.
+    pub fn cq_len(&self, cq: &RawCq) -> Result<usize> {
+        self.backend.cq_len(cq.handle, &cq.notifier)
+    }
+
+    /// Ask for one notification on [`RawCq::event_fd`] at the next completion
+    /// (`ibv_req_notify_cq`; `solicited_only`: only for solicited ones and errors).
+    pub fn arm_cq(&self, cq: &RawCq, solicited_only: bool) -> Result<()> {
+        self.backend.arm_cq(cq.handle, solicited_only)
+    }
+
+    /// Sleep until the CQ has a completion or `timeout` passes (arms the CQ on the daemon
+    /// backend, so a CQ whose events a program consumes may see an extra one).
+    pub fn wait_cq(&self, cq: &RawCq, timeout: Option<Duration>) -> Result<()> {
+        self.backend.wait_cq(cq.handle, &cq.notifier, timeout)
+    }
+
+    /// A new QP in RESET (`ibv_create_qp`), fed by `srq` if given.
+    pub fn create_qp(&self, init: &QpInitAttr, srq: Option<SrqHandle>) -> Result<RawQp> {
+        let (handle, qpn) = self.backend.create_qp(init, srq)?;
+        Ok(RawQp { handle, qpn })
+    }
+
+    /// Destroy a QP (`ibv_destroy_qp`).
+    pub fn destroy_qp(&self, qp: u32) -> Result<()> {
+        self.backend.destroy_qp(qp)
+    }
+
+    /// Change the QP's attributes named by `mask` (`ibv_modify_qp`).
+    pub fn modify_qp(&self, qp: u32, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        self.backend.modify_qp(qp, attr, mask)
+    }
+
+    /// Every attribute of the QP (`ibv_query_qp`).
+    pub fn query_qp(&self, qp: u32) -> Result<QpAttr> {
+        self.backend.query_qp(qp)
+    }
+
+    /// Post one send work request on a connected QP (`ibv_post_send`).
+    pub fn post_send(&self, qp: u32, wr: SendWr) -> Result<()> {
+        self.backend.post_send(qp, wr)
+    }
+
+    /// Post one send work request on a UD QP to `dest` (`ibv_post_send` with `wr.ud`).
+    pub fn post_send_ud(&self, qp: u32, wr: SendWr, dest: UdDest) -> Result<()> {
+        self.backend.post_send_ud(qp, wr, dest)
+    }
+
+    /// Post one receive work request (`ibv_post_recv`).
+    pub fn post_recv(&self, qp: u32, wr: RecvWr) -> Result<()> {
+        self.backend.post_recv(qp, wr)
+    }
+
+    /// A shared receive queue (`ibv_create_srq`).
+    pub fn create_srq(&self, pd: PdHandle, attr: &SrqAttr) -> Result<SrqHandle> {
+        self.backend.create_srq(pd, attr)
+    }
+
+    /// Destroy an SRQ (`ibv_destroy_srq`).
+    pub fn destroy_srq(&self, srq: SrqHandle) -> Result<()> {
+        self.backend.destroy_srq(srq)
+    }
+
+    /// Post one receive work request to an SRQ (`ibv_post_srq_recv`).
+    pub fn post_srq_recv(&self, srq: SrqHandle, wr: RecvWr) -> Result<()> {
+        self.backend.post_srq_recv(srq, wr)
+    }
+
+    /// Resize an SRQ or arm its limit (`ibv_modify_srq`).
+    pub fn modify_srq(&self, srq: SrqHandle, attr: &SrqAttr, mask: SrqAttrMask) -> Result<()> {
+        self.backend.modify_srq(srq, attr, mask)
+    }
+
+    /// An SRQ's size and limit (`ibv_query_srq`).
+    pub fn query_srq(&self, srq: SrqHandle) -> Result<SrqAttr> {
+        self.backend.query_srq(srq)
+    }
+
+    /// An address handle for UD sends (`ibv_create_ah`).
+    pub fn create_ah(&self, pd: PdHandle, attr: &AhAttr) -> Result<AhHandle> {
+        self.backend.create_ah(pd, attr)
+    }
+
+    /// Destroy an address handle (`ibv_destroy_ah`).
+    pub fn destroy_ah(&self, ah: AhHandle) -> Result<()> {
+        self.backend.destroy_ah(ah)
+    }
+
+    /// A memory window (`ibv_alloc_mw`); returns its handle and first rkey.
+    pub fn alloc_mw(&self, pd: PdHandle, mw_type: MwType) -> Result<(MwHandle, u32)> {
+        self.backend.alloc_mw(pd, mw_type)
+    }
+
+    /// Free a memory window (`ibv_dealloc_mw`).
+    pub fn dealloc_mw(&self, mw: MwHandle) -> Result<()> {
+        self.backend.dealloc_mw(mw)
+    }
+
+    /// A window's current rkey and whether it is bound.
+    pub fn query_mw(&self, mw: MwHandle) -> Result<(u32, bool)> {
+        self.backend.query_mw(mw)
+    }
+
+    /// Bind a type 1 window through QP `qp` (`ibv_bind_mw`); returns the rkey it will have.
+    pub fn bind_mw(
+        &self,
+        qp: u32,
+        wr_id: u64,
+        mw: MwHandle,
+        bind: MwBind,
+        signaled: bool,
+    ) -> Result<u32> {
+        self.backend.bind_mw(qp, wr_id, mw, bind, signaled)
+    }
+
+    /// The next asynchronous event, without blocking (`ibv_get_async_event` on a
+    /// non-blocking `async_fd`). Events name QPs by QPN, CQs and SRQs by handle.
+    pub fn async_event(&self) -> Result<Option<AsyncEvent>> {
+        self.backend.async_event()
+    }
+
+    /// Sleep until an asynchronous event may be there, at most `timeout` (wakeups can be
+    /// spurious: take events with [`RawDevice::async_event`]).
+    pub fn wait_async_event(&self, timeout: Option<Duration>) -> Result<()> {
+        self.backend.wait_async_event(timeout)
+    }
+}
