@@ -2,25 +2,31 @@
 
 use core::ffi::{c_char, c_int, c_void};
 use std::net::IpAddr;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
-use std::sync::{Mutex, OnceLock};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::{Arc, Mutex};
 
 use engine::{AtomicCap, PortState};
-use softrdma::Device;
+use softrdma::{BackendKind, Device};
 
 use crate::abi::*;
-use crate::{errno_of, fail, set_errno};
+use crate::{fail, set_errno};
 
 /// Marks a [`Ctx`] made here (checked before trusting a context pointer's enclosing object).
 const CTX_MAGIC: u64 = 0x736f_6674_7264_6d61;
 
-/// The one device of this library, its `ibv_device` alive for the life of the process (it
-/// must outlive `ibv_free_device_list`).
+/// One device of the list, its `ibv_device` alive for the life of the process (it must
+/// outlive `ibv_free_device_list`): the embedded device of this process, or one device of
+/// the host daemon.
 pub(crate) struct DevEntry {
     pub(crate) ibv: ibv_device,
+    kind: BackendKind,
+    /// Embedded: the address to bind. Daemon: the address that picks the daemon's device.
     pub(crate) addr: IpAddr,
     pub(crate) port: u16,
-    pub(crate) remote_port: u16,
+    /// Embedded only: the UDP port peers receive on.
+    remote_port: u16,
+    /// Daemon only: the daemon's name for it.
+    name: String,
 }
 
 // SAFETY: the ibv_device holds only plain bytes and NULL pointers, never written after init.
@@ -39,39 +45,123 @@ fn copy_str(dst: &mut [c_char], s: &str) {
     }
 }
 
-/// The device entry (configured from the environment on first use).
-pub(crate) fn entry() -> &'static DevEntry {
-    static E: OnceLock<DevEntry> = OnceLock::new();
-    E.get_or_init(|| {
-        let addr = env_parse("SOFTRDMA_ADDR").unwrap_or(IpAddr::from([127, 0, 0, 1]));
-        let port = env_parse("SOFTRDMA_PORT").unwrap_or(4791);
-        let remote_port = env_parse("SOFTRDMA_REMOTE_PORT").unwrap_or(port);
-        let mut ibv = ibv_device {
-            ops: [0; 2],
-            node_type: 1,
-            transport_type: 0,
-            name: [0; SYSFS_NAME_MAX],
-            dev_name: [0; SYSFS_NAME_MAX],
-            dev_path: [0; SYSFS_PATH_MAX],
-            ibdev_path: [0; SYSFS_PATH_MAX],
-        };
-        copy_str(&mut ibv.name, "softrdma0");
-        copy_str(&mut ibv.dev_name, "uverbs_softrdma0");
-        copy_str(
-            &mut ibv.dev_path,
-            "/sys/class/infiniband_verbs/uverbs_softrdma0",
-        );
-        copy_str(&mut ibv.ibdev_path, "/sys/class/infiniband/softrdma0");
-        DevEntry {
-            ibv,
-            addr,
-            port,
-            remote_port,
-        }
-    })
+/// The device the environment prefers: `SOFTRDMA_DEVICE` (an IP address, or a daemon
+/// device's name), else `SOFTRDMA_ADDR` (the older name, an IP address).
+fn preferred_device() -> Option<String> {
+    [softrdma::DEVICE_ENV, "SOFTRDMA_ADDR"]
+        .iter()
+        .filter_map(|n| std::env::var(n).ok())
+        .map(|v| v.trim().to_string())
+        .find(|v| !v.is_empty())
 }
 
-/// Node GUID (host order): "SR" then the port's address, like a EUI-64 made from a MAC.
+fn make_entry(
+    kind: BackendKind,
+    name: &str,
+    addr: IpAddr,
+    port: u16,
+    remote_port: u16,
+) -> DevEntry {
+    let mut ibv = ibv_device {
+        ops: [0; 2],
+        node_type: 1,
+        transport_type: 0,
+        name: [0; SYSFS_NAME_MAX],
+        dev_name: [0; SYSFS_NAME_MAX],
+        dev_path: [0; SYSFS_PATH_MAX],
+        ibdev_path: [0; SYSFS_PATH_MAX],
+    };
+    copy_str(&mut ibv.name, name);
+    copy_str(&mut ibv.dev_name, &format!("uverbs_{name}"));
+    copy_str(
+        &mut ibv.dev_path,
+        &format!("/sys/class/infiniband_verbs/uverbs_{name}"),
+    );
+    copy_str(
+        &mut ibv.ibdev_path,
+        &format!("/sys/class/infiniband/{name}"),
+    );
+    DevEntry {
+        ibv,
+        kind,
+        addr,
+        port,
+        remote_port,
+        name: name.to_string(),
+    }
+}
+
+/// Every entry ever listed (leaked: C may hold an `ibv_device *` for the life of the
+/// process). A device listed again (same backend, name, address, port) gets its old entry.
+static ENTRIES: Mutex<Vec<&'static DevEntry>> = Mutex::new(Vec::new());
+
+fn intern(e: DevEntry) -> &'static DevEntry {
+    let mut all = ENTRIES.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(old) = all.iter().find(|o| {
+        o.kind == e.kind
+            && o.name == e.name
+            && o.addr == e.addr
+            && o.port == e.port
+            && o.remote_port == e.remote_port
+    }) {
+        return old;
+    }
+    let leaked: &'static DevEntry = Box::leak(Box::new(e));
+    all.push(leaked);
+    leaked
+}
+
+/// The devices to list now: the backend `SOFTRDMA_BACKEND` names (default: the daemon).
+fn current_devices() -> Result<Vec<&'static DevEntry>, softrdma::Error> {
+    let kind = BackendKind::from_env()?.unwrap_or(BackendKind::Daemon);
+    let preferred = preferred_device();
+    match kind {
+        BackendKind::Embedded => {
+            // One device per process, on SOFTRDMA_DEVICE / SOFTRDMA_ADDR (default
+            // 127.0.0.1), UDP port SOFTRDMA_PORT (default 4791), sending to
+            // SOFTRDMA_REMOTE_PORT (default: the same).
+            let addr = match &preferred {
+                Some(v) => v.parse().map_err(|_| {
+                    softrdma::Error::Config(format!(
+                        "{}={v}: the embedded backend needs an IP address",
+                        softrdma::DEVICE_ENV
+                    ))
+                })?,
+                None => IpAddr::from([127, 0, 0, 1]),
+            };
+            let port = env_parse("SOFTRDMA_PORT").unwrap_or(4791);
+            let remote_port = env_parse("SOFTRDMA_REMOTE_PORT").unwrap_or(port);
+            Ok(vec![intern(make_entry(
+                kind,
+                "softrdma0",
+                addr,
+                port,
+                remote_port,
+            ))])
+        }
+        _ => {
+            let mut list: Vec<&'static DevEntry> = softrdma::raw::daemon_devices()?
+                .into_iter()
+                .filter_map(|d| {
+                    let addr = *d.addrs.first()?;
+                    Some(intern(make_entry(kind, &d.name, addr, d.port, d.port)))
+                })
+                .collect();
+            // The preferred device first: programs without a device option take the first.
+            if let Some(p) = preferred {
+                let ip: Option<IpAddr> = p.parse().ok();
+                if let Some(i) = list.iter().position(|e| e.name == p || Some(e.addr) == ip) {
+                    let e = list.remove(i);
+                    list.insert(0, e);
+                }
+            }
+            Ok(list)
+        }
+    }
+}
+
+/// Node GUID (host order): "SR" then the port and the address, like a EUI-64 made from a
+/// MAC.
 pub(crate) fn node_guid(e: &DevEntry) -> u64 {
     let low = match e.addr {
         IpAddr::V4(a) => u64::from(u32::from(a)),
@@ -80,8 +170,16 @@ pub(crate) fn node_guid(e: &DevEntry) -> u64 {
     0x5352_0000_0000_0000 | (u64::from(e.port) << 32) | low
 }
 
-fn is_our_device(d: *mut ibv_device) -> bool {
-    std::ptr::eq(d, &entry().ibv)
+/// Our entry behind a device pointer, if it is one.
+fn entry_of(d: *mut ibv_device) -> Option<&'static DevEntry> {
+    let all = ENTRIES.lock().unwrap_or_else(|p| p.into_inner());
+    all.iter().copied().find(|e| std::ptr::eq(d, &e.ibv))
+}
+
+/// What contexts of one open device share (on the embedded backend every context of the
+/// process; on the daemon each context has its own connection).
+pub(crate) struct Shared {
+    pub(crate) dev: Device,
 }
 
 /// An open context: the `verbs_context` first, then what the C side never sees.
@@ -89,35 +187,72 @@ fn is_our_device(d: *mut ibv_device) -> bool {
 pub(crate) struct Ctx {
     pub(crate) vctx: verbs_context,
     magic: u64,
-    pub(crate) dev: Device,
+    pub(crate) shared: Arc<Shared>,
+    entry: &'static DevEntry,
     _cmd_fd: OwnedFd,
 }
 
-/// The process's device, shared by every open context (a UDP port binds once per process).
-static OPEN: Mutex<(usize, Option<Device>)> = Mutex::new((0, None));
-
-fn acquire_device() -> Result<Device, i32> {
-    let mut g = OPEN.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(d) = &g.1 {
-        let d = d.clone();
-        g.0 += 1;
-        return Ok(d);
+impl Ctx {
+    /// Names the open device in the object registry ([`crate::events`]).
+    pub(crate) fn device_id(&self) -> usize {
+        Arc::as_ptr(&self.shared) as usize
     }
-    let e = entry();
-    let d = Device::builder(e.addr)
-        .port(e.port)
-        .remote_port(e.remote_port)
-        .open()
-        .map_err(|err| errno_of(&err))?;
-    *g = (1, Some(d.clone()));
-    Ok(d)
+
+    /// The open device.
+    pub(crate) fn dev(&self) -> &Device {
+        &self.shared.dev
+    }
+
+    /// Its handle-level verbs.
+    pub(crate) fn raw(&self) -> softrdma::RawDevice<'_> {
+        self.shared.dev.raw()
+    }
 }
 
-fn release_device() {
-    let mut g = OPEN.lock().unwrap_or_else(|p| p.into_inner());
-    g.0 = g.0.saturating_sub(1);
-    if g.0 == 0 {
-        g.1 = None;
+/// The process's embedded device, shared by every context opened on it (a UDP port binds
+/// once per process), with the number of open contexts.
+static EMBEDDED: Mutex<(usize, Option<Arc<Shared>>)> = Mutex::new((0, None));
+
+fn new_shared(dev: Device) -> Arc<Shared> {
+    Arc::new(Shared { dev })
+}
+
+/// Open `e`: the embedded device (shared), or a connection of its own to the daemon's
+/// device (asynchronous events then reach the context owning the object).
+fn acquire_device(e: &DevEntry) -> Result<Arc<Shared>, i32> {
+    match e.kind {
+        BackendKind::Embedded => {
+            let mut g = EMBEDDED.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(d) = &g.1 {
+                let d = d.clone();
+                g.0 += 1;
+                return Ok(d);
+            }
+            let d = Device::builder(e.addr)
+                .backend(BackendKind::Embedded)
+                .port(e.port)
+                .remote_port(e.remote_port)
+                .open()
+                .map_err(|err| err.errno())?;
+            let s = new_shared(d);
+            *g = (1, Some(s.clone()));
+            Ok(s)
+        }
+        _ => Device::builder(e.addr)
+            .backend(BackendKind::Daemon)
+            .open()
+            .map(new_shared)
+            .map_err(|err| err.errno()),
+    }
+}
+
+fn release_device(e: &DevEntry) {
+    if e.kind == BackendKind::Embedded {
+        let mut g = EMBEDDED.lock().unwrap_or_else(|p| p.into_inner());
+        g.0 = g.0.saturating_sub(1);
+        if g.0 == 0 {
+            g.1 = None;
+        }
     }
 }
 
@@ -145,17 +280,28 @@ pub(crate) unsafe fn ctx<'a>(c: *mut ibv_context) -> Option<&'a Ctx> {
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_device_list(num: *mut c_int) -> *mut *mut ibv_device {
-    // SAFETY: calloc of 2 pointers; NULL checked.
-    let list = unsafe { libc::calloc(2, size_of::<*mut ibv_device>()) } as *mut *mut ibv_device;
+    let devices = match current_devices() {
+        Ok(d) => d,
+        Err(e) => {
+            // libibverbs also explains on stderr why it found no device.
+            eprintln!("libibverbs (softrdma): no devices: {e}");
+            Vec::new()
+        }
+    };
+    // SAFETY: calloc of n + 1 pointers (the last stays NULL); NULL checked.
+    let list = unsafe { libc::calloc(devices.len() + 1, size_of::<*mut ibv_device>()) }
+        as *mut *mut ibv_device;
     if list.is_null() {
         return fail(libc::ENOMEM);
     }
-    // SAFETY: `list` has room for 2 entries; the second stays NULL (terminator). The device
-    // entry is 'static; C only reads through the pointer.
-    unsafe { *list = &entry().ibv as *const ibv_device as *mut ibv_device };
+    for (i, e) in devices.iter().enumerate() {
+        // SAFETY: `list` has room for n + 1 entries and i < n. Entries are 'static; C only
+        // reads through the pointer.
+        unsafe { *list.add(i) = &e.ibv as *const ibv_device as *mut ibv_device };
+    }
     if !num.is_null() {
         // SAFETY: non-NULL `num` points to an int the caller provides.
-        unsafe { *num = 1 };
+        unsafe { *num = devices.len() as c_int };
     }
     list
 }
@@ -177,19 +323,19 @@ pub unsafe extern "C" fn ibv_get_device_name(device: *mut ibv_device) -> *const 
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_device_guid(device: *mut ibv_device) -> u64 {
-    if !is_our_device(device) {
+    let Some(e) = entry_of(device) else {
         set_errno(libc::EINVAL);
         return 0;
-    }
-    node_guid(entry()).to_be()
+    };
+    node_guid(e).to_be()
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_device_index(device: *mut ibv_device) -> c_int {
-    if is_our_device(device) {
-        0
-    } else {
-        -1
+    let all = ENTRIES.lock().unwrap_or_else(|p| p.into_inner());
+    match all.iter().position(|e| std::ptr::eq(device, &e.ibv)) {
+        Some(i) => i as c_int,
+        None => -1,
     }
 }
 
@@ -235,10 +381,10 @@ unsafe extern "C" fn query_device_ex_op(
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
-    if !is_our_device(device) {
+    let Some(entry) = entry_of(device) else {
         return fail(libc::EINVAL);
-    }
-    let dev = match acquire_device() {
+    };
+    let shared = match acquire_device(entry) {
         Ok(d) => d,
         Err(e) => return fail(e),
     };
@@ -246,12 +392,13 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
     // SAFETY: eventfd has no memory arguments; the result is checked.
     let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
     if fd < 0 {
-        release_device();
+        release_device(entry);
         return fail(libc::EMFILE);
     }
     // SAFETY: `fd` was just created and is owned by nobody else.
     let cmd_fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let async_fd = dev.runtime().async_event_fd().as_fd().as_raw_fd();
+    // Readable when an asynchronous event may be waiting (ibv_get_async_event takes it).
+    let async_fd = shared.dev.async_event_fd().as_raw_fd();
     let ctx = Box::new(Ctx {
         vctx: verbs_context {
             query_port: Some(query_port_op),
@@ -270,7 +417,8 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
             },
         },
         magic: CTX_MAGIC,
-        dev,
+        shared,
+        entry,
         _cmd_fd: cmd_fd,
     });
     let p = Box::into_raw(ctx);
@@ -285,9 +433,14 @@ pub unsafe extern "C" fn ibv_close_device(c: *mut ibv_context) -> c_int {
         return libc::EINVAL;
     };
     let p = cx as *const Ctx as *mut Ctx;
+    let entry = cx.entry;
+    if Arc::strong_count(&cx.shared) == 1 {
+        // The device closes with this context: forget the objects a program left on it.
+        crate::events::forget_device(cx);
+    }
     // SAFETY: `p` was made by Box::into_raw in ibv_open_device; the caller gives it up.
     drop(unsafe { Box::from_raw(p) });
-    release_device();
+    release_device(entry);
     0
 }
 
@@ -300,8 +453,8 @@ pub unsafe extern "C" fn ibv_query_device(c: *mut ibv_context, out: *mut ibv_dev
     if out.is_null() {
         return libc::EINVAL;
     }
-    let a = cx.dev.query_device();
-    let guid = node_guid(entry()).to_be();
+    let a = cx.dev().query_device();
+    let guid = node_guid(cx.entry).to_be();
     let mut r = ibv_device_attr {
         fw_ver: [0; 64],
         node_guid: guid,
@@ -379,9 +532,9 @@ unsafe fn query_port_into(
     if attr.is_null() || port != 1 {
         return libc::EINVAL;
     }
-    let p = match cx.dev.query_port() {
+    let p = match cx.dev().query_port() {
         Ok(p) => p,
-        Err(e) => return errno_of(&e),
+        Err(e) => return e.errno(),
     };
     let r = ibv_port_attr {
         state: match p.state {
@@ -425,10 +578,10 @@ fn gid_of(cx: &Ctx, port: u8, index: c_int) -> Result<[u8; 16], c_int> {
     if port != 1 || index < 0 {
         return Err(libc::EINVAL);
     }
-    cx.dev
+    cx.dev()
         .gid(index as u32)
         .map(|g| g.0)
-        .map_err(|e| errno_of(&e))
+        .map_err(|e| e.errno())
 }
 
 #[no_mangle]
@@ -514,7 +667,7 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
     {
         return -(libc::EINVAL as isize);
     }
-    let gids = cx.dev.gids();
+    let gids = cx.dev().gids();
     if gids.len() > max_entries {
         return -(libc::EINVAL as isize);
     }

@@ -6,10 +6,23 @@
 //! ([`abi`]), embedded at the start of a Rust object that holds the engine handle. The inline
 //! functions of verbs.h reach the data path through `context->ops` (poll, post, notify).
 //!
-//! Backend: each process opens its own embedded device (no host daemon yet) on the address
-//! in `SOFTRDMA_ADDR` (default 127.0.0.1), UDP port `SOFTRDMA_PORT` (default 4791), sending to
-//! `SOFTRDMA_REMOTE_PORT` (default: the same port). Two processes on one host take
-//! 127.0.0.1 and 127.0.0.2.
+//! Every verb goes through the handle-level layer of the `softrdma` API
+//! ([`softrdma::raw`]), so the library runs on either backend:
+//!
+//! - **daemon** (the default): the host daemon `softrdmad` at `SOFTRDMA_DAEMON_SOCKET`
+//!   (default `/run/softrdma/softrdmad.sock`), started if none answers
+//!   (`SOFTRDMA_DAEMON_SPAWN`, `SOFTRDMA_DAEMON_BIN`, `SOFTRDMA_DAEMON_ARGS`, as the
+//!   `softrdma` crate documents). `ibv_get_device_list` lists the daemon's devices
+//!   (`srxe0`...), the one `SOFTRDMA_DEVICE` names (by name or address) first. Any number of
+//!   processes of the host share it: server and client of a program run side by side.
+//!   Each `ibv_open_device` is a connection of its own.
+//! - **embedded** (`SOFTRDMA_BACKEND=embedded`): one device `softrdma0` per process, bound to
+//!   `SOFTRDMA_DEVICE` (or the older `SOFTRDMA_ADDR`; default 127.0.0.1), UDP port
+//!   `SOFTRDMA_PORT` (default 4791), sending to `SOFTRDMA_REMOTE_PORT` (default: the same
+//!   port). Two processes on one host take 127.0.0.1 and 127.0.0.2.
+//!
+//! Completion channels are real descriptors (the CQ's eventfd on either backend), and so is
+//! `context->async_fd` (readable when `ibv_get_async_event` may have an event).
 //!
 //! Exports carry the version nodes the Debian programs import (`exports.txt`, bound by
 //! `build.rs`); calls we do not offer return what libibverbs returns for an unsupported
@@ -23,6 +36,7 @@ include!(concat!(env!("OUT_DIR"), "/symver.rs"));
 
 pub mod abi;
 mod device;
+mod events;
 mod stubs;
 mod verbs;
 
@@ -36,28 +50,4 @@ pub(crate) fn set_errno(e: i32) {
 pub(crate) fn fail<T>(e: i32) -> *mut T {
     set_errno(e);
     std::ptr::null_mut()
-}
-
-/// The errno of a softrdma error, as libibverbs would report it.
-pub(crate) fn errno_of(e: &softrdma::Error) -> i32 {
-    match e {
-        softrdma::Error::Verbs(v) => v.errno(),
-        softrdma::Error::Io(io) => io.raw_os_error().unwrap_or(libc::EIO),
-        softrdma::Error::Timeout => libc::ETIMEDOUT,
-        softrdma::Error::OutOfBounds { .. } => libc::EINVAL,
-        softrdma::Error::Runtime(r) => runtime_errno(r),
-        _ => libc::EIO,
-    }
-}
-
-/// The errno of a runtime error.
-pub(crate) fn runtime_errno(e: &runtime::RuntimeError) -> i32 {
-    match e {
-        runtime::RuntimeError::Bind { source, .. } | runtime::RuntimeError::Io { source, .. } => {
-            source.raw_os_error().unwrap_or(libc::EIO)
-        }
-        runtime::RuntimeError::Verbs(v) => v.errno(),
-        #[allow(unreachable_patterns)]
-        _ => libc::EIO,
-    }
 }

@@ -134,17 +134,7 @@ nothing!(
     ibv_unimport_pd,
     ibv_unimport_mr,
     ibv_unimport_dm,
-    // Events are consumed by ibv_get_async_event; nothing to release.
-    ibv_ack_async_event,
 );
-
-/// Asynchronous events are not delivered through this library yet: -1 with `ENOSYS`
-/// (never blocks forever).
-#[no_mangle]
-pub unsafe extern "C" fn ibv_get_async_event() -> c_int {
-    set_errno(libc::ENOSYS);
-    -1
-}
 
 /// Re-registration is not offered yet: `IBV_REREG_MR_ERR_INPUT` with `errno = EOPNOTSUPP`
 /// (what callers, pyverbs among them, recognize as "unsupported").
@@ -235,7 +225,6 @@ pub unsafe extern "C" fn ibv_wc_status_str(status: u32) -> *const c_char {
 
 symver!(
     ibv_rereg_mr,
-    ibv_get_async_event,
     ibv_fork_init,
     ibv_is_fork_initialized,
     ibv_query_qp_data_in_order,

@@ -1,19 +1,20 @@
 //! PD, MR, CQ, completion channels, QPs, and the data path of `context->ops`.
 
 use core::ffi::{c_int, c_void};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
-use std::sync::{Arc, Mutex};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Mutex;
 
 use engine::{
-    AccessFlags, AhAttr, AhHandle, CqHandle, MrHandle, PdHandle, QpAttr, QpAttrMask, QpCap,
-    QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendPayload, SendWr, Sge, SrqAttr,
-    SrqHandle, UdDest,
+    AccessFlags, AhAttr, AhHandle, MrHandle, PdHandle, QpAttr, QpAttrMask, QpCap, QpInitAttr,
+    QpState, QpType, RecvWr, SendFlags, SendOp, SendPayload, SendWr, Sge, SrqAttr, SrqHandle,
+    UdDest,
 };
-use runtime::CqNotifier;
+use softrdma::RawCq;
 
 use crate::abi::*;
 use crate::device::{ctx, Ctx};
-use crate::{fail, runtime_errno};
+use crate::events::{register, unregister, Kind};
+use crate::fail;
 
 /// A PD: the C struct, then its engine handle.
 #[repr(C)]
@@ -29,12 +30,11 @@ struct Mr {
     handle: MrHandle,
 }
 
-/// A CQ.
+/// A CQ: its completions are polled through `raw` (on the daemon, a shared-memory ring).
 #[repr(C)]
-struct Cq {
-    ibv: ibv_cq,
-    handle: CqHandle,
-    notifier: Arc<CqNotifier>,
+pub(crate) struct Cq {
+    pub(crate) ibv: ibv_cq,
+    raw: RawCq,
 }
 
 /// A completion channel: its fd is a real descriptor. The first CQ attached makes it a
@@ -46,18 +46,19 @@ struct Channel {
     cqs: Mutex<Vec<usize>>,
 }
 
-/// A QP.
+/// A QP: `handle` names it to the device (on the daemon, the connection's number for it).
 #[repr(C)]
-struct Qp {
-    ibv: ibv_qp,
+pub(crate) struct Qp {
+    pub(crate) ibv: ibv_qp,
+    handle: u32,
     qpn: u32,
     sq_sig_all: bool,
 }
 
 /// An SRQ.
 #[repr(C)]
-struct Srq {
-    ibv: ibv_srq,
+pub(crate) struct Srq {
+    pub(crate) ibv: ibv_srq,
     handle: SrqHandle,
 }
 
@@ -92,7 +93,7 @@ unsafe fn ctx_ok<'a>(c: *mut ibv_context) -> Result<&'a Ctx, c_int> {
     unsafe { ctx(c) }.ok_or(libc::EINVAL)
 }
 
-fn verr(e: engine::VerbsError) -> c_int {
+fn verr(e: softrdma::Error) -> c_int {
     e.errno()
 }
 
@@ -105,7 +106,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(c: *mut ibv_context) -> *mut ibv_pd {
         Ok(cx) => cx,
         Err(e) => return fail(e),
     };
-    let h = match cx.dev.runtime().lock().alloc_pd() {
+    let h = match cx.raw().alloc_pd() {
         Ok(h) => h,
         Err(e) => return fail(verr(e)),
     };
@@ -131,7 +132,7 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
         Ok(cx) => cx,
         Err(e) => return e,
     };
-    if let Err(e) = cx.dev.runtime().lock().dealloc_pd(p.handle) {
+    if let Err(e) = cx.raw().dealloc_pd(p.handle) {
         return verr(e);
     }
     // SAFETY: made by Box::into_raw in ibv_alloc_pd; the caller gives it up.
@@ -158,12 +159,7 @@ unsafe fn reg_mr(pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_int) 
     // SAFETY: ibv_reg_mr's contract: the caller keeps addr..addr+len valid until
     // ibv_dereg_mr, and the device may access it from its thread meanwhile (that is what
     // registering memory means in verbs).
-    let keys = unsafe {
-        cx.dev
-            .runtime()
-            .lock()
-            .reg_mr(p.handle, addr as *mut u8, len, flags)
-    };
+    let keys = unsafe { cx.raw().reg_mr(p.handle, addr as *mut u8, len, flags) };
     let keys = match keys {
         Ok(k) => k,
         Err(e) => return fail(verr(e)),
@@ -224,7 +220,7 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         Ok(cx) => cx,
         Err(e) => return e,
     };
-    if let Err(e) = cx.dev.runtime().lock().dereg_mr(m.handle) {
+    if let Err(e) = cx.raw().dereg_mr(m.handle) {
         return verr(e);
     }
     // SAFETY: made by Box::into_raw in reg_mr; the caller gives it up.
@@ -293,38 +289,31 @@ pub unsafe extern "C" fn ibv_create_cq(
         Err(e) => return fail(e),
     };
     // One completion vector; at least one entry, at most the device's max_cqe (as rxe).
-    let max_cqe = cx.dev.query_device().max_cqe;
+    let max_cqe = cx.dev().query_device().max_cqe;
     let depth = match u32::try_from(cqe) {
         Ok(d) if d >= 1 && d <= max_cqe && comp_vector == 0 => d,
         _ => return fail(libc::EINVAL),
     };
-    let rt = cx.dev.runtime();
-    let h = match rt.lock().create_cq(depth) {
-        Ok(h) => h,
+    let raw = match cx.raw().create_cq(depth) {
+        Ok(r) => r,
         Err(e) => return fail(verr(e)),
     };
-    let notifier = match rt.cq_notifier(h) {
-        Ok(n) => n,
-        Err(e) => {
-            let _ = rt.lock().destroy_cq(h);
-            return fail(runtime_errno(&e));
-        }
-    };
+    let handle = raw.handle().0;
     let cq = Box::into_raw(Box::new(Cq {
         ibv: ibv_cq {
             context: c,
             channel,
             cq_context,
-            handle: h.0,
+            handle,
             cqe,
             mutex: [0; 5],
             cond: [0; 6],
             comp_events_completed: 0,
             async_events_completed: 0,
         },
-        handle: h,
-        notifier,
+        raw,
     }));
+    register(cx, Kind::Cq, handle, cq as usize);
     if !channel.is_null() {
         // SAFETY: a non-NULL channel comes from ibv_create_comp_channel; `cq` is live.
         unsafe {
@@ -333,7 +322,7 @@ pub unsafe extern "C" fn ibv_create_cq(
             if cqs.is_empty() {
                 // The channel's fd becomes the CQ's notifier: readable on its events.
                 libc::dup3(
-                    (*cq).notifier.as_fd().as_raw_fd(),
+                    (*cq).raw.event_fd().as_raw_fd(),
                     chan.fd.as_raw_fd(),
                     libc::O_CLOEXEC,
                 );
@@ -357,9 +346,10 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         Ok(cx) => cx,
         Err(e) => return e,
     };
-    if let Err(e) = cx.dev.runtime().lock().destroy_cq(q.handle) {
+    if let Err(e) = cx.raw().destroy_cq(&q.raw) {
         return verr(e);
     }
+    unregister(cx, Kind::Cq, q.ibv.handle);
     if !q.ibv.channel.is_null() {
         // SAFETY: the channel outlives its CQs (destroy_comp_channel refuses while used).
         unsafe {
@@ -393,7 +383,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         for &p in &cqs {
             // SAFETY: CQs in the list are live (destroy_cq removes them first).
             let q = unsafe { &*(p as *const Cq) };
-            if q.notifier.clear() {
+            if q.raw.clear_event() {
                 // SAFETY: the out pointers are non-NULL (checked).
                 unsafe {
                     *cq_out = p as *mut ibv_cq;
@@ -402,7 +392,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
                 return 0;
             }
             fds.push(libc::pollfd {
-                fd: q.notifier.as_fd().as_raw_fd(),
+                fd: q.raw.event_fd().as_raw_fd(),
                 events: libc::POLLIN,
                 revents: 0,
             });
@@ -433,7 +423,7 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, n: u32) {
     }
 }
 
-unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, _solicited_only: c_int) -> c_int {
+unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
     if cq.is_null() {
         return libc::EINVAL;
     }
@@ -444,10 +434,9 @@ unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, _solicited_only: c_int) -> c
         Ok(cx) => cx,
         Err(e) => return e,
     };
-    // Solicited-only requests are notified on any completion: more wakeups, never fewer.
-    match cx.dev.runtime().arm_cq(q.handle) {
+    match cx.raw().arm_cq(&q.raw, solicited_only != 0) {
         Ok(()) => 0,
-        Err(e) => runtime_errno(&e),
+        Err(e) => verr(e),
     }
 }
 
@@ -465,23 +454,10 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_in
         Ok(cx) => cx,
         Err(e) => return -e,
     };
-    let rt = cx.dev.runtime();
-    let mut v = match rt.lock().poll_cq(q.handle, n) {
+    let v = match cx.raw().poll_cq(&q.raw, n) {
         Ok(v) => v,
         Err(e) => return -verr(e),
     };
-    if v.is_empty() && n > 0 && q.ibv.channel.is_null() && !poll_drive().is_zero() {
-        // Busy-polling programs (the pingpongs, perftest) spin here: let the spinning thread
-        // receive packets itself for a moment instead of contending for the engine lock with
-        // the progress thread (one runnable spinner per side instead of two). CQs with a
-        // completion channel are left alone: arming them would post spurious events.
-        if let Ok(true) = rt.wait_cq(q.handle, Some(poll_drive())) {
-            v = match rt.lock().poll_cq(q.handle, n) {
-                Ok(v) => v,
-                Err(e) => return -verr(e),
-            };
-        }
-    }
     for (i, w) in v.iter().enumerate() {
         let imm = if w.wc_flags.contains(engine::WcFlags::WITH_INV) {
             w.invalidated_rkey
@@ -507,23 +483,6 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_in
         unsafe { wc.add(i).write(out) };
     }
     v.len() as c_int
-}
-
-/// How long an empty `poll_cq` lets the calling thread receive before it returns
-/// (`SOFTRDMA_POLL_DRIVE_US`; default 0: receiving is left to the progress thread). Measured
-/// in a release build on 2 CPUs: driving for 50 us helped ibv_rc_pingpong (317 vs 401
-/// us/iter) but hurt perftest badly (ib_write_lat typical 4 ms vs 13 us: after a wait the
-/// runtime hands the socket back to the progress thread only after 500 us, while the
-/// program busy-polls memory; ib_write_bw 243 vs 483 MB/s).
-fn poll_drive() -> std::time::Duration {
-    static D: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
-    *D.get_or_init(|| {
-        let us = std::env::var("SOFTRDMA_POLL_DRIVE_US")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0);
-        std::time::Duration::from_micros(us)
-    })
 }
 
 // ---- QPs ----
@@ -557,8 +516,8 @@ pub unsafe extern "C" fn ibv_create_qp(
     let (scq, rcq) = unsafe { (&*(ia.send_cq as *mut Cq), &*(ia.recv_cq as *mut Cq)) };
     let attr = QpInitAttr {
         pd: p.handle,
-        send_cq: scq.handle,
-        recv_cq: rcq.handle,
+        send_cq: scq.raw.handle(),
+        recv_cq: rcq.raw.handle(),
         cap: QpCap {
             max_send_wr: ia.cap.max_send_wr,
             max_recv_wr: ia.cap.max_recv_wr,
@@ -569,20 +528,19 @@ pub unsafe extern "C" fn ibv_create_qp(
         qp_type,
         sq_sig_all: ia.sq_sig_all != 0,
     };
-    let mut eng = cx.dev.runtime().lock();
-    let created = if ia.srq.is_null() {
-        eng.create_qp(&attr)
+    let srq = if ia.srq.is_null() {
+        None
     } else {
         // SAFETY: a non-NULL SRQ comes from ibv_create_srq.
-        let srq = unsafe { &*(ia.srq as *mut Srq) };
-        eng.create_qp_with_srq(&attr, srq.handle)
+        Some(unsafe { &*(ia.srq as *mut Srq) }.handle)
     };
-    let qpn = match created {
+    let raw = cx.raw();
+    let created = match raw.create_qp(&attr, srq) {
         Ok(q) => q,
         Err(e) => return fail(verr(e)),
     };
     // Write back the real capacities (perftest and rc_pingpong read them).
-    if let Ok(a) = eng.query_qp(qpn) {
+    if let Ok(a) = raw.query_qp(created.handle) {
         ia.cap = ibv_qp_cap {
             max_send_wr: a.cap.max_send_wr,
             max_recv_wr: a.cap.max_recv_wr,
@@ -591,7 +549,6 @@ pub unsafe extern "C" fn ibv_create_qp(
             max_inline_data: a.cap.max_inline_data,
         };
     }
-    drop(eng);
     let qp = Box::new(Qp {
         ibv: ibv_qp {
             context: p.ibv.context,
@@ -600,18 +557,21 @@ pub unsafe extern "C" fn ibv_create_qp(
             send_cq: ia.send_cq,
             recv_cq: ia.recv_cq,
             srq: ia.srq,
-            handle: qpn,
-            qp_num: qpn,
+            handle: created.handle,
+            qp_num: created.qpn,
             state: QpState::Reset.to_ibv(),
             qp_type: qp_type_of(qp_type),
             mutex: [0; 5],
             cond: [0; 6],
             events_completed: 0,
         },
-        qpn,
+        handle: created.handle,
+        qpn: created.qpn,
         sq_sig_all: ia.sq_sig_all != 0,
     });
-    Box::into_raw(qp) as *mut ibv_qp
+    let qp = Box::into_raw(qp);
+    register(cx, Kind::Qp, created.qpn, qp as usize);
+    qp as *mut ibv_qp
 }
 
 /// The engine's view of a C `ibv_qp_attr` (fields outside `mask` are left at defaults).
@@ -719,12 +679,11 @@ pub unsafe extern "C" fn ibv_modify_qp(
         Ok(x) => x,
         Err(e) => return e,
     };
-    let mut eng = cx.dev.runtime().lock();
-    if let Err(e) = eng.modify_qp(q.qpn, &ea, mask) {
+    if let Err(e) = cx.raw().modify_qp(q.handle, &ea, mask) {
         return verr(e);
     }
-    if let Ok(now) = eng.query_qp(q.qpn) {
-        q.ibv.state = now.qp_state.to_ibv();
+    if mask.contains(QpAttrMask::STATE) {
+        q.ibv.state = ea.qp_state.to_ibv();
     }
     0
 }
@@ -746,7 +705,7 @@ pub unsafe extern "C" fn ibv_query_qp(
         Ok(cx) => cx,
         Err(e) => return e,
     };
-    let a = match cx.dev.runtime().lock().query_qp(q.qpn) {
+    let a = match cx.raw().query_qp(q.handle) {
         Ok(a) => a,
         Err(e) => return verr(e),
     };
@@ -816,9 +775,10 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         Ok(cx) => cx,
         Err(e) => return e,
     };
-    if let Err(e) = cx.dev.runtime().lock().destroy_qp(q.qpn) {
+    if let Err(e) = cx.raw().destroy_qp(q.handle) {
         return verr(e);
     }
+    unregister(cx, Kind::Qp, q.qpn);
     // SAFETY: made by Box::into_raw in ibv_create_qp; the caller gives it up.
     drop(unsafe { Box::from_raw(qp as *mut Qp) });
     0
@@ -931,7 +891,7 @@ unsafe extern "C" fn post_send(
         Ok(cx) => cx,
         Err(e) => return e,
     };
-    let mut eng = cx.dev.runtime().lock();
+    let raw = cx.raw();
     let mut cur = wr;
     while !cur.is_null() {
         // SAFETY: each WR of the caller's list is valid until post_send returns.
@@ -952,9 +912,9 @@ unsafe extern "C" fn post_send(
                     remote_qpn: ud.remote_qpn,
                     remote_qkey: ud.remote_qkey,
                 };
-                eng.post_send_ud(q.qpn, sw, dest).map_err(verr)
+                raw.post_send_ud(q.handle, sw, dest).map_err(verr)
             } else {
-                eng.post_send(q.qpn, sw).map_err(verr)
+                raw.post_send(q.handle, sw).map_err(verr)
             }
         });
         if let Err(e) = r {
@@ -1007,9 +967,9 @@ unsafe extern "C" fn post_recv(
         Ok(cx) => cx,
         Err(e) => return e,
     };
-    let mut eng = cx.dev.runtime().lock();
+    let raw = cx.raw();
     // SAFETY: the caller's list (checked inside).
-    unsafe { recv_list(wr, bad, |w| eng.post_recv(q.qpn, w).map_err(verr)) }
+    unsafe { recv_list(wr, bad, |w| raw.post_recv(q.handle, w).map_err(verr)) }
 }
 
 unsafe extern "C" fn post_srq_recv(
@@ -1027,9 +987,9 @@ unsafe extern "C" fn post_srq_recv(
         Ok(cx) => cx,
         Err(e) => return e,
     };
-    let mut eng = cx.dev.runtime().lock();
+    let raw = cx.raw();
     // SAFETY: the caller's list (checked inside).
-    unsafe { recv_list(wr, bad, |w| eng.post_srq_recv(q.handle, w).map_err(verr)) }
+    unsafe { recv_list(wr, bad, |w| raw.post_srq_recv(q.handle, w).map_err(verr)) }
 }
 
 // ---- SRQs and address handles ----
@@ -1054,16 +1014,15 @@ pub unsafe extern "C" fn ibv_create_srq(
         max_sge: ia.attr.max_sge,
         srq_limit: ia.attr.srq_limit,
     };
-    let mut eng = cx.dev.runtime().lock();
-    let h = match eng.create_srq(p.handle, &attr) {
+    let raw = cx.raw();
+    let h = match raw.create_srq(p.handle, &attr) {
         Ok(h) => h,
         Err(e) => return fail(verr(e)),
     };
-    if let Ok(a) = eng.query_srq(h) {
+    if let Ok(a) = raw.query_srq(h) {
         ia.attr.max_wr = a.max_wr;
         ia.attr.max_sge = a.max_sge;
     }
-    drop(eng);
     let srq = Box::new(Srq {
         ibv: ibv_srq {
             context: p.ibv.context,
@@ -1076,7 +1035,9 @@ pub unsafe extern "C" fn ibv_create_srq(
         },
         handle: h,
     });
-    Box::into_raw(srq) as *mut ibv_srq
+    let srq = Box::into_raw(srq);
+    register(cx, Kind::Srq, h.0, srq as usize);
+    srq as *mut ibv_srq
 }
 
 #[no_mangle]
@@ -1103,7 +1064,7 @@ pub unsafe extern "C" fn ibv_modify_srq(
         max_sge: a.max_sge,
         srq_limit: a.srq_limit,
     };
-    match cx.dev.runtime().lock().modify_srq(q.handle, &ea, mask) {
+    match cx.raw().modify_srq(q.handle, &ea, mask) {
         Ok(()) => 0,
         Err(e) => verr(e),
     }
@@ -1121,7 +1082,7 @@ pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_att
         Ok(cx) => cx,
         Err(e) => return e,
     };
-    match cx.dev.runtime().lock().query_srq(q.handle) {
+    match cx.raw().query_srq(q.handle) {
         Ok(a) => {
             // SAFETY: non-NULL caller struct.
             unsafe {
@@ -1149,9 +1110,10 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
         Ok(cx) => cx,
         Err(e) => return e,
     };
-    if let Err(e) = cx.dev.runtime().lock().destroy_srq(q.handle) {
+    if let Err(e) = cx.raw().destroy_srq(q.handle) {
         return verr(e);
     }
+    unregister(cx, Kind::Srq, q.handle.0);
     // SAFETY: made by Box::into_raw in ibv_create_srq; the caller gives it up.
     drop(unsafe { Box::from_raw(srq as *mut Srq) });
     0
@@ -1169,7 +1131,7 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
         Ok(cx) => cx,
         Err(e) => return fail(e),
     };
-    let h = match cx.dev.runtime().lock().create_ah(p.handle, &ah_from_c(a)) {
+    let h = match cx.raw().create_ah(p.handle, &ah_from_c(a)) {
         Ok(h) => h,
         Err(e) => return fail(verr(e)),
     };
@@ -1196,7 +1158,7 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
         Ok(cx) => cx,
         Err(e) => return e,
     };
-    if let Err(e) = cx.dev.runtime().lock().destroy_ah(a.handle) {
+    if let Err(e) = cx.raw().destroy_ah(a.handle) {
         return verr(e);
     }
     // SAFETY: made by Box::into_raw in ibv_create_ah; the caller gives it up.

@@ -1,6 +1,7 @@
 //! The unmodified Debian verbs programs between two hosts: two network namespaces joined by a
 //! veth pair with the usual 1500-byte MTU, the server in one and the client in the other,
-//! each with the drop-in library and a device on its namespace's address.
+//! each with the drop-in library on the `softrdmad` of its namespace (one daemon per host,
+//! serving the namespace's address on UDP 4791).
 //!
 //! Needs root (`ip netns`, as CI runs); without it the test FAILS saying so.
 
@@ -11,43 +12,55 @@ mod hosts;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{describe, finish, free_tcp_port, library_dir, require, Guard};
+use common::{configure, describe, finish, free_tcp_port, require, Guard, On, TestDaemon};
 use hosts::Hosts;
 
 const LIMIT: Duration = Duration::from_secs(120);
 
-/// `prog args` inside namespace `ns` with the drop-in library and a device on `addr`.
-fn in_ns(ns: &str, addr: &str, prog: &str, args: &[&str]) -> Command {
-    let mut c = Hosts::exec(ns, prog, args);
-    c.env("LD_LIBRARY_PATH", library_dir())
-        .env("SOFTRDMA_ADDR", addr)
-        .env_remove("SOFTRDMA_PORT")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    c
+/// One host: its namespace, address and daemon.
+struct Host<'a> {
+    ns: &'a str,
+    addr: &'a str,
+    daemon: TestDaemon,
 }
 
-/// Server in a, client in b (retried while the server is not listening yet); both must
-/// exit 0. Returns (server, client).
-fn run_pair(h: &Hosts, prog: &str, args: &[&str]) -> (Output, Output) {
+impl<'a> Host<'a> {
+    /// Start the namespace's daemon on its address.
+    fn new(ns: &'a str, addr: &'a str) -> Host<'a> {
+        let daemon =
+            TestDaemon::start_with(&[addr], Some(4791), |bin, args| Hosts::exec(ns, bin, args));
+        Host { ns, addr, daemon }
+    }
+
+    /// `prog args` inside the namespace with the drop-in library on the host's daemon.
+    fn command(&self, prog: &str, args: &[&str]) -> Command {
+        let mut c = Hosts::exec(self.ns, prog, args);
+        c.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        configure(
+            &mut c,
+            On::Daemon {
+                daemon: &self.daemon,
+                addr: self.addr,
+            },
+        );
+        c
+    }
+}
+
+/// Server on host a, client on host b (retried while the server is not listening yet);
+/// both must exit 0, and both daemons must still run. Returns (server, client).
+fn run_pair(a: &mut Host, b: &mut Host, prog: &str, args: &[&str]) -> (Output, Output) {
     let port = free_tcp_port().to_string();
     let mut sargs = args.to_vec();
     sargs.extend_from_slice(&["-p", &port]);
     let mut cargs = sargs.clone();
-    cargs.push(&h.addr_a);
-    let server = Guard(Some(
-        in_ns(&h.a, &h.addr_a, prog, &sargs)
-            .spawn()
-            .expect("spawn server"),
-    ));
+    cargs.push(a.addr);
+    let server = Guard(Some(a.command(prog, &sargs).spawn().expect("spawn server")));
     let start = Instant::now();
     let client = loop {
-        let g = Guard(Some(
-            in_ns(&h.b, &h.addr_b, prog, &cargs)
-                .spawn()
-                .expect("spawn client"),
-        ));
+        let g = Guard(Some(b.command(prog, &cargs).spawn().expect("spawn client")));
         let (o, timed_out) = finish(g, LIMIT);
         assert!(!timed_out, "{prog} client timed out: {}", describe(&o));
         let err = String::from_utf8_lossy(&o.stderr).to_lowercase();
@@ -70,6 +83,8 @@ fn run_pair(h: &Hosts, prog: &str, args: &[&str]) -> (Output, Output) {
     assert!(!timed_out, "{prog} server timed out: {}", both());
     assert!(server.status.success(), "{prog}: {}", both());
     assert!(client.status.success(), "{prog}: {}", both());
+    a.daemon.assert_alive();
+    b.daemon.assert_alive();
     (server, client)
 }
 
@@ -82,6 +97,9 @@ fn verbs_programs_run_between_two_network_namespaces() {
     require("ibv_rc_pingpong", "ibverbs-utils");
     require("ib_write_bw", "perftest");
     let h = Hosts::new("vb", 3, 1500);
+    // Declared after the namespaces: the daemons are killed before the namespaces go.
+    let mut a = Host::new(&h.a, &h.addr_a);
+    let mut b = Host::new(&h.b, &h.addr_b);
 
     // The pingpongs, data checked (-c) where the program offers it; GID index 0 is the
     // namespace's IPv4 address.
@@ -95,7 +113,7 @@ fn verbs_programs_run_between_two_network_namespaces() {
         if prog != "ibv_srq_pingpong" {
             args.push("-c");
         }
-        let (s, c) = run_pair(&h, prog, &args);
+        let (s, c) = run_pair(&mut a, &mut b, prog, &args);
         for o in [&s, &c] {
             let text = stdout(o);
             assert!(text.contains("iters in "), "{prog}: {}", describe(o));
@@ -119,7 +137,7 @@ fn verbs_programs_run_between_two_network_namespaces() {
         ("ib_send_lat", "2"),
         ("ib_atomic_lat", "8"),
     ] {
-        let (_, c) = run_pair(&h, prog, &["-n", "200"]);
+        let (_, c) = run_pair(&mut a, &mut b, prog, &["-n", "200"]);
         let text = stdout(&c);
         let row = text.lines().find(|l| {
             let mut f = l.split_whitespace();

@@ -1,5 +1,6 @@
 //! perftest (Debian package perftest, unmodified) as two processes on one host through the
-//! drop-in library: each benchmark completes on both sides and prints its result row.
+//! drop-in library, both on one `softrdmad` (the default backend; two on embedded devices
+//! too): each benchmark completes on both sides and prints its result row.
 //! Figures are not asserted (a loaded 2-core machine decides them); only that they exist.
 
 mod common;
@@ -7,7 +8,7 @@ mod common;
 use std::process::Output;
 use std::time::Duration;
 
-use common::{describe, free_tcp_port, require, server_client};
+use common::{describe, free_tcp_port, require, server_client, Backend};
 
 const LIMIT: Duration = Duration::from_secs(180);
 const ITERS: &str = "50";
@@ -20,7 +21,7 @@ fn result_row<'a>(text: &'a str, size: &str) -> Option<&'a str> {
     })
 }
 
-fn check(o: &Output, other: &Output, size: &str, client: bool) {
+fn check(o: &Output, other: &Output, size: &str, client: bool, backend: Backend) {
     assert!(
         o.status.success(),
         "{}\nthe other side: {}",
@@ -28,11 +29,12 @@ fn check(o: &Output, other: &Output, size: &str, client: bool) {
         describe(other)
     );
     let text = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        text.contains("Device         : softrdma0"),
-        "{}",
-        describe(o)
-    );
+    // The daemon's device, or the embedded one.
+    let device = match backend {
+        Backend::Daemon => "Device         : srxe0",
+        Backend::Embedded => "Device         : softrdma0",
+    };
+    assert!(text.contains(device), "{}", describe(o));
     assert!(
         text.contains("Link type       : Ethernet"),
         "{}",
@@ -48,14 +50,14 @@ fn check(o: &Output, other: &Output, size: &str, client: bool) {
     }
 }
 
-fn bench(prog: &str, size: &str, server_prints_results: bool) {
+fn bench(prog: &str, size: &str, server_prints_results: bool, backend: Backend) {
     require(prog, "perftest");
     let port = free_tcp_port().to_string();
     let server = ["-n", ITERS, "-p", &port];
     let client = ["-n", ITERS, "-p", &port, "127.0.0.1"];
-    let (so, co) = server_client(prog, &server, &client, LIMIT);
-    check(&co, &so, size, true);
-    check(&so, &co, size, server_prints_results);
+    let (so, co) = server_client(prog, &server, &client, backend, LIMIT);
+    check(&co, &so, size, true, backend);
+    check(&so, &co, size, server_prints_results, backend);
 }
 
 /// `-a`: every size from 2 bytes to 8 MiB, a few iterations each; every row is printed.
@@ -65,7 +67,7 @@ fn bench_all_sizes(prog: &str) {
     let n = "5";
     let server = ["-a", "-n", n, "-p", &port];
     let client = ["-a", "-n", n, "-p", &port, "127.0.0.1"];
-    let (so, co) = server_client(prog, &server, &client, LIMIT);
+    let (so, co) = server_client(prog, &server, &client, Backend::Daemon, LIMIT);
     let both = || format!("server: {}\nclient: {}", describe(&so), describe(&co));
     assert!(so.status.success(), "{}", both());
     assert!(co.status.success(), "{}", both());
@@ -97,40 +99,50 @@ fn ib_send_bw_runs_every_size() {
 
 #[test]
 fn ib_write_bw_completes_at_the_default_size() {
-    bench("ib_write_bw", "65536", true);
+    bench("ib_write_bw", "65536", true, Backend::Daemon);
 }
 
 #[test]
 fn ib_send_bw_completes_at_the_default_size() {
-    bench("ib_send_bw", "65536", true);
+    bench("ib_send_bw", "65536", true, Backend::Daemon);
 }
 
 #[test]
 fn ib_read_bw_completes_at_the_default_size() {
-    bench("ib_read_bw", "65536", true);
+    bench("ib_read_bw", "65536", true, Backend::Daemon);
 }
 
 #[test]
 fn ib_atomic_bw_completes() {
-    bench("ib_atomic_bw", "8", true);
+    bench("ib_atomic_bw", "8", true, Backend::Daemon);
 }
 
 #[test]
 fn ib_write_lat_completes_at_the_default_size() {
-    bench("ib_write_lat", "2", false);
+    bench("ib_write_lat", "2", false, Backend::Daemon);
 }
 
 #[test]
 fn ib_read_lat_completes_at_the_default_size() {
-    bench("ib_read_lat", "2", false);
+    bench("ib_read_lat", "2", false, Backend::Daemon);
 }
 
 #[test]
 fn ib_send_lat_completes_at_the_default_size() {
-    bench("ib_send_lat", "2", false);
+    bench("ib_send_lat", "2", false, Backend::Daemon);
 }
 
 #[test]
 fn ib_atomic_lat_completes() {
-    bench("ib_atomic_lat", "8", false);
+    bench("ib_atomic_lat", "8", false, Backend::Daemon);
+}
+
+#[test]
+fn ib_write_bw_completes_on_embedded_devices() {
+    bench("ib_write_bw", "65536", true, Backend::Embedded);
+}
+
+#[test]
+fn ib_write_lat_completes_on_embedded_devices() {
+    bench("ib_write_lat", "2", false, Backend::Embedded);
 }

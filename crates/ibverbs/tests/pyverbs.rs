@@ -1,6 +1,6 @@
 //! rdma-core's own test suite (Debian python3-pyverbs, tests under
-//! /usr/share/doc/rdma-core/tests) against the drop-in library: the modules for what we offer
-//! end with no failure and no error. Skips are the suite's own, for features not offered
+//! /usr/share/doc/rdma-core/tests) against the drop-in library on a `softrdmad` of each test's
+//! own (the default backend): the modules for what we offer end with no failure and no error. Skips are the suite's own, for features not offered
 //! (extended QPs, memory windows, device memory, dma-buf, rereg, XRC, EFA/mlx5 specifics).
 
 mod common;
@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{describe, free_udp_port, library_dir, run};
+use common::{configure, describe, run, On, TestDaemon};
 
 const SUITE: &str = "/usr/share/doc/rdma-core/tests";
 const PYTHON: &str = "/usr/bin/python3";
@@ -56,17 +56,23 @@ fn make_suite_copy() -> PathBuf {
 
 fn run_module(module: &str) {
     let dir = suite_copy();
+    let mut daemon = TestDaemon::start(&["127.0.0.1"]);
     let mut c = Command::new(PYTHON);
     c.arg(dir.join("run_tests.py"))
         .args(["-v", "-k", module])
         .current_dir(dir.parent().expect("suite has a parent"))
-        .env("LD_LIBRARY_PATH", library_dir())
-        .env("SOFTRDMA_ADDR", "127.0.0.1")
-        .env("SOFTRDMA_PORT", free_udp_port().to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    configure(
+        &mut c,
+        On::Daemon {
+            daemon: &daemon,
+            addr: "127.0.0.1",
+        },
+    );
     let o = run(c, Duration::from_secs(300));
+    daemon.assert_alive();
     // unittest reports on stderr.
     let report = String::from_utf8_lossy(&o.stderr);
     let ran = report.lines().any(|l| l.starts_with("Ran "));

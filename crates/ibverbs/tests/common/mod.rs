@@ -1,10 +1,13 @@
-//! Helpers for running the Debian verbs programs on the drop-in library.
+//! Helpers for running the Debian verbs programs on the drop-in library, on either backend:
+//! a `softrdmad` of the test's own (temp control socket, its own UDP port, killed on drop),
+//! or an embedded device per process.
 
 #![allow(dead_code)]
 
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// The built `libibverbs.so`: the newest of target/<profile>/libibverbs.so (`cargo build`)
@@ -81,17 +84,216 @@ pub fn free_tcp_port() -> u16 {
     s.local_addr().expect("addr").port()
 }
 
-/// `prog args` with the drop-in library and the device on `addr`:`port`.
-pub fn verbs_command(prog: &str, args: &[&str], addr: &str, port: u16) -> Command {
+/// Where a program's device is.
+#[derive(Clone, Copy)]
+pub enum On<'a> {
+    /// An embedded device of the process on `addr`, UDP port `port`.
+    Embedded { addr: &'a str, port: u16 },
+    /// The device on `addr` of a test daemon (listed first; the daemon is never spawned).
+    Daemon {
+        daemon: &'a TestDaemon,
+        addr: &'a str,
+    },
+}
+
+/// Which backend a two-process run uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// Server on 127.0.0.1, client on 127.0.0.2, each with its own embedded device.
+    Embedded,
+    /// One `softrdmad` serving 127.0.0.1; server and client both use its device.
+    Daemon,
+}
+
+/// Point `c` at the drop-in library and the device `on` names.
+pub fn configure(c: &mut Command, on: On<'_>) {
+    c.env("LD_LIBRARY_PATH", library_dir())
+        .env_remove("SOFTRDMA_ADDR")
+        .env_remove("SOFTRDMA_PORT")
+        .env_remove("SOFTRDMA_REMOTE_PORT");
+    match on {
+        On::Embedded { addr, port } => {
+            c.env("SOFTRDMA_BACKEND", "embedded")
+                .env("SOFTRDMA_DEVICE", addr)
+                .env("SOFTRDMA_PORT", port.to_string());
+        }
+        On::Daemon { daemon, addr } => {
+            c.env("SOFTRDMA_BACKEND", "daemon")
+                .env("SOFTRDMA_DAEMON_SOCKET", &daemon.socket)
+                .env("SOFTRDMA_DAEMON_SPAWN", "0")
+                .env("SOFTRDMA_DEVICE", addr);
+        }
+    }
+}
+
+/// `prog args` with the drop-in library and the device `on` names.
+pub fn verbs_command(prog: &str, args: &[&str], on: On<'_>) -> Command {
     let mut c = Command::new(prog);
     c.args(args)
-        .env("LD_LIBRARY_PATH", library_dir())
-        .env("SOFTRDMA_ADDR", addr)
-        .env("SOFTRDMA_PORT", port.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    configure(&mut c, on);
     c
+}
+
+/// The `softrdmad` binary of this build (target/<profile>/softrdmad), built now (once per
+/// test process) with the profile of this test binary, so it is never older than the
+/// library that talks to it. `cargo test --workspace` has built it already; then this is a
+/// quick no-op.
+pub fn daemon_binary() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let exe = std::env::current_exe().expect("test executable path");
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("target/<profile>/deps")
+            .to_path_buf();
+        let target_dir = profile_dir.parent().expect("target dir");
+        let profile = profile_dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("debug");
+        let mut c = Command::new(env!("CARGO"));
+        c.args([
+            "build",
+            "--quiet",
+            "-p",
+            "softrdma-daemon",
+            "--bin",
+            "softrdmad",
+        ])
+        .arg("--target-dir")
+        .arg(target_dir)
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+        // The test profile builds into target/debug, as `cargo test` builds the daemon's
+        // own tests' binary: the artifacts are shared, nothing is rebuilt twice.
+        match profile {
+            "debug" => c.args(["--profile", "test"]),
+            "release" => c.arg("--release"),
+            p => c.args(["--profile", p]),
+        };
+        let st = c.status();
+        let bin = profile_dir.join("softrdmad");
+        assert!(
+            matches!(st, Ok(s) if s.success()) && bin.is_file(),
+            "building softrdmad for the daemon-backend tests failed ({st:?}); build it with \
+             `cargo build -p softrdma-daemon` and look at its errors"
+        );
+        bin
+    })
+    .clone()
+}
+
+/// A `softrdmad` child process on a control socket in a temp folder of its own, serving
+/// the given addresses on UDP `port`; killed (and its folder removed) on drop, so a failing
+/// test leaves none behind.
+pub struct TestDaemon {
+    child: Child,
+    /// Its control socket.
+    pub socket: PathBuf,
+    /// Its UDP port.
+    pub port: u16,
+    dir: PathBuf,
+}
+
+impl TestDaemon {
+    /// A daemon on this host serving `addrs` on a free UDP port.
+    pub fn start(addrs: &[&str]) -> TestDaemon {
+        TestDaemon::start_with(addrs, None, |bin, args| {
+            let mut c = Command::new(bin);
+            c.args(args);
+            c
+        })
+    }
+
+    /// A daemon serving `addrs` on `port` (a free one if `None`), started by the command
+    /// `wrap(binary, args)` makes (e.g. inside a network namespace).
+    pub fn start_with(
+        addrs: &[&str],
+        port: Option<u16>,
+        wrap: impl Fn(&str, &[&str]) -> Command,
+    ) -> TestDaemon {
+        let bin = daemon_binary();
+        let bin = bin.to_str().expect("UTF-8 path");
+        for _ in 0..5 {
+            let port = port.unwrap_or_else(free_udp_port);
+            static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+            let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let dir = std::env::temp_dir().join(format!(
+                "softrdma-ibverbs-daemon-{}-{n}",
+                std::process::id()
+            ));
+            std::fs::create_dir_all(&dir).expect("daemon dir");
+            let socket = dir.join("softrdmad.sock");
+            let port_s = port.to_string();
+            let sock_s = socket.to_str().expect("UTF-8 path").to_string();
+            let mut args: Vec<&str> = Vec::new();
+            for a in addrs {
+                args.extend_from_slice(&["--addr", a]);
+            }
+            args.extend_from_slice(&["--port", &port_s, "--socket", &sock_s]);
+            let mut cmd = wrap(bin, &args);
+            cmd.env_remove("SOFTRDMA_DAEMON_SOCKET")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(if std::env::var_os("SOFTRDMAD_TEST_LOG").is_some() {
+                    Stdio::inherit()
+                } else {
+                    Stdio::null()
+                });
+            // The daemon dies with the test thread that started it, even if the test
+            // process is killed before its guard runs.
+            // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    Ok(())
+                });
+            }
+            let mut child = cmd.spawn().expect("spawn softrdmad");
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let up = loop {
+                if std::os::unix::net::UnixStream::connect(&socket).is_ok() {
+                    break true;
+                }
+                if let Ok(Some(_)) = child.try_wait() {
+                    break false; // the port was taken meanwhile: try another
+                }
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!("softrdmad did not open {} in 20 s", socket.display());
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            };
+            if up {
+                return TestDaemon {
+                    child,
+                    socket,
+                    port,
+                    dir,
+                };
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        panic!("softrdmad failed to start 5 times");
+    }
+
+    /// Fails the test if the daemon has exited (it must outlive every client).
+    pub fn assert_alive(&mut self) {
+        let st = self.child.try_wait().expect("try_wait");
+        assert!(st.is_none(), "softrdmad exited: {st:?}");
+    }
+}
+
+impl Drop for TestDaemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// Kills the child when dropped (a failing test leaves no program behind).
@@ -165,24 +367,37 @@ pub fn describe(o: &Output) -> String {
     )
 }
 
-/// Run a two-process program (server on 127.0.0.1, client on 127.0.0.2, both devices on one
-/// fresh UDP port) and return (server, client) output. The client is retried while the
-/// server is not yet listening on its TCP port.
+/// Run a two-process program on `backend` (see [`Backend`]) and return (server, client)
+/// output. The client is retried while the server is not yet listening on its TCP port.
+/// On the daemon, the daemon must still be running at the end.
 pub fn server_client(
     prog: &str,
     server_args: &[&str],
     client_args: &[&str],
+    backend: Backend,
     limit: Duration,
 ) -> (Output, Output) {
     let udp = free_udp_port();
+    let mut daemon = match backend {
+        Backend::Daemon => Some(TestDaemon::start(&["127.0.0.1"])),
+        Backend::Embedded => None,
+    };
+    let on = |addr| match &daemon {
+        Some(d) => On::Daemon { daemon: d, addr },
+        None => On::Embedded { addr, port: udp },
+    };
     let server = Guard(Some(
-        verbs_command(prog, server_args, "127.0.0.1", udp)
+        verbs_command(prog, server_args, on("127.0.0.1"))
             .spawn()
             .expect("spawn server"),
     ));
+    let client_addr = match backend {
+        Backend::Daemon => "127.0.0.1",
+        Backend::Embedded => "127.0.0.2",
+    };
     let start = Instant::now();
     let client = loop {
-        let o = run(verbs_command(prog, client_args, "127.0.0.2", udp), limit);
+        let o = run(verbs_command(prog, client_args, on(client_addr)), limit);
         let err = String::from_utf8_lossy(&o.stderr).to_lowercase();
         let not_listening = !o.status.success()
             && (err.contains("couldn't connect")
@@ -202,5 +417,8 @@ pub fn server_client(
         describe(&server),
         describe(&client)
     );
+    if let Some(d) = daemon.as_mut() {
+        d.assert_alive();
+    }
     (server, client)
 }

@@ -1,0 +1,186 @@
+//! Asynchronous events (`ibv_get_async_event`, `ibv_ack_async_event`), and the registry
+//! that turns the objects the device names in them (QPN, CQ or SRQ handle) back into the C
+//! objects the program holds.
+
+use core::ffi::{c_int, c_void};
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+
+use engine::AsyncEvent;
+
+use crate::abi::*;
+use crate::device::{ctx, Ctx};
+use crate::set_errno;
+
+/// The kinds of object an asynchronous event can name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Kind {
+    /// A QP, by QPN.
+    Qp,
+    /// A CQ, by handle.
+    Cq,
+    /// An SRQ, by handle.
+    Srq,
+}
+
+/// Live C objects: (device, kind, id) -> address of our box (whose first field is the C
+/// struct).
+type Registry = HashMap<(usize, Kind, u32), usize>;
+
+static OBJECTS: Mutex<Option<Registry>> = Mutex::new(None);
+
+fn objects() -> MutexGuard<'static, Option<Registry>> {
+    OBJECTS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Record a C object made on `cx`'s device.
+pub(crate) fn register(cx: &Ctx, kind: Kind, id: u32, ptr: usize) {
+    objects()
+        .get_or_insert_with(HashMap::new)
+        .insert((cx.device_id(), kind, id), ptr);
+}
+
+/// Forget a destroyed C object.
+pub(crate) fn unregister(cx: &Ctx, kind: Kind, id: u32) {
+    if let Some(m) = objects().as_mut() {
+        m.remove(&(cx.device_id(), kind, id));
+    }
+}
+
+/// Forget every object of a device being closed (a program may leave some behind).
+pub(crate) fn forget_device(cx: &Ctx) {
+    let dev = cx.device_id();
+    if let Some(m) = objects().as_mut() {
+        m.retain(|(d, _, _), _| *d != dev);
+    }
+}
+
+fn lookup(cx: &Ctx, kind: Kind, id: u32) -> Option<usize> {
+    objects()
+        .as_ref()?
+        .get(&(cx.device_id(), kind, id))
+        .copied()
+}
+
+/// `enum ibv_event_type` values.
+mod event_type {
+    pub const CQ_ERR: u32 = 0;
+    pub const QP_FATAL: u32 = 1;
+    pub const SQ_DRAINED: u32 = 5;
+    pub const PORT_ACTIVE: u32 = 9;
+    pub const PORT_ERR: u32 = 10;
+    pub const SRQ_LIMIT_REACHED: u32 = 15;
+    pub const QP_LAST_WQE_REACHED: u32 = 16;
+}
+
+/// The C event for `ev`, or `None` if it names an object this library no longer has (it
+/// was destroyed meanwhile: the event is dropped, as the kernel drops events of destroyed
+/// objects).
+fn to_c(cx: &Ctx, ev: &AsyncEvent) -> Option<ibv_async_event> {
+    let obj = |kind, id| lookup(cx, kind, id).map(|p| p as *mut c_void);
+    // The union's `int port_num` shares the first bytes of the pointer member
+    // (little-endian x86-64): a port is stored as a pointer-sized integer.
+    let port = |p: u8| usize::from(p) as *mut c_void;
+    let (element, event_type) = match *ev {
+        AsyncEvent::CqErr { cq } => (obj(Kind::Cq, cq.0)?, event_type::CQ_ERR),
+        AsyncEvent::QpFatal { qpn } => (obj(Kind::Qp, qpn)?, event_type::QP_FATAL),
+        AsyncEvent::SqDrained { qpn } => (obj(Kind::Qp, qpn)?, event_type::SQ_DRAINED),
+        AsyncEvent::QpLastWqeReached { qpn } => {
+            (obj(Kind::Qp, qpn)?, event_type::QP_LAST_WQE_REACHED)
+        }
+        AsyncEvent::SrqLimitReached { srq } => {
+            (obj(Kind::Srq, srq.0)?, event_type::SRQ_LIMIT_REACHED)
+        }
+        AsyncEvent::PortActive { port: p } => (port(p), event_type::PORT_ACTIVE),
+        AsyncEvent::PortErr { port: p } => (port(p), event_type::PORT_ERR),
+        #[allow(unreachable_patterns)]
+        _ => return None,
+    };
+    Some(ibv_async_event {
+        element,
+        event_type,
+    })
+}
+
+/// `ibv_get_async_event`: the next event of the context's device, blocking until there is
+/// one (`context->async_fd` becomes readable when one may be waiting; on the daemon an
+/// event of another connection also wakes it, so poll-driven callers may see a spurious
+/// wakeup).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_async_event(
+    c: *mut ibv_context,
+    event: *mut ibv_async_event,
+) -> c_int {
+    // SAFETY: see `ctx`.
+    let Some(cx) = (unsafe { ctx(c) }) else {
+        set_errno(libc::EINVAL);
+        return -1;
+    };
+    if event.is_null() {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    let raw = cx.raw();
+    loop {
+        match raw.async_event() {
+            Ok(Some(ev)) => {
+                if let Some(out) = to_c(cx, &ev) {
+                    // SAFETY: non-NULL struct ibv_async_event of the caller.
+                    unsafe { event.write(out) };
+                    return 0;
+                }
+            }
+            Ok(None) => {
+                if let Err(e) = raw.wait_async_event(None) {
+                    set_errno(e.errno());
+                    return -1;
+                }
+            }
+            Err(e) => {
+                set_errno(e.errno());
+                return -1;
+            }
+        }
+    }
+}
+
+/// Whether `ptr` is a live object of `kind` (an event handed it out).
+fn is_live(kind: Kind, ptr: usize) -> bool {
+    objects()
+        .as_ref()
+        .is_some_and(|m| m.iter().any(|((_, k, _), &p)| *k == kind && p == ptr))
+}
+
+/// `ibv_ack_async_event`: count the event as handled on its object (`events_completed`,
+/// as libibverbs does). Events are copies, so there is nothing to release; an event naming
+/// an object this library does not know is ignored.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
+    if event.is_null() {
+        return;
+    }
+    // SAFETY: non-NULL struct ibv_async_event of the caller.
+    let ev = unsafe { event.read() };
+    let p = ev.element as usize;
+    // SAFETY (all arms): the address is a live object of that kind (checked in the
+    // registry), whose box starts with the C struct.
+    match ev.event_type {
+        event_type::CQ_ERR if is_live(Kind::Cq, p) => unsafe {
+            let cq = p as *mut ibv_cq;
+            (*cq).async_events_completed = (*cq).async_events_completed.wrapping_add(1);
+        },
+        event_type::QP_FATAL | event_type::SQ_DRAINED | event_type::QP_LAST_WQE_REACHED
+            if is_live(Kind::Qp, p) =>
+        unsafe {
+            let qp = p as *mut ibv_qp;
+            (*qp).events_completed = (*qp).events_completed.wrapping_add(1);
+        },
+        event_type::SRQ_LIMIT_REACHED if is_live(Kind::Srq, p) => unsafe {
+            let srq = p as *mut ibv_srq;
+            (*srq).events_completed = (*srq).events_completed.wrapping_add(1);
+        },
+        _ => {}
+    }
+}
+
+symver!(ibv_get_async_event, ibv_ack_async_event);
