@@ -180,6 +180,8 @@ fn entry_of(d: *mut ibv_device) -> Option<&'static DevEntry> {
 /// process; on the daemon each context has its own connection).
 pub(crate) struct Shared {
     pub(crate) dev: Device,
+    /// Asynchronous events taken from the device but not yet by the program.
+    pub(crate) pending: Mutex<std::collections::VecDeque<engine::AsyncEvent>>,
 }
 
 /// An open context: the `verbs_context` first, then what the C side never sees.
@@ -214,7 +216,10 @@ impl Ctx {
 static EMBEDDED: Mutex<(usize, Option<Arc<Shared>>)> = Mutex::new((0, None));
 
 fn new_shared(dev: Device) -> Arc<Shared> {
-    Arc::new(Shared { dev })
+    Arc::new(Shared {
+        dev,
+        pending: Mutex::new(std::collections::VecDeque::new()),
+    })
 }
 
 /// Open `e`: the embedded device (shared), or a connection of its own to the daemon's

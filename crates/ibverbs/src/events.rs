@@ -4,6 +4,7 @@
 
 use core::ffi::{c_int, c_void};
 use std::collections::HashMap;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::{Mutex, MutexGuard};
 
 use engine::AsyncEvent;
@@ -102,10 +103,33 @@ fn to_c(cx: &Ctx, ev: &AsyncEvent) -> Option<ibv_async_event> {
     })
 }
 
+/// Consume a pending wakeup of the event descriptor, if any (never blocks: read only when
+/// poll says it is readable).
+fn clear(fd: BorrowedFd<'_>) {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd; zero timeout.
+    if unsafe { libc::poll(&mut p, 1, 0) } == 1 {
+        let mut b = [0u8; 8];
+        // SAFETY: 8 writable bytes; an eventfd that poll reports readable has a count.
+        unsafe { libc::read(p.fd, b.as_mut_ptr().cast(), 8) };
+    }
+}
+
+/// Make the event descriptor readable: events are still waiting.
+fn signal(fd: BorrowedFd<'_>) {
+    let one = 1u64.to_ne_bytes();
+    // SAFETY: 8 readable bytes written to an eventfd (adds 1 to its count).
+    unsafe { libc::write(fd.as_raw_fd(), one.as_ptr().cast(), 8) };
+}
+
 /// `ibv_get_async_event`: the next event of the context's device, blocking until there is
-/// one (`context->async_fd` becomes readable when one may be waiting; on the daemon an
-/// event of another connection also wakes it, so poll-driven callers may see a spurious
-/// wakeup).
+/// one. `context->async_fd` is readable exactly while events wait here (on the daemon, an
+/// event of another connection of the host, or one that arrives while this call takes
+/// others, can leave it readable once with nothing to take).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_async_event(
     c: *mut ibv_context,
@@ -121,25 +145,36 @@ pub unsafe extern "C" fn ibv_get_async_event(
         return -1;
     }
     let raw = cx.raw();
+    let fd = cx.dev().async_event_fd();
     loop {
-        match raw.async_event() {
-            Ok(Some(ev)) => {
+        {
+            let mut q = cx.shared.pending.lock().unwrap_or_else(|p| p.into_inner());
+            // Clear first, then take everything: an event raised after this signals again.
+            clear(fd);
+            loop {
+                match raw.async_event() {
+                    Ok(Some(ev)) => q.push_back(ev),
+                    Ok(None) => break,
+                    Err(e) => {
+                        set_errno(e.errno());
+                        return -1;
+                    }
+                }
+            }
+            while let Some(ev) = q.pop_front() {
                 if let Some(out) = to_c(cx, &ev) {
+                    if !q.is_empty() {
+                        signal(fd);
+                    }
                     // SAFETY: non-NULL struct ibv_async_event of the caller.
                     unsafe { event.write(out) };
                     return 0;
                 }
             }
-            Ok(None) => {
-                if let Err(e) = raw.wait_async_event(None) {
-                    set_errno(e.errno());
-                    return -1;
-                }
-            }
-            Err(e) => {
-                set_errno(e.errno());
-                return -1;
-            }
+        }
+        if let Err(e) = raw.wait_async_event(None) {
+            set_errno(e.errno());
+            return -1;
         }
     }
 }

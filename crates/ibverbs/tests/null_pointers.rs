@@ -158,3 +158,30 @@ fn unsupported_calls_fail_with_eopnotsupp_and_driver_registration_is_harmless() 
     assert_eq!(txt(12), "transport retry counter exceeded");
     assert_eq!(txt(1000), "unknown");
 }
+
+#[test]
+fn async_event_calls_refuse_null_and_foreign_pointers() {
+    let lib = Lib::open();
+    // SAFETY: int ibv_get_async_event(ctx *, struct ibv_async_event *).
+    let get: unsafe extern "C" fn(P, P) -> c_int =
+        unsafe { std::mem::transmute(lib.sym("ibv_get_async_event")) };
+    let mut ev = [0u64; 2];
+    // SAFETY: NULL context with a real event struct: refused before anything is read.
+    assert_eq!(
+        unsafe { get(std::ptr::null_mut(), ev.as_mut_ptr().cast()) },
+        -1
+    );
+    assert_eq!(errno(), libc::EINVAL);
+    // SAFETY: void ibv_ack_async_event(struct ibv_async_event *).
+    let ack: unsafe extern "C" fn(P) =
+        unsafe { std::mem::transmute(lib.sym("ibv_ack_async_event")) };
+    // SAFETY: NULL is ignored.
+    unsafe { ack(std::ptr::null_mut()) };
+    // An event naming an object the library never made (a QP_FATAL at a stack address) is
+    // ignored too: nothing is written through its pointer.
+    let mut fake = [0u8; 160];
+    ev = [fake.as_mut_ptr() as u64, 1];
+    // SAFETY: a well-formed event struct whose element is not ours.
+    unsafe { ack(ev.as_mut_ptr().cast()) };
+    assert!(fake.iter().all(|&b| b == 0));
+}

@@ -5,54 +5,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{configure, describe, run, On, TestDaemon};
-
-const SUITE: &str = "/usr/share/doc/rdma-core/tests";
-const PYTHON: &str = "/usr/bin/python3";
-
-/// A private, unpacked copy of the suite (some of its files ship gzipped).
-fn suite_copy() -> PathBuf {
-    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    DIR.get_or_init(make_suite_copy).clone()
-}
-
-fn make_suite_copy() -> PathBuf {
-    if !Path::new(SUITE).join("run_tests.py").exists() {
-        let _ = Command::new("apt-get")
-            .args([
-                "install",
-                "-y",
-                "--no-install-recommends",
-                "python3-pyverbs",
-            ])
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .stdout(Stdio::null())
-            .status();
-    }
-    assert!(
-        Path::new(SUITE).join("run_tests.py").exists(),
-        "python3-pyverbs is not installed and apt-get could not install it"
-    );
-    let root = std::env::temp_dir().join(format!("softrdma-pyverbs-{}", std::process::id()));
-    let dst = root.join("tests");
-    if !dst.join("run_tests.py").exists() {
-        std::fs::create_dir_all(&root).expect("create suite dir");
-        let st = Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "cp -r {SUITE} {root} && gunzip -f {root}/tests/*.gz",
-                root = root.display()
-            ))
-            .status()
-            .expect("sh runs");
-        assert!(st.success(), "copying the suite failed");
-    }
-    dst
-}
+use common::{configure, describe, run, suite_copy, On, TestDaemon, PYTHON};
 
 fn run_module(module: &str) {
     let dir = suite_copy();

@@ -422,3 +422,48 @@ pub fn server_client(
     }
     (server, client)
 }
+
+/// rdma-core's test suite (Debian python3-pyverbs).
+pub const SUITE: &str = "/usr/share/doc/rdma-core/tests";
+/// Debian's python, which has pyverbs.
+pub const PYTHON: &str = "/usr/bin/python3";
+
+/// A private, unpacked copy of the suite (some of its files ship gzipped).
+pub fn suite_copy() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(make_suite_copy).clone()
+}
+
+fn make_suite_copy() -> PathBuf {
+    if !Path::new(SUITE).join("run_tests.py").exists() {
+        let _ = Command::new("apt-get")
+            .args([
+                "install",
+                "-y",
+                "--no-install-recommends",
+                "python3-pyverbs",
+            ])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .stdout(Stdio::null())
+            .status();
+    }
+    assert!(
+        Path::new(SUITE).join("run_tests.py").exists(),
+        "python3-pyverbs is not installed and apt-get could not install it"
+    );
+    let root = std::env::temp_dir().join(format!("softrdma-pyverbs-{}", std::process::id()));
+    let dst = root.join("tests");
+    if !dst.join("run_tests.py").exists() {
+        std::fs::create_dir_all(&root).expect("create suite dir");
+        let st = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "cp -r {SUITE} {root} && gunzip -f {root}/tests/*.gz",
+                root = root.display()
+            ))
+            .status()
+            .expect("sh runs");
+        assert!(st.success(), "copying the suite failed");
+    }
+    dst
+}
