@@ -414,16 +414,27 @@ impl Client {
         capacity: u32,
         doorbell: std::sync::Arc<OwnedFd>,
     ) -> Result<WorkQueueRing, ClientError> {
-        let fd = self.call_for_fd(&Request::AttachWorkRing {
-            queue,
-            handle,
-            capacity,
-        })?;
+        let fd = self.work_ring_fd(queue, handle, capacity)?;
         let ring = Ring::open(&fd, Role::Producer).map_err(|_| ClientError::Unexpected)?;
         Ok(WorkQueueRing {
             ring,
             doorbell,
             doorbells: 0,
+        })
+    }
+
+    /// The memfd of a new work ring ([`Client::attach_work_ring`] without mapping it), for
+    /// tools and tests that write the ring themselves ([`crate::ring`] has its layout).
+    pub fn work_ring_fd(
+        &mut self,
+        queue: u8,
+        handle: u32,
+        capacity: u32,
+    ) -> Result<OwnedFd, ClientError> {
+        self.call_for_fd(&Request::AttachWorkRing {
+            queue,
+            handle,
+            capacity,
         })
     }
 

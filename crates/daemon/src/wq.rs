@@ -330,7 +330,9 @@ impl WorkRing {
         }
     }
 
-    /// Move the ring's QP to the error state (its queued WQEs complete with flush errors).
+    /// Move the ring's QP to the error state (its queued WQEs complete with flush errors). A
+    /// QP still in RESET stays there (the engine allows no RESET → ERR): it has nothing
+    /// queued, and its ring is detached all the same.
     fn poison(&mut self, engine: &mut Engine<ClientMemory>) {
         self.stash = None;
         if let Some(qpn) = self.queue.qpn() {
