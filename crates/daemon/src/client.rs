@@ -106,6 +106,70 @@ impl CqRing {
     }
 }
 
+/// How a post into a [`WorkQueueRing`] went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Posted {
+    /// In the ring; `doorbell` says whether the daemon slept and the doorbell was rung (a
+    /// system call), or it was awake and will take the WQE on its own.
+    Queued {
+        /// The doorbell was rung.
+        doorbell: bool,
+    },
+    /// The ring is full: post by request (the daemon answers exactly as the verb would).
+    Full,
+    /// Not a post for a ring, or too large for an entry: post by request.
+    Unfit,
+}
+
+/// A QP's send or receive queue, or an SRQ, in shared memory ([`Request::AttachWorkRing`]):
+/// posting writes a WQE into the ring and costs no system call while the daemon is awake.
+#[derive(Debug)]
+pub struct WorkQueueRing {
+    ring: Ring,
+    doorbell: std::sync::Arc<OwnedFd>,
+    doorbells: u64,
+}
+
+impl WorkQueueRing {
+    /// Write `req` (a post request for this ring's queue) as a WQE, and ring the doorbell
+    /// if the daemon said it sleeps.
+    pub fn post(&mut self, req: &Request) -> Result<Posted, RingError> {
+        let Some(entry) = req.to_wqe() else {
+            return Ok(Posted::Unfit);
+        };
+        if entry.len() > self.ring.entry_size() {
+            return Ok(Posted::Unfit);
+        }
+        if !self.ring.push(&entry)? {
+            return Ok(Posted::Full);
+        }
+        let doorbell = self.ring.need_wakeup();
+        if doorbell {
+            self.doorbells += 1;
+            // An eventfd write of 8 bytes cannot block short of a counter near 2^64; a
+            // failure leaves the WQE for the daemon's next look (any request, or a packet).
+            let _ = rustix::io::write(&*self.doorbell, &1u64.to_ne_bytes());
+        }
+        Ok(Posted::Queued { doorbell })
+    }
+
+    /// Whether the daemon's progress thread says it sleeps (the next post rings).
+    pub fn daemon_sleeps(&self) -> bool {
+        self.ring.need_wakeup()
+    }
+
+    /// Doorbells this ring has rung.
+    pub fn doorbells(&self) -> u64 {
+        self.doorbells
+    }
+
+    /// WQEs the daemon has not taken yet.
+    pub fn unconsumed(&self) -> Result<u32, RingError> {
+        Ok(self.ring.capacity() - self.ring.free()?)
+    }
+}
+
 /// One connection to `softrdmad`.
 #[derive(Debug)]
 pub struct Client {
@@ -322,6 +386,56 @@ impl Client {
         let fd = self.call_for_fd(&Request::AttachCqRing { cq, capacity })?;
         let ring = Ring::open(&fd, Role::Consumer).map_err(|_| ClientError::Unexpected)?;
         Ok(CqRing { ring })
+    }
+
+    /// Post by request: `req` must be a post ([`Request::PostSend`], [`Request::PostRecv`],
+    /// [`Request::PostSrqRecv`] or [`Request::PostSendUd`]); the daemon answers as the verb.
+    pub fn post(&mut self, req: &Request) -> Result<(), ClientError> {
+        if req.work_queue().is_none() {
+            return Err(ClientError::Unexpected);
+        }
+        self.done(req)
+    }
+
+    /// The doorbell of device `dev`: an eventfd to write after posting into a work ring
+    /// whose daemon sleeps ([`WorkQueueRing`] does it).
+    pub fn doorbell(&mut self, dev: u32) -> Result<OwnedFd, ClientError> {
+        self.call_for_fd(&Request::Doorbell { dev })
+    }
+
+    /// Post to `queue` ([`crate::proto::wq`]) of QP or SRQ `handle` through a ring of
+    /// `capacity` entries in shared memory from now on; `doorbell` is the device's
+    /// ([`Client::doorbell`]). Posts by request keep working (and keep their order with the
+    /// ring's: the daemon takes what waits in the rings before any request).
+    pub fn attach_work_ring(
+        &mut self,
+        queue: u8,
+        handle: u32,
+        capacity: u32,
+        doorbell: std::sync::Arc<OwnedFd>,
+    ) -> Result<WorkQueueRing, ClientError> {
+        let fd = self.work_ring_fd(queue, handle, capacity)?;
+        let ring = Ring::open(&fd, Role::Producer).map_err(|_| ClientError::Unexpected)?;
+        Ok(WorkQueueRing {
+            ring,
+            doorbell,
+            doorbells: 0,
+        })
+    }
+
+    /// The memfd of a new work ring ([`Client::attach_work_ring`] without mapping it), for
+    /// tools and tests that write the ring themselves ([`crate::ring`] has its layout).
+    pub fn work_ring_fd(
+        &mut self,
+        queue: u8,
+        handle: u32,
+        capacity: u32,
+    ) -> Result<OwnedFd, ClientError> {
+        self.call_for_fd(&Request::AttachWorkRing {
+            queue,
+            handle,
+            capacity,
+        })
     }
 
     /// A completion channel for `cq` (`ibv_create_comp_channel` for one CQ): an eventfd

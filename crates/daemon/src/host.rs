@@ -11,10 +11,20 @@
 //! emitted (ID 0, DF, destination port 4791: the runtime's receive policy), one progress
 //! thread sleeping in `ppoll` on the sockets and an `eventfd` doorbell until the engine's
 //! next timer. The port offers the MTU its links carry ([`port_mtu`]).
+//!
+//! Work rings ([`crate::wq`]): the progress thread takes WQEs from every client's rings while
+//! it is busy, and keeps looking for a short while (the idle spin) after the last work, so
+//! a client posting in a stream never needs a system call. Before it sleeps it sets every
+//! ring's wakeup word and looks once more; a client that finds the word set after pushing
+//! writes the device's doorbell eventfd. Any request on the control socket takes what waits
+//! in the rings first, so a post followed by a verb on the socket keeps its order.
+//!
+//! Packets between two QPs of the same device never touch a socket: they go straight back
+//! into the engine (`local_packets` counts them, `udp_sent` the ones that left as UDP).
 
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 
@@ -27,6 +37,7 @@ use wire::{Ipv4, Ipv4Repr, Ipv6, Ipv6Repr, Udp, UdpRepr};
 
 use crate::memory::{ClientMemory, SharedRegions};
 use crate::ring::{Ring, RingError};
+use crate::wq::{Drained, Queue, WorkRing, WqStats};
 
 /// Room in front of a received datagram for the IP and UDP headers rebuilt there.
 const HEADROOM: usize = wire::IPV6_HEADER_LEN + wire::UDP_HEADER_LEN;
@@ -34,6 +45,12 @@ const HEADROOM: usize = wire::IPV6_HEADER_LEN + wire::UDP_HEADER_LEN;
 const RING_BACKLOG_POLL: std::time::Duration = std::time::Duration::from_micros(200);
 /// Largest UDP payload.
 const MAX_DATAGRAM: usize = 65536;
+/// How long the progress thread keeps looking for work after the last it found, unless
+/// [`Device::set_idle_spin`] says otherwise.
+pub const DEFAULT_IDLE_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
+/// Rounds of same-device packet exchange one pump runs before leaving the rest for later
+/// (so a control request that pumps does not move a whole transfer).
+const LOCAL_ROUNDS: usize = 32;
 
 /// Why a device could not start.
 #[derive(Debug, thiserror::Error)]
@@ -84,6 +101,14 @@ pub struct Core {
     /// Connections' event channels, signalled on every asynchronous event (a connection
     /// that ended leaves a dead reference, pruned then).
     event_channels: Vec<Weak<EventFd>>,
+    /// Clients' SQ, RQ and SRQ rings.
+    work: Vec<WorkRing>,
+    /// The progress thread sleeps (new work rings start with their wakeup word set).
+    asleep: bool,
+    /// Packets addressed to this device, waiting to go back into the engine.
+    local_rx: VecDeque<Vec<u8>>,
+    /// Spare buffers for `local_rx`.
+    local_free: Vec<Vec<u8>>,
 }
 
 /// Most asynchronous events kept for clients to take; the oldest go first.
@@ -96,6 +121,17 @@ struct Shared {
     doorbell: EventFd,
     stop: AtomicBool,
     origin: std::time::Instant,
+    addrs: Vec<IpAddr>,
+    /// Work ring counters.
+    wq_stats: WqStats,
+    /// Same-device packets delivered without a socket.
+    local_packets: AtomicU64,
+    /// Datagrams sent on the sockets.
+    udp_sent: AtomicU64,
+    /// Datagrams received on the sockets.
+    udp_received: AtomicU64,
+    /// Idle spin in nanoseconds.
+    idle_spin_ns: AtomicU64,
 }
 
 impl Shared {
@@ -109,9 +145,40 @@ impl Shared {
         self.core.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Send everything the engine has to send, keep its asynchronous events for their
-    /// owners (bounded), and signal the channels of CQs whose notification fired.
-    fn pump(&self, core: &mut Core, now: Instant) {
+    /// Take what waits in the work rings into the engine; returns how many WQEs.
+    fn drain_work(&self, core: &mut Core) -> usize {
+        let Core { engine, work, .. } = core;
+        let mut took = 0;
+        work.retain_mut(|w| match w.drain(engine, &self.wq_stats) {
+            Drained::Took(n) => {
+                took += n;
+                true
+            }
+            Drained::Broken => false,
+        });
+        took
+    }
+
+    /// Send everything the engine has to send (packets for this device's own addresses go
+    /// straight back into it), keep its asynchronous events for their owners (bounded), and
+    /// signal the channels of CQs whose notification fired. Returns whether it moved any
+    /// packet.
+    fn pump(&self, core: &mut Core, now: Instant) -> bool {
+        let mut moved = false;
+        for _ in 0..LOCAL_ROUNDS {
+            moved |= self.pump_once(core, now);
+            if core.local_rx.is_empty() {
+                break;
+            }
+            while let Some(p) = core.local_rx.pop_front() {
+                core.engine.handle_datagram(now, &p);
+                core.local_free.push(p);
+            }
+        }
+        moved
+    }
+
+    fn pump_once(&self, core: &mut Core, now: Instant) -> bool {
         let Core {
             engine,
             txbuf,
@@ -119,7 +186,11 @@ impl Shared {
             channels,
             events,
             event_channels,
+            local_rx,
+            local_free,
+            ..
         } = core;
+        let mut moved = false;
         let mut any = false;
         while let Some(ev) = engine.get_async_event() {
             tracing::debug!(event = ?ev, "async event");
@@ -152,7 +223,18 @@ impl Shared {
             }
         });
         while let Some(t) = engine.poll_transmit(now, txbuf) {
+            moved = true;
             let pkt = &txbuf[..t.len];
+            if self.addrs.contains(&t.dst) {
+                // Both ends on this device: the engine takes its own packet back, as a NIC
+                // loops back traffic between its own QPs, with no socket on the way.
+                let mut b = local_free.pop().unwrap_or_default();
+                b.clear();
+                b.extend_from_slice(pkt);
+                local_rx.push_back(b);
+                self.local_packets.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
             let (hl, src) = match pkt.first().map(|b| b >> 4) {
                 Some(4) if pkt.len() >= 20 => (
                     wire::IPV4_HEADER_LEN,
@@ -174,19 +256,27 @@ impl Shared {
                 .find(|(a, _)| *a == src)
                 .or_else(|| self.socks.first());
             if let Some((_, s)) = sock {
-                if let Err(e) = s.send_to(payload, SocketAddr::new(t.dst, self.remote_port)) {
-                    tracing::debug!(error = %e, dst = %t.dst, "send failed");
+                match s.send_to(payload, SocketAddr::new(t.dst, self.remote_port)) {
+                    Ok(_) => {
+                        self.udp_sent.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => tracing::debug!(error = %e, dst = %t.dst, "send failed"),
                 }
             }
         }
+        moved
     }
 
-    /// Receive everything pending, run timers, send.
-    fn drive(&self, rxbuf: &mut [u8]) {
+    /// Take posted WQEs, receive everything pending, run timers, send. Returns whether
+    /// anything happened (the progress thread keeps looking while it does).
+    fn drive(&self, rxbuf: &mut [u8]) -> bool {
         let mut core = self.lock();
+        let mut busy = self.drain_work(&mut core) > 0;
         let now = self.now();
         for (local, sock) in &self.socks {
             while let Ok((n, from)) = sock.recv_from(&mut rxbuf[HEADROOM..]) {
+                busy = true;
+                self.udp_received.fetch_add(1, Ordering::Relaxed);
                 if let Some(start) = rebuild_headers(rxbuf, n, from, *local) {
                     core.engine
                         .handle_datagram(now, &rxbuf[start..HEADROOM + n]);
@@ -196,7 +286,16 @@ impl Shared {
         if core.engine.poll_timeout().is_some_and(|t| t <= now) {
             core.engine.handle_timeout(now);
         }
-        self.pump(&mut core, now);
+        busy |= self.pump(&mut core, now);
+        busy || !core.local_rx.is_empty()
+    }
+
+    /// Tell every work ring whether its client must ring the doorbell.
+    fn set_asleep(core: &mut Core, asleep: bool) {
+        core.asleep = asleep;
+        for w in &core.work {
+            w.set_sleeping(asleep);
+        }
     }
 }
 
@@ -350,12 +449,22 @@ impl Device {
                 channels: HashMap::new(),
                 events: VecDeque::new(),
                 event_channels: Vec::new(),
+                work: Vec::new(),
+                asleep: false,
+                local_rx: VecDeque::new(),
+                local_free: Vec::new(),
             }),
             socks,
             remote_port: config.remote_port,
             doorbell,
             stop: AtomicBool::new(false),
             origin: std::time::Instant::now(),
+            addrs: config.addrs.clone(),
+            wq_stats: WqStats::default(),
+            local_packets: AtomicU64::new(0),
+            udp_sent: AtomicU64::new(0),
+            udp_received: AtomicU64::new(0),
+            idle_spin_ns: AtomicU64::new(DEFAULT_IDLE_SPIN.as_nanos() as u64),
         });
         let s = shared.clone();
         let thread = std::thread::Builder::new()
@@ -376,8 +485,11 @@ impl Device {
 
     /// Run `f` on the engine under the device lock, then send what it queued and wake the
     /// progress thread so it re-reads the engine's next timer.
+    /// What waits in the work rings goes into the engine first, so a verb sees every post
+    /// made before it.
     pub fn with<R>(&self, f: impl FnOnce(&mut Engine<ClientMemory>) -> R) -> R {
         let mut core = self.shared.lock();
+        self.shared.drain_work(&mut core);
         let r = f(&mut core.engine);
         let now = self.shared.now();
         self.shared.pump(&mut core, now);
@@ -478,9 +590,70 @@ impl Device {
         self.shared.lock().rings.contains_key(&cq)
     }
 
-    /// Run `f` on the engine under the device lock, for reads that change nothing.
+    /// Run `f` on the engine under the device lock, for reads that change nothing (after
+    /// taking what waits in the work rings, so that a read sees every earlier post).
     pub fn read<R>(&self, f: impl FnOnce(&Engine<ClientMemory>) -> R) -> R {
-        f(&self.shared.lock().engine)
+        let mut core = self.shared.lock();
+        if self.shared.drain_work(&mut core) > 0 {
+            let now = self.shared.now();
+            self.shared.pump(&mut core, now);
+        }
+        f(&core.engine)
+    }
+
+    /// Take posts for `ring`'s queue from it from now on.
+    pub fn attach_work_ring(&self, ring: WorkRing) {
+        let mut core = self.shared.lock();
+        // Under the lock the progress thread sets and clears every ring's word: a ring
+        // added while it sleeps asks for doorbells from the start.
+        ring.set_sleeping(core.asleep);
+        core.work.push(ring);
+        drop(core);
+        let _ = self.shared.doorbell.write(1);
+    }
+
+    /// Stop taking posts for the queues `gone` matches (before destroying their QP or SRQ).
+    pub fn detach_work_rings(&self, gone: impl Fn(Queue) -> bool) {
+        self.shared.lock().work.retain(|w| !gone(w.queue()));
+    }
+
+    /// Whether a work ring of `queue` holds back a WQE for room in the engine (a post by
+    /// request would overtake it).
+    pub fn backlogged(&self, queue: Queue) -> bool {
+        let core = self.shared.lock();
+        core.work
+            .iter()
+            .any(|w| w.queue() == queue && w.backlogged())
+    }
+
+    /// Whether a work ring feeds `queue`.
+    pub fn has_work_ring(&self, queue: Queue) -> bool {
+        self.shared.lock().work.iter().any(|w| w.queue() == queue)
+    }
+
+    /// The device's doorbell, to hand to a client: writing it wakes the progress thread.
+    pub fn doorbell(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+        self.shared.doorbell.as_fd().try_clone_to_owned()
+    }
+
+    /// How long the progress thread keeps looking for work after the last it found before
+    /// it sleeps (zero: sleep at once).
+    pub fn set_idle_spin(&self, spin: std::time::Duration) {
+        self.shared.idle_spin_ns.store(
+            spin.as_nanos().min(u64::MAX.into()) as u64,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// The host's own counters of this device: work rings, doorbells, same-device packets,
+    /// UDP datagrams.
+    pub fn host_counters(&self) -> Vec<(&'static str, u64)> {
+        let s = &self.shared;
+        let mut v = s.wq_stats.snapshot();
+        v.push(("local_packets", s.local_packets.load(Ordering::Relaxed)));
+        v.push(("udp_sent", s.udp_sent.load(Ordering::Relaxed)));
+        v.push(("udp_received", s.udp_received.load(Ordering::Relaxed)));
+        v
     }
 }
 
@@ -498,16 +671,38 @@ fn progress(shared: &Shared) {
     use nix::poll::{ppoll, PollFd, PollFlags};
     use nix::sys::time::TimeSpec;
     let mut rxbuf = vec![0u8; MAX_DATAGRAM + HEADROOM];
+    let mut last_work = std::time::Instant::now();
     while !shared.stop.load(Ordering::Relaxed) {
-        shared.drive(&mut rxbuf);
+        if shared.drive(&mut rxbuf) {
+            last_work = std::time::Instant::now();
+            // Let connection threads at the device lock between rounds.
+            std::thread::yield_now();
+            continue;
+        }
+        let spin = std::time::Duration::from_nanos(shared.idle_spin_ns.load(Ordering::Relaxed));
+        if last_work.elapsed() < spin {
+            std::thread::yield_now();
+            continue;
+        }
         let (deadline, backlog) = {
-            let core = shared.lock();
+            let mut core = shared.lock();
+            // Ask for doorbells, then look once more: a client that pushed before it could
+            // see the word is found here (see `Ring::set_need_wakeup`).
+            Shared::set_asleep(&mut core, true);
+            if !core.local_rx.is_empty() || core.work.iter().any(WorkRing::waiting) {
+                Shared::set_asleep(&mut core, false);
+                continue;
+            }
             let backlog = core
                 .rings
                 .keys()
                 .any(|&cq| core.engine.cq_len(cq).is_ok_and(|n| n > 0));
             (core.engine.poll_timeout(), backlog)
         };
+        shared
+            .wq_stats
+            .progress_sleeps
+            .fetch_add(1, Ordering::Relaxed);
         let mut timeout = deadline.map(|t| t.saturating_duration_since(shared.now()));
         if backlog {
             // Completions wait for room in a client's CQ ring. Until clients ring a doorbell
@@ -528,6 +723,17 @@ fn progress(shared: &Shared) {
             }
         }
         let _ = shared.doorbell.read();
+        {
+            let mut core = shared.lock();
+            Shared::set_asleep(&mut core, false);
+            if core.work.iter().any(WorkRing::waiting) {
+                shared
+                    .wq_stats
+                    .doorbell_wakeups
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        last_work = std::time::Instant::now();
     }
 }
 

@@ -14,26 +14,40 @@
 //! tables), [`client`] (the library side, which the `softrdma` API's daemon backend uses),
 //! [`ring`] (shared-memory rings over a sealed memfd).
 //!
-//! ## Data path today
+//! ## Data path
 //!
-//! Posting is a request on the socket. Completions come either by request
-//! ([`proto::Request::PollCq`]) or, after [`client::Client::attach_cq_ring`], through a CQ
-//! ring in shared memory (its memfd passed with SCM_RIGHTS) that the client polls with no
-//! system call. The daemon refills a ring whenever it handles anything; while completions
-//! wait for room it looks again every 200 µs (no consumer doorbell yet). A completion
-//! channel ([`proto::Request::CqChannel`]) is an eventfd passed the same way, signalled when
-//! a notification armed with [`proto::Request::ReqNotifyCq`] fires (at once if the CQ is
-//! not empty). Asynchronous events are kept (at most 1024, oldest dropped) until the
-//! connection owning their QP, CQ or SRQ takes them ([`proto::Request::GetAsyncEvents`]);
-//! a connection's event channel ([`proto::Request::AsyncEventChannel`], an eventfd) is
-//! signalled whenever one is raised.
+//! Posting: each QP's send and receive queue (and each SRQ) can take its WQEs from a ring in
+//! shared memory ([`proto::Request::AttachWorkRing`], a memfd passed with SCM_RIGHTS): the
+//! client writes the post request as a WQE ([`proto::Request::to_wqe`]) and rings the
+//! device's doorbell ([`proto::Request::Doorbell`], an eventfd) only when the ring's wakeup
+//! word says the progress thread sleeps; while it is busy (and for a short idle spin after,
+//! `--idle-spin-us`) it takes WQEs on its own, so a stream of posts costs no system call.
+//! [`wq`] validates every index and WQE a client writes; a lying ring is detached and its QP
+//! moved to the error state. Posting by request still works (and is what the library falls
+//! back to for a WQE it cannot vouch for): any request first takes what waits in the
+//! connection's rings, so order is kept.
+//!
+//! Completions come either by request ([`proto::Request::PollCq`]) or, after
+//! [`client::Client::attach_cq_ring`], through a CQ ring in shared memory that the client
+//! polls with no system call. The daemon refills a ring whenever it handles anything; while
+//! completions wait for room it looks again every 200 µs (no consumer doorbell yet). A
+//! completion channel ([`proto::Request::CqChannel`]) is an eventfd passed the same way,
+//! signalled when a notification armed with [`proto::Request::ReqNotifyCq`] fires (at once
+//! if the CQ is not empty). Asynchronous events are kept (at most 1024, oldest dropped)
+//! until the connection owning their QP, CQ or SRQ takes them
+//! ([`proto::Request::GetAsyncEvents`]); a connection's event channel
+//! ([`proto::Request::AsyncEventChannel`], an eventfd) is signalled whenever one is raised.
+//!
+//! Two QPs on the same device exchange their packets inside the daemon, never through a
+//! socket (the device's `local_packets` counter; `udp_sent` counts what left as UDP).
 //!
 //! Memory windows (alloc, bind verb, BIND_MW and LOCAL_INV work requests), SRQs, AHs and
 //! UD sends go over the protocol too.
 //!
-//! Not here yet (issue 6): SQ/RQ rings and doorbells (posting is a message today), a
-//! consumer doorbell for CQ rings, same-host direct data movement (two QPs of one daemon
-//! still exchange UDP packets).
+//! Not here yet (issue 6): a consumer doorbell for CQ rings; same-daemon traffic between two
+//! *different* devices still crosses the kernel as UDP; the bytes of a same-device transfer
+//! are still copied twice (out of the sender with `process_vm_readv` into packets, into the
+//! receiver with `process_vm_writev`).
 
 #![warn(missing_docs)]
 
@@ -44,3 +58,4 @@ pub mod memory;
 pub mod proto;
 pub mod ring;
 pub mod server;
+pub mod wq;

@@ -850,6 +850,10 @@ kinds! {
     MODIFY_SRQ = 38,
     /// [`super::Request::QuerySrq`].
     QUERY_SRQ = 39,
+    /// [`super::Request::AttachWorkRing`].
+    ATTACH_WORK_RING = 40,
+    /// [`super::Request::Doorbell`].
+    DOORBELL = 41,
 }
 
 /// A request from a client. Handles (`pd`, `cq`, `mr`, `qp`) are the connection's own
@@ -1112,6 +1116,40 @@ pub enum Request {
         /// SRQ handle.
         srq: u32,
     },
+    /// Take posts to a QP's send or receive queue, or to an SRQ, from a shared-memory ring
+    /// of `capacity` entries ([`crate::ring`], [`WQE_ENTRY_LEN`]-byte entries, each one
+    /// post request as [`Request::to_wqe`] lays it out) as well as by request; the answer
+    /// carries the ring's memfd (SCM_RIGHTS). The client produces, the daemon consumes.
+    AttachWorkRing {
+        /// Which queue: [`wq::SQ`], [`wq::RQ`] or [`wq::SRQ`].
+        queue: u8,
+        /// QP handle (SQ, RQ) or SRQ handle.
+        handle: u32,
+        /// Entries (a power of two).
+        capacity: u32,
+    },
+    /// The doorbell of device `dev`: the answer carries an eventfd (SCM_RIGHTS) to write
+    /// after pushing into a work ring whose wakeup word says the daemon sleeps.
+    Doorbell {
+        /// Device index.
+        dev: u32,
+    },
+}
+
+/// Bytes per entry of a work ring ([`Request::AttachWorkRing`]).
+pub const WQE_ENTRY_LEN: usize = 256;
+/// Bytes in front of a post request's body in a work ring entry: kind (u16) and body
+/// length (u16), little-endian.
+pub const WQE_HEADER_LEN: usize = 4;
+
+/// The queues a work ring can feed ([`Request::AttachWorkRing`]).
+pub mod wq {
+    /// A QP's send queue: [`super::Request::PostSend`] and [`super::Request::PostSendUd`].
+    pub const SQ: u8 = 0;
+    /// A QP's receive queue: [`super::Request::PostRecv`].
+    pub const RQ: u8 = 1;
+    /// A shared receive queue: [`super::Request::PostSrqRecv`].
+    pub const SRQ: u8 = 2;
 }
 
 /// An address vector (`ibv_ah_attr` with its GRH) as [`Request::CreateAh`] carries it.
@@ -1375,7 +1413,53 @@ impl Request {
             Request::BindMw { .. } => kind::BIND_MW,
             Request::ModifySrq { .. } => kind::MODIFY_SRQ,
             Request::QuerySrq { .. } => kind::QUERY_SRQ,
+            Request::AttachWorkRing { .. } => kind::ATTACH_WORK_RING,
+            Request::Doorbell { .. } => kind::DOORBELL,
         }
+    }
+
+    /// The queue a post request goes to ([`wq`]), or `None` for any other request.
+    pub fn work_queue(&self) -> Option<u8> {
+        match self {
+            Request::PostSend { .. } | Request::PostSendUd { .. } => Some(wq::SQ),
+            Request::PostRecv { .. } => Some(wq::RQ),
+            Request::PostSrqRecv { .. } => Some(wq::SRQ),
+            _ => None,
+        }
+    }
+
+    /// This post request as a work ring entry (kind, body length, body), or `None` if it is
+    /// not a post or does not fit in [`WQE_ENTRY_LEN`] bytes (then it goes by request).
+    pub fn to_wqe(&self) -> Option<Vec<u8>> {
+        self.work_queue()?;
+        let body = self.encode_body();
+        let len = u16::try_from(body.len()).ok()?;
+        if WQE_HEADER_LEN + body.len() > WQE_ENTRY_LEN {
+            return None;
+        }
+        let mut e = Vec::with_capacity(WQE_HEADER_LEN + body.len());
+        e.extend_from_slice(&self.kind().to_le_bytes());
+        e.extend_from_slice(&len.to_le_bytes());
+        e.extend_from_slice(&body);
+        Some(e)
+    }
+
+    /// Decode a work ring entry written by an untrusted client: it must be a post request
+    /// whose announced length fits the entry, and decode exactly.
+    pub fn from_wqe(entry: &[u8]) -> Result<Request, ProtoError> {
+        let (head, rest) = entry
+            .split_at_checked(WQE_HEADER_LEN)
+            .ok_or(ProtoError::Truncated)?;
+        let kind = u16::from_le_bytes([head[0], head[1]]);
+        let len = usize::from(u16::from_le_bytes([head[2], head[3]]));
+        let body = rest.get(..len).ok_or(ProtoError::Truncated)?;
+        if !matches!(
+            kind,
+            kind::POST_SEND | kind::POST_SEND_UD | kind::POST_RECV | kind::POST_SRQ_RECV
+        ) {
+            return Err(ProtoError::Invalid("not a post request"));
+        }
+        Request::decode(kind, body)
     }
 
     /// The body bytes.
@@ -1479,8 +1563,16 @@ impl Request {
             }
             Request::DeallocMw { mw: h }
             | Request::QueryMw { mw: h }
-            | Request::QuerySrq { srq: h } => {
+            | Request::QuerySrq { srq: h }
+            | Request::Doorbell { dev: h } => {
                 w.u32(*h);
+            }
+            Request::AttachWorkRing {
+                queue,
+                handle,
+                capacity,
+            } => {
+                w.u8(*queue).u32(*handle).u32(*capacity);
             }
             Request::ModifySrq {
                 srq,
@@ -1614,6 +1706,12 @@ impl Request {
                 srq_limit: r.u32()?,
             },
             kind::QUERY_SRQ => Request::QuerySrq { srq: r.u32()? },
+            kind::ATTACH_WORK_RING => Request::AttachWorkRing {
+                queue: r.u8()?,
+                handle: r.u32()?,
+                capacity: r.u32()?,
+            },
+            kind::DOORBELL => Request::Doorbell { dev: r.u32()? },
             kind::QUERY_MW => Request::QueryMw { mw: r.u32()? },
             kind::BIND_MW => Request::BindMw {
                 qp: r.u32()?,
@@ -2201,7 +2299,47 @@ mod tests {
                     inline: None,
                 },
             },
+            Request::AttachWorkRing {
+                queue: wq::RQ,
+                handle: 3,
+                capacity: 64,
+            },
+            Request::Doorbell { dev: 1 },
         ]
+    }
+
+    #[test]
+    fn post_requests_round_trip_through_work_ring_entries_and_others_do_not_fit() {
+        let mut n = 0;
+        for req in sample_requests() {
+            match req.to_wqe() {
+                Some(e) => {
+                    n += 1;
+                    assert!(req.work_queue().is_some());
+                    let mut entry = e.clone();
+                    entry.resize(WQE_ENTRY_LEN, 0xee);
+                    assert_eq!(Request::from_wqe(&entry).unwrap(), req);
+                    // A length past the entry, or a cut body, is refused.
+                    entry[2..4].copy_from_slice(&(WQE_ENTRY_LEN as u16).to_le_bytes());
+                    assert!(Request::from_wqe(&entry).is_err());
+                    for cut in WQE_HEADER_LEN..e.len() {
+                        let mut c = e[..cut].to_vec();
+                        c[2..4].copy_from_slice(&((cut - WQE_HEADER_LEN) as u16).to_le_bytes());
+                        assert!(Request::from_wqe(&c).is_err(), "{req:?} cut {cut}");
+                    }
+                }
+                None => assert!(req.work_queue().is_none(), "{req:?} should fit"),
+            }
+        }
+        assert!(n >= 4);
+        // Other requests are not accepted from a ring, whatever their bytes.
+        let mut e = Request::QuerySrq { srq: 1 }.encode_body();
+        let mut entry = kind::QUERY_SRQ.to_le_bytes().to_vec();
+        entry.extend_from_slice(&(e.len() as u16).to_le_bytes());
+        entry.append(&mut e);
+        assert!(Request::from_wqe(&entry).is_err());
+        assert!(Request::from_wqe(&[1, 2]).is_err());
+        assert!(Request::from_wqe(&[0; WQE_ENTRY_LEN]).is_err());
     }
 
     #[test]

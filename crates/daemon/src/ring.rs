@@ -1,12 +1,13 @@
-//! Single-producer, single-consumer rings in shared memory (a sealed `memfd`), the planned
-//! data path between clients and the daemon: per-QP SQ/RQ rings the client produces into,
-//! per-CQ rings the daemon produces into. Not wired into the protocol yet.
+//! Single-producer, single-consumer rings in shared memory (a sealed `memfd`), the data path
+//! between clients and the daemon: per-QP SQ/RQ rings (and per-SRQ rings) the client
+//! produces into, per-CQ rings the daemon produces into.
 //!
 //! Layout (native byte order; each index on its own cache line):
 //!
 //! | offset | field |
 //! |---|---|
 //! | 0 | magic `RING_MAGIC`, version, entry size, capacity (a power of two) |
+//! | 16 | wakeup word: non-zero while the consumer sleeps and wants a doorbell |
 //! | 64 | producer index (free-running u32) |
 //! | 128 | consumer index (free-running u32) |
 //! | 192 | `capacity` entries of `entry size` bytes |
@@ -25,6 +26,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 /// First word of a ring: `"SRRG"`.
 pub const RING_MAGIC: u32 = u32::from_le_bytes(*b"SRRG");
 const VERSION: u32 = 1;
+const WAKE: usize = 16;
 const PROD: usize = 64;
 const CONS: usize = 128;
 const ENTRIES: usize = 192;
@@ -293,6 +295,25 @@ impl Ring {
     }
 }
 
+impl Ring {
+    /// Consumer: tell the producer whether it must ring the doorbell after pushing (true
+    /// before the consumer sleeps). Followed by a full fence: a consumer that then finds
+    /// the ring empty may sleep, because a producer that pushed after this store also sees
+    /// it (the producer's side is [`Ring::need_wakeup`]).
+    pub fn set_need_wakeup(&self, sleeping: bool) {
+        self.word(WAKE).store(u32::from(sleeping), Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+    }
+
+    /// Producer, after a push: whether the consumer said it sleeps (ring its doorbell then).
+    /// The full fence orders the push before this load: either the consumer sees the entry
+    /// before it sleeps, or this sees its flag (no doorbell is lost).
+    pub fn need_wakeup(&self) -> bool {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.word(WAKE).load(Ordering::SeqCst) != 0
+    }
+}
+
 impl Drop for Ring {
     #[allow(unsafe_code)]
     fn drop(&mut self) {
@@ -343,6 +364,17 @@ mod tests {
         let mut out = [0u8; 8];
         assert!(matches!(c2.pop(&mut out), Err(RingError::Corrupt { .. })));
         let _ = p.push(&[]);
+    }
+
+    #[test]
+    fn the_wakeup_word_crosses_from_consumer_to_producer() {
+        let (c, fd) = Ring::create(4, 8, Role::Consumer).unwrap();
+        let p = Ring::open(&fd, Role::Producer).unwrap();
+        assert!(!p.need_wakeup());
+        c.set_need_wakeup(true);
+        assert!(p.need_wakeup());
+        c.set_need_wakeup(false);
+        assert!(!p.need_wakeup());
     }
 
     #[test]

@@ -16,7 +16,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use engine::{
     AccessFlags, AhHandle, CqHandle, MemOwner, MrHandle, MwHandle, MwType, PdHandle, QpAttr,
@@ -28,10 +28,11 @@ use crate::convert::{self, ConvertError};
 use crate::host::Device;
 use crate::memory::{self, Region, SharedRegions};
 use crate::proto::{
-    DeviceInfo, Header, ProtoError, QpInitMsg, Request, Response, SgeMsg, WcMsg, HEADER_LEN,
-    MAX_EVENTS, MAX_WCS, VERSION,
+    wq, DeviceInfo, Header, ProtoError, QpInitMsg, Request, Response, SgeMsg, WcMsg, HEADER_LEN,
+    MAX_EVENTS, MAX_WCS, VERSION, WQE_ENTRY_LEN,
 };
 use crate::ring::{Ring, Role};
+use crate::wq::{Handles, Queue, WorkRing};
 
 const EINVAL: i32 = 22;
 const EFAULT: i32 = 14;
@@ -41,6 +42,8 @@ const EOPNOTSUPP: i32 = 95;
 
 /// Largest CQ ring.
 const MAX_RING_ENTRIES: u32 = 1 << 16;
+/// Largest work ring (2 MiB of WQEs).
+const MAX_WORK_RING_ENTRIES: u32 = 1 << 13;
 
 /// Most objects one connection may hold (the engine's own limits apply too).
 const MAX_OBJECTS_PER_CONNECTION: usize = 1 << 16;
@@ -202,13 +205,63 @@ fn fail(errno: i32, message: impl Into<String>) -> Fail {
     }
 }
 
+/// A connection's handle table, shared with its work rings (which translate the handles
+/// WQEs name). Lock order: a device lock may be held when taking this one, never the
+/// other way round.
+type Table = Arc<Mutex<HashMap<u32, Obj>>>;
+
+/// What a work ring of connection `objs` on device `dev` resolves handles with.
+struct ConnHandles {
+    objs: Table,
+    dev: usize,
+}
+
+impl ConnHandles {
+    fn get(&self, h: u32) -> Option<Obj> {
+        lock_table(&self.objs).get(&h).copied()
+    }
+}
+
+impl Handles for ConnHandles {
+    fn ah(&self, ah: u32) -> Option<AhHandle> {
+        match self.get(ah)? {
+            Obj::Ah { dev, h } if dev == self.dev => Some(h),
+            _ => None,
+        }
+    }
+
+    fn send_wr(&self, mut wr: SendWr) -> Option<SendWr> {
+        if let SendOp::BindMw { mw, bind, .. } = &mut wr.op {
+            match self.get(mw.0)? {
+                Obj::Mw { dev, h } if dev == self.dev => *mw = h,
+                _ => return None,
+            }
+            if bind.length == 0 {
+                bind.mr = MrHandle(0);
+            } else {
+                match self.get(bind.mr.0)? {
+                    Obj::Mr { dev, h, .. } if dev == self.dev => bind.mr = h,
+                    _ => return None,
+                }
+            }
+        }
+        Some(wr)
+    }
+}
+
+fn lock_table(t: &Table) -> MutexGuard<'_, HashMap<u32, Obj>> {
+    // Every change to the table is a single insert or remove: a panic elsewhere cannot
+    // leave it half-made.
+    t.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// One client connection's state.
 struct Conn<'d> {
     daemon: &'d Daemon,
     pid: i32,
     uid: u32,
     greeted: bool,
-    objs: HashMap<u32, Obj>,
+    objs: Table,
     next: u32,
     /// A file descriptor to pass with the next answer (SCM_RIGHTS).
     pending_fd: Option<OwnedFd>,
@@ -218,10 +271,16 @@ struct Conn<'d> {
 }
 
 impl<'d> Conn<'d> {
+    fn objs(&self) -> MutexGuard<'_, HashMap<u32, Obj>> {
+        lock_table(&self.objs)
+    }
+
     fn insert(&mut self, o: Obj) -> u32 {
+        let objs = self.objs.clone();
+        let mut objs = lock_table(&objs);
         loop {
             self.next = self.next.wrapping_add(1).max(1);
-            if let std::collections::hash_map::Entry::Vacant(e) = self.objs.entry(self.next) {
+            if let std::collections::hash_map::Entry::Vacant(e) = objs.entry(self.next) {
                 e.insert(o);
                 return self.next;
             }
@@ -229,7 +288,8 @@ impl<'d> Conn<'d> {
     }
 
     fn get(&self, h: u32) -> Result<Obj, Fail> {
-        self.objs.get(&h).copied().ok_or_else(|| {
+        let found = self.objs().get(&h).copied();
+        found.ok_or_else(|| {
             self.daemon
                 .stats
                 .foreign_handles
@@ -330,14 +390,23 @@ impl<'d> Conn<'d> {
 
     /// The connection's handle of an engine object on device `dev` that `matches`.
     fn handle_of(&self, dev: usize, matches: impl Fn(&Obj) -> bool) -> Option<u32> {
-        self.objs
+        self.objs()
             .iter()
             .find(|(_, o)| o.dev() == dev && matches(o))
             .map(|(h, _)| *h)
     }
 
+    /// A post by request must not overtake a WQE its queue's ring holds back for room in
+    /// the engine: the queue is full then.
+    fn not_backlogged(&self, dev: usize, q: Queue) -> Result<(), Fail> {
+        if self.daemon.devices[dev].backlogged(q) {
+            return Err(VerbsError::QueueFull.into());
+        }
+        Ok(())
+    }
+
     fn room(&self) -> Result<(), Fail> {
-        if self.objs.len() >= MAX_OBJECTS_PER_CONNECTION {
+        if self.objs().len() >= MAX_OBJECTS_PER_CONNECTION {
             return Err(fail(ENOMEM, "too many objects on this connection"));
         }
         Ok(())
@@ -404,7 +473,7 @@ impl<'d> Conn<'d> {
             Request::DeallocPd { pd } => {
                 let (i, h) = self.pd(pd)?;
                 d.devices[i].with(|e| e.dealloc_pd(h))?;
-                self.objs.remove(&pd);
+                self.objs().remove(&pd);
                 self.stat(|s| &s.live_pds, false);
                 Ok(Response::Done)
             }
@@ -459,7 +528,7 @@ impl<'d> Conn<'d> {
                 Obj::Mr { dev, h, owner } => {
                     d.devices[dev].with(|e| e.dereg_mr(h))?;
                     memory::lock(&d.regions).remove(owner);
-                    self.objs.remove(&mr);
+                    self.objs().remove(&mr);
                     self.stat(|s| &s.live_mrs, false);
                     Ok(Response::Done)
                 }
@@ -477,7 +546,7 @@ impl<'d> Conn<'d> {
                 d.devices[i].with(|e| e.destroy_cq(h))?;
                 d.devices[i].detach_ring(h);
                 d.devices[i].drop_channel(h);
-                self.objs.remove(&cq);
+                self.objs().remove(&cq);
                 self.stat(|s| &s.live_cqs, false);
                 Ok(Response::Done)
             }
@@ -498,18 +567,21 @@ impl<'d> Conn<'d> {
             Request::DestroyQp { qp } => {
                 let (i, qpn) = self.qp(qp)?;
                 d.devices[i].with(|e| e.destroy_qp(qpn))?;
-                self.objs.remove(&qp);
+                d.devices[i].detach_work_rings(|q| q.qpn() == Some(qpn));
+                self.objs().remove(&qp);
                 self.stat(|s| &s.live_qps, false);
                 Ok(Response::Done)
             }
             Request::PostSend { qp, wr } => {
                 let (i, qpn) = self.qp(qp)?;
+                self.not_backlogged(i, Queue::Sq { qpn })?;
                 let wr = self.wr_for_engine(i, convert::send_wr_from_msg(wr)?)?;
                 d.devices[i].with(|e| e.post_send(qpn, wr))?;
                 Ok(Response::Done)
             }
             Request::PostRecv { qp, wr_id, sges } => {
                 let (i, qpn) = self.qp(qp)?;
+                self.not_backlogged(i, Queue::Rq { qpn })?;
                 let wr = RecvWr::new(wr_id, sges.iter().map(sge).collect());
                 d.devices[i].with(|e| e.post_recv(qpn, wr))?;
                 Ok(Response::Done)
@@ -554,6 +626,9 @@ impl<'d> Conn<'d> {
                             v.push((format!("{}.{}", dev.name, c.name()), n));
                         }
                     });
+                    for (c, n) in dev.host_counters() {
+                        v.push((format!("{}.{c}", dev.name), n));
+                    }
                 }
                 Ok(Response::Stat(v))
             }
@@ -576,12 +651,14 @@ impl<'d> Conn<'d> {
             Request::DestroySrq { srq } => {
                 let (i, h) = self.srq(srq)?;
                 d.devices[i].with(|e| e.destroy_srq(h))?;
-                self.objs.remove(&srq);
+                d.devices[i].detach_work_rings(|q| q == Queue::Srq { srq: h });
+                self.objs().remove(&srq);
                 self.stat(|s| &s.live_srqs, false);
                 Ok(Response::Done)
             }
             Request::PostSrqRecv { srq, wr_id, sges } => {
                 let (i, h) = self.srq(srq)?;
+                self.not_backlogged(i, Queue::Srq { srq: h })?;
                 let wr = RecvWr::new(wr_id, sges.iter().map(convert::sge_from_msg).collect());
                 d.devices[i].with(|e| e.post_srq_recv(h, wr))?;
                 Ok(Response::Done)
@@ -633,7 +710,7 @@ impl<'d> Conn<'d> {
             Request::DestroyAh { ah } => {
                 let (i, h) = self.ah(ah)?;
                 d.devices[i].with(|e| e.destroy_ah(h))?;
-                self.objs.remove(&ah);
+                self.objs().remove(&ah);
                 self.stat(|s| &s.live_ahs, false);
                 Ok(Response::Done)
             }
@@ -645,6 +722,7 @@ impl<'d> Conn<'d> {
                 wr,
             } => {
                 let (i, qpn) = self.qp(qp)?;
+                self.not_backlogged(i, Queue::Sq { qpn })?;
                 let (ai, ah) = self.ah(ah)?;
                 if ai != i {
                     return Err(fail(EINVAL, "QP and AH are on different devices"));
@@ -698,7 +776,7 @@ impl<'d> Conn<'d> {
             Request::DeallocMw { mw } => {
                 let (i, h) = self.mw(mw)?;
                 d.devices[i].with(|e| e.dealloc_mw(h))?;
-                self.objs.remove(&mw);
+                self.objs().remove(&mw);
                 self.stat(|s| &s.live_mws, false);
                 Ok(Response::Done)
             }
@@ -731,6 +809,48 @@ impl<'d> Conn<'d> {
                     rkey,
                     bound: false,
                 })
+            }
+            Request::AttachWorkRing {
+                queue,
+                handle,
+                capacity,
+            } => {
+                if !(1..=MAX_WORK_RING_ENTRIES).contains(&capacity) || !capacity.is_power_of_two() {
+                    return Err(fail(EINVAL, "ring capacity must be a power of two ≤ 8192"));
+                }
+                let (i, q) = match queue {
+                    wq::SQ => {
+                        let (i, qpn) = self.qp(handle)?;
+                        (i, Queue::Sq { qpn })
+                    }
+                    wq::RQ => {
+                        let (i, qpn) = self.qp(handle)?;
+                        (i, Queue::Rq { qpn })
+                    }
+                    wq::SRQ => {
+                        let (i, srq) = self.srq(handle)?;
+                        (i, Queue::Srq { srq })
+                    }
+                    other => return Err(fail(EINVAL, format!("no queue kind {other}"))),
+                };
+                if d.devices[i].has_work_ring(q) {
+                    return Err(fail(EINVAL, "this queue already has a ring"));
+                }
+                let (ring, fd) = Ring::create(capacity, WQE_ENTRY_LEN, Role::Consumer)
+                    .map_err(|e| fail(ENOMEM, e.to_string()))?;
+                let handles = Arc::new(ConnHandles {
+                    objs: self.objs.clone(),
+                    dev: i,
+                });
+                d.devices[i].attach_work_ring(WorkRing::new(ring, q, handle, handles));
+                self.pending_fd = Some(fd);
+                Ok(Response::Done)
+            }
+            Request::Doorbell { dev } => {
+                let (_, dev) = self.device(dev)?;
+                let fd = dev.doorbell().map_err(|e| fail(ENOMEM, e.to_string()))?;
+                self.pending_fd = Some(fd);
+                Ok(Response::Done)
             }
             Request::AsyncEventChannel => {
                 use nix::sys::eventfd::{EfdFlags, EventFd};
@@ -846,11 +966,11 @@ impl<'d> Conn<'d> {
     /// Destroy everything the connection still holds: QPs first (flushed through ERR), then
     /// MRs, CQs and PDs, the order the engine's references require.
     fn reclaim(&mut self) {
-        if self.objs.is_empty() {
+        if self.objs().is_empty() {
             return;
         }
         let d = self.daemon;
-        let objs: Vec<Obj> = self.objs.drain().map(|(_, o)| o).collect();
+        let objs: Vec<Obj> = self.objs().drain().map(|(_, o)| o).collect();
         let rank = |o: &Obj| match o {
             Obj::Qp { .. } => 0,
             Obj::Mw { .. } => 1,
@@ -864,6 +984,10 @@ impl<'d> Conn<'d> {
         for o in objs {
             let dev = &d.devices[o.dev()];
             let s = &d.stats;
+            if let Obj::Qp { qpn, .. } = o {
+                // The client is gone: what its rings still hold is never posted.
+                dev.detach_work_rings(|q| q.qpn() == Some(qpn));
+            }
             let ok = match o {
                 Obj::Qp { qpn, .. } => dev
                     .with(|e| {
@@ -887,6 +1011,8 @@ impl<'d> Conn<'d> {
                     })
                 }
                 Obj::Srq { h, .. } => dev.with(|e| e.destroy_srq(h)).map(|()| {
+                    // Outside the device lock (`with` has returned).
+                    dev.detach_work_rings(|q| q == Queue::Srq { srq: h });
                     s.live_srqs.fetch_sub(1, Ordering::Relaxed);
                     s.reclaimed_srqs.fetch_add(1, Ordering::Relaxed);
                 }),
@@ -1066,7 +1192,7 @@ pub fn serve_connection(daemon: &Daemon, mut stream: UnixStream) {
         pid: cred.pid.as_raw_nonzero().get(),
         uid: cred.uid.as_raw(),
         greeted: false,
-        objs: HashMap::new(),
+        objs: Arc::new(Mutex::new(HashMap::new())),
         next: 0,
         pending_fd: None,
         event_channel: None,

@@ -4,20 +4,20 @@
 //! the engine's newtypes on both sides (on the daemon they hold the connection's handle
 //! numbers).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use daemon::client::{Client, ClientError, CqRing};
+use daemon::client::{Client, ClientError, CqRing, Posted, WorkQueueRing};
 use daemon::convert;
-use daemon::proto::{DeviceInfo, QpInitMsg};
+use daemon::proto::{wq, DeviceInfo, QpInitMsg, Request};
 use engine::{
     AccessFlags, AhAttr, AhHandle, AsyncEvent, CqHandle, DeviceAttr, Gid, MwBind, MwHandle, MwType,
-    PdHandle, PortAttr, QpAttr, QpAttrMask, QpInitAttr, RecvWr, SendWr, SrqAttr, SrqAttrMask,
-    SrqHandle, UdDest, WorkCompletion,
+    PdHandle, PortAttr, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendOp,
+    SendPayload, SendWr, SrqAttr, SrqAttrMask, SrqHandle, UdDest, WorkCompletion,
 };
 use runtime::{CqNotifier, Runtime};
 
@@ -110,6 +110,96 @@ pub(crate) struct DaemonDevice {
     events: Mutex<VecDeque<AsyncEvent>>,
     /// The connection's event channel: readable after the daemon raised an event.
     event_channel: OwnedFd,
+    /// The device's doorbell, for work rings (`None`: the daemon offers none; every post
+    /// goes by request).
+    doorbell: Option<Arc<OwnedFd>>,
+    /// Work rings and post-time facts of this connection's QPs, by handle.
+    qps: Mutex<HashMap<u32, Arc<QpRings>>>,
+    /// Work rings of this connection's SRQs, by handle.
+    srqs: Mutex<HashMap<u32, Arc<SrqRing>>>,
+    /// The PD of each of this connection's AHs, by handle (a UD post checks it).
+    ah_pds: Mutex<HashMap<u32, u32>>,
+}
+
+/// Largest work ring the daemon grants.
+const MAX_WORK_RING: u32 = 1 << 13;
+
+/// A daemon QP's send and receive rings, with what the library checks before writing a WQE:
+/// what `ibv_post_send` / `ibv_post_recv` refuse at once must still be refused at once, and
+/// anything this cannot vouch for goes by request, where the daemon answers as the verb.
+#[derive(Debug)]
+struct QpRings {
+    qp_type: QpType,
+    pd: u32,
+    /// The capabilities asked for (the daemon grants at least these).
+    cap: QpCap,
+    /// The state this process last moved the QP to. The daemon on its own only moves a QP
+    /// to SQE or ERR, where posting is allowed as in RTS (the WQEs are flushed).
+    state: Mutex<QpState>,
+    sq: Option<Mutex<WorkQueueRing>>,
+    rq: Option<Mutex<WorkQueueRing>>,
+}
+
+impl QpRings {
+    /// Whether `wr` passes every check the engine makes at post time, so that a WQE in the
+    /// ring is taken exactly as the verb would have taken it.
+    fn send_ok(&self, wr: &SendWr, ud: bool) -> bool {
+        let op_ok = match (self.qp_type, ud) {
+            (QpType::Rc, false) => true,
+            (QpType::Uc, false) => matches!(
+                wr.op,
+                SendOp::Send
+                    | SendOp::SendWithImm { .. }
+                    | SendOp::RdmaWrite { .. }
+                    | SendOp::RdmaWriteWithImm { .. }
+                    | SendOp::BindMw { .. }
+                    | SendOp::LocalInv { .. }
+            ),
+            (QpType::Ud, true) => matches!(wr.op, SendOp::Send | SendOp::SendWithImm { .. }),
+            _ => false,
+        };
+        let payload_ok = match &wr.payload {
+            SendPayload::Sges(s) => s.len() <= self.cap.max_send_sge as usize,
+            SendPayload::Inline(d) => {
+                !wr.op.is_read_or_atomic() && d.len() <= self.cap.max_inline_data as usize
+            }
+        };
+        op_ok && payload_ok && lock(&self.state).can_post_send()
+    }
+
+    /// Whether `wr` passes every check of `ibv_post_recv` at post time.
+    fn recv_ok(&self, wr: &RecvWr) -> bool {
+        wr.sg_list.len() <= self.cap.max_recv_sge as usize && lock(&self.state).can_post_recv()
+    }
+}
+
+/// A daemon SRQ's ring and its SGE limit.
+#[derive(Debug)]
+struct SrqRing {
+    max_sge: u32,
+    ring: Mutex<WorkQueueRing>,
+}
+
+/// Write `req` into `ring`; false if it must go by request instead (full, too large, or the
+/// ring is unusable).
+fn ring_post(ring: &Mutex<WorkQueueRing>, req: &Request) -> bool {
+    match lock(ring).post(req) {
+        Ok(Posted::Queued { .. }) => true,
+        Ok(_) => false,
+        Err(e) => {
+            tracing::warn!(error = %e, "work ring unusable; posting by request");
+            false
+        }
+    }
+}
+
+/// Ring capacity for a queue of `depth` WRs.
+fn ring_capacity(depth: u32) -> u32 {
+    depth
+        .max(1)
+        .checked_next_power_of_two()
+        .unwrap_or(MAX_WORK_RING)
+        .min(MAX_WORK_RING)
 }
 
 /// What a CQ keeps besides its handle: the runtime's notifier, or on the daemon its
@@ -223,8 +313,14 @@ impl DaemonDevice {
             }
         }
         let event_channel = client.async_event_channel()?;
+        // A daemon without work rings still serves every post by request.
+        let doorbell = client.doorbell(info.index).ok().map(Arc::new);
         Ok(DaemonDevice {
             event_channel,
+            doorbell,
+            qps: Mutex::new(HashMap::new()),
+            srqs: Mutex::new(HashMap::new()),
+            ah_pds: Mutex::new(HashMap::new()),
             client: Mutex::new(client),
             dev: info.index,
             info,
@@ -248,6 +344,22 @@ impl DaemonDevice {
     /// The daemon's pid.
     pub(crate) fn daemon_pid(&self) -> u32 {
         self.c().daemon_pid()
+    }
+
+    fn qp_rings(&self, qp: u32) -> Option<Arc<QpRings>> {
+        lock(&self.qps).get(&qp).cloned()
+    }
+
+    /// A work ring for `queue` of `handle`, if the daemon grants one.
+    fn attach(&self, c: &mut Client, queue: u8, handle: u32, depth: u32) -> Option<WorkQueueRing> {
+        let doorbell = self.doorbell.clone()?;
+        match c.attach_work_ring(queue, handle, ring_capacity(depth), doorbell) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                tracing::debug!(error = %e, queue, "no work ring; posting by request");
+                None
+            }
+        }
     }
 }
 
@@ -654,10 +766,31 @@ impl Backend {
                     max_inline_data: init.cap.max_inline_data,
                     sq_sig_all: init.sq_sig_all,
                 };
+                let mut c = d.c();
                 let q = match srq {
-                    Some(s) => d.c().create_qp_with_srq(m, s.0)?,
-                    None => d.c().create_qp(m)?,
+                    Some(s) => c.create_qp_with_srq(m, s.0)?,
+                    None => c.create_qp(m)?,
                 };
+                let sq = d
+                    .attach(&mut c, wq::SQ, q.handle, init.cap.max_send_wr)
+                    .map(Mutex::new);
+                // A QP on an SRQ has no receive queue of its own.
+                let rq = match srq {
+                    Some(_) => None,
+                    None => d
+                        .attach(&mut c, wq::RQ, q.handle, init.cap.max_recv_wr)
+                        .map(Mutex::new),
+                };
+                drop(c);
+                let rings = QpRings {
+                    qp_type: init.qp_type,
+                    pd: init.pd.0,
+                    cap: init.cap,
+                    state: Mutex::new(QpState::Reset),
+                    sq,
+                    rq,
+                };
+                lock(&d.qps).insert(q.handle, Arc::new(rings));
                 Ok((q.handle, q.qpn))
             }
         }
@@ -666,7 +799,11 @@ impl Backend {
     pub(crate) fn destroy_qp(&self, qp: u32) -> Result<()> {
         match self {
             Backend::Embedded(rt) => Ok(rt.lock().destroy_qp(qp)?),
-            Backend::Daemon(d) => Ok(d.c().destroy_qp(qp)?),
+            Backend::Daemon(d) => {
+                d.c().destroy_qp(qp)?;
+                lock(&d.qps).remove(&qp);
+                Ok(())
+            }
         }
     }
 
@@ -674,8 +811,14 @@ impl Backend {
         match self {
             Backend::Embedded(rt) => Ok(rt.lock().modify_qp(qp, attr, mask)?),
             Backend::Daemon(d) => {
-                Ok(d.c()
-                    .modify_qp(qp, convert::qp_attr_to_msg(attr), mask.bits())?)
+                d.c()
+                    .modify_qp(qp, convert::qp_attr_to_msg(attr), mask.bits())?;
+                if mask.contains(QpAttrMask::STATE) {
+                    if let Some(q) = d.qp_rings(qp) {
+                        *lock(&q.state) = attr.qp_state;
+                    }
+                }
+                Ok(())
             }
         }
     }
@@ -693,52 +836,113 @@ impl Backend {
     pub(crate) fn post_send(&self, qp: u32, wr: SendWr) -> Result<()> {
         match self {
             Backend::Embedded(rt) => Ok(rt.lock().post_send(qp, wr)?),
-            Backend::Daemon(d) => Ok(d.c().post_send(qp, convert::send_wr_to_msg(&wr)?)?),
+            Backend::Daemon(d) => {
+                let ring = d.qp_rings(qp).filter(|q| q.send_ok(&wr, false));
+                let req = Request::PostSend {
+                    qp,
+                    wr: convert::send_wr_to_msg(&wr)?,
+                };
+                if let Some(sq) = ring.as_ref().and_then(|q| q.sq.as_ref()) {
+                    if ring_post(sq, &req) {
+                        return Ok(());
+                    }
+                }
+                Ok(d.c().post(&req)?)
+            }
         }
     }
 
     pub(crate) fn post_send_ud(&self, qp: u32, wr: SendWr, dest: UdDest) -> Result<()> {
         match self {
             Backend::Embedded(rt) => Ok(rt.lock().post_send_ud(qp, wr, dest)?),
-            Backend::Daemon(d) => Ok(d.c().post_send_ud(
-                qp,
-                dest.ah.0,
-                dest.remote_qpn,
-                dest.remote_qkey,
-                convert::send_wr_to_msg(&wr)?,
-            )?),
+            Backend::Daemon(d) => {
+                let ah_pd = lock(&d.ah_pds).get(&dest.ah.0).copied();
+                let ring = d
+                    .qp_rings(qp)
+                    .filter(|q| Some(q.pd) == ah_pd && q.send_ok(&wr, true));
+                let req = Request::PostSendUd {
+                    qp,
+                    ah: dest.ah.0,
+                    remote_qpn: dest.remote_qpn,
+                    remote_qkey: dest.remote_qkey,
+                    wr: convert::send_wr_to_msg(&wr)?,
+                };
+                if let Some(sq) = ring.as_ref().and_then(|q| q.sq.as_ref()) {
+                    if ring_post(sq, &req) {
+                        return Ok(());
+                    }
+                }
+                Ok(d.c().post(&req)?)
+            }
         }
     }
 
     pub(crate) fn post_recv(&self, qp: u32, wr: RecvWr) -> Result<()> {
         match self {
             Backend::Embedded(rt) => Ok(rt.lock().post_recv(qp, wr)?),
-            Backend::Daemon(d) => Ok(d.c().post_recv(qp, wr.wr_id, sges(&wr.sg_list))?),
+            Backend::Daemon(d) => {
+                let ring = d.qp_rings(qp).filter(|q| q.recv_ok(&wr));
+                let req = Request::PostRecv {
+                    qp,
+                    wr_id: wr.wr_id,
+                    sges: sges(&wr.sg_list),
+                };
+                if let Some(rq) = ring.as_ref().and_then(|q| q.rq.as_ref()) {
+                    if ring_post(rq, &req) {
+                        return Ok(());
+                    }
+                }
+                Ok(d.c().post(&req)?)
+            }
         }
     }
 
     pub(crate) fn create_srq(&self, pd: PdHandle, attr: &SrqAttr) -> Result<SrqHandle> {
         match self {
             Backend::Embedded(rt) => Ok(rt.lock().create_srq(pd, attr)?),
-            Backend::Daemon(d) => Ok(SrqHandle(d.c().create_srq(
-                pd.0,
-                attr.max_wr,
-                attr.max_sge,
-            )?)),
+            Backend::Daemon(d) => {
+                let mut c = d.c();
+                let h = c.create_srq(pd.0, attr.max_wr, attr.max_sge)?;
+                if let Some(ring) = d.attach(&mut c, wq::SRQ, h, attr.max_wr) {
+                    let r = SrqRing {
+                        max_sge: attr.max_sge,
+                        ring: Mutex::new(ring),
+                    };
+                    lock(&d.srqs).insert(h, Arc::new(r));
+                }
+                Ok(SrqHandle(h))
+            }
         }
     }
 
     pub(crate) fn destroy_srq(&self, srq: SrqHandle) -> Result<()> {
         match self {
             Backend::Embedded(rt) => Ok(rt.lock().destroy_srq(srq)?),
-            Backend::Daemon(d) => Ok(d.c().destroy_srq(srq.0)?),
+            Backend::Daemon(d) => {
+                d.c().destroy_srq(srq.0)?;
+                lock(&d.srqs).remove(&srq.0);
+                Ok(())
+            }
         }
     }
 
     pub(crate) fn post_srq_recv(&self, srq: SrqHandle, wr: RecvWr) -> Result<()> {
         match self {
             Backend::Embedded(rt) => Ok(rt.lock().post_srq_recv(srq, wr)?),
-            Backend::Daemon(d) => Ok(d.c().post_srq_recv(srq.0, wr.wr_id, sges(&wr.sg_list))?),
+            Backend::Daemon(d) => {
+                let ring = lock(&d.srqs).get(&srq.0).cloned();
+                let req = Request::PostSrqRecv {
+                    srq: srq.0,
+                    wr_id: wr.wr_id,
+                    sges: sges(&wr.sg_list),
+                };
+                if let Some(r) = ring.filter(|r| wr.sg_list.len() <= r.max_sge as usize) {
+                    if ring_post(&r.ring, &req) {
+                        return Ok(());
+                    }
+                }
+                Ok(d.c().post(&req)?)
+            }
         }
     }
 
@@ -781,14 +985,22 @@ impl Backend {
     pub(crate) fn create_ah(&self, pd: PdHandle, attr: &AhAttr) -> Result<AhHandle> {
         match self {
             Backend::Embedded(rt) => Ok(rt.lock().create_ah(pd, attr)?),
-            Backend::Daemon(d) => Ok(AhHandle(d.c().create_ah(pd.0, convert::ah_to_msg(attr))?)),
+            Backend::Daemon(d) => {
+                let h = d.c().create_ah(pd.0, convert::ah_to_msg(attr))?;
+                lock(&d.ah_pds).insert(h, pd.0);
+                Ok(AhHandle(h))
+            }
         }
     }
 
     pub(crate) fn destroy_ah(&self, ah: AhHandle) -> Result<()> {
         match self {
             Backend::Embedded(rt) => Ok(rt.lock().destroy_ah(ah)?),
-            Backend::Daemon(d) => Ok(d.c().destroy_ah(ah.0)?),
+            Backend::Daemon(d) => {
+                d.c().destroy_ah(ah.0)?;
+                lock(&d.ah_pds).remove(&ah.0);
+                Ok(())
+            }
         }
     }
 

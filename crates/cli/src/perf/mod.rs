@@ -15,6 +15,13 @@
 //! `write_lat` and `send_lat` are ping-pongs reporting half the round trip; `read_lat` and
 //! `atomic_lat` report the whole operation. Completions are busy-polled (`-e` sleeps on the
 //! completion channel instead).
+//!
+//! With `SOFTRDMA_BACKEND=daemon` both sides use `softrdmad`'s device on their address (the
+//! embedded-device options `--udp-port`, `--busy-poll` and `--capture` do not apply). Two
+//! processes on the same address then share one daemon device, and their traffic never
+//! leaves the daemon. `--baseline` also prints, for bandwidth tests, a memcpy of
+//! message-size buffers in the client process: the in-memory copy rate a same-host transfer
+//! is measured against.
 
 pub mod report;
 
@@ -366,6 +373,29 @@ struct Side {
     mode: PollMode,
 }
 
+/// The device on `ip`: softrdmad's when `$SOFTRDMA_BACKEND` says `daemon`, else an
+/// embedded one with this benchmark's options.
+fn open_perf_device(
+    ip: IpAddr,
+    a: &PerfArgs,
+    busy: Option<Duration>,
+    mode: PollMode,
+) -> Result<Device> {
+    if softrdma::BackendKind::from_env()? == Some(softrdma::BackendKind::Daemon) {
+        if a.capture.is_some() {
+            return Err(ToolError::Usage(
+                "--capture records an embedded device; softrdmad's traffic is its own".into(),
+            ));
+        }
+        let mut b = Device::builder(ip).backend(softrdma::BackendKind::Daemon);
+        if mode == PollMode::Events {
+            b = b.wait_spin(Duration::ZERO);
+        }
+        return Ok(b.open()?);
+    }
+    open_device_with(ip, a.udp_port, a.capture.as_deref(), busy, mode)
+}
+
 fn all_access() -> AccessFlags {
     AccessFlags::LOCAL_WRITE
         | AccessFlags::REMOTE_WRITE
@@ -377,7 +407,7 @@ impl Side {
     fn new(p: &Params, ip: IpAddr, a: &PerfArgs) -> Result<Side> {
         let busy = a.busy_poll.map(Duration::from_micros);
         let mode = PollMode::from_flags(a.events, a.busy);
-        let dev = open_device_with(ip, a.udp_port, a.capture.as_deref(), busy, mode)?;
+        let dev = open_perf_device(ip, a, busy, mode)?;
         let pd = dev.alloc_pd()?;
         let send_depth = p.tx_depth.max(128) + 1;
         let scq = dev.create_cq(send_depth + 64)?;
@@ -746,6 +776,29 @@ pub struct BaselineRow {
     pub udp_bw: Option<f64>,
     /// Bandwidth tests: TCP stream, bytes per second received.
     pub tcp_bw: Option<f64>,
+    /// Bandwidth tests: memcpy of message-size buffers in the client process, bytes per
+    /// second copied.
+    pub memcpy_bw: Option<f64>,
+}
+
+/// Bytes per second of `copy_from_slice` between two `size`-byte buffers, repeated for
+/// about `dur` (the buffers stay in cache as a benchmark's buffers do).
+pub fn memcpy_rate(size: usize, dur: Duration) -> f64 {
+    let src: Vec<u8> = (0..size).map(|i| i as u8).collect();
+    let mut dst = vec![0u8; size];
+    let t0 = Instant::now();
+    let mut copied = 0u64;
+    loop {
+        for _ in 0..16 {
+            dst.copy_from_slice(std::hint::black_box(&src));
+            std::hint::black_box(&mut dst);
+            copied += size as u64;
+        }
+        let t = t0.elapsed();
+        if t >= dur {
+            return copied as f64 / t.as_secs_f64();
+        }
+    }
 }
 
 /// Run benchmark `test` with `args`: server, client, or both (`--loopback`). Tables go to
@@ -835,9 +888,13 @@ fn header(
     let local = &side.qp.endpoint(None)?;
     let _ = writeln!(out, "{RULE}");
     let _ = writeln!(out, "                    {}", test.title(p.cas));
+    let kind = match dev.backend() {
+        softrdma::BackendKind::Daemon => "softrdmad",
+        _ => "embedded",
+    };
     let _ = writeln!(
         out,
-        " Device          : softrdma (embedded, UDP {})",
+        " Device          : softrdma ({kind}, UDP {})",
         dev.local_addr()
     );
     let _ = writeln!(out, " Number of qps   : 1\t\tTransport type : IB");
@@ -938,6 +995,7 @@ fn baseline_row(
         udp_lat: None,
         udp_bw: None,
         tcp_bw: None,
+        memcpy_bw: None,
     };
     if p.test.is_lat() {
         let mut rtts = baseline::udp_pingpong(ctrl, local, server, dgram, p.iters.min(100_000))?;
@@ -956,6 +1014,10 @@ fn baseline_row(
         row.udp_bw = Some(baseline::udp_stream(ctrl, local, server, dgram, dur)?.rate());
         let chunk = (size as usize).clamp(1, 1 << 20);
         row.tcp_bw = Some(baseline::tcp_stream(ctrl, server, chunk, dur)?.rate());
+        row.memcpy_bw = Some(memcpy_rate(
+            (size as usize).max(1),
+            dur.min(Duration::from_millis(500)),
+        ));
     }
     Ok(row)
 }
@@ -1021,6 +1083,23 @@ fn print_baseline(out: &mut dyn Write, test: Test, s: &Summary, gbits: bool) {
                 report::bw_units(tb, gbits),
                 ratio(r.avg_bytes_per_sec(), ub),
                 ratio(r.avg_bytes_per_sec(), tb)
+            );
+        }
+        let _ = writeln!(
+            out,
+            " memcpy of message-size buffers (in cache) in this process:"
+        );
+        let _ = writeln!(out, " #bytes     memcpy[{u}]      softrdma/memcpy");
+        for b in &s.baseline {
+            let (Some(r), Some(m)) = (s.bw.iter().find(|r| r.size == b.size), b.memcpy_bw) else {
+                continue;
+            };
+            let _ = writeln!(
+                out,
+                " {:<10} {:<18.2} {}",
+                b.size,
+                report::bw_units(m, gbits),
+                ratio(r.avg_bytes_per_sec(), m)
             );
         }
     }

@@ -1,0 +1,350 @@
+//! Work rings: the daemon's end of the shared-memory send, receive and shared receive queues
+//! a client posts into (the "NIC fetches WQEs" step of the data path).
+//!
+//! Each entry is one post request laid out by [`Request::to_wqe`]. Everything in the ring is
+//! the client's and untrusted: [`Ring`] validates the indices, [`Request::from_wqe`] the
+//! entry, and this module that the entry names the ring's own queue and handles the
+//! connection holds. A ring that lies (an impossible index, an entry that does not decode or
+//! names another queue) is detached and its QP moved to the error state, which flushes what
+//! it had queued; a WQE the engine refuses (e.g. too many SGEs, an opcode the QP type does
+//! not carry) moves the QP to the error state as well. Nothing a client writes reaches a
+//! panic or an access outside the mapping. A WQE the engine has no room for yet waits here,
+//! and the ring behind it, until completions free a slot: posting order is kept.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use engine::{
+    AhHandle, Engine, QpAttr, QpAttrMask, QpState, RecvWr, SendWr, SrqHandle, UdDest, VerbsError,
+};
+
+use crate::convert;
+use crate::memory::ClientMemory;
+use crate::proto::{Request, WQE_ENTRY_LEN};
+use crate::ring::{Ring, RingError};
+
+/// Most WQEs taken from one ring in one go, so that one busy client cannot hold the device
+/// lock for long.
+const BATCH: usize = 64;
+
+/// The queue a work ring feeds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Queue {
+    /// The send queue of QP `qpn`.
+    Sq {
+        /// The QP.
+        qpn: u32,
+    },
+    /// The receive queue of QP `qpn`.
+    Rq {
+        /// The QP.
+        qpn: u32,
+    },
+    /// A shared receive queue.
+    Srq {
+        /// The SRQ.
+        srq: SrqHandle,
+    },
+}
+
+impl Queue {
+    /// The QP whose queue this is (none for an SRQ).
+    pub fn qpn(&self) -> Option<u32> {
+        match *self {
+            Queue::Sq { qpn } | Queue::Rq { qpn } => Some(qpn),
+            Queue::Srq { .. } => None,
+        }
+    }
+}
+
+/// How the connection's handle numbers inside a WQE become the engine's: a WQE may name an
+/// AH (UD sends) and, for BIND_MW, a window and a region, all of its own connection only.
+pub trait Handles: Send + Sync {
+    /// The engine's AH the connection calls `ah`, if it holds one on this ring's device.
+    fn ah(&self, ah: u32) -> Option<AhHandle>;
+    /// `wr` with the windows and regions it names replaced by the engine's, if the
+    /// connection holds them on this ring's device.
+    fn send_wr(&self, wr: SendWr) -> Option<SendWr>;
+}
+
+/// Counters of the work rings of one device (`stat` shows them per device).
+#[derive(Debug, Default)]
+pub struct WqStats {
+    /// WQEs taken from work rings into the engine.
+    pub ring_wqes: AtomicU64,
+    /// Entries that did not decode or named another queue or a foreign handle (ring
+    /// detached, QP to error).
+    pub ring_bad_wqes: AtomicU64,
+    /// Rings whose published producer index was impossible (ring detached, QP to error).
+    pub ring_bad_indices: AtomicU64,
+    /// WQEs the engine refused (QP to error).
+    pub ring_refused_wqes: AtomicU64,
+    /// Times the progress thread went to sleep asking for doorbells.
+    pub progress_sleeps: AtomicU64,
+    /// Times the progress thread woke and found WQEs waiting in a ring.
+    pub doorbell_wakeups: AtomicU64,
+}
+
+impl WqStats {
+    /// Every counter with its name.
+    pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        vec![
+            ("ring_wqes", g(&self.ring_wqes)),
+            ("ring_bad_wqes", g(&self.ring_bad_wqes)),
+            ("ring_bad_indices", g(&self.ring_bad_indices)),
+            ("ring_refused_wqes", g(&self.ring_refused_wqes)),
+            ("progress_sleeps", g(&self.progress_sleeps)),
+            ("doorbell_wakeups", g(&self.doorbell_wakeups)),
+        ]
+    }
+}
+
+/// A WQE decoded and translated, ready for the engine.
+#[derive(Debug)]
+enum Posted {
+    Send(SendWr),
+    SendUd(SendWr, UdDest),
+    Recv(RecvWr),
+}
+
+/// Why an entry is not a WQE of this ring.
+#[derive(Debug)]
+struct BadWqe(String);
+
+/// The daemon's end of one work ring.
+pub struct WorkRing {
+    ring: Ring,
+    queue: Queue,
+    /// The connection's handle of the QP or SRQ: every entry must name it.
+    handle: u32,
+    handles: Arc<dyn Handles>,
+    /// A WQE the engine had no room for: posted first when room comes.
+    stash: Option<Posted>,
+    entry: Vec<u8>,
+}
+
+impl core::fmt::Debug for WorkRing {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("WorkRing")
+            .field("queue", &self.queue)
+            .field("handle", &self.handle)
+            .field("capacity", &self.ring.capacity())
+            .field("stashed", &self.stash.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What one [`WorkRing::drain`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drained {
+    /// This many WQEs went into the engine (the ring stays).
+    Took(usize),
+    /// The ring lied and must be detached (its QP is in the error state now).
+    Broken,
+}
+
+impl WorkRing {
+    /// The daemon's end of a ring feeding `queue`, whose entries must name `handle`.
+    pub fn new(ring: Ring, queue: Queue, handle: u32, handles: Arc<dyn Handles>) -> WorkRing {
+        WorkRing {
+            entry: vec![0; ring.entry_size()],
+            ring,
+            queue,
+            handle,
+            handles,
+            stash: None,
+        }
+    }
+
+    /// The queue it feeds.
+    pub fn queue(&self) -> Queue {
+        self.queue
+    }
+
+    /// Entries this ring's geometry requires (the daemon makes every work ring this way).
+    pub fn entry_len() -> usize {
+        WQE_ENTRY_LEN
+    }
+
+    /// Whether WQEs wait: in the ring, or held back for room in the engine. A corrupt index
+    /// counts as waiting, so the next drain finds and reports it.
+    pub fn pending(&self) -> bool {
+        self.stash.is_some() || !matches!(self.ring.is_empty(), Ok(true))
+    }
+
+    /// Whether WQEs wait in the ring that the daemon could take now (not behind a WQE held
+    /// back for room in the engine, which only engine progress releases). A corrupt index
+    /// counts as waiting, so the next drain finds and reports it.
+    pub fn waiting(&self) -> bool {
+        self.stash.is_none() && !matches!(self.ring.is_empty(), Ok(true))
+    }
+
+    /// Whether a WQE is held back because the engine's queue is full.
+    pub fn backlogged(&self) -> bool {
+        self.stash.is_some()
+    }
+
+    /// Tell the client whether it must ring the doorbell after posting.
+    pub fn set_sleeping(&self, sleeping: bool) {
+        self.ring.set_need_wakeup(sleeping);
+    }
+
+    /// Move waiting WQEs into `engine`, in order, until the ring is empty, the engine's
+    /// queue is full, or a batch is done.
+    pub fn drain(&mut self, engine: &mut Engine<ClientMemory>, stats: &WqStats) -> Drained {
+        let mut took = 0;
+        if let Some(p) = self.stash.take() {
+            match self.post(engine, p, stats) {
+                Ok(true) => took += 1,
+                Ok(false) => return Drained::Took(0),
+                Err(()) => return Drained::Broken,
+            }
+        }
+        while took < BATCH {
+            match self.ring.pop(&mut self.entry) {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(e) => {
+                    let RingError::Corrupt { prod, cons } = e else {
+                        tracing::warn!(queue = ?self.queue, error = %e, "work ring unusable");
+                        self.poison(engine);
+                        return Drained::Broken;
+                    };
+                    stats.ring_bad_indices.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(queue = ?self.queue, prod, cons, "work ring index corrupt");
+                    self.poison(engine);
+                    return Drained::Broken;
+                }
+            }
+            let posted = match self.decode() {
+                Ok(p) => p,
+                Err(BadWqe(why)) => {
+                    stats.ring_bad_wqes.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(queue = ?self.queue, why, "bad WQE in a work ring");
+                    self.poison(engine);
+                    return Drained::Broken;
+                }
+            };
+            match self.post(engine, posted, stats) {
+                Ok(true) => took += 1,
+                Ok(false) => break,
+                Err(()) => return Drained::Broken,
+            }
+        }
+        Drained::Took(took)
+    }
+
+    /// The popped entry as a WQE of this ring's queue with the engine's handles.
+    fn decode(&self) -> Result<Posted, BadWqe> {
+        let req = Request::from_wqe(&self.entry).map_err(|e| BadWqe(e.to_string()))?;
+        let mine = |h: u32| {
+            if h == self.handle {
+                Ok(())
+            } else {
+                Err(BadWqe(format!("names handle {h}, not the ring's")))
+            }
+        };
+        let send = |wr| {
+            let wr = convert::send_wr_from_msg(wr).map_err(|e| BadWqe(e.to_string()))?;
+            self.handles
+                .send_wr(wr)
+                .ok_or_else(|| BadWqe("names a window or region it does not hold".into()))
+        };
+        match (self.queue, req) {
+            (Queue::Sq { .. }, Request::PostSend { qp, wr }) => {
+                mine(qp)?;
+                Ok(Posted::Send(send(wr)?))
+            }
+            (
+                Queue::Sq { .. },
+                Request::PostSendUd {
+                    qp,
+                    ah,
+                    remote_qpn,
+                    remote_qkey,
+                    wr,
+                },
+            ) => {
+                mine(qp)?;
+                let ah = self
+                    .handles
+                    .ah(ah)
+                    .ok_or_else(|| BadWqe(format!("no AH {ah} on this connection")))?;
+                let dest = UdDest {
+                    ah,
+                    remote_qpn,
+                    remote_qkey,
+                };
+                Ok(Posted::SendUd(send(wr)?, dest))
+            }
+            (Queue::Rq { .. }, Request::PostRecv { qp, wr_id, sges }) => {
+                mine(qp)?;
+                Ok(Posted::Recv(recv_wr(wr_id, &sges)))
+            }
+            (Queue::Srq { .. }, Request::PostSrqRecv { srq, wr_id, sges }) => {
+                mine(srq)?;
+                Ok(Posted::Recv(recv_wr(wr_id, &sges)))
+            }
+            _ => Err(BadWqe("a post for another kind of queue".into())),
+        }
+    }
+
+    /// Post one WQE: `Ok(true)` taken, `Ok(false)` stashed (the engine's queue is full),
+    /// `Err` the QP was moved to the error state and the ring must go.
+    fn post(
+        &mut self,
+        engine: &mut Engine<ClientMemory>,
+        p: Posted,
+        stats: &WqStats,
+    ) -> Result<bool, ()> {
+        let r = match (&p, self.queue) {
+            (Posted::Send(wr), Queue::Sq { qpn }) => engine.post_send(qpn, wr.clone()),
+            (Posted::SendUd(wr, dest), Queue::Sq { qpn }) => {
+                engine.post_send_ud(qpn, wr.clone(), *dest)
+            }
+            (Posted::Recv(wr), Queue::Rq { qpn }) => engine.post_recv(qpn, wr.clone()),
+            (Posted::Recv(wr), Queue::Srq { srq }) => engine.post_srq_recv(srq, wr.clone()),
+            // `decode` only builds WQEs of the ring's own queue.
+            _ => Err(VerbsError::OpNotSupported),
+        };
+        match r {
+            Ok(()) => {
+                stats.ring_wqes.fetch_add(1, Ordering::Relaxed);
+                Ok(true)
+            }
+            Err(VerbsError::QueueFull) => {
+                self.stash = Some(p);
+                Ok(false)
+            }
+            Err(e) => {
+                // The client library checks what verbs checks at post time before it writes
+                // a WQE, so only a client that bypassed it gets here. The verb cannot fail
+                // any more (it returned long ago): the QP fails instead, as a NIC's does on
+                // a malformed WQE.
+                stats.ring_refused_wqes.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(queue = ?self.queue, error = %e, "WQE refused; QP to error");
+                self.poison(engine);
+                Err(())
+            }
+        }
+    }
+
+    /// Move the ring's QP to the error state (its queued WQEs complete with flush errors). A
+    /// QP still in RESET stays there (the engine allows no RESET → ERR): it has nothing
+    /// queued, and its ring is detached all the same.
+    fn poison(&mut self, engine: &mut Engine<ClientMemory>) {
+        self.stash = None;
+        if let Some(qpn) = self.queue.qpn() {
+            let err = QpAttr {
+                qp_state: QpState::Err,
+                ..QpAttr::default()
+            };
+            let _ = engine.modify_qp(qpn, &err, QpAttrMask::STATE);
+        }
+    }
+}
+
+fn recv_wr(wr_id: u64, sges: &[crate::proto::SgeMsg]) -> RecvWr {
+    RecvWr::new(wr_id, sges.iter().map(convert::sge_from_msg).collect())
+}
