@@ -28,6 +28,19 @@ fn assert_summary(o: &Output, iters: u32, size: u32) {
     assert!(text.contains("GID ::ffff:127.0.0."), "{}", describe(o));
 }
 
+/// On the daemon both processes use its one device: the local and the remote GID are both
+/// 127.0.0.1.
+fn assert_one_device(o: &Output) {
+    let text = String::from_utf8_lossy(&o.stdout);
+    for side in ["local address:", "remote address:"] {
+        let line = text
+            .lines()
+            .find(|l| l.contains(side))
+            .unwrap_or_else(|| panic!("no {side} line: {}", describe(o)));
+        assert!(line.ends_with("GID ::ffff:127.0.0.1"), "{line}");
+    }
+}
+
 fn pingpong(prog: &str, extra: &[&str], iters: u32, size: u32, backend: Backend) {
     require(prog, "ibverbs-utils");
     let port = free_tcp_port().to_string();
@@ -40,6 +53,10 @@ fn pingpong(prog: &str, extra: &[&str], iters: u32, size: u32, backend: Backend)
     let (so, co) = server_client(prog, &server, &client, backend, LIMIT);
     assert_summary(&so, iters, size);
     assert_summary(&co, iters, size);
+    if backend == Backend::Daemon {
+        assert_one_device(&so);
+        assert_one_device(&co);
+    }
 }
 
 #[test]
