@@ -111,6 +111,38 @@ fn intern(e: DevEntry) -> &'static DevEntry {
     leaked
 }
 
+/// The `softrdmad` to start when no daemon answers, if the environment names none
+/// (`SOFTRDMA_DAEMON_BIN`): the one next to this library (as `cargo build` leaves them side
+/// by side in `target/<profile>`), found through the path the library was loaded from and,
+/// if that is a symlink, the file it points at. `None`: the `softrdma` crate's default
+/// search (next to the program, then `PATH`).
+fn daemon_binary() -> Option<std::path::PathBuf> {
+    if std::env::var_os(softrdma::DAEMON_BIN_ENV).is_some() {
+        return None;
+    }
+    // SAFETY: dladdr only reads the address (one of this library's functions) and fills
+    // `info`; the name it points to stays valid while the library is loaded (it is never
+    // unloaded while running this code).
+    let loaded = unsafe {
+        let mut info: libc::Dl_info = std::mem::zeroed();
+        let f: unsafe extern "C" fn(*mut c_int) -> *mut *mut ibv_device = ibv_get_device_list;
+        if libc::dladdr(f as *const c_void, &mut info) == 0 || info.dli_fname.is_null() {
+            return None;
+        }
+        std::ffi::CStr::from_ptr(info.dli_fname)
+            .to_str()
+            .ok()?
+            .to_string()
+    };
+    let loaded = std::path::PathBuf::from(loaded);
+    let real = std::fs::canonicalize(&loaded).ok();
+    [Some(loaded), real]
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p.parent().map(|d| d.join("softrdmad")))
+        .find(|p| p.is_file())
+}
+
 /// The devices to list now: the backend `SOFTRDMA_BACKEND` names (default: the daemon).
 fn current_devices() -> Result<Vec<&'static DevEntry>, softrdma::Error> {
     let kind = BackendKind::from_env()?.unwrap_or(BackendKind::Daemon);
@@ -140,7 +172,8 @@ fn current_devices() -> Result<Vec<&'static DevEntry>, softrdma::Error> {
             ))])
         }
         _ => {
-            let mut list: Vec<&'static DevEntry> = softrdma::raw::daemon_devices()?
+            let bin = daemon_binary();
+            let mut list: Vec<&'static DevEntry> = softrdma::raw::daemon_devices(bin.as_deref())?
                 .into_iter()
                 .filter_map(|d| {
                     let addr = *d.addrs.first()?;
@@ -243,11 +276,13 @@ fn acquire_device(e: &DevEntry) -> Result<Arc<Shared>, i32> {
             *g = (1, Some(s.clone()));
             Ok(s)
         }
-        _ => Device::builder(e.addr)
-            .backend(BackendKind::Daemon)
-            .open()
-            .map(new_shared)
-            .map_err(|err| err.errno()),
+        _ => {
+            let mut b = Device::builder(e.addr).backend(BackendKind::Daemon);
+            if let Some(bin) = daemon_binary() {
+                b = b.daemon_binary(bin);
+            }
+            b.open().map(new_shared).map_err(|err| err.errno())
+        }
     }
 }
 

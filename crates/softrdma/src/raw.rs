@@ -13,6 +13,7 @@
 
 use std::net::IpAddr;
 use std::os::fd::BorrowedFd;
+use std::path::Path;
 use std::time::Duration;
 
 use engine::{
@@ -101,17 +102,21 @@ pub struct DaemonDeviceInfo {
 /// The devices of the host daemon at `$SOFTRDMA_DAEMON_SOCKET` (default
 /// `/run/softrdma/softrdmad.sock`), in the daemon's order. When no daemon answers, one is
 /// started as [`crate::DeviceBuilder::open`] would (`$SOFTRDMA_DAEMON_SPAWN`,
-/// `$SOFTRDMA_DAEMON_BIN`, `$SOFTRDMA_DAEMON_ARGS`).
-pub fn daemon_devices() -> Result<Vec<DaemonDeviceInfo>> {
+/// `$SOFTRDMA_DAEMON_ARGS`), from `daemon_binary` if given, else as
+/// [`crate::DeviceBuilder::daemon_binary`] describes.
+pub fn daemon_devices(daemon_binary: Option<&Path>) -> Result<Vec<DaemonDeviceInfo>> {
     let socket = daemon::client::socket_path();
     let mut client = match daemon::client::Client::connect(&socket) {
         Ok(c) => c,
         Err(first) => {
             // Opening a device starts the daemon (if allowed) and waits for its socket.
-            let dev = Device::builder(std::net::Ipv4Addr::UNSPECIFIED.into())
+            let mut b = Device::builder(std::net::Ipv4Addr::UNSPECIFIED.into())
                 .any_daemon_device()
-                .backend(BackendKind::Daemon)
-                .open()?;
+                .backend(BackendKind::Daemon);
+            if let Some(bin) = daemon_binary {
+                b = b.daemon_binary(bin);
+            }
+            let dev = b.open()?;
             drop(dev);
             daemon::client::Client::connect(&socket).map_err(|e| Error::NoDaemon {
                 socket: socket.clone(),
