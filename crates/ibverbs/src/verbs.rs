@@ -454,10 +454,18 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_in
         Ok(cx) => cx,
         Err(e) => return -e,
     };
-    let v = match cx.raw().poll_cq(&q.raw, n) {
+    let raw = cx.raw();
+    let v = match raw.poll_cq(&q.raw, n) {
         Ok(v) => v,
         Err(e) => return -verr(e),
     };
+    if v.is_empty() && raw.kind() == softrdma::BackendKind::Daemon && yield_when_empty() {
+        // Busy-polling programs (perftest, the pingpongs) spin here, often one per side of a
+        // test on the same host: with fewer cores than spinners plus the daemon, the daemon
+        // thread that would produce the completion waits for a time slice (milliseconds).
+        // Giving the core away at each empty look lets it run at once.
+        std::thread::yield_now();
+    }
     for (i, w) in v.iter().enumerate() {
         let imm = if w.wc_flags.contains(engine::WcFlags::WITH_INV) {
             w.invalidated_rkey
@@ -483,6 +491,23 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_in
         unsafe { wc.add(i).write(out) };
     }
     v.len() as c_int
+}
+
+/// Whether an empty poll of a daemon CQ yields the core: when the host has fewer than four
+/// CPUs (two spinning processes and the daemon then compete for them), or when
+/// `SOFTRDMA_POLL_YIELD` says so (`1`/`0`).
+fn yield_when_empty() -> bool {
+    static Y: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *Y.get_or_init(|| {
+        match std::env::var("SOFTRDMA_POLL_YIELD")
+            .as_deref()
+            .map(str::trim)
+        {
+            Ok("1") => true,
+            Ok("0") => false,
+            _ => std::thread::available_parallelism().map_or(true, |n| n.get() < 4),
+        }
+    })
 }
 
 // ---- QPs ----
