@@ -12,17 +12,24 @@
 //! - **daemon** (the default): the host daemon `softrdmad` at `SOFTRDMA_DAEMON_SOCKET`
 //!   (default `/run/softrdma/softrdmad.sock`), started if none answers
 //!   (`SOFTRDMA_DAEMON_SPAWN`, `SOFTRDMA_DAEMON_BIN`, `SOFTRDMA_DAEMON_ARGS`, as the
-//!   `softrdma` crate documents). `ibv_get_device_list` lists the daemon's devices
-//!   (`srxe0`...), the one `SOFTRDMA_DEVICE` names (by name or address) first. Any number of
-//!   processes of the host share it: server and client of a program run side by side.
-//!   Each `ibv_open_device` is a connection of its own.
+//!   `softrdma` crate documents; without `SOFTRDMA_DAEMON_BIN`, the `softrdmad` next to
+//!   this library comes first, as `cargo build` leaves them in `target/<profile>`).
+//!   `ibv_get_device_list` lists the daemon's devices (`srxe0`...), the one
+//!   `SOFTRDMA_DEVICE` names (by name or address) first. Any number of processes of the
+//!   host share it: server and client of a program run side by side. Each
+//!   `ibv_open_device` is a connection of its own.
 //! - **embedded** (`SOFTRDMA_BACKEND=embedded`): one device `softrdma0` per process, bound to
 //!   `SOFTRDMA_DEVICE` (or the older `SOFTRDMA_ADDR`; default 127.0.0.1), UDP port
 //!   `SOFTRDMA_PORT` (default 4791), sending to `SOFTRDMA_REMOTE_PORT` (default: the same
 //!   port). Two processes on one host take 127.0.0.1 and 127.0.0.2.
 //!
+//! Completions on the daemon are read from shared-memory rings with no system call; an
+//! empty `ibv_poll_cq` there yields the core on hosts with fewer than four CPUs, so that
+//! busy-polling programs leave the daemon room to run (`SOFTRDMA_POLL_YIELD=1` or `0`
+//! decides instead).
+//!
 //! Completion channels are real descriptors (the CQ's eventfd on either backend), and so is
-//! `context->async_fd` (readable when `ibv_get_async_event` may have an event).
+//! `context->async_fd` (readable while `ibv_get_async_event` has an event to give).
 //!
 //! Exports carry the version nodes the Debian programs import (`exports.txt`, bound by
 //! `build.rs`); calls we do not offer return what libibverbs returns for an unsupported
