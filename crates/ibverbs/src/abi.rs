@@ -141,6 +141,58 @@ pub struct ibv_mr {
     pub rkey: u32,
 }
 
+/// `struct ibv_mw`: a memory window.
+#[repr(C)]
+pub struct ibv_mw {
+    /// Owning context.
+    pub context: *mut ibv_context,
+    /// Its PD.
+    pub pd: *mut ibv_pd,
+    /// Current remote key (type 1: set by `ibv_bind_mw`; type 2: the program's).
+    pub rkey: u32,
+    /// Handle.
+    pub handle: u32,
+    /// `enum ibv_mw_type` (1 or 2).
+    pub mw_type: u32,
+}
+
+/// `struct ibv_mw_bind_info`: what a bind exposes.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_mw_bind_info {
+    /// The region (NULL with length 0: unbind a type 1 window).
+    pub mr: *mut ibv_mr,
+    /// First byte.
+    pub addr: u64,
+    /// Bytes.
+    pub length: u64,
+    /// `IBV_ACCESS_REMOTE_*` rights through the window.
+    pub mw_access_flags: u32,
+}
+
+/// `struct ibv_mw_bind`: `ibv_bind_mw`'s argument (type 1 windows).
+#[repr(C)]
+pub struct ibv_mw_bind {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// `IBV_SEND_SIGNALED`...
+    pub send_flags: u32,
+    /// The range and rights.
+    pub bind_info: ibv_mw_bind_info,
+}
+
+/// The `bind_mw` member of `ibv_send_wr` (`IBV_WR_BIND_MW`, type 2 windows).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct WrBindMw {
+    /// The window.
+    pub mw: *mut ibv_mw,
+    /// The key it gets.
+    pub rkey: u32,
+    /// The range and rights.
+    pub bind_info: ibv_mw_bind_info,
+}
+
 /// `struct ibv_comp_channel`.
 #[repr(C)]
 pub struct ibv_comp_channel {
@@ -306,8 +358,8 @@ pub struct ibv_send_wr {
     pub wr: WrUnion,
     /// `qp_type.xrc.remote_srqn`.
     pub xrc_remote_srqn: u32,
-    /// `bind_mw` / `tso` union (48 bytes).
-    pub bind_mw: [u64; 6],
+    /// `bind_mw` / `tso` union (48 bytes; `tso` is not offered).
+    pub bind_mw: WrBindMw,
 }
 
 /// `struct ibv_recv_wr`.
@@ -623,6 +675,12 @@ pub struct ibv_async_event {
 
 const _: () = {
     assert!(size_of::<ibv_async_event>() == 16);
+    assert!(size_of::<ibv_mw>() == 32);
+    assert!(size_of::<ibv_mw_bind_info>() == 32);
+    assert!(size_of::<ibv_mw_bind>() == 48);
+    assert!(offset_of!(ibv_mw_bind, bind_info) == 16);
+    assert!(size_of::<WrBindMw>() == 48);
+    assert!(offset_of!(WrBindMw, bind_info) == 16);
     assert!(size_of::<ibv_srq_init_attr>() == 24);
     assert!(size_of::<ibv_ah>() == 24);
     assert!(size_of::<ibv_device>() == 664);

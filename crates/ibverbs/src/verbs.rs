@@ -5,9 +5,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Mutex;
 
 use engine::{
-    AccessFlags, AhAttr, AhHandle, MrHandle, PdHandle, QpAttr, QpAttrMask, QpCap, QpInitAttr,
-    QpState, QpType, RecvWr, SendFlags, SendOp, SendPayload, SendWr, Sge, SrqAttr, SrqHandle,
-    UdDest,
+    AccessFlags, AhAttr, AhHandle, MrHandle, MwBind, MwHandle, MwType, PdHandle, QpAttr,
+    QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendPayload, SendWr,
+    Sge, SrqAttr, SrqHandle, UdDest,
 };
 use softrdma::RawCq;
 
@@ -69,10 +69,34 @@ struct Ah {
     handle: AhHandle,
 }
 
+/// A memory window.
+#[repr(C)]
+struct Mw {
+    ibv: ibv_mw,
+    handle: MwHandle,
+}
+
 /// The ops table every context carries.
 pub(crate) fn ops() -> ibv_context_ops {
+    let mut head: [Option<unsafe extern "C" fn()>; 11] = [None; 11];
+    // SAFETY (the three slots): the C side calls each through a pointer of the type verbs.h
+    // gives the slot, which is the function's own type; the table only stores it erased.
+    unsafe {
+        head[ALLOC_MW_SLOT] = Some(std::mem::transmute::<
+            unsafe extern "C" fn(*mut ibv_pd, u32) -> *mut ibv_mw,
+            unsafe extern "C" fn(),
+        >(alloc_mw));
+        head[BIND_MW_SLOT] = Some(std::mem::transmute::<
+            unsafe extern "C" fn(*mut ibv_qp, *mut ibv_mw, *mut ibv_mw_bind) -> c_int,
+            unsafe extern "C" fn(),
+        >(bind_mw));
+        head[DEALLOC_MW_SLOT] = Some(std::mem::transmute::<
+            unsafe extern "C" fn(*mut ibv_mw) -> c_int,
+            unsafe extern "C" fn(),
+        >(dealloc_mw));
+    }
     ibv_context_ops {
-        head: [None; 11],
+        head,
         poll_cq: Some(poll_cq),
         req_notify_cq: Some(req_notify_cq),
         mid: [None; 7],
@@ -83,6 +107,12 @@ pub(crate) fn ops() -> ibv_context_ops {
         tail: [None; 5],
     }
 }
+
+/// Slots of `ibv_context_ops` (in 8-byte words): `alloc_mw` @56, `bind_mw` @64,
+/// `dealloc_mw` @72.
+const ALLOC_MW_SLOT: usize = 7;
+const BIND_MW_SLOT: usize = 8;
+const DEALLOC_MW_SLOT: usize = 9;
 
 /// The context of an object whose C struct starts with `context`.
 ///
@@ -227,6 +257,121 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     drop(unsafe { Box::from_raw(mr as *mut Mr) });
     0
 }
+
+// ---- memory windows (reached through context->ops, as verbs.h's inline calls do) ----
+
+/// `ibv_alloc_mw`: a type 1 or type 2 window in `pd`.
+unsafe extern "C" fn alloc_mw(pd: *mut ibv_pd, mw_type: u32) -> *mut ibv_mw {
+    if pd.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: a non-NULL PD comes from ibv_alloc_pd.
+    let p = unsafe { &*(pd as *mut Pd) };
+    // SAFETY: its context is ours.
+    let cx = match unsafe { ctx_ok(p.ibv.context) } {
+        Ok(cx) => cx,
+        Err(e) => return fail(e),
+    };
+    let t = match mw_type {
+        1 => MwType::Type1,
+        2 => MwType::Type2,
+        // No such window type (the kernel's answer too).
+        _ => return fail(libc::EINVAL),
+    };
+    let (h, rkey) = match cx.raw().alloc_mw(p.handle, t) {
+        Ok(k) => k,
+        Err(e) => return fail(verr(e)),
+    };
+    let mw = Box::new(Mw {
+        ibv: ibv_mw {
+            context: p.ibv.context,
+            pd,
+            rkey,
+            handle: h.0,
+            mw_type,
+        },
+        handle: h,
+    });
+    Box::into_raw(mw) as *mut ibv_mw
+}
+
+/// `ibv_dealloc_mw`.
+unsafe extern "C" fn dealloc_mw(mw: *mut ibv_mw) -> c_int {
+    if mw.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a non-NULL window comes from alloc_mw: a Box<Mw> whose first field it is.
+    let w = unsafe { &*(mw as *mut Mw) };
+    // SAFETY: its context is ours.
+    let cx = match unsafe { ctx_ok(w.ibv.context) } {
+        Ok(cx) => cx,
+        Err(e) => return e,
+    };
+    if let Err(e) = cx.raw().dealloc_mw(w.handle) {
+        return verr(e);
+    }
+    // SAFETY: made by Box::into_raw in alloc_mw; the caller gives it up.
+    drop(unsafe { Box::from_raw(mw as *mut Mw) });
+    0
+}
+
+/// The engine's bind of a C `ibv_mw_bind_info` (a NULL region only for a zero-length
+/// unbind).
+///
+/// # Safety
+/// `b.mr` is NULL or a region from `ibv_reg_mr`.
+unsafe fn mw_bind_of(b: &ibv_mw_bind_info) -> Result<MwBind, c_int> {
+    let mr = if b.mr.is_null() {
+        if b.length != 0 {
+            return Err(libc::EINVAL);
+        }
+        MrHandle(0)
+    } else {
+        // SAFETY: a non-NULL region comes from reg_mr: a Box<Mr> whose first field it is.
+        unsafe { &*(b.mr as *mut Mr) }.handle
+    };
+    // A window grants remote rights only; the local write bit that programs pass along
+    // (rdma-core's own tests do) means nothing for it, and providers ignore it.
+    let access =
+        AccessFlags::from_bits(b.mw_access_flags).ok_or(libc::EINVAL)? - AccessFlags::LOCAL_WRITE;
+    Ok(MwBind {
+        mr,
+        addr: b.addr,
+        length: b.length,
+        access,
+    })
+}
+
+/// `ibv_bind_mw`: bind a type 1 window through `qp` (posted like a send; the window's rkey
+/// is the one it will have).
+unsafe extern "C" fn bind_mw(qp: *mut ibv_qp, mw: *mut ibv_mw, bind: *mut ibv_mw_bind) -> c_int {
+    if qp.is_null() || mw.is_null() || bind.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: non-NULL objects of ours and the caller's bind struct.
+    let (q, w, b) = unsafe { (&*(qp as *mut Qp), &mut *(mw as *mut Mw), &*bind) };
+    // SAFETY: its context is ours.
+    let cx = match unsafe { ctx_ok(q.ibv.context) } {
+        Ok(cx) => cx,
+        Err(e) => return e,
+    };
+    // SAFETY: the region is NULL or the caller's from ibv_reg_mr.
+    let mb = match unsafe { mw_bind_of(&b.bind_info) } {
+        Ok(m) => m,
+        Err(e) => return e,
+    };
+    let signaled = b.send_flags & IBV_SEND_SIGNALED != 0;
+    match cx.raw().bind_mw(q.handle, b.wr_id, w.handle, mb, signaled) {
+        Ok(rkey) => {
+            w.ibv.rkey = rkey;
+            0
+        }
+        Err(e) => verr(e),
+    }
+}
+
+/// `IBV_SEND_SIGNALED`.
+const IBV_SEND_SIGNALED: u32 = 2;
 
 // ---- completion channels and CQs ----
 
@@ -872,6 +1017,21 @@ unsafe fn send_wr(w: &ibv_send_wr) -> Result<SendWr, c_int> {
                 add: w.wr.atomic.compare_add,
             },
             7 => SendOp::LocalInv { rkey: w.imm_data },
+            8 => {
+                // IBV_WR_BIND_MW (type 2 windows): the program picked the new key.
+                let b = w.bind_mw;
+                if b.mw.is_null() {
+                    return Err(libc::EINVAL);
+                }
+                // (Inside the block's unsafe:) a non-NULL window comes from alloc_mw; the
+                // region is NULL or the caller's from ibv_reg_mr.
+                let (mw, bind) = ((*(b.mw as *mut Mw)).handle, mw_bind_of(&b.bind_info)?);
+                SendOp::BindMw {
+                    mw,
+                    rkey: b.rkey,
+                    bind,
+                }
+            }
             9 => SendOp::SendWithInv { rkey: w.imm_data },
             _ => return Err(libc::EINVAL),
         }

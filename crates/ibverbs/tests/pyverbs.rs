@@ -1,18 +1,20 @@
 //! rdma-core's own test suite (Debian python3-pyverbs, tests under
 //! /usr/share/doc/rdma-core/tests) against the drop-in library on a `softrdmad` of each test's
-//! own (the default backend): the modules for what we offer end with no failure and no error. Skips are the suite's own, for features not offered
-//! (extended QPs, memory windows, device memory, dma-buf, rereg, XRC, EFA/mlx5 specifics).
+//! own (the default backend): the modules for what we offer end with no failure and no error.
+//! Skips are the suite's own, for features not offered (extended QPs and CQs, device memory,
+//! dma-buf, rereg, resize CQ, XRC, EFA/mlx5 specifics). test_mr also runs on the embedded
+//! device, and its memory window tests must run, not skip.
 
 mod common;
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{configure, describe, run, suite_copy, On, TestDaemon, PYTHON};
+use common::{configure, describe, free_udp_port, run, suite_copy, On, TestDaemon, PYTHON};
 
-fn run_module(module: &str) {
+/// Run one module of the suite on `on`'s device; returns unittest's report.
+fn run_module_on(module: &str, on: On<'_>) -> String {
     let dir = suite_copy();
-    let mut daemon = TestDaemon::start(&["127.0.0.1"]);
     let mut c = Command::new(PYTHON);
     c.arg(dir.join("run_tests.py"))
         .args(["-v", "-k", module])
@@ -20,15 +22,8 @@ fn run_module(module: &str) {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    configure(
-        &mut c,
-        On::Daemon {
-            daemon: &daemon,
-            addr: "127.0.0.1",
-        },
-    );
+    configure(&mut c, on);
     let o = run(c, Duration::from_secs(300));
-    daemon.assert_alive();
     // unittest reports on stderr.
     let report = String::from_utf8_lossy(&o.stderr);
     let ran = report.lines().any(|l| l.starts_with("Ran "));
@@ -40,6 +35,36 @@ fn run_module(module: &str) {
         "{module}: {}",
         describe(&o)
     );
+    report.into_owned()
+}
+
+/// Run one module on a `softrdmad` of its own.
+fn run_module(module: &str) -> String {
+    let mut daemon = TestDaemon::start(&["127.0.0.1"]);
+    let report = run_module_on(
+        module,
+        On::Daemon {
+            daemon: &daemon,
+            addr: "127.0.0.1",
+        },
+    );
+    daemon.assert_alive();
+    report
+}
+
+/// The memory window tests of test_mr passed (rather than skipped).
+fn assert_memory_windows_ran(report: &str) {
+    for t in [
+        "test_mw_type1",
+        "test_mw_type2",
+        "test_invalidate_mw_type1",
+        "test_mw_type2_invalidate_local",
+        "test_mw_type2_invalidate_remote",
+        "test_mw_type2_invalidate_dealloc",
+    ] {
+        let line = format!("{t} (tests.test_mr.MWTest.{t}) ... ok");
+        assert!(report.contains(&line), "{t} did not pass:\n{report}");
+    }
 }
 
 #[test]
@@ -54,7 +79,16 @@ fn pyverbs_test_pd_passes() {
 
 #[test]
 fn pyverbs_test_mr_passes() {
-    run_module("test_mr");
+    assert_memory_windows_ran(&run_module("test_mr"));
+}
+
+#[test]
+fn pyverbs_test_mr_passes_on_the_embedded_device() {
+    let on = On::Embedded {
+        addr: "127.0.0.1",
+        port: free_udp_port(),
+    };
+    assert_memory_windows_ran(&run_module_on("test_mr", on));
 }
 
 #[test]
