@@ -137,10 +137,10 @@ pub fn verbs_command(prog: &str, args: &[&str], on: On<'_>) -> Command {
     c
 }
 
-/// The `softrdmad` binary of this build (target/<profile>/softrdmad), built now (once per
-/// test process) with the profile of this test binary, so it is never older than the
-/// library that talks to it. `cargo test --workspace` has built it already; then this is a
-/// quick no-op.
+/// The `softrdmad` binary of this build (target/<profile>/softrdmad), never older than its
+/// sources: when a source file of the daemon or a crate below it (or Cargo.lock) is newer
+/// than the binary, it is built now (once per test process) with the profile of this test
+/// binary. `cargo test --workspace` has built it already; then nothing is run.
 pub fn daemon_binary() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
@@ -150,6 +150,10 @@ pub fn daemon_binary() -> PathBuf {
             .and_then(Path::parent)
             .expect("target/<profile>/deps")
             .to_path_buf();
+        let bin = profile_dir.join("softrdmad");
+        if !daemon_sources_newer_than(&bin) {
+            return bin;
+        }
         let target_dir = profile_dir.parent().expect("target dir");
         let profile = profile_dir
             .file_name()
@@ -175,7 +179,6 @@ pub fn daemon_binary() -> PathBuf {
             p => c.args(["--profile", p]),
         };
         let st = c.status();
-        let bin = profile_dir.join("softrdmad");
         assert!(
             matches!(st, Ok(s) if s.success()) && bin.is_file(),
             "building softrdmad for the daemon-backend tests failed ({st:?}); build it with \
@@ -184,6 +187,40 @@ pub fn daemon_binary() -> PathBuf {
         bin
     })
     .clone()
+}
+
+/// Whether `bin` is missing or older than a source of the daemon (the crates it is built
+/// from: daemon, runtime, engine, wire) or the lock file.
+fn daemon_sources_newer_than(bin: &Path) -> bool {
+    let Ok(built) = std::fs::metadata(bin).and_then(|m| m.modified()) else {
+        return true;
+    };
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("crates dir");
+    let newer = |p: &Path| {
+        std::fs::metadata(p)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t > built)
+    };
+    fn walk(dir: &Path, f: &dyn Fn(&Path) -> bool) -> bool {
+        let Ok(rd) = std::fs::read_dir(dir) else {
+            return false;
+        };
+        rd.flatten().any(|e| {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, f)
+            } else {
+                f(&p)
+            }
+        })
+    }
+    newer(&crates.join("../Cargo.lock"))
+        || ["daemon", "runtime", "engine", "wire"].iter().any(|c| {
+            let dir = crates.join(c);
+            newer(&dir.join("Cargo.toml")) || walk(&dir.join("src"), &newer)
+        })
 }
 
 /// A `softrdmad` child process on a control socket in a temp folder of its own, serving
