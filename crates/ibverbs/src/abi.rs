@@ -442,6 +442,112 @@ pub struct ibv_qp_init_attr {
     pub sq_sig_all: c_int,
 }
 
+/// `struct ibv_qp_init_attr_ex` (the fields up to `send_ops_flags`).
+#[repr(C)]
+pub struct ibv_qp_init_attr_ex {
+    /// The classic attributes (same layout as `ibv_qp_init_attr`, 60 bytes).
+    pub qp_context: *mut c_void,
+    /// Send CQ.
+    pub send_cq: *mut ibv_cq,
+    /// Receive CQ.
+    pub recv_cq: *mut ibv_cq,
+    /// SRQ.
+    pub srq: *mut ibv_srq,
+    /// Capacities (written back).
+    pub cap: ibv_qp_cap,
+    /// `enum ibv_qp_type`.
+    pub qp_type: u32,
+    /// Signal every send.
+    pub sq_sig_all: c_int,
+    /// `IBV_QP_INIT_ATTR_*`: which fields below are valid.
+    pub comp_mask: u32,
+    /// The PD (`IBV_QP_INIT_ATTR_PD`).
+    pub pd: *mut ibv_pd,
+    /// XRC domain.
+    pub xrcd: *mut c_void,
+    /// `IBV_QP_CREATE_*`.
+    pub create_flags: u32,
+    /// TSO header size.
+    pub max_tso_header: u16,
+    /// RSS indirection table.
+    pub rwq_ind_tbl: *mut c_void,
+    /// `struct ibv_rx_hash_conf` (24 bytes).
+    pub rx_hash_conf: [u64; 3],
+    /// Source QPN (`IBV_QP_CREATE_SOURCE_QPN`).
+    pub source_qpn: u32,
+    /// `IBV_QP_EX_WITH_*`: the operations the extended post API will be used for.
+    pub send_ops_flags: u64,
+}
+
+/// The part of `struct ibv_qp_ex` after its `ibv_qp`: the extended post API (`wr_start`,
+/// `wr_send`, `wr_set_sge`... `wr_complete`), called as function pointers.
+#[repr(C)]
+pub struct ibv_qp_ex_tail {
+    /// Extensions in use (none).
+    pub comp_mask: u64,
+    /// `wr_id` of the next work request the program starts.
+    pub wr_id: u64,
+    /// `IBV_SEND_*` flags of the next work request.
+    pub wr_flags: u32,
+    /// `wr_atomic_cmp_swp` .. `wr_atomic_write`, in declaration order (21 slots).
+    pub ops: [usize; 21],
+}
+
+/// `ibv_qp_ex_tail.ops` slots.
+pub mod qp_ex_op {
+    /// `wr_atomic_cmp_swp`.
+    pub const ATOMIC_CMP_SWP: usize = 0;
+    /// `wr_atomic_fetch_add`.
+    pub const ATOMIC_FETCH_ADD: usize = 1;
+    /// `wr_bind_mw`.
+    pub const BIND_MW: usize = 2;
+    /// `wr_local_inv`.
+    pub const LOCAL_INV: usize = 3;
+    /// `wr_rdma_read`.
+    pub const RDMA_READ: usize = 4;
+    /// `wr_rdma_write`.
+    pub const RDMA_WRITE: usize = 5;
+    /// `wr_rdma_write_imm`.
+    pub const RDMA_WRITE_IMM: usize = 6;
+    /// `wr_send`.
+    pub const SEND: usize = 7;
+    /// `wr_send_imm`.
+    pub const SEND_IMM: usize = 8;
+    /// `wr_send_inv`.
+    pub const SEND_INV: usize = 9;
+    /// `wr_send_tso`.
+    pub const SEND_TSO: usize = 10;
+    /// `wr_set_ud_addr`.
+    pub const SET_UD_ADDR: usize = 11;
+    /// `wr_set_xrc_srqn`.
+    pub const SET_XRC_SRQN: usize = 12;
+    /// `wr_set_inline_data`.
+    pub const SET_INLINE_DATA: usize = 13;
+    /// `wr_set_inline_data_list`.
+    pub const SET_INLINE_DATA_LIST: usize = 14;
+    /// `wr_set_sge`.
+    pub const SET_SGE: usize = 15;
+    /// `wr_set_sge_list`.
+    pub const SET_SGE_LIST: usize = 16;
+    /// `wr_start`.
+    pub const START: usize = 17;
+    /// `wr_complete`.
+    pub const COMPLETE: usize = 18;
+    /// `wr_abort`.
+    pub const ABORT: usize = 19;
+    /// `wr_atomic_write`.
+    pub const ATOMIC_WRITE: usize = 20;
+}
+
+/// `struct ibv_data_buf` (`wr_set_inline_data_list`).
+#[repr(C)]
+pub struct ibv_data_buf {
+    /// Bytes.
+    pub addr: *mut c_void,
+    /// How many.
+    pub length: usize,
+}
+
 /// `struct ibv_global_route`.
 #[repr(C, align(8))]
 #[derive(Clone, Copy, Default)]
@@ -676,6 +782,16 @@ pub struct ibv_async_event {
 const _: () = {
     assert!(size_of::<ibv_async_event>() == 16);
     assert!(size_of::<ibv_mw>() == 32);
+    assert!(size_of::<ibv_qp_init_attr_ex>() == 136);
+    assert!(offset_of!(ibv_qp_init_attr_ex, comp_mask) == 60);
+    assert!(offset_of!(ibv_qp_init_attr_ex, pd) == 64);
+    assert!(offset_of!(ibv_qp_init_attr_ex, create_flags) == 80);
+    assert!(offset_of!(ibv_qp_init_attr_ex, rx_hash_conf) == 96);
+    assert!(offset_of!(ibv_qp_init_attr_ex, send_ops_flags) == 128);
+    // ibv_qp (160) + this = struct ibv_qp_ex (352), wr_start @320, wr_complete @328.
+    assert!(size_of::<ibv_qp>() + size_of::<ibv_qp_ex_tail>() == 352);
+    assert!(size_of::<ibv_qp>() + offset_of!(ibv_qp_ex_tail, ops) + 8 * qp_ex_op::START == 320);
+    assert!(size_of::<ibv_data_buf>() == 16);
     assert!(size_of::<ibv_mw_bind_info>() == 32);
     assert!(size_of::<ibv_mw_bind>() == 48);
     assert!(offset_of!(ibv_mw_bind, bind_info) == 16);

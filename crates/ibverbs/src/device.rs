@@ -444,7 +444,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
             query_port: Some(query_port_op),
             other_a: [0; 26],
             query_device_ex: Some(query_device_ex_op),
-            other_b: [0; 11],
+            other_b: crate::qp_ex::verbs_context_tail(),
             sz: size_of::<verbs_context>(),
             context: ibv_context {
                 device,

@@ -44,6 +44,7 @@ include!(concat!(env!("OUT_DIR"), "/symver.rs"));
 pub mod abi;
 mod device;
 mod events;
+mod qp_ex;
 mod stubs;
 mod verbs;
 

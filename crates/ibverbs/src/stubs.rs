@@ -119,7 +119,6 @@ unsupported_ptr!(
     ibv_import_pd,
     ibv_import_mr,
     ibv_import_dm,
-    ibv_qp_to_qp_ex,
 );
 
 nothing!(

@@ -47,10 +47,15 @@ struct Channel {
 }
 
 /// A QP: `handle` names it to the device (on the daemon, the connection's number for it).
+/// `ibv` and `ex` together are a `struct ibv_qp_ex`; `ex` is filled for QPs made by
+/// `ibv_create_qp_ex` (see [`crate::qp_ex`]).
 #[repr(C)]
 pub(crate) struct Qp {
     pub(crate) ibv: ibv_qp,
-    handle: u32,
+    pub(crate) ex: ibv_qp_ex_tail,
+    pub(crate) extended: bool,
+    pub(crate) batch: Mutex<crate::qp_ex::Batch>,
+    pub(crate) handle: u32,
     qpn: u32,
     sq_sig_all: bool,
 }
@@ -64,16 +69,16 @@ pub(crate) struct Srq {
 
 /// An address handle.
 #[repr(C)]
-struct Ah {
+pub(crate) struct Ah {
     ibv: ibv_ah,
-    handle: AhHandle,
+    pub(crate) handle: AhHandle,
 }
 
 /// A memory window.
 #[repr(C)]
-struct Mw {
+pub(crate) struct Mw {
     ibv: ibv_mw,
-    handle: MwHandle,
+    pub(crate) handle: MwHandle,
 }
 
 /// The ops table every context carries.
@@ -118,12 +123,12 @@ const DEALLOC_MW_SLOT: usize = 9;
 ///
 /// # Safety
 /// `c` is the `context` field of a live object of ours.
-unsafe fn ctx_ok<'a>(c: *mut ibv_context) -> Result<&'a Ctx, c_int> {
+pub(crate) unsafe fn ctx_ok<'a>(c: *mut ibv_context) -> Result<&'a Ctx, c_int> {
     // SAFETY: forwarded.
     unsafe { ctx(c) }.ok_or(libc::EINVAL)
 }
 
-fn verr(e: softrdma::Error) -> c_int {
+pub(crate) fn verr(e: softrdma::Error) -> c_int {
     e.errno()
 }
 
@@ -320,7 +325,7 @@ unsafe extern "C" fn dealloc_mw(mw: *mut ibv_mw) -> c_int {
 ///
 /// # Safety
 /// `b.mr` is NULL or a region from `ibv_reg_mr`.
-unsafe fn mw_bind_of(b: &ibv_mw_bind_info) -> Result<MwBind, c_int> {
+pub(crate) unsafe fn mw_bind_of(b: &ibv_mw_bind_info) -> Result<MwBind, c_int> {
     let mr = if b.mr.is_null() {
         if b.length != 0 {
             return Err(libc::EINVAL);
@@ -676,8 +681,22 @@ pub unsafe extern "C" fn ibv_create_qp(
     if pd.is_null() || init.is_null() {
         return fail(libc::EINVAL);
     }
-    // SAFETY: non-NULL objects of ours / the caller's init struct.
-    let (p, ia) = unsafe { (&*(pd as *mut Pd), &mut *init) };
+    // SAFETY: a non-NULL PD of ours and the caller's init struct.
+    unsafe { create_qp(pd, &mut *init, false) }
+}
+
+/// `ibv_create_qp`, and `ibv_create_qp_ex` when `extended` (its attributes start with the
+/// classic ones): the QP, its capacities written back into `ia`.
+///
+/// # Safety
+/// `pd` is a non-NULL PD from `ibv_alloc_pd`.
+pub(crate) unsafe fn create_qp(
+    pd: *mut ibv_pd,
+    ia: &mut ibv_qp_init_attr,
+    extended: bool,
+) -> *mut ibv_qp {
+    // SAFETY: a non-NULL PD of ours (the caller's contract).
+    let p = unsafe { &*(pd as *mut Pd) };
     if ia.send_cq.is_null() || ia.recv_cq.is_null() {
         return fail(libc::EINVAL);
     }
@@ -742,6 +761,9 @@ pub unsafe extern "C" fn ibv_create_qp(
             cond: [0; 6],
             events_completed: 0,
         },
+        ex: crate::qp_ex::tail(extended),
+        extended,
+        batch: Mutex::new(crate::qp_ex::Batch::default()),
         handle: created.handle,
         qpn: created.qpn,
         sq_sig_all: ia.sq_sig_all != 0,
