@@ -539,6 +539,71 @@ pub mod qp_ex_op {
     pub const ATOMIC_WRITE: usize = 20;
 }
 
+/// `struct ibv_cq_init_attr_ex`.
+#[repr(C)]
+pub struct ibv_cq_init_attr_ex {
+    /// Entries wanted.
+    pub cqe: u32,
+    /// The user's pointer.
+    pub cq_context: *mut c_void,
+    /// Completion channel, or NULL.
+    pub channel: *mut ibv_comp_channel,
+    /// Completion vector.
+    pub comp_vector: u32,
+    /// `IBV_WC_EX_WITH_*`: what the `read_*` calls will be asked for.
+    pub wc_flags: u64,
+    /// `IBV_CQ_INIT_ATTR_MASK_*`.
+    pub comp_mask: u32,
+    /// `IBV_CREATE_CQ_ATTR_*`.
+    pub flags: u32,
+    /// Parent domain.
+    pub parent_domain: *mut ibv_pd,
+}
+
+/// The part of `struct ibv_cq_ex` after the fields it shares with `ibv_cq`: the polling
+/// API (`start_poll`, `next_poll`, `end_poll`, `read_*`), called as function pointers.
+#[repr(C)]
+pub struct ibv_cq_ex_tail {
+    /// Extensions in use (none).
+    pub comp_mask: u32,
+    /// `enum ibv_wc_status` of the current completion.
+    pub status: u32,
+    /// `wr_id` of the current completion.
+    pub wr_id: u64,
+    /// `start_poll` .. `read_completion_wallclock_ns`, in declaration order (18 slots).
+    pub ops: [usize; 18],
+}
+
+/// `ibv_cq_ex_tail.ops` slots.
+pub mod cq_ex_op {
+    /// `start_poll`.
+    pub const START_POLL: usize = 0;
+    /// `next_poll`.
+    pub const NEXT_POLL: usize = 1;
+    /// `end_poll`.
+    pub const END_POLL: usize = 2;
+    /// `read_opcode`.
+    pub const READ_OPCODE: usize = 3;
+    /// `read_vendor_err`.
+    pub const READ_VENDOR_ERR: usize = 4;
+    /// `read_byte_len`.
+    pub const READ_BYTE_LEN: usize = 5;
+    /// `read_imm_data`.
+    pub const READ_IMM_DATA: usize = 6;
+    /// `read_qp_num`.
+    pub const READ_QP_NUM: usize = 7;
+    /// `read_src_qp`.
+    pub const READ_SRC_QP: usize = 8;
+    /// `read_wc_flags`.
+    pub const READ_WC_FLAGS: usize = 9;
+    /// `read_slid`.
+    pub const READ_SLID: usize = 10;
+    /// `read_sl`.
+    pub const READ_SL: usize = 11;
+    /// `read_dlid_path_bits`.
+    pub const READ_DLID_PATH_BITS: usize = 12;
+}
+
 /// `struct ibv_data_buf` (`wr_set_inline_data_list`).
 #[repr(C)]
 pub struct ibv_data_buf {
@@ -792,6 +857,12 @@ const _: () = {
     assert!(size_of::<ibv_qp>() + size_of::<ibv_qp_ex_tail>() == 352);
     assert!(size_of::<ibv_qp>() + offset_of!(ibv_qp_ex_tail, ops) + 8 * qp_ex_op::START == 320);
     assert!(size_of::<ibv_data_buf>() == 16);
+    assert!(size_of::<ibv_cq_init_attr_ex>() == 56);
+    assert!(offset_of!(ibv_cq_init_attr_ex, wc_flags) == 32);
+    assert!(offset_of!(ibv_cq_init_attr_ex, parent_domain) == 48);
+    // ibv_cq (128) + this = struct ibv_cq_ex (288), start_poll @144.
+    assert!(size_of::<ibv_cq>() + size_of::<ibv_cq_ex_tail>() == 288);
+    assert!(size_of::<ibv_cq>() + offset_of!(ibv_cq_ex_tail, ops) == 144);
     assert!(size_of::<ibv_mw_bind_info>() == 32);
     assert!(size_of::<ibv_mw_bind>() == 48);
     assert!(offset_of!(ibv_mw_bind, bind_info) == 16);

@@ -442,7 +442,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
     let ctx = Box::new(Ctx {
         vctx: verbs_context {
             query_port: Some(query_port_op),
-            other_a: [0; 26],
+            other_a: crate::cq_ex::verbs_context_head(),
             query_device_ex: Some(query_device_ex_op),
             other_b: crate::qp_ex::verbs_context_tail(),
             sz: size_of::<verbs_context>(),

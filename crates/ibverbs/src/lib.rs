@@ -42,6 +42,7 @@
 include!(concat!(env!("OUT_DIR"), "/symver.rs"));
 
 pub mod abi;
+mod cq_ex;
 mod device;
 mod events;
 mod qp_ex;

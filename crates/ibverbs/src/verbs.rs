@@ -31,10 +31,14 @@ struct Mr {
 }
 
 /// A CQ: its completions are polled through `raw` (on the daemon, a shared-memory ring).
+/// `ibv` and `ex` together are a `struct ibv_cq_ex`; `ex` is filled for CQs made by
+/// `ibv_create_cq_ex` (see [`crate::cq_ex`]), whose current completion is `current`.
 #[repr(C)]
 pub(crate) struct Cq {
     pub(crate) ibv: ibv_cq,
-    raw: RawCq,
+    pub(crate) ex: ibv_cq_ex_tail,
+    pub(crate) current: Mutex<Option<engine::WorkCompletion>>,
+    pub(crate) raw: RawCq,
 }
 
 /// A completion channel: its fd is a real descriptor. The first CQ attached makes it a
@@ -433,6 +437,22 @@ pub unsafe extern "C" fn ibv_create_cq(
     channel: *mut ibv_comp_channel,
     comp_vector: c_int,
 ) -> *mut ibv_cq {
+    // SAFETY: forwarded; checked inside.
+    unsafe { create_cq(c, cqe, cq_context, channel, comp_vector, false) }
+}
+
+/// `ibv_create_cq`, and `ibv_create_cq_ex` when `extended`.
+///
+/// # Safety
+/// `c` is NULL or a context; `channel` NULL or a channel of ours.
+pub(crate) unsafe fn create_cq(
+    c: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+    extended: bool,
+) -> *mut ibv_cq {
     // SAFETY: see `ctx`.
     let cx = match unsafe { ctx_ok(c) } {
         Ok(cx) => cx,
@@ -461,6 +481,8 @@ pub unsafe extern "C" fn ibv_create_cq(
             comp_events_completed: 0,
             async_events_completed: 0,
         },
+        ex: crate::cq_ex::tail(extended),
+        current: Mutex::new(None),
         raw,
     }));
     register(cx, Kind::Cq, handle, cq as usize);
@@ -617,11 +639,7 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_in
         std::thread::yield_now();
     }
     for (i, w) in v.iter().enumerate() {
-        let imm = if w.wc_flags.contains(engine::WcFlags::WITH_INV) {
-            w.invalidated_rkey
-        } else {
-            w.imm_data.to_be()
-        };
+        let imm = imm_of(w);
         let out = ibv_wc {
             wr_id: w.wr_id,
             status: w.status.to_ibv(),
@@ -641,6 +659,15 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_in
         unsafe { wc.add(i).write(out) };
     }
     v.len() as c_int
+}
+
+/// `ibv_wc.imm_data`: the immediate (network order), or the invalidated rkey (host order).
+pub(crate) fn imm_of(w: &engine::WorkCompletion) -> u32 {
+    if w.wc_flags.contains(engine::WcFlags::WITH_INV) {
+        w.invalidated_rkey
+    } else {
+        w.imm_data.to_be()
+    }
 }
 
 /// Whether an empty poll yields the core: `SOFTRDMA_POLL_YIELD=1` on either backend, `0`

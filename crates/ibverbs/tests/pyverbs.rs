@@ -1,8 +1,8 @@
 //! rdma-core's own test suite (Debian python3-pyverbs, tests under
 //! /usr/share/doc/rdma-core/tests) against the drop-in library on a `softrdmad` of each test's
 //! own (the default backend): the modules for what we offer end with no failure and no error.
-//! Skips are the suite's own, for features not offered (extended CQs, atomic write, device
-//! memory, dma-buf, rereg, resize CQ, XRC, EFA/mlx5 specifics). test_mr and test_qpex also
+//! Skips are the suite's own, for features not offered (atomic write, device memory, dma-buf,
+//! rereg, resize CQ, XRC, raw packet QPs, EFA/mlx5 specifics). test_mr and test_qpex also
 //! run on the embedded device; their memory window and extended QP tests must run, not skip.
 
 mod common;
@@ -124,7 +124,12 @@ fn assert_extended_qps_ran(report: &str) {
 
 #[test]
 fn pyverbs_test_cq_passes() {
-    run_module("test_cq");
+    // Also matches test_cqex (and test_cq_events): the extended CQ traffic must run.
+    let report = run_module("test_cq");
+    for t in ["test_rc_traffic_cq_ex", "test_ud_traffic_cq_ex"] {
+        let line = format!("{t} (tests.test_cqex.CqExTestCase.{t}) ... ok");
+        assert!(report.contains(&line), "{t} did not pass:\n{report}");
+    }
 }
 
 #[test]
