@@ -24,6 +24,8 @@ pub(crate) struct Batch {
     error: Option<c_int>,
 }
 
+/// `IBV_SEND_INLINE`: the data is copied when the work request is built.
+const IBV_SEND_INLINE: u32 = 8;
 /// `IBV_QP_INIT_ATTR_PD`, `_CREATE_FLAGS`, `_SEND_OPS_FLAGS`: the extended attributes taken.
 const INIT_ATTR_PD: u32 = 1;
 const INIT_ATTR_CREATE_FLAGS: u32 = 4;
@@ -261,7 +263,10 @@ impl Batch {
             self.fail(libc::EINVAL);
             return;
         }
-        let flags = SendFlags::from_bits_truncate(qp.ex.wr_flags & 0x7);
+        let mut flags = SendFlags::from_bits_truncate(qp.ex.wr_flags & 0x7);
+        if qp.ex.wr_flags & IBV_SEND_INLINE != 0 {
+            flags |= SendFlags::INLINE;
+        }
         let wr = SendWr {
             wr_id: qp.ex.wr_id,
             op,
@@ -277,6 +282,34 @@ impl Batch {
             return None;
         }
         self.wrs.last_mut()
+    }
+
+    /// Whether the work request being built was started with `IBV_SEND_INLINE`.
+    fn current_inline(&mut self) -> bool {
+        self.current()
+            .is_some_and(|(wr, _)| wr.flags.contains(SendFlags::INLINE))
+    }
+
+    /// Its data as `sges` say: by reference, or copied now for an inline send (the
+    /// addresses are then the caller's readable memory, no key involved).
+    ///
+    /// # Safety
+    /// For an inline send, each SGE names readable memory.
+    unsafe fn set_sges(&mut self, sges: Vec<Sge>) {
+        if !self.current_inline() {
+            self.set_payload(SendPayload::Sges(sges));
+            return;
+        }
+        let mut data = Vec::new();
+        for g in &sges {
+            let addr = g.addr as usize as *const c_void;
+            // SAFETY: the caller's contract.
+            if let Err(e) = unsafe { copy_in(addr, g.length as usize, &mut data) } {
+                self.fail(e);
+                return;
+            }
+        }
+        self.set_payload(SendPayload::Inline(data));
     }
 
     fn set_payload(&mut self, payload: SendPayload) {
@@ -461,9 +494,9 @@ unsafe extern "C" fn wr_unsupported(q: *mut ibv_qp_ex_tail) {
 }
 
 unsafe extern "C" fn wr_set_sge(q: *mut ibv_qp_ex_tail, lkey: u32, addr: u64, length: u32) {
-    let payload = SendPayload::Sges(vec![Sge::new(addr, length, lkey)]);
-    // SAFETY: the program's extended QP.
-    unsafe { with_batch(q, |_, b| b.set_payload(payload)) }
+    let sges = vec![Sge::new(addr, length, lkey)];
+    // SAFETY: the program's extended QP; inline data is its readable memory.
+    unsafe { with_batch(q, |_, b| b.set_sges(sges)) }
 }
 
 unsafe extern "C" fn wr_set_sge_list(q: *mut ibv_qp_ex_tail, n: usize, list: *const ibv_sge) {
@@ -483,7 +516,7 @@ unsafe extern "C" fn wr_set_sge_list(q: *mut ibv_qp_ex_tail, n: usize, list: *co
                 .iter()
                 .map(|e| Sge::new(e.addr, e.length, e.lkey))
                 .collect();
-            b.set_payload(SendPayload::Sges(sges));
+            b.set_sges(sges);
         })
     }
 }

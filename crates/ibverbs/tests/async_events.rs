@@ -6,36 +6,10 @@
 
 mod common;
 
-use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::Duration;
-
-use common::{configure, describe, free_udp_port, run, suite_copy, On, TestDaemon, PYTHON};
+use common::{free_udp_port, run_suite_script, On, TestDaemon};
 
 fn srq_limit_event(device: &str, on: On<'_>) {
-    let suite = suite_copy();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scripts/srq_limit_event.py");
-    let root = suite.parent().expect("suite has a parent");
-    let mut c = Command::new(PYTHON);
-    c.arg(script)
-        .arg(device)
-        .current_dir(root)
-        // The suite's modules import each other both as `tests.x` and as `x`.
-        .env(
-            "PYTHONPATH",
-            format!("{}:{}", root.display(), suite.display()),
-        )
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    configure(&mut c, on);
-    let o = run(c, Duration::from_secs(60));
-    assert!(o.status.success(), "{}", describe(&o));
-    assert!(
-        String::from_utf8_lossy(&o.stdout).contains("SRQ limit event OK"),
-        "{}",
-        describe(&o)
-    );
+    run_suite_script("srq_limit_event.py", device, on, "SRQ limit event OK");
 }
 
 #[test]

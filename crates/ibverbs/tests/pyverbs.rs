@@ -10,7 +10,9 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{configure, describe, free_udp_port, run, suite_copy, On, TestDaemon, PYTHON};
+use common::{
+    configure, describe, free_udp_port, run, run_suite_script, suite_copy, On, TestDaemon, PYTHON,
+};
 
 /// Run one module of the suite on `on`'s device; returns unittest's report.
 fn run_module_on(module: &str, on: On<'_>) -> String {
@@ -151,4 +153,22 @@ fn pyverbs_test_atomic_passes() {
 #[test]
 fn pyverbs_test_addr_passes() {
     run_module("test_addr");
+}
+
+#[test]
+fn an_inline_send_built_with_the_extended_api_carries_its_bytes() {
+    // Through the daemon and on the embedded device; the SGE's key is deliberately wrong:
+    // inline data is copied, never fetched by key.
+    let mut d = TestDaemon::start(&["127.0.0.1"]);
+    let on = On::Daemon {
+        daemon: &d,
+        addr: "127.0.0.1",
+    };
+    run_suite_script("qp_ex_inline_send.py", "srxe0", on, "inline ex send OK");
+    d.assert_alive();
+    let on = On::Embedded {
+        addr: "127.0.0.1",
+        port: free_udp_port(),
+    };
+    run_suite_script("qp_ex_inline_send.py", "softrdma0", on, "inline ex send OK");
 }

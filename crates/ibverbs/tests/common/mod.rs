@@ -504,3 +504,34 @@ fn make_suite_copy() -> PathBuf {
     }
     dst
 }
+
+/// Run `tests/scripts/<script>` with Debian's python, rdma-core's test suite importable (its
+/// resources classes) and the drop-in on `on`'s device, named `device` to the script; fails
+/// the test unless it exits 0 and prints `expect`.
+pub fn run_suite_script(script: &str, device: &str, on: On<'_>, expect: &str) {
+    let suite = suite_copy();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/scripts")
+        .join(script);
+    let root = suite.parent().expect("suite has a parent");
+    let mut c = Command::new(PYTHON);
+    c.arg(path)
+        .arg(device)
+        .current_dir(root)
+        // The suite's modules import each other both as `tests.x` and as `x`.
+        .env(
+            "PYTHONPATH",
+            format!("{}:{}", root.display(), suite.display()),
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    configure(&mut c, on);
+    let o = run(c, Duration::from_secs(60));
+    assert!(o.status.success(), "{script}: {}", describe(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains(expect),
+        "{script}: {}",
+        describe(&o)
+    );
+}
