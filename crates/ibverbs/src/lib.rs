@@ -31,6 +31,13 @@
 //! Completion channels are real descriptors (the CQ's eventfd on either backend), and so is
 //! `context->async_fd` (readable while `ibv_get_async_event` has an event to give).
 //!
+//! Beyond the classic verbs: memory windows (`ibv_alloc_mw`, `ibv_bind_mw`,
+//! `IBV_WR_BIND_MW`), extended QPs (`ibv_create_qp_ex` and the `wr_*` post API of
+//! `struct ibv_qp_ex`), extended CQs (`ibv_create_cq_ex` and `start_poll`/`next_poll`/
+//! `read_*`), asynchronous events. Not offered (`EOPNOTSUPP`): resizing CQs, re-registering
+//! MRs (the engine cannot keep a region's keys across it), XRC, device memory, flows, TSO,
+//! atomic write, multicast.
+//!
 //! Exports carry the version nodes the Debian programs import (`exports.txt`, bound by
 //! `build.rs`); calls we do not offer return what libibverbs returns for an unsupported
 //! operation (`EOPNOTSUPP`, or NULL with errno set). No C pointer is trusted to be non-NULL.
