@@ -172,3 +172,13 @@ fn an_inline_send_built_with_the_extended_api_carries_its_bytes() {
     };
     run_suite_script("qp_ex_inline_send.py", "softrdma0", on, "inline ex send OK");
 }
+
+#[test]
+fn pyverbs_test_relaxed_ordering_passes() {
+    run_module("test_relaxed_ordering");
+}
+
+#[test]
+fn pyverbs_test_fork_passes() {
+    run_module("test_fork");
+}
