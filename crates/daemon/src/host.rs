@@ -132,6 +132,8 @@ struct Shared {
     udp_received: AtomicU64,
     /// Idle spin in nanoseconds.
     idle_spin_ns: AtomicU64,
+    /// The engine memory's epoch ([`ClientMemory::epoch`]).
+    mem_epoch: Arc<AtomicU64>,
 }
 
 impl Shared {
@@ -142,7 +144,10 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, Core> {
         // The engine keeps its invariants per call; a panicking verb must not take the whole
         // device down with a poisoned lock.
-        self.core.lock().unwrap_or_else(|e| e.into_inner())
+        let core = self.core.lock().unwrap_or_else(|e| e.into_inner());
+        // Whatever came in before this point is served from client memory read after it.
+        self.mem_epoch.fetch_add(1, Ordering::Release);
+        core
     }
 
     /// Take what waits in the work rings into the engine; returns how many WQEs.
@@ -435,7 +440,9 @@ impl Device {
         ec.mtu = port_mtu(&config.addrs, ec.mtu);
         // Every packet leaves from the receiving port: the engine computes its ICRC over it.
         ec.udp_src_port = Some(config.port);
-        let engine = Engine::with_memory(ec, Box::new(ClientMemory::new(regions)));
+        let memory = ClientMemory::new(regions);
+        let mem_epoch = memory.epoch();
+        let engine = Engine::with_memory(ec, Box::new(memory));
         let doorbell = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
             .map_err(|e| HostError::Io {
                 what: "eventfd",
@@ -465,6 +472,7 @@ impl Device {
             udp_sent: AtomicU64::new(0),
             udp_received: AtomicU64::new(0),
             idle_spin_ns: AtomicU64::new(DEFAULT_IDLE_SPIN.as_nanos() as u64),
+            mem_epoch,
         });
         let s = shared.clone();
         let thread = std::thread::Builder::new()

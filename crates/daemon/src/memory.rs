@@ -13,6 +13,7 @@
 
 use std::collections::HashMap;
 use std::io::{IoSlice, IoSliceMut};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use engine::{MemOwner, Memory, MemoryError};
@@ -61,16 +62,31 @@ impl Regions {
     }
 
     fn check(&self, owner: MemOwner, addr: u64, len: usize) -> Result<(i32, usize), MemoryError> {
+        self.check_in(owner, addr, len).map(|(pid, a, _)| (pid, a))
+    }
+
+    /// `check`, also returning the end of the region (for reads ahead within it).
+    fn check_in(
+        &self,
+        owner: MemOwner,
+        addr: u64,
+        len: usize,
+    ) -> Result<(i32, usize, usize), MemoryError> {
         let r = self
             .map
             .get(&owner.0)
             .ok_or(MemoryError::UnknownOwner(owner))?;
         let fault = MemoryError::Fault { addr, len };
         let end = addr.checked_add(len as u64).ok_or(fault)?;
-        if addr < r.base || end > r.base.saturating_add(r.len) {
+        let region_end = r.base.saturating_add(r.len);
+        if addr < r.base || end > region_end {
             return Err(fault);
         }
-        Ok((r.pid, usize::try_from(addr).map_err(|_| fault)?))
+        Ok((
+            r.pid,
+            usize::try_from(addr).map_err(|_| fault)?,
+            usize::try_from(region_end).map_err(|_| fault)?,
+        ))
     }
 }
 
@@ -162,27 +178,87 @@ pub fn range_is_mapped(pid: i32, addr: u64, len: u64) -> bool {
     len == 0
 }
 
+/// Most bytes one read fetches ahead of what the engine asked for.
+const READ_AHEAD: usize = 256 << 10;
+
+/// Bytes of one client's registered memory fetched ahead in one `process_vm_readv`, valid
+/// while the epoch it was read in lasts.
+#[derive(Debug, Default)]
+struct ReadAhead {
+    epoch: u64,
+    pid: i32,
+    base: usize,
+    data: Vec<u8>,
+}
+
 /// [`Memory`] over registered client ranges.
+///
+/// The engine reads a message one packet at a time; each `process_vm_readv` costs far more
+/// in permission checks and page walks than in copying (measured: 70% of a same-host
+/// transfer in the kernel, 3% copying). So a read fetches up to [`READ_AHEAD`] bytes of the
+/// region at once and later reads are served from them, but only within one *epoch*: the
+/// host starts a new one every time it takes the device lock ([`ClientMemory::epoch`]), so
+/// every request, post and packet that arrived before is served from memory read after it
+/// (as a NIC's DMA would be), never from bytes fetched earlier. Writes and atomics drop
+/// what was fetched.
 #[derive(Debug)]
 pub struct ClientMemory {
     regions: SharedRegions,
+    epoch: Arc<AtomicU64>,
+    ahead: ReadAhead,
 }
 
 impl ClientMemory {
     /// Memory over the ranges of `regions`.
     pub fn new(regions: SharedRegions) -> ClientMemory {
-        ClientMemory { regions }
+        ClientMemory {
+            regions,
+            epoch: Arc::new(AtomicU64::new(1)),
+            ahead: ReadAhead::default(),
+        }
+    }
+
+    /// The epoch counter: bump it whenever later reads must see memory as it is now.
+    pub fn epoch(&self) -> Arc<AtomicU64> {
+        self.epoch.clone()
     }
 }
 
 impl Memory for ClientMemory {
     fn read(&mut self, owner: MemOwner, addr: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
-        let (pid, a) = lock(&self.regions).check(owner, addr, buf.len())?;
+        let (pid, a, region_end) = lock(&self.regions).check_in(owner, addr, buf.len())?;
+        let len = buf.len();
+        let epoch = self.epoch.load(Ordering::Acquire);
+        let ra = &mut self.ahead;
+        if ra.epoch == epoch && ra.pid == pid && a >= ra.base {
+            if let Some(src) = ra.data.get(a - ra.base..).and_then(|d| d.get(..len)) {
+                buf.copy_from_slice(src);
+                return Ok(());
+            }
+        }
+        if len < READ_AHEAD {
+            // Within the region: registration checked it is mapped.
+            let want = region_end.saturating_sub(a).min(READ_AHEAD).max(len);
+            ra.data.resize(want, 0);
+            if read_remote(pid, a, &mut ra.data).is_ok() {
+                *ra = ReadAhead {
+                    epoch,
+                    pid,
+                    base: a,
+                    data: std::mem::take(&mut ra.data),
+                };
+                buf.copy_from_slice(&ra.data[..len]);
+                return Ok(());
+            }
+            // Part of the region is gone: read just what was asked, and fail as that fails.
+            ra.epoch = 0;
+        }
         read_remote(pid, a, buf)
     }
 
     fn write(&mut self, owner: MemOwner, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
         let (pid, a) = lock(&self.regions).check(owner, addr, data.len())?;
+        self.ahead.epoch = 0;
         write_remote(pid, a, data)
     }
 
@@ -194,6 +270,7 @@ impl Memory for ClientMemory {
         swap: u64,
     ) -> Result<u64, MemoryError> {
         let (pid, a) = lock(&self.regions).check(owner, addr, 8)?;
+        self.ahead.epoch = 0;
         let mut w = [0u8; 8];
         read_remote(pid, a, &mut w)?;
         let old = u64::from_ne_bytes(w);
@@ -205,6 +282,7 @@ impl Memory for ClientMemory {
 
     fn fetch_add(&mut self, owner: MemOwner, addr: u64, add: u64) -> Result<u64, MemoryError> {
         let (pid, a) = lock(&self.regions).check(owner, addr, 8)?;
+        self.ahead.epoch = 0;
         let mut w = [0u8; 8];
         read_remote(pid, a, &mut w)?;
         let old = u64::from_ne_bytes(w);
@@ -216,6 +294,40 @@ impl Memory for ClientMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_ahead_serve_one_epoch_only_and_writes_drop_them() {
+        let pid = std::process::id() as i32;
+        let mut buf = vec![0u8; 8192];
+        let base = buf.as_mut_ptr() as u64;
+        let regions = SharedRegions::default();
+        let owner = lock(&regions).insert(Region {
+            pid,
+            base,
+            len: 8192,
+        });
+        let mut mem = ClientMemory::new(regions);
+        let epoch = mem.epoch();
+        let mut out = [0u8; 4];
+        mem.read(owner, base, &mut out).unwrap();
+        // Changed behind the device's back: the same epoch still sees what it fetched...
+        buf[4096] = 7;
+        std::hint::black_box(&mut buf);
+        mem.read(owner, base + 4096, &mut out).unwrap();
+        assert_eq!(out[0], 0);
+        // ...and a new epoch reads memory again.
+        epoch.fetch_add(1, Ordering::Release);
+        mem.read(owner, base + 4096, &mut out).unwrap();
+        assert_eq!(out[0], 7);
+        // The device's own writes are seen at once.
+        mem.write(owner, base + 4097, &[9]).unwrap();
+        mem.read(owner, base + 4096, &mut out).unwrap();
+        assert_eq!(&out[..2], &[7, 9]);
+        // Reads near the region's end fetch no further than it.
+        mem.read(owner, base + 8188, &mut out).unwrap();
+        assert!(mem.read(owner, base + 8190, &mut out).is_err());
+        let _ = std::hint::black_box(buf);
+    }
 
     #[test]
     fn reaches_registered_ranges_of_a_process_and_nothing_else() {
