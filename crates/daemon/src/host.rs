@@ -136,6 +136,8 @@ struct Shared {
     idle_spin_ns: AtomicU64,
     /// The engine memory's epoch ([`ClientMemory::epoch`]).
     mem_epoch: Arc<AtomicU64>,
+    /// The engine memory's held-back writes ([`ClientMemory::write_behind`]).
+    behind: crate::memory::WriteBehind,
 }
 
 impl Shared {
@@ -182,10 +184,14 @@ impl Shared {
                 core.local_free.push(p);
             }
         }
+        self.behind.flush();
         moved
     }
 
     fn pump_once(&self, core: &mut Core, now: Instant) -> bool {
+        // A completion says the data is in memory, and a packet may tell a peer so: the
+        // writes held back land first.
+        self.behind.flush();
         let Core {
             engine,
             txbuf,
@@ -450,6 +456,7 @@ impl Device {
         ec.udp_src_port = Some(config.port);
         let memory = ClientMemory::new(regions);
         let mem_epoch = memory.epoch();
+        let behind = memory.write_behind();
         let engine = Engine::with_memory(ec, Box::new(memory));
         let doorbell = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
             .map_err(|e| HostError::Io {
@@ -481,6 +488,7 @@ impl Device {
             udp_received: AtomicU64::new(0),
             idle_spin_ns: AtomicU64::new(DEFAULT_IDLE_SPIN.as_nanos() as u64),
             mem_epoch,
+            behind,
         });
         let s = shared.clone();
         let thread = std::thread::Builder::new()
@@ -669,6 +677,7 @@ impl Device {
         v.push(("local_packets", s.local_packets.load(Ordering::Relaxed)));
         v.push(("udp_sent", s.udp_sent.load(Ordering::Relaxed)));
         v.push(("udp_received", s.udp_received.load(Ordering::Relaxed)));
+        v.push(("held_back_writes_failed", s.behind.failed()));
         v
     }
 }
