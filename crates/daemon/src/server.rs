@@ -109,6 +109,8 @@ stats! {
     live_mws,
     /// Memory windows deallocated because their connection ended.
     reclaimed_mws,
+    /// Work requests posted by request on the socket (the rest come through work rings).
+    posts_by_request,
 }
 
 /// The daemon: its devices, the registered client memory, its counters.
@@ -426,6 +428,9 @@ impl<'d> Conn<'d> {
             return Err(fail(EPROTO, "hello first"));
         }
         let d = self.daemon;
+        if req.work_queue().is_some() {
+            d.stats.posts_by_request.fetch_add(1, Ordering::Relaxed);
+        }
         match req {
             Request::Hello { version } => {
                 if version != VERSION {
