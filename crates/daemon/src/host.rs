@@ -637,8 +637,12 @@ impl Device {
     }
 
     /// Stop taking posts for the queues `gone` matches (before destroying their QP or SRQ).
-    pub fn detach_work_rings(&self, gone: impl Fn(Queue) -> bool) {
-        self.shared.lock().work.retain(|w| !gone(w.queue()));
+    /// Returns how many rings went.
+    pub fn detach_work_rings(&self, gone: impl Fn(Queue) -> bool) -> usize {
+        let mut core = self.shared.lock();
+        let before = core.work.len();
+        core.work.retain(|w| !gone(w.queue()));
+        before - core.work.len()
     }
 
     /// Whether a work ring of `queue` holds back a WQE for room in the engine (a post by
