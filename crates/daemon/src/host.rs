@@ -21,11 +21,13 @@
 //!
 //! Packets between two QPs of the same device never touch a socket: they go straight back
 //! into the engine (`local_packets` counts them, `udp_sent` the ones that left as UDP).
+//! Devices of one daemon joined by [`link_devices`] hand each other their packets the same
+//! way, through the receiving device's inbox and doorbell (`peer_packets`).
 
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::thread::JoinHandle;
 
 use std::collections::{HashMap, VecDeque};
@@ -138,6 +140,13 @@ struct Shared {
     mem_epoch: Arc<AtomicU64>,
     /// The engine memory's held-back writes ([`ClientMemory::write_behind`]).
     behind: crate::memory::WriteBehind,
+    /// The other devices of this daemon, by address ([`link_devices`]).
+    peers: OnceLock<Vec<(IpAddr, Weak<Shared>)>>,
+    /// Packets other devices of this daemon addressed to this one. A leaf lock: nothing
+    /// else is taken while it is held.
+    inbox: Mutex<VecDeque<Vec<u8>>>,
+    /// Packets handed to another device of this daemon.
+    peer_packets: AtomicU64,
 }
 
 impl Shared {
@@ -235,6 +244,8 @@ impl Shared {
                 false
             }
         });
+        // Devices handed packets, woken once when this pump is done.
+        let mut woken: Vec<Arc<Shared>> = Vec::new();
         while let Some(t) = engine.poll_transmit(now, txbuf) {
             moved = true;
             let pkt = &txbuf[..t.len];
@@ -246,6 +257,15 @@ impl Shared {
                 b.extend_from_slice(pkt);
                 local_rx.push_back(b);
                 self.local_packets.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            if let Some(peer) = self.peer(t.dst) {
+                // Another device of this daemon: hand it over, no socket either.
+                lock_inbox(&peer.inbox).push_back(pkt.to_vec());
+                if !woken.iter().any(|w| Arc::ptr_eq(w, &peer)) {
+                    woken.push(peer);
+                }
+                self.peer_packets.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
             let (hl, src) = match pkt.first().map(|b| b >> 4) {
@@ -277,7 +297,19 @@ impl Shared {
                 }
             }
         }
+        for peer in woken {
+            let _ = peer.doorbell.write(1);
+        }
         moved
+    }
+
+    /// The other device of this daemon that serves `dst`, if one does.
+    fn peer(&self, dst: IpAddr) -> Option<Arc<Shared>> {
+        self.peers
+            .get()?
+            .iter()
+            .find(|(a, _)| *a == dst)
+            .and_then(|(_, w)| w.upgrade())
     }
 
     /// Take posted WQEs, receive everything pending, run timers, send. Returns whether
@@ -286,6 +318,11 @@ impl Shared {
         let mut core = self.lock();
         let mut busy = self.drain_work(&mut core) > 0;
         let now = self.now();
+        let handed = std::mem::take(&mut *lock_inbox(&self.inbox));
+        for p in handed {
+            busy = true;
+            core.engine.handle_datagram(now, &p);
+        }
         for (local, sock) in &self.socks {
             while let Ok((n, from)) = sock.recv_from(&mut rxbuf[HEADROOM..]) {
                 busy = true;
@@ -309,6 +346,25 @@ impl Shared {
         for w in &core.work {
             w.set_sleeping(asleep);
         }
+    }
+}
+
+fn lock_inbox(m: &Mutex<VecDeque<Vec<u8>>>) -> MutexGuard<'_, VecDeque<Vec<u8>>> {
+    // Only pushes and takes of whole packets happen under it.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Let the devices of one daemon hand each other the packets addressed to one another
+/// instead of sending them as UDP (a NIC's ports on one host do not need the wire either).
+/// Call once, after every device started.
+pub fn link_devices(devices: &[Device]) {
+    for d in devices {
+        let others = devices
+            .iter()
+            .filter(|o| !Arc::ptr_eq(&o.shared, &d.shared))
+            .flat_map(|o| o.addrs.iter().map(|a| (*a, Arc::downgrade(&o.shared))))
+            .collect();
+        let _ = d.shared.peers.set(others);
     }
 }
 
@@ -489,6 +545,9 @@ impl Device {
             idle_spin_ns: AtomicU64::new(DEFAULT_IDLE_SPIN.as_nanos() as u64),
             mem_epoch,
             behind,
+            peers: OnceLock::new(),
+            inbox: Mutex::new(VecDeque::new()),
+            peer_packets: AtomicU64::new(0),
         });
         let s = shared.clone();
         let thread = std::thread::Builder::new()
@@ -681,6 +740,7 @@ impl Device {
         v.push(("local_packets", s.local_packets.load(Ordering::Relaxed)));
         v.push(("udp_sent", s.udp_sent.load(Ordering::Relaxed)));
         v.push(("udp_received", s.udp_received.load(Ordering::Relaxed)));
+        v.push(("peer_packets", s.peer_packets.load(Ordering::Relaxed)));
         v.push(("held_back_writes_failed", s.behind.failed()));
         v
     }
@@ -718,7 +778,10 @@ fn progress(shared: &Shared) {
             // Ask for doorbells, then look once more: a client that pushed before it could
             // see the word is found here (see `Ring::set_need_wakeup`).
             Shared::set_asleep(&mut core, true);
-            if !core.local_rx.is_empty() || core.work.iter().any(WorkRing::waiting) {
+            if !core.local_rx.is_empty()
+                || core.work.iter().any(WorkRing::waiting)
+                || !lock_inbox(&shared.inbox).is_empty()
+            {
                 Shared::set_asleep(&mut core, false);
                 continue;
             }

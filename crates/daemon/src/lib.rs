@@ -49,8 +49,10 @@
 //! Memory windows (alloc, bind verb, BIND_MW and LOCAL_INV work requests), SRQs, AHs and
 //! UD sends go over the protocol too.
 //!
-//! Not here yet (issue 6): a consumer doorbell for CQ rings; same-daemon traffic between two
-//! *different* devices still crosses the kernel as UDP; a same-device transfer still goes
+//! Two devices of one daemon ([`host::link_devices`]) hand each other their packets through
+//! an inbox (`peer_packets`), never a socket either.
+//!
+//! Not here yet (issue 6): a consumer doorbell for CQ rings; a same-daemon transfer still goes
 //! through packets (read out of the sender, segmented, ICRC computed and checked, written
 //! into the receiver), not one copy from one client to the other.
 
