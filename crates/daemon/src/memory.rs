@@ -244,7 +244,7 @@ impl WriteBehind {
 ///
 /// The engine reads a message one packet at a time; each `process_vm_readv` costs far more
 /// in permission checks and page walks than in copying (measured: 70% of a same-host
-/// transfer in the kernel, 3% copying). So a read fetches up to [`READ_AHEAD`] bytes of the
+/// transfer in the kernel, 3% copying). So a read fetches up to 256 KiB (`READ_AHEAD`) of the
 /// region at once and later reads are served from them, but only within one *epoch*: the
 /// host starts a new one every time it takes the device lock ([`ClientMemory::epoch`]), so
 /// every request, post and packet that arrived before is served from memory read after it
