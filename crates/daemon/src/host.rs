@@ -741,6 +741,7 @@ impl Device {
         v.push(("udp_sent", s.udp_sent.load(Ordering::Relaxed)));
         v.push(("udp_received", s.udp_received.load(Ordering::Relaxed)));
         v.push(("peer_packets", s.peer_packets.load(Ordering::Relaxed)));
+        v.push(("live_work_rings", s.lock().work.len() as u64));
         v.push(("held_back_writes_failed", s.behind.failed()));
         v
     }

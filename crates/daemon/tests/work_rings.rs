@@ -527,3 +527,26 @@ fn two_devices_of_one_daemon_hand_each_other_packets_with_no_udp() {
     assert!(s.get("srxe1.peer_packets") >= 1);
     assert!(s.get("srxe1.rx_packets") >= 128);
 }
+
+#[test]
+fn a_client_that_goes_away_leaves_no_work_ring_behind() {
+    let d = Daemon::start();
+    let (mut a, mut b) = connected_pair(&d, 4096);
+    let (mut sq, _rq) = rings(&mut a);
+    let _ = rings(&mut b);
+    let srq = b.client.create_srq(b.pd, 8, 1).unwrap();
+    let bell = Arc::new(b.client.doorbell(0).unwrap());
+    let _srq_ring = b.client.attach_work_ring(wq::SRQ, srq, 8, bell).unwrap();
+    assert_eq!(d.stat("srxe0.live_work_rings"), 5);
+    // A send posted just before its client goes, taken or not, keeps nothing alive.
+    let _ = sq.post(&send(&a, 1, "lost")).unwrap();
+    drop(a);
+    d.wait_until("a's rings detached", |s| {
+        s.get("srxe0.live_work_rings") == 3 && s.get("clients_reclaimed") == 1
+    });
+    drop(b);
+    let s = d.wait_until("b's rings detached", |s| s.get("clients_reclaimed") == 2);
+    assert_eq!(s.get("srxe0.live_work_rings"), 0);
+    assert_eq!(s.get("live_qps"), 0);
+    assert_eq!(s.get("live_srqs"), 0);
+}
