@@ -41,13 +41,20 @@
 //! Two QPs on the same device exchange their packets inside the daemon, never through a
 //! socket (the device's `local_packets` counter; `udp_sent` counts what left as UDP).
 //!
+//! Client memory ([`memory::ClientMemory`]) is read ahead (up to 256 KiB per
+//! `process_vm_readv`, valid until the device lock is next taken) and written behind
+//! (continuing writes gathered into one `process_vm_writev`, flushed before any completion
+//! or packet leaves): the fixed cost of those calls, not the copy, dominated a transfer.
+//!
 //! Memory windows (alloc, bind verb, BIND_MW and LOCAL_INV work requests), SRQs, AHs and
 //! UD sends go over the protocol too.
 //!
-//! Not here yet (issue 6): a consumer doorbell for CQ rings; same-daemon traffic between two
-//! *different* devices still crosses the kernel as UDP; the bytes of a same-device transfer
-//! are still copied twice (out of the sender with `process_vm_readv` into packets, into the
-//! receiver with `process_vm_writev`).
+//! Two devices of one daemon ([`host::link_devices`]) hand each other their packets through
+//! an inbox (`peer_packets`), never a socket either.
+//!
+//! Not here yet (issue 6): a consumer doorbell for CQ rings; a same-daemon transfer still goes
+//! through packets (read out of the sender, segmented, ICRC computed and checked, written
+//! into the receiver), not one copy from one client to the other.
 
 #![warn(missing_docs)]
 

@@ -139,6 +139,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     if devices.is_empty() {
         return Err("no addresses to serve".into());
     }
+    daemon::host::link_devices(&devices);
     let listener = server::bind_control_socket(&args.socket)?;
     tracing::info!(socket = %args.socket.display(), "listening");
     let daemon = Arc::new(Daemon {

@@ -44,6 +44,9 @@ const EOPNOTSUPP: i32 = 95;
 const MAX_RING_ENTRIES: u32 = 1 << 16;
 /// Largest work ring (2 MiB of WQEs).
 const MAX_WORK_RING_ENTRIES: u32 = 1 << 13;
+/// Most work rings one connection may hold: each is a mapping in the daemon, and mappings
+/// are a host-wide budget (`vm.max_map_count`) no client may spend for the others.
+const MAX_WORK_RINGS_PER_CONNECTION: usize = 4096;
 
 /// Most objects one connection may hold (the engine's own limits apply too).
 const MAX_OBJECTS_PER_CONNECTION: usize = 1 << 16;
@@ -109,6 +112,8 @@ stats! {
     live_mws,
     /// Memory windows deallocated because their connection ended.
     reclaimed_mws,
+    /// Work requests posted by request on the socket (the rest come through work rings).
+    posts_by_request,
 }
 
 /// The daemon: its devices, the registered client memory, its counters.
@@ -268,6 +273,8 @@ struct Conn<'d> {
     /// This connection's asynchronous event channel, once asked for (the devices hold only
     /// weak references: it dies with the connection).
     event_channel: Option<Arc<nix::sys::eventfd::EventFd>>,
+    /// Work rings this connection holds.
+    work_rings: usize,
 }
 
 impl<'d> Conn<'d> {
@@ -426,6 +433,9 @@ impl<'d> Conn<'d> {
             return Err(fail(EPROTO, "hello first"));
         }
         let d = self.daemon;
+        if req.work_queue().is_some() {
+            d.stats.posts_by_request.fetch_add(1, Ordering::Relaxed);
+        }
         match req {
             Request::Hello { version } => {
                 if version != VERSION {
@@ -567,7 +577,8 @@ impl<'d> Conn<'d> {
             Request::DestroyQp { qp } => {
                 let (i, qpn) = self.qp(qp)?;
                 d.devices[i].with(|e| e.destroy_qp(qpn))?;
-                d.devices[i].detach_work_rings(|q| q.qpn() == Some(qpn));
+                let n = d.devices[i].detach_work_rings(|q| q.qpn() == Some(qpn));
+                self.work_rings = self.work_rings.saturating_sub(n);
                 self.objs().remove(&qp);
                 self.stat(|s| &s.live_qps, false);
                 Ok(Response::Done)
@@ -651,7 +662,8 @@ impl<'d> Conn<'d> {
             Request::DestroySrq { srq } => {
                 let (i, h) = self.srq(srq)?;
                 d.devices[i].with(|e| e.destroy_srq(h))?;
-                d.devices[i].detach_work_rings(|q| q == Queue::Srq { srq: h });
+                let n = d.devices[i].detach_work_rings(|q| q == Queue::Srq { srq: h });
+                self.work_rings = self.work_rings.saturating_sub(n);
                 self.objs().remove(&srq);
                 self.stat(|s| &s.live_srqs, false);
                 Ok(Response::Done)
@@ -836,6 +848,9 @@ impl<'d> Conn<'d> {
                 if d.devices[i].has_work_ring(q) {
                     return Err(fail(EINVAL, "this queue already has a ring"));
                 }
+                if self.work_rings >= MAX_WORK_RINGS_PER_CONNECTION {
+                    return Err(fail(ENOMEM, "too many work rings on this connection"));
+                }
                 let (ring, fd) = Ring::create(capacity, WQE_ENTRY_LEN, Role::Consumer)
                     .map_err(|e| fail(ENOMEM, e.to_string()))?;
                 let handles = Arc::new(ConnHandles {
@@ -843,6 +858,7 @@ impl<'d> Conn<'d> {
                     dev: i,
                 });
                 d.devices[i].attach_work_ring(WorkRing::new(ring, q, handle, handles));
+                self.work_rings += 1;
                 self.pending_fd = Some(fd);
                 Ok(Response::Done)
             }
@@ -1196,6 +1212,7 @@ pub fn serve_connection(daemon: &Daemon, mut stream: UnixStream) {
         next: 0,
         pending_fd: None,
         event_channel: None,
+        work_rings: 0,
     };
     tracing::info!(pid = conn.pid, uid = conn.uid, "client connected");
     match message_loop(&mut conn, &mut stream) {

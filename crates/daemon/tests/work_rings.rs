@@ -436,3 +436,117 @@ fn two_clients_on_one_device_move_data_with_no_udp() {
     assert!(s.get("srxe0.local_packets") >= 256);
     assert!(s.get("srxe0.tx_packets") >= 256);
 }
+
+/// PD, CQ, RC QP (in RESET) and an MR over a fresh buffer on device `dev`.
+fn side_on(mut client: daemon::client::Client, dev: u32, len: usize) -> Side {
+    let pd = client.alloc_pd(dev).unwrap();
+    let cq = client.create_cq(dev, 64).unwrap();
+    let qp = client
+        .create_qp(QpInitMsg {
+            pd,
+            send_cq: cq,
+            recv_cq: cq,
+            qp_type: 2,
+            max_send_wr: 32,
+            max_recv_wr: 32,
+            max_send_sge: 4,
+            max_recv_sge: 4,
+            max_inline_data: 64,
+            sq_sig_all: false,
+        })
+        .unwrap();
+    let mut buf = common::Buf::new(len);
+    // SAFETY: `buf` lives as long as the Side (and so as the connection); it is touched
+    // only with volatile accesses.
+    #[allow(unsafe_code)]
+    let mr = unsafe { client.reg_mr(pd, buf.ptr(), len, common::ALL_ACCESS) }.unwrap();
+    let gid = client.query_gid(dev, 1, 0).unwrap();
+    Side {
+        client,
+        pd,
+        cq,
+        qp: qp.handle,
+        qpn: qp.qpn,
+        mr: mr.handle,
+        lkey: mr.lkey,
+        rkey: mr.rkey,
+        buf,
+        gid,
+    }
+}
+
+#[test]
+fn two_devices_of_one_daemon_hand_each_other_packets_with_no_udp() {
+    let d = Daemon::start_with(|n| {
+        let x = 2 + 2 * (n % 100);
+        vec![
+            "--addr".into(),
+            format!("127.0.1.{x}"),
+            "--addr".into(),
+            format!("127.0.1.{}", x + 1),
+        ]
+    });
+    let len = 128 * 1024;
+    let mut a = side_on(d.client(), 0, len);
+    let mut b = side_on(d.client(), 1, len);
+    assert_ne!(a.gid, b.gid);
+    let (ga, qa, gb, qb) = (a.gid, a.qpn, b.gid, b.qpn);
+    a.connect(gb, qb);
+    b.connect(ga, qa);
+    let pattern: Vec<u8> = (0..len).map(|i| (i * 13 + i / 1000) as u8).collect();
+    a.buf.write(0, &pattern);
+    a.client
+        .post(&Request::PostSend {
+            qp: a.qp,
+            wr: SendWrMsg {
+                wr_id: 9,
+                op: SendOpMsg::Write {
+                    remote_addr: b.buf.addr(),
+                    rkey: b.rkey,
+                },
+                flags: 2,
+                sges: vec![SgeMsg {
+                    addr: a.buf.addr(),
+                    length: len as u32,
+                    lkey: a.lkey,
+                }],
+                inline: None,
+            },
+        })
+        .unwrap();
+    let w = a.wait(1);
+    assert_eq!((w[0].wr_id, w[0].status), (9, 0));
+    assert!(b.buf.read(0, len) == pattern, "the data landed");
+    let s = d.stats();
+    for dev in ["srxe0", "srxe1"] {
+        assert_eq!(s.get(&format!("{dev}.udp_sent")), 0, "{dev}");
+        assert_eq!(s.get(&format!("{dev}.udp_received")), 0, "{dev}");
+    }
+    // 128 KiB at a 1024-byte path MTU: 128 requests one way, ACKs the other.
+    assert!(s.get("srxe0.peer_packets") >= 128);
+    assert!(s.get("srxe1.peer_packets") >= 1);
+    assert!(s.get("srxe1.rx_packets") >= 128);
+}
+
+#[test]
+fn a_client_that_goes_away_leaves_no_work_ring_behind() {
+    let d = Daemon::start();
+    let (mut a, mut b) = connected_pair(&d, 4096);
+    let (mut sq, _rq) = rings(&mut a);
+    let _ = rings(&mut b);
+    let srq = b.client.create_srq(b.pd, 8, 1).unwrap();
+    let bell = Arc::new(b.client.doorbell(0).unwrap());
+    let _srq_ring = b.client.attach_work_ring(wq::SRQ, srq, 8, bell).unwrap();
+    assert_eq!(d.stat("srxe0.live_work_rings"), 5);
+    // A send posted just before its client goes, taken or not, keeps nothing alive.
+    let _ = sq.post(&send(&a, 1, "lost")).unwrap();
+    drop(a);
+    d.wait_until("a's rings detached", |s| {
+        s.get("srxe0.live_work_rings") == 3 && s.get("clients_reclaimed") == 1
+    });
+    drop(b);
+    let s = d.wait_until("b's rings detached", |s| s.get("clients_reclaimed") == 2);
+    assert_eq!(s.get("srxe0.live_work_rings"), 0);
+    assert_eq!(s.get("live_qps"), 0);
+    assert_eq!(s.get("live_srqs"), 0);
+}

@@ -1109,6 +1109,104 @@ mod tests {
         ));
     }
 
+    /// RC SEND/RECV, UD SEND and SRQ receives between two connections of one in-process
+    /// daemon: every post goes through a work ring (none by request), and the packets never
+    /// leave the daemon.
+    #[test]
+    fn daemon_posts_go_through_work_rings_and_same_device_traffic_stays_inside() {
+        use crate::{AccessFlags, Buffer, Device, QpType, DEFAULT_QKEY, GRH_LEN};
+        let wait = Some(Duration::from_secs(20));
+        let regions = daemon::memory::SharedRegions::default();
+        let host = daemon::host::Device::start(
+            daemon::host::DeviceConfig {
+                name: "srxe0".into(),
+                addrs: vec!["127.0.0.1".parse().unwrap()],
+                port: 0,
+                remote_port: 0,
+            },
+            regions.clone(),
+        )
+        .unwrap();
+        let socket =
+            std::env::temp_dir().join(format!("softrdma-unit-{}-rings.sock", std::process::id()));
+        let listener = daemon::server::bind_control_socket(&socket).unwrap();
+        let d = Arc::new(daemon::server::Daemon {
+            devices: vec![host],
+            regions,
+            stats: daemon::server::Stats::default(),
+        });
+        let served = d.clone();
+        std::thread::spawn(move || daemon::server::serve(served, listener));
+        let open = || {
+            Device::builder("127.0.0.1".parse().unwrap())
+                .backend(BackendKind::Daemon)
+                .daemon_socket(&socket)
+                .spawn_daemon(false)
+                .open()
+                .unwrap()
+        };
+        let (da, db) = (open(), open());
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        // RC, the receiver's QP fed by an SRQ for half the messages' worth of receives.
+        let (pa, pb) = (da.alloc_pd().unwrap(), db.alloc_pd().unwrap());
+        let (ca, cb) = (da.create_cq(64).unwrap(), db.create_cq(64).unwrap());
+        let qa = pa.qp_builder(&ca, &ca).build().unwrap();
+        let qb = pb.qp_builder(&cb, &cb).build().unwrap();
+        let ma = pa.register(Buffer::zeroed(4096), access).unwrap();
+        let mb = pb.register(Buffer::zeroed(4096), access).unwrap();
+        qa.connect(&qb.endpoint(None).unwrap()).unwrap();
+        qb.connect(&qa.endpoint(None).unwrap()).unwrap();
+        let n = 20u64;
+        for i in 0..n {
+            let off = i as usize * 64;
+            qb.recv(i, &[mb.sge(off..off + 64).unwrap()]).unwrap();
+            ma.write(off, format!("rc {i:02}").as_bytes()).unwrap();
+            qa.send(i, &[ma.sge(off..off + 5).unwrap()]).unwrap();
+        }
+        for i in 0..n {
+            assert_eq!(ca.wait_ok(wait).unwrap().wr_id, i);
+            assert_eq!(cb.wait_ok(wait).unwrap().wr_id, i);
+            let mut got = [0u8; 5];
+            mb.read(i as usize * 64, &mut got).unwrap();
+            assert_eq!(&got, format!("rc {i:02}").as_bytes());
+        }
+        // SRQ receives.
+        let srq = pb.create_srq(16, 1).unwrap();
+        let qs = pb.qp_builder(&cb, &cb).srq(&srq).build().unwrap();
+        let qt = pa.qp_builder(&ca, &ca).build().unwrap();
+        qs.connect(&qt.endpoint(None).unwrap()).unwrap();
+        qt.connect(&qs.endpoint(None).unwrap()).unwrap();
+        srq.recv(100, &[mb.sge(0..64).unwrap()]).unwrap();
+        qt.send(101, &[ma.sge(0..5).unwrap()]).unwrap();
+        assert_eq!(ca.wait_ok(wait).unwrap().wr_id, 101);
+        assert_eq!(cb.wait_ok(wait).unwrap().wr_id, 100);
+        // UD.
+        let ua = pa.qp_builder(&ca, &ca).qp_type(QpType::Ud).build().unwrap();
+        let ub = pb.qp_builder(&cb, &cb).qp_type(QpType::Ud).build().unwrap();
+        ub.recv(200, &[mb.sge(..GRH_LEN + 64).unwrap()]).unwrap();
+        let ah = pa.create_ah(db.gid(0).unwrap()).unwrap();
+        ua.send_ud(201, &[ma.sge(..5).unwrap()], &ah, ub.qpn(), DEFAULT_QKEY)
+            .unwrap();
+        assert_eq!(ca.wait_ok(wait).unwrap().wr_id, 201);
+        assert_eq!(cb.wait_ok(wait).unwrap().wr_id, 200);
+
+        let posts = 2 * n + 2 + 2;
+        assert_eq!(
+            d.stats
+                .posts_by_request
+                .load(std::sync::atomic::Ordering::Relaxed),
+            0
+        );
+        let c: HashMap<&str, u64> = d.devices[0].host_counters().into_iter().collect();
+        assert_eq!(c["ring_wqes"], posts);
+        assert_eq!((c["ring_bad_wqes"], c["ring_refused_wqes"]), (0, 0));
+        assert_eq!(c["udp_sent"], 0);
+        // At least one packet per send, none through a socket.
+        assert!(c["local_packets"] >= n + 2);
+        drop((da, db));
+        let _ = std::fs::remove_file(&socket);
+    }
+
     #[test]
     fn spawning_is_on_unless_turned_off() {
         for off in ["0", "no", "FALSE", " off "] {
