@@ -146,3 +146,21 @@ fn ib_write_bw_completes_on_embedded_devices() {
 fn ib_write_lat_completes_on_embedded_devices() {
     bench("ib_write_lat", "2", false, Backend::Embedded);
 }
+
+// The latency programs take `-a` too. The atomic ones have no sizes: perftest itself
+// refuses `-a` for them ("Message size cannot be changed for Atomic tests").
+
+#[test]
+fn ib_write_lat_runs_every_size() {
+    bench_all_sizes("ib_write_lat");
+}
+
+#[test]
+fn ib_read_lat_runs_every_size() {
+    bench_all_sizes("ib_read_lat");
+}
+
+#[test]
+fn ib_send_lat_runs_every_size() {
+    bench_all_sizes("ib_send_lat");
+}
