@@ -206,7 +206,8 @@ impl DeviceBuilder {
 }
 
 /// Environment variable naming the device [`Device::open_default`] opens: an IP address
-/// (either backend) or a daemon device name such as `srxe0`.
+/// (the embedded device's, or the daemon device serving it). The drop-in `libibverbs.so.1`
+/// also takes a daemon device name such as `srxe0` here.
 pub const DEVICE_ENV: &str = "SOFTRDMA_DEVICE";
 
 impl Device {
