@@ -217,7 +217,10 @@ impl Shared {
         while let Some(ev) = engine.get_async_event() {
             tracing::debug!(event = ?ev, "async event");
             if events.len() >= MAX_EVENTS {
-                events.pop_front();
+                // Nobody took it: acknowledge it, or its SRQ could never be destroyed.
+                if let Some(old) = events.pop_front() {
+                    engine.ack_async_event(&old);
+                }
             }
             events.push_back(ev);
             any = true;
@@ -655,17 +658,38 @@ impl Device {
 
     /// Take the asynchronous events `mine` recognizes (turned into what it returns), oldest
     /// first; the others stay for their owners.
+    ///
+    /// Taking an event acknowledges it in the engine (`ibv_ack_async_event`), as the API's
+    /// own `async_event` does: the client holds an owned copy, so nothing can still refer
+    /// to it, and the SRQ it names can be destroyed.
     pub fn take_events<T>(&self, mine: impl Fn(&AsyncEvent) -> Option<T>) -> Vec<T> {
         let mut core = self.shared.lock();
+        let Core { engine, events, .. } = &mut *core;
         let mut out = Vec::new();
-        core.events.retain(|ev| match mine(ev) {
+        events.retain(|ev| match mine(ev) {
             Some(t) => {
                 out.push(t);
+                engine.ack_async_event(ev);
                 false
             }
             None => true,
         });
         out
+    }
+
+    /// Drop the events `gone` recognizes (their objects are being reclaimed with no client
+    /// left to take them), acknowledging them so the objects can be destroyed.
+    pub fn discard_events(&self, gone: impl Fn(&AsyncEvent) -> bool) {
+        let mut core = self.shared.lock();
+        let Core { engine, events, .. } = &mut *core;
+        events.retain(|ev| {
+            if gone(ev) {
+                engine.ack_async_event(ev);
+                false
+            } else {
+                true
+            }
+        });
     }
 
     /// Whether `cq` delivers into a ring.

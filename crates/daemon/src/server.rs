@@ -1026,12 +1026,17 @@ impl<'d> Conn<'d> {
                         s.reclaimed_mrs.fetch_add(1, Ordering::Relaxed);
                     })
                 }
-                Obj::Srq { h, .. } => dev.with(|e| e.destroy_srq(h)).map(|()| {
-                    // Outside the device lock (`with` has returned).
-                    dev.detach_work_rings(|q| q == Queue::Srq { srq: h });
-                    s.live_srqs.fetch_sub(1, Ordering::Relaxed);
-                    s.reclaimed_srqs.fetch_add(1, Ordering::Relaxed);
-                }),
+                Obj::Srq { h, .. } => {
+                    dev.discard_events(
+                        |ev| matches!(ev, engine::AsyncEvent::SrqLimitReached { srq } if *srq == h),
+                    );
+                    dev.with(|e| e.destroy_srq(h)).map(|()| {
+                        // Outside the device lock (`with` has returned).
+                        dev.detach_work_rings(|q| q == Queue::Srq { srq: h });
+                        s.live_srqs.fetch_sub(1, Ordering::Relaxed);
+                        s.reclaimed_srqs.fetch_add(1, Ordering::Relaxed);
+                    })
+                }
                 Obj::Mw { h, .. } => dev.with(|e| e.dealloc_mw(h)).map(|()| {
                     s.live_mws.fetch_sub(1, Ordering::Relaxed);
                     s.reclaimed_mws.fetch_add(1, Ordering::Relaxed);

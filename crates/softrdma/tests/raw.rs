@@ -8,10 +8,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::open_pair_on;
-use softrdma::raw::{PdHandle, QpInitAttr};
+use softrdma::raw::{PdHandle, QpInitAttr, SrqHandle};
 use softrdma::{
     AccessFlags, AhAttr, Device, QpAttr, QpAttrMask, QpCap, QpState, QpType, RawCq, RawMr, RawQp,
-    RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
+    RecvWr, SendOp, SendWr, Sge, SrqAttr, SrqAttrMask, WcOpcode, WcStatus, WorkCompletion,
 };
 
 /// One side: a PD, a CQ, an RC QP in RESET and a registered buffer, all raw.
@@ -43,9 +43,22 @@ impl Side {
 }
 
 fn side(dev: Device) -> Side {
+    side_with_srq(dev, false).0
+}
+
+/// A side whose QP takes its receives from a new SRQ (of 16 WRs) if `srq`.
+fn side_with_srq(dev: Device, srq: bool) -> (Side, Option<SrqHandle>) {
     let raw = dev.raw();
     assert_eq!(raw.kind(), dev.backend());
     let pd = raw.alloc_pd().unwrap();
+    let srq = srq.then(|| {
+        let attr = SrqAttr {
+            max_wr: 16,
+            max_sge: 1,
+            srq_limit: 0,
+        };
+        raw.create_srq(pd, &attr).unwrap()
+    });
     let cq = raw.create_cq(16).unwrap();
     let mut buf = vec![0u8; 4096].into_boxed_slice();
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
@@ -67,9 +80,9 @@ fn side(dev: Device) -> Side {
         qp_type: QpType::Rc,
         sq_sig_all: true,
     };
-    let qp = raw.create_qp(&init, None).unwrap();
+    let qp = raw.create_qp(&init, srq).unwrap();
     assert_eq!(raw.query_qp(qp.handle).unwrap().qp_state, QpState::Reset);
-    Side {
+    let s = Side {
         dev,
         pd,
         cq,
@@ -77,7 +90,8 @@ fn side(dev: Device) -> Side {
         mr,
         buf,
         ptr,
-    }
+    };
+    (s, srq)
 }
 
 /// RESET -> INIT -> RTR -> RTS towards `peer`.
@@ -220,5 +234,42 @@ on_both_backends! {
         assert!(raw.query_qp(0xdead).is_err());
         assert!(raw.destroy_qp(0xdead).is_err());
         assert!(raw.async_event().unwrap().is_none());
+    }
+
+    fn an_srq_whose_limit_event_was_taken_can_be_destroyed(b: BackendKind) {
+        let (da, db) = open_pair_on(b, "127.0.0.1", "127.0.0.2");
+        let a = side(da);
+        let (bs, srq) = side_with_srq(db, true);
+        let srq = srq.unwrap();
+        connect(&a, &bs);
+        connect(&bs, &a);
+        let rb = bs.dev.raw();
+        for i in 0..4u64 {
+            let sge = Sge::new(bs.ptr as u64 + i * 64, 64, bs.mr.lkey);
+            rb.post_srq_recv(srq, RecvWr::new(i, vec![sge])).unwrap();
+        }
+        let limit = SrqAttr {
+            srq_limit: 3,
+            ..SrqAttr::default()
+        };
+        rb.modify_srq(srq, &limit, SrqAttrMask::LIMIT).unwrap();
+        let ra = a.dev.raw();
+        for i in 0..2u64 {
+            let send = SendWr::new(i, SendOp::Send, vec![Sge::new(a.ptr as u64, 8, a.mr.lkey)]);
+            ra.post_send(a.qp.handle, send).unwrap();
+            assert_eq!(next_completion(&a).status, WcStatus::Success);
+            assert_eq!(next_completion(&bs).status, WcStatus::Success);
+        }
+        rb.wait_async_event(Some(Duration::from_secs(10))).unwrap();
+        let ev = rb.async_event().unwrap();
+        assert!(matches!(ev, Some(softrdma::AsyncEvent::SrqLimitReached { .. })), "{ev:?}");
+        // Taking the event acknowledged it (ibv_ack_async_event): nothing holds the SRQ.
+        rb.destroy_qp(bs.qp.handle).unwrap();
+        rb.destroy_srq(srq).unwrap();
+        assert!(rb.query_srq(srq).is_err());
+        close(a);
+        rb.destroy_cq(&bs.cq).unwrap();
+        rb.dereg_mr(bs.mr.handle).unwrap();
+        rb.dealloc_pd(bs.pd).unwrap();
     }
 }
