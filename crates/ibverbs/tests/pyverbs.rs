@@ -103,10 +103,16 @@ fn pyverbs_test_qpex_passes_on_the_embedded_device() {
 }
 
 #[test]
-fn pyverbs_test_qpex_traffic_passes() {
-    // The traffic tests only (test_qp_ex_*): softrdmad accepts receives past a QP's
-    // max_recv_wr, so the suite's full-RQ bad flow does not hold there yet.
-    assert_extended_qps_ran(&run_module("test_qpex.QpExTestCase.test_qp_ex_"));
+fn pyverbs_test_qpex_passes() {
+    // The whole module, its full-RQ bad flow (ENOMEM past max_recv_wr) included.
+    let report = run_module("test_qpex");
+    assert_extended_qps_ran(&report);
+    assert!(
+        report.contains(
+            "test_full_rq_bad_flow (tests.test_qpex.QpExTestCase.test_full_rq_bad_flow) ... ok"
+        ),
+        "{report}"
+    );
 }
 
 /// The extended QP traffic tests of test_qpex passed (rather than skipped).

@@ -8,6 +8,7 @@ use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -17,7 +18,7 @@ use daemon::proto::{wq, DeviceInfo, QpInitMsg, Request};
 use engine::{
     AccessFlags, AhAttr, AhHandle, AsyncEvent, CqHandle, DeviceAttr, Gid, MwBind, MwHandle, MwType,
     PdHandle, PortAttr, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendOp,
-    SendPayload, SendWr, SrqAttr, SrqAttrMask, SrqHandle, UdDest, WorkCompletion,
+    SendPayload, SendWr, SrqAttr, SrqAttrMask, SrqHandle, UdDest, WcOpcode, WorkCompletion,
 };
 use runtime::{CqNotifier, Runtime};
 
@@ -115,6 +116,8 @@ pub(crate) struct DaemonDevice {
     doorbell: Option<Arc<OwnedFd>>,
     /// Work rings and post-time facts of this connection's QPs, by handle.
     qps: Mutex<HashMap<u32, Arc<QpRings>>>,
+    /// The same QPs by QP number (completions name QPs by number).
+    qps_by_qpn: Mutex<HashMap<u32, Arc<QpRings>>>,
     /// Work rings of this connection's SRQs, by handle.
     srqs: Mutex<HashMap<u32, Arc<SrqRing>>>,
     /// The PD of each of this connection's AHs, by handle (a UD post checks it).
@@ -138,6 +141,12 @@ struct QpRings {
     state: Mutex<QpState>,
     sq: Option<Mutex<WorkQueueRing>>,
     rq: Option<Mutex<WorkQueueRing>>,
+    /// Receive WRs posted and not yet seen completed by this process's `poll_cq` (a QP
+    /// without an SRQ). A WR in a work ring is not in the daemon's queue yet, so the daemon
+    /// cannot refuse the one too many: this count does, as `ibv_post_recv` refuses a full
+    /// receive queue (`ENOMEM`). Like a hardware RQ's, a slot is free again once the
+    /// completion of its WR has been polled.
+    rq_outstanding: AtomicU32,
 }
 
 impl QpRings {
@@ -319,6 +328,7 @@ impl DaemonDevice {
             event_channel,
             doorbell,
             qps: Mutex::new(HashMap::new()),
+            qps_by_qpn: Mutex::new(HashMap::new()),
             srqs: Mutex::new(HashMap::new()),
             ah_pds: Mutex::new(HashMap::new()),
             client: Mutex::new(client),
@@ -344,6 +354,25 @@ impl DaemonDevice {
     /// The daemon's pid.
     pub(crate) fn daemon_pid(&self) -> u32 {
         self.c().daemon_pid()
+    }
+
+    /// Free the receive queue slots of the receive completions in `wcs` (see
+    /// `QpRings::rq_outstanding`).
+    fn retire_recvs(&self, wcs: &[WorkCompletion]) {
+        let recv =
+            |wc: &&WorkCompletion| matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+        if !wcs.iter().any(|wc| recv(&wc)) {
+            return;
+        }
+        let by_qpn = lock(&self.qps_by_qpn);
+        for wc in wcs.iter().filter(recv) {
+            if let Some(q) = by_qpn.get(&wc.qp_num) {
+                // Saturating: completions of WRs posted before a RESET are not counted.
+                let _ = q
+                    .rq_outstanding
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+            }
+        }
     }
 
     fn qp_rings(&self, qp: u32) -> Option<Arc<QpRings>> {
@@ -683,11 +712,14 @@ impl Backend {
     ) -> Result<Vec<WorkCompletion>> {
         match (self, state) {
             (Backend::Embedded(rt), _) => Ok(rt.lock().poll_cq(cq, max)?),
-            (Backend::Daemon(_), Notifier::Daemon { ring, .. }) => {
+            (Backend::Daemon(d), Notifier::Daemon { ring, .. }) => {
                 let wcs = lock(ring).poll(max).map_err(ring_error)?;
-                wcs.iter()
+                let wcs = wcs
+                    .iter()
                     .map(|m| convert::wc_from_msg(m).map_err(Error::from))
-                    .collect()
+                    .collect::<Result<Vec<_>>>()?;
+                d.retire_recvs(&wcs);
+                Ok(wcs)
             }
             (Backend::Daemon(_), Notifier::Embedded(_)) => Err(unsupported("a foreign CQ")),
         }
@@ -789,8 +821,11 @@ impl Backend {
                     state: Mutex::new(QpState::Reset),
                     sq,
                     rq,
+                    rq_outstanding: AtomicU32::new(0),
                 };
-                lock(&d.qps).insert(q.handle, Arc::new(rings));
+                let rings = Arc::new(rings);
+                lock(&d.qps_by_qpn).insert(q.qpn, rings.clone());
+                lock(&d.qps).insert(q.handle, rings);
                 Ok((q.handle, q.qpn))
             }
         }
@@ -801,7 +836,9 @@ impl Backend {
             Backend::Embedded(rt) => Ok(rt.lock().destroy_qp(qp)?),
             Backend::Daemon(d) => {
                 d.c().destroy_qp(qp)?;
-                lock(&d.qps).remove(&qp);
+                if let Some(q) = lock(&d.qps).remove(&qp) {
+                    lock(&d.qps_by_qpn).retain(|_, r| !Arc::ptr_eq(r, &q));
+                }
                 Ok(())
             }
         }
@@ -816,6 +853,10 @@ impl Backend {
                 if mask.contains(QpAttrMask::STATE) {
                     if let Some(q) = d.qp_rings(qp) {
                         *lock(&q.state) = attr.qp_state;
+                        if attr.qp_state == QpState::Reset {
+                            // RESET empties the queues without completions.
+                            q.rq_outstanding.store(0, Ordering::Relaxed);
+                        }
                     }
                 }
                 Ok(())
@@ -881,18 +922,34 @@ impl Backend {
         match self {
             Backend::Embedded(rt) => Ok(rt.lock().post_recv(qp, wr)?),
             Backend::Daemon(d) => {
-                let ring = d.qp_rings(qp).filter(|q| q.recv_ok(&wr));
+                let rings = d.qp_rings(qp);
+                if let Some(q) = &rings {
+                    if q.rq.is_some()
+                        && q.rq_outstanding.load(Ordering::Relaxed) >= q.cap.max_recv_wr
+                    {
+                        return Err(Error::Verbs(engine::VerbsError::QueueFull));
+                    }
+                }
+                let counted = |r: Result<()>| {
+                    if r.is_ok() {
+                        if let Some(q) = &rings {
+                            q.rq_outstanding.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    r
+                };
+                let ring = rings.as_ref().filter(|q| q.recv_ok(&wr));
                 let req = Request::PostRecv {
                     qp,
                     wr_id: wr.wr_id,
                     sges: sges(&wr.sg_list),
                 };
-                if let Some(rq) = ring.as_ref().and_then(|q| q.rq.as_ref()) {
+                if let Some(rq) = ring.and_then(|q| q.rq.as_ref()) {
                     if ring_post(rq, &req) {
-                        return Ok(());
+                        return counted(Ok(()));
                     }
                 }
-                Ok(d.c().post(&req)?)
+                counted(d.c().post(&req).map_err(Error::from))
             }
         }
     }

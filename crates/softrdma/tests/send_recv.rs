@@ -3,7 +3,8 @@
 #[macro_use]
 mod common;
 
-use common::{pair_v4_on, pair_v6_on, WAIT};
+use common::{all_access, connect, open_pair_on, pair_v4_on, pair_v6_on, Side, WAIT};
+use softrdma::Buffer;
 use softrdma::{WcOpcode, WcStatus};
 
 on_both_backends! {
@@ -93,5 +94,37 @@ fn many_messages_arrive_in_order(backend: BackendKind) {
     while sent < 64 {
         sent += a.cq.wait(64, WAIT).unwrap().len();
     }
+}
+}
+
+on_both_backends! {
+fn a_full_receive_queue_refuses_one_more_until_a_completion_is_polled(backend: BackendKind) {
+    let (da, db) = open_pair_on(backend, "127.0.0.1", "127.0.0.2");
+    let side = |dev: softrdma::Device, max_recv_wr: u32| {
+        let pd = dev.alloc_pd().unwrap();
+        let cq = dev.create_cq(64).unwrap();
+        let qp = pd
+            .qp_builder(&cq, &cq)
+            .max_recv_wr(max_recv_wr)
+            .build()
+            .unwrap();
+        let mr = pd.register(Buffer::zeroed(64), all_access()).unwrap();
+        Side { dev, pd, cq, qp, mr }
+    };
+    let (a, b) = (side(da, 16), side(db, 4));
+    connect(&a, &b);
+    for i in 0..4 {
+        b.qp.recv(i, &[b.mr.sge(..).unwrap()]).unwrap();
+    }
+    // ibv_post_recv on a full receive queue: ENOMEM, and nothing is queued.
+    let e = b.qp.recv(4, &[b.mr.sge(..).unwrap()]).unwrap_err();
+    assert_eq!(e.errno(), 12, "{e}");
+    a.qp.send(1, &[a.mr.sge(..8).unwrap()]).unwrap();
+    a.cq.wait_ok(WAIT).unwrap();
+    let wc = b.cq.wait_ok(WAIT).unwrap();
+    assert_eq!((wc.wr_id, wc.opcode), (0, WcOpcode::Recv));
+    // The polled completion freed its slot: one more fits, and then no more.
+    b.qp.recv(5, &[b.mr.sge(..).unwrap()]).unwrap();
+    assert!(b.qp.recv(6, &[b.mr.sge(..).unwrap()]).is_err());
 }
 }
