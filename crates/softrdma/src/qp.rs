@@ -545,8 +545,9 @@ impl Qp {
         self.modify(&attr, QpAttrMask::STATE)
     }
 
-    /// Post a send work request (`ibv_post_send`). The packets leave before this returns
-    /// when the send queue is free.
+    /// Post a send work request (`ibv_post_send`). On the embedded device its packets leave
+    /// before this returns when the send queue is free; on softrdmad it is written into the
+    /// QP's work ring, and the daemon takes it from there.
     pub fn post_send(&self, wr: SendWr) -> Result<()> {
         self.backend().post_send(self.inner.handle, wr)
     }
