@@ -140,6 +140,16 @@ impl Counters {
         self.values[c as usize]
     }
 
+    /// Counters with the values given (the others 0): a snapshot taken elsewhere, such as
+    /// a host daemon's engine, read back by name.
+    pub fn from_values(values: impl IntoIterator<Item = (Counter, u64)>) -> Counters {
+        let mut c = Counters::default();
+        for (counter, v) in values {
+            c.values[counter as usize] = v;
+        }
+        c
+    }
+
     /// Every counter with its name, in display order.
     pub fn iter(&self) -> impl Iterator<Item = (Counter, u64)> + '_ {
         Counter::ALL.iter().map(move |&c| (c, self.get(c)))

@@ -570,9 +570,18 @@ impl Backend {
     pub(crate) fn counters(&self) -> Result<engine::Counters> {
         match self {
             Backend::Embedded(rt) => Ok(rt.lock().counters().clone()),
-            Backend::Daemon(_) => Err(unsupported(
-                "engine counters of a daemon device (use Device::counter_values)",
-            )),
+            Backend::Daemon(_) => {
+                // The daemon reports its engine's counters by name, with its own beside them.
+                let named = self.counter_values()?;
+                Ok(engine::Counters::from_values(
+                    engine::Counter::ALL.iter().filter_map(|&c| {
+                        named
+                            .iter()
+                            .find(|(n, _)| n == c.name())
+                            .map(|&(_, v)| (c, v))
+                    }),
+                ))
+            }
         }
     }
 

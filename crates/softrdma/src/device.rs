@@ -297,8 +297,9 @@ impl Device {
         self.inner.backend.gids()
     }
 
-    /// Device-wide counters (packets, bytes, and every drop reason) of an embedded device;
-    /// [`Error::Unsupported`] on the daemon backend (see [`Device::counter_values`]).
+    /// Device-wide counters of the engine (packets, bytes, and every drop reason); on the
+    /// daemon backend those of the daemon's device, which every client of it shares (the
+    /// daemon's own counters are in [`Device::counter_values`]).
     pub fn counters(&self) -> Result<Counters> {
         self.inner.backend.counters()
     }
