@@ -444,44 +444,6 @@ fn two_clients_on_one_device_move_data_with_no_udp() {
     assert!(s.get("srxe0.tx_packets") >= 256);
 }
 
-/// PD, CQ, RC QP (in RESET) and an MR over a fresh buffer on device `dev`.
-fn side_on(mut client: daemon::client::Client, dev: u32, len: usize) -> Side {
-    let pd = client.alloc_pd(dev).unwrap();
-    let cq = client.create_cq(dev, 64).unwrap();
-    let qp = client
-        .create_qp(QpInitMsg {
-            pd,
-            send_cq: cq,
-            recv_cq: cq,
-            qp_type: 2,
-            max_send_wr: 32,
-            max_recv_wr: 32,
-            max_send_sge: 4,
-            max_recv_sge: 4,
-            max_inline_data: 64,
-            sq_sig_all: false,
-        })
-        .unwrap();
-    let mut buf = common::Buf::new(len);
-    // SAFETY: `buf` lives as long as the Side (and so as the connection); it is touched
-    // only with volatile accesses.
-    #[allow(unsafe_code)]
-    let mr = unsafe { client.reg_mr(pd, buf.ptr(), len, common::ALL_ACCESS) }.unwrap();
-    let gid = client.query_gid(dev, 1, 0).unwrap();
-    Side {
-        client,
-        pd,
-        cq,
-        qp: qp.handle,
-        qpn: qp.qpn,
-        mr: mr.handle,
-        lkey: mr.lkey,
-        rkey: mr.rkey,
-        buf,
-        gid,
-    }
-}
-
 #[test]
 fn two_devices_of_one_daemon_hand_each_other_packets_with_no_udp() {
     let d = Daemon::start_with(|n| {
@@ -494,8 +456,8 @@ fn two_devices_of_one_daemon_hand_each_other_packets_with_no_udp() {
         ]
     });
     let len = 128 * 1024;
-    let mut a = side_on(d.client(), 0, len);
-    let mut b = side_on(d.client(), 1, len);
+    let mut a = Side::on(d.client(), 0, len);
+    let mut b = Side::on(d.client(), 1, len);
     assert_ne!(a.gid, b.gid);
     let (ga, qa, gb, qb) = (a.gid, a.qpn, b.gid, b.qpn);
     a.connect(gb, qb);

@@ -224,9 +224,14 @@ pub mod mask {
 impl Side {
     /// PD, CQ, RC QP (in RESET) and an MR over a fresh `len`-byte buffer on device 0.
     pub fn new(client: Client, len: usize) -> Side {
+        Side::on(client, 0, len)
+    }
+
+    /// The same on device `dev` of the daemon.
+    pub fn on(client: Client, dev: u32, len: usize) -> Side {
         let mut client = client;
-        let pd = client.alloc_pd(0).unwrap();
-        let cq = client.create_cq(0, 64).unwrap();
+        let pd = client.alloc_pd(dev).unwrap();
+        let cq = client.create_cq(dev, 64).unwrap();
         let qp = client
             .create_qp(QpInitMsg {
                 pd,
@@ -245,7 +250,7 @@ impl Side {
         // SAFETY: `buf` lives as long as the Side (and so as the connection); it is touched
         // only with volatile accesses.
         let mr = unsafe { client.reg_mr(pd, buf.ptr(), len, ALL_ACCESS) }.unwrap();
-        let gid = client.query_gid(0, 1, 0).unwrap();
+        let gid = client.query_gid(dev, 1, 0).unwrap();
         Side {
             client,
             pd,
