@@ -67,6 +67,27 @@ fn send(side: &Side, wr_id: u64, text: &str) -> Request {
     }
 }
 
+/// A signaled RDMA WRITE of `from`'s first `len` bytes to the start of `to`'s buffer.
+fn write_all(from: &Side, to: &Side, wr_id: u64, len: usize) -> Request {
+    Request::PostSend {
+        qp: from.qp,
+        wr: SendWrMsg {
+            wr_id,
+            op: SendOpMsg::Write {
+                remote_addr: to.buf.addr(),
+                rkey: to.rkey,
+            },
+            flags: 2,
+            sges: vec![SgeMsg {
+                addr: from.buf.addr(),
+                length: len as u32,
+                lkey: from.lkey,
+            }],
+            inline: None,
+        },
+    }
+}
+
 /// Wait, looking only at shared memory (no request, which would take the WQEs itself),
 /// until the daemon has taken everything from `ring`.
 fn wait_taken(ring: &WorkQueueRing) {
@@ -413,25 +434,7 @@ fn two_clients_on_one_device_move_data_with_no_udp() {
     let pattern: Vec<u8> = (0..len).map(|i| (i * 7 + i / 4096) as u8).collect();
     a.buf.write(0, &pattern);
     let (mut sq, _) = rings(&mut a);
-    let p = sq
-        .post(&Request::PostSend {
-            qp: a.qp,
-            wr: SendWrMsg {
-                wr_id: 1,
-                op: SendOpMsg::Write {
-                    remote_addr: b.buf.addr(),
-                    rkey: b.rkey,
-                },
-                flags: 2,
-                sges: vec![SgeMsg {
-                    addr: a.buf.addr(),
-                    length: len as u32,
-                    lkey: a.lkey,
-                }],
-                inline: None,
-            },
-        })
-        .unwrap();
+    let p = sq.post(&write_all(&a, &b, 1, len)).unwrap();
     assert!(matches!(p, Posted::Queued { .. }));
     let w = a.wait(1);
     assert_eq!((w[0].wr_id, w[0].status), (1, 0));
@@ -464,25 +467,7 @@ fn two_devices_of_one_daemon_hand_each_other_packets_with_no_udp() {
     b.connect(ga, qa);
     let pattern: Vec<u8> = (0..len).map(|i| (i * 13 + i / 1000) as u8).collect();
     a.buf.write(0, &pattern);
-    a.client
-        .post(&Request::PostSend {
-            qp: a.qp,
-            wr: SendWrMsg {
-                wr_id: 9,
-                op: SendOpMsg::Write {
-                    remote_addr: b.buf.addr(),
-                    rkey: b.rkey,
-                },
-                flags: 2,
-                sges: vec![SgeMsg {
-                    addr: a.buf.addr(),
-                    length: len as u32,
-                    lkey: a.lkey,
-                }],
-                inline: None,
-            },
-        })
-        .unwrap();
+    a.client.post(&write_all(&a, &b, 9, len)).unwrap();
     let w = a.wait(1);
     assert_eq!((w[0].wr_id, w[0].status), (9, 0));
     assert!(b.buf.read(0, len) == pattern, "the data landed");
