@@ -57,6 +57,8 @@ impl<M: Memory + ?Sized> Engine<M> {
             traffic_class: attr.traffic_class,
             flow_label: attr.flow_label,
             udp_src_port: 0,
+            // Datagrams always take the network path: their size limit is the port's.
+            internal: false,
         };
         let h = self.ahs.insert(Ah {
             pd,

@@ -224,7 +224,20 @@ pub struct EngineConfig {
     /// (the ICRC covers it, so the engine has to know). `None`: a port per QP derived from
     /// the QPN, as rxe does, for ECMP entropy.
     pub udp_src_port: Option<u16>,
+    /// Destinations the host hands to an engine of its own process instead of a socket (a
+    /// daemon's own addresses). A connected QP whose path leads there is *internal*: its
+    /// packets carry up to `internal_mtu` payload bytes and no ICRC, the host delivers them
+    /// with [`crate::Engine::handle_internal`], and they must never be sent. The QP's path
+    /// MTU is still what verbs report. Empty: every path is a network path.
+    pub internal_addresses: Vec<IpAddr>,
+    /// Payload bytes per packet on internal paths (clamped to [`MAX_INTERNAL_MTU`] and to at
+    /// least the port MTU).
+    pub internal_mtu: u32,
 }
+
+/// Largest payload of an internal packet: it still has to fit an IP packet's 16-bit length
+/// with every header.
+pub const MAX_INTERNAL_MTU: u32 = 32 << 10;
 
 impl EngineConfig {
     /// A configuration with the given port addresses and RNG seed, defaults elsewhere.
@@ -237,6 +250,8 @@ impl EngineConfig {
             ack_req_every: 32,
             max_unacked_psns: 512,
             udp_src_port: None,
+            internal_addresses: Vec::new(),
+            internal_mtu: MAX_INTERNAL_MTU,
         }
     }
 }

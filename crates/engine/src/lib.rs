@@ -111,7 +111,9 @@ use wire::Psn;
 
 pub use counters::{Counter, Counters};
 pub use cq::{CqHandle, WcFlags, WcOpcode, WcStatus, WorkCompletion};
-pub use device::{AtomicCap, DeviceAttr, EngineConfig, Gid, LinkLayer, PortAttr, PortState};
+pub use device::{
+    AtomicCap, DeviceAttr, EngineConfig, Gid, LinkLayer, PortAttr, PortState, MAX_INTERNAL_MTU,
+};
 pub use error::VerbsError;
 pub use memory::{MemOwner, Memory, MemoryError};
 pub use mr::{MrHandle, MrKeys};
@@ -142,6 +144,10 @@ pub struct Transmit {
     pub len: usize,
     /// Where to send it (the IP destination of the packet).
     pub dst: IpAddr,
+    /// The packet is for an internal path ([`EngineConfig::internal_addresses`]): it has no
+    /// ICRC and may exceed the port MTU, so it must go to [`Engine::handle_internal`] of the
+    /// engine serving `dst`, never onto the network.
+    pub internal: bool,
 }
 
 /// An asynchronous event (`ibv_async_event`), read with [`Engine::get_async_event`].
@@ -369,7 +375,24 @@ impl<M: Memory + ?Sized> Engine<M> {
         let mut overflowed = Vec::new();
         {
             let mut ctx = ctx!(self, now, overflowed);
-            if let Some(qpn) = recv::handle(&mut ctx, &self.gids, &mut self.qps, packet) {
+            if let Some(qpn) = recv::handle(&mut ctx, &self.gids, &mut self.qps, packet, false) {
+                self.active.insert(qpn);
+            }
+        }
+        self.error_overflowed(overflowed);
+    }
+
+    /// Process a packet that an engine of this process built for an internal path
+    /// ([`Transmit::internal`]): no ICRC is checked, and only QPs whose own path is internal
+    /// accept it (as they accept nothing else). Never call it with bytes from a socket.
+    pub fn handle_internal(&mut self, now: Instant, packet: &[u8]) {
+        if self.port_state == PortState::Down {
+            return;
+        }
+        let mut overflowed = Vec::new();
+        {
+            let mut ctx = ctx!(self, now, overflowed);
+            if let Some(qpn) = recv::handle(&mut ctx, &self.gids, &mut self.qps, packet, true) {
                 self.active.insert(qpn);
             }
         }
@@ -876,7 +899,7 @@ impl<M: Memory + ?Sized> Engine<M> {
             }
             // The path MTU may change in RTR -> RTS and later: keep the path in step.
             if let Some(p) = qp.path.as_mut() {
-                p.mtu = qp.attr.path_mtu.bytes().min(self.config.mtu.bytes()) as u32;
+                p.mtu = segment_size(&self.config, qp.attr.path_mtu, p.internal);
                 p.dest_qpn = qp.attr.dest_qp_num;
             }
         }
@@ -896,11 +919,13 @@ impl<M: Memory + ?Sized> Engine<M> {
             // RoCEv2 cannot mix families: the GRH becomes one IP header.
             return Err(VerbsError::InvalidGidIndex(u32::from(a.ah_attr.sgid_index)));
         }
+        let internal = self.config.internal_addresses.contains(&dst_ip);
         Ok(Path {
             src_ip,
             dst_ip,
             dest_qpn: a.dest_qp_num,
-            mtu: a.path_mtu.bytes().min(self.config.mtu.bytes()) as u32,
+            mtu: segment_size(&self.config, a.path_mtu, internal),
+            internal,
             hop_limit: a.ah_attr.hop_limit,
             traffic_class: a.ah_attr.traffic_class,
             flow_label: a.ah_attr.flow_label,
@@ -944,6 +969,17 @@ impl<M: Memory + ?Sized> Engine<M> {
     }
 }
 
+/// Payload bytes per packet of a connected QP: its path MTU within the port's, or on an
+/// internal path the internal segment size.
+fn segment_size(config: &EngineConfig, path_mtu: PathMtu, internal: bool) -> u32 {
+    let mtu = path_mtu.bytes().min(config.mtu.bytes()) as u32;
+    if internal {
+        config.internal_mtu.clamp(mtu, MAX_INTERNAL_MTU.max(mtu))
+    } else {
+        mtu
+    }
+}
+
 /// Largest message (IBA: 2^31 bytes).
 pub const MAX_MSG_SIZE: u32 = 1 << 31;
 
@@ -958,21 +994,33 @@ fn transmit_one<M: Memory + ?Sized>(
     match qp.qp_type {
         QpType::Ud => return ud::transmit(qp, ctx, buf),
         QpType::Uc => {
-            let dst = qp.path?.dst_ip;
-            return uc::transmit(qp, ctx, buf).map(|len| Transmit { len, dst });
+            let Path {
+                dst_ip, internal, ..
+            } = qp.path?;
+            return uc::transmit(qp, ctx, buf).map(|len| Transmit {
+                len,
+                dst: dst_ip,
+                internal,
+            });
         }
         QpType::Rc => {}
     }
-    let dst = qp.path?.dst_ip;
+    let Path {
+        dst_ip, internal, ..
+    } = qp.path?;
+    let sent = |len| Transmit {
+        len,
+        dst: dst_ip,
+        internal,
+    };
     if let Some(len) = resp::transmit(qp, ctx, buf) {
-        return Some(Transmit { len, dst });
+        return Some(sent(len));
     }
     // Binds and local invalidations run at the head of the send queue.
     if !local::run_head(qp, ctx) {
         return None;
     }
-    let len = req::transmit(qp, ctx, buf)?;
-    Some(Transmit { len, dst })
+    req::transmit(qp, ctx, buf).map(sent)
 }
 
 #[cfg(test)]

@@ -44,6 +44,25 @@ pub(crate) struct Path {
     pub(crate) traffic_class: u8,
     pub(crate) flow_label: u32,
     pub(crate) udp_src_port: u16,
+    /// The destination is served by the host's own process (`EngineConfig::internal_addresses`):
+    /// packets are sealed without an ICRC and are only accepted from `handle_internal`.
+    pub(crate) internal: bool,
+}
+
+impl Path {
+    /// Seal a packet laid out for this path (pad, and the ICRC unless the path is internal);
+    /// returns its length.
+    pub(crate) fn seal(
+        &self,
+        layout: &wire::PacketLayout,
+        buf: &mut [u8],
+    ) -> Result<usize, wire::WireError> {
+        if self.internal {
+            layout.finish_internal(buf)
+        } else {
+            layout.finish(buf)
+        }
+    }
 }
 
 /// A send WR once accepted, plus what the requester and completer track about it.

@@ -19,14 +19,21 @@ fn pkey_matches(a: u16, b: u16) -> bool {
     (a & 0x7fff) == (b & 0x7fff) && (a & 0x8000 != 0 || b & 0x8000 != 0)
 }
 
-/// Returns the QP the packet was handed to, if any.
+/// Returns the QP the packet was handed to, if any. `internal`: the packet was built by an
+/// engine of this process for an internal path (no ICRC; see `EngineConfig::internal_addresses`).
 pub(crate) fn handle<M: Memory + ?Sized>(
     ctx: &mut Ctx<'_, M>,
     gids: &[Gid],
     qps: &mut BTreeMap<u32, Qp>,
     bytes: &[u8],
+    internal: bool,
 ) -> Option<u32> {
-    let pkt = match RoceV2Packet::parse_checked(bytes) {
+    let parsed = if internal {
+        RoceV2Packet::parse_internal(bytes)
+    } else {
+        RoceV2Packet::parse_checked(bytes)
+    };
+    let pkt = match parsed {
         Ok(p) => p,
         Err(WireError::BadIcrc { .. }) => {
             ctx.counters.inc(Counter::RxBadIcrc);
@@ -77,6 +84,12 @@ pub(crate) fn handle<M: Memory + ?Sized>(
     };
     if !state_ok {
         ctx.count(qp, Counter::RxBadQpState);
+        return None;
+    }
+    // An internal path and its packets go together: a QP on one takes nothing from a socket
+    // (its segments are not the wire's), and internal packets reach no other QP.
+    if qp.path.is_some_and(|p| p.internal) != internal {
+        ctx.count(qp, Counter::RxAddressMismatch);
         return None;
     }
     if qp.qp_type == QpType::Ud {

@@ -396,7 +396,7 @@ pub(crate) fn transmit<M: Memory + ?Sized>(
             return None;
         }
     }
-    let len = layout.finish(buf).ok()?;
+    let len = path.seal(&layout, buf).ok()?;
 
     // Commit.
     let is_rd_atomic = wqe.op.is_read_or_atomic();

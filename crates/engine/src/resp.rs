@@ -631,7 +631,7 @@ pub(crate) fn transmit<M: Memory + ?Sized>(
                 let layout =
                     PacketLayout::new(&ip, path.udp_src_port, ROCEV2_UDP_PORT, &t, 0).ok()?;
                 layout.emit_headers(buf).ok()?;
-                let len = layout.finish(buf).ok()?;
+                let len = path.seal(&layout, buf).ok()?;
                 qp.resp.out.pop_front();
                 ctx.count(qp, Counter::RespAcksSent);
                 return Some(len);
@@ -647,7 +647,7 @@ pub(crate) fn transmit<M: Memory + ?Sized>(
                 let layout =
                     PacketLayout::new(&ip, path.udp_src_port, ROCEV2_UDP_PORT, &t, 0).ok()?;
                 layout.emit_headers(buf).ok()?;
-                let len = layout.finish(buf).ok()?;
+                let len = path.seal(&layout, buf).ok()?;
                 qp.resp.out.pop_front();
                 return Some(len);
             }
@@ -707,7 +707,7 @@ pub(crate) fn transmit<M: Memory + ?Sized>(
                         continue;
                     }
                 }
-                let n = layout.finish(buf).ok()?;
+                let n = path.seal(&layout, buf).ok()?;
                 if last {
                     qp.resp.out.pop_front();
                 } else if let Some(RespOut::Read {

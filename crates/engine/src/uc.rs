@@ -132,7 +132,7 @@ pub(crate) fn transmit<M: Memory + ?Sized>(
                 continue;
             }
         }
-        let len = layout.finish(buf).ok()?;
+        let len = path.seal(&layout, buf).ok()?;
         qp.req.next_psn = psn.next();
         if last {
             local::complete_sent(qp, ctx);

@@ -168,6 +168,7 @@ pub(crate) fn transmit<M: Memory + ?Sized>(
         return Some(Transmit {
             len,
             dst: path.dst_ip,
+            internal: false,
         });
     }
 }

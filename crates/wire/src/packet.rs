@@ -406,8 +406,25 @@ impl<'a> RoceV2Packet<'a> {
         }
     }
 
+    /// Parse a packet that never left this host (sealed by [`PacketLayout::finish_internal`]):
+    /// every structural check of [`RoceV2Packet::parse`], but no ICRC is computed (`icrc_ok`
+    /// is false). Only for packets the caller built itself; anything from a socket goes
+    /// through [`RoceV2Packet::parse_checked`].
+    #[inline]
+    pub fn parse_internal(bytes: &'a [u8]) -> Result<RoceV2Packet<'a>, WireError> {
+        Self::parse_inner_with(bytes, false).map(|(p, _)| p)
+    }
+
     #[inline]
     fn parse_inner(bytes: &'a [u8]) -> Result<(RoceV2Packet<'a>, u32), WireError> {
+        Self::parse_inner_with(bytes, true)
+    }
+
+    #[inline]
+    fn parse_inner_with(
+        bytes: &'a [u8],
+        compute_icrc: bool,
+    ) -> Result<(RoceV2Packet<'a>, u32), WireError> {
         let ip = IpRepr::parse(bytes)?;
         let ip_len = ip.header_len();
         // The IP parsers checked that the claimed length fits the buffer.
@@ -430,7 +447,12 @@ impl<'a> RoceV2Packet<'a> {
             return Err(WireError::WrongUdpPort { port: udp.dst_port });
         }
         let t = TransportPacket::parse(&udp_bytes[UDP_HEADER_LEN..])?;
-        let computed = icrc::compute_unchecked(&pkt[..pkt.len() - ICRC_LEN], ip_len);
+        let computed = if compute_icrc {
+            icrc::compute_unchecked(&pkt[..pkt.len() - ICRC_LEN], ip_len)
+        } else {
+            // Differs from the field whatever it holds, so `icrc_ok` is false.
+            !t.icrc
+        };
         let packet = RoceV2Packet {
             ip,
             udp,
@@ -600,6 +622,18 @@ impl PacketLayout {
     pub fn payload_mut<'b>(&self, buf: &'b mut [u8]) -> Result<&'b mut [u8], WireError> {
         self.check_buf(buf)?;
         Ok(&mut buf[self.payload_range()])
+    }
+
+    /// Step 3 for a packet that never leaves this host (one engine hands it to another in
+    /// the same process, see [`RoceV2Packet::parse_internal`]): the zero pad and a zero
+    /// ICRC field, no checksum computed; returns the packet length. Such a packet must not
+    /// be sent: a peer would drop it for its ICRC.
+    #[inline]
+    pub fn finish_internal(&self, buf: &mut [u8]) -> Result<usize, WireError> {
+        self.check_buf(buf)?;
+        let len = self.len();
+        buf[self.payload_range().end..len].fill(0);
+        Ok(len)
     }
 
     /// Step 3: write the zero pad, the ICRC over everything before it and (IPv6) the UDP
@@ -809,6 +843,31 @@ mod tests {
         );
         assert!(l.payload_mut(&mut small).is_err());
         assert!(l.finish(&mut small).is_err());
+    }
+
+    #[test]
+    fn internal_packets_parse_without_an_icrc_and_fail_the_checked_parse() {
+        for ip in [v4(), v6()] {
+            let payload = vec![0x5au8; 32 << 10];
+            let l = PacketLayout::new(&ip, 0xc121, ROCEV2_UDP_PORT, &send_only(), payload.len())
+                .unwrap();
+            let mut buf = vec![0xffu8; l.len()];
+            l.emit_headers(&mut buf).unwrap();
+            l.payload_mut(&mut buf).unwrap().copy_from_slice(&payload);
+            assert_eq!(l.finish_internal(&mut buf), Ok(l.len()));
+            let p = RoceV2Packet::parse_internal(&buf).unwrap();
+            assert_eq!(p.payload, &payload[..]);
+            assert_eq!(p.transport, send_only());
+            assert_eq!(p.icrc, 0);
+            assert!(!p.icrc_ok);
+            // Never good enough for ingress from a socket.
+            assert!(matches!(
+                RoceV2Packet::parse_checked(&buf),
+                Err(WireError::BadIcrc { .. })
+            ));
+            // Structural checks still apply.
+            assert!(RoceV2Packet::parse_internal(&buf[..buf.len() - 1]).is_err());
+        }
     }
 
     #[test]

@@ -149,11 +149,18 @@ impl sim::Node for Host {
     }
 
     fn poll_transmit(&mut self, now: Duration, buf: &mut [u8]) -> Option<sim::Transmit> {
-        let t = self.engine.poll_transmit(instant(now), buf)?;
-        Some(sim::Transmit {
-            len: t.len,
-            dst: t.dst,
-        })
+        loop {
+            let t = self.engine.poll_transmit(instant(now), buf)?;
+            if t.internal {
+                // Both ends in this host (a daemon's own QPs): straight back into the engine.
+                self.engine.handle_internal(instant(now), &buf[..t.len]);
+                continue;
+            }
+            return Some(sim::Transmit {
+                len: t.len,
+                dst: t.dst,
+            });
+        }
     }
 
     fn poll_timeout(&self) -> Option<Duration> {
@@ -205,6 +212,9 @@ pub struct PairConfig {
     pub ack_req_every: u32,
     /// Engine setting: most unacknowledged PSNs per QP.
     pub max_unacked_psns: u32,
+    /// [`Pair::new`] puts both sides on one engine (at A's address, which is an internal
+    /// address of it: `EngineConfig::internal_addresses`), each with its own memory and MR.
+    pub one_host: bool,
 }
 
 impl Default for PairConfig {
@@ -234,6 +244,7 @@ impl Default for PairConfig {
             max_sge: 4,
             ack_req_every: 32,
             max_unacked_psns: 512,
+            one_host: false,
         }
     }
 }
@@ -313,6 +324,9 @@ pub fn create_side(sim: &mut Sim<Host>, cfg: &PairConfig, ip: IpAddr, base: u64)
     let mut ec = EngineConfig::new(vec![ip], key_seed);
     ec.ack_req_every = cfg.ack_req_every;
     ec.max_unacked_psns = cfg.max_unacked_psns;
+    if cfg.one_host {
+        ec.internal_addresses = vec![ip];
+    }
     let mut engine = Engine::new(ec, Box::new(mem.clone()));
     let pd = engine.alloc_pd().expect("alloc_pd");
     let mr = engine
@@ -341,6 +355,26 @@ pub fn add_qp(sim: &mut Sim<Host>, cfg: &PairConfig, side: &Side) -> Side {
         send_cq,
         recv_cq,
         qpn,
+        ..*side
+    }
+}
+
+/// Another side on the engine of `side`: its own memory region at `base` with an MR over it,
+/// and an RC QP (in RESET) with its own CQs, in the same PD.
+fn add_side_memory(sim: &mut Sim<Host>, cfg: &PairConfig, side: &Side, base: u64) -> Side {
+    let host = sim.node_mut(side.node);
+    host.mem.add_region(OWNER, base, cfg.mem_len);
+    let mr = host
+        .engine
+        .reg_mr(side.pd, OWNER, base, cfg.mem_len as u64, cfg.mr_access)
+        .expect("reg_mr");
+    let (send_cq, recv_cq, qpn) = create_qp(&mut host.engine, cfg, side.pd);
+    Side {
+        send_cq,
+        recv_cq,
+        qpn,
+        mr,
+        base,
         ..*side
     }
 }
@@ -450,7 +484,11 @@ impl Pair {
     pub fn new(cfg: PairConfig) -> Pair {
         let mut sim = Sim::new(cfg.seed, cfg.net.clone());
         let a = create_side(&mut sim, &cfg, side_ip(cfg.ipv6, 1), 0x1000_0000);
-        let b = create_side(&mut sim, &cfg, side_ip(cfg.ipv6, 2), 0x7000_0000);
+        let b = if cfg.one_host {
+            add_side_memory(&mut sim, &cfg, &a, 0x7000_0000)
+        } else {
+            create_side(&mut sim, &cfg, side_ip(cfg.ipv6, 2), 0x7000_0000)
+        };
         let psn_b = cfg.psn_a.wrapping_add(0x80_0000) & 0xff_ffff;
         connect(
             &mut sim.node_mut(a.node).engine,
