@@ -110,9 +110,19 @@ pub struct Core {
     /// The progress thread sleeps (new work rings start with their wakeup word set).
     asleep: bool,
     /// Packets addressed to this device, waiting to go back into the engine.
-    local_rx: VecDeque<Vec<u8>>,
-    /// Spare buffers for `local_rx`.
+    local_rx: VecDeque<LocalPacket>,
+    /// Spare transmit buffers (as long as `txbuf`): a packet for this device leaves in the
+    /// buffer it was built in, and a spare takes its place.
     local_free: Vec<Vec<u8>>,
+}
+
+/// A packet one of the device's QPs sent another.
+struct LocalPacket {
+    /// The buffer it was built in (`bytes[..len]` is the packet).
+    bytes: Vec<u8>,
+    len: usize,
+    /// Built for an internal path ([`engine::Transmit::internal`]): no ICRC to check.
+    internal: bool,
 }
 
 /// Most asynchronous events kept for clients to take; the oldest go first.
@@ -189,8 +199,13 @@ impl Shared {
                 break;
             }
             while let Some(p) = core.local_rx.pop_front() {
-                core.engine.handle_datagram(now, &p);
-                core.local_free.push(p);
+                let pkt = &p.bytes[..p.len];
+                if p.internal {
+                    core.engine.handle_internal(now, pkt);
+                } else {
+                    core.engine.handle_datagram(now, pkt);
+                }
+                core.local_free.push(p.bytes);
             }
         }
         self.behind.flush();
@@ -251,17 +266,26 @@ impl Shared {
         let mut woken: Vec<Arc<Shared>> = Vec::new();
         while let Some(t) = engine.poll_transmit(now, txbuf) {
             moved = true;
-            let pkt = &txbuf[..t.len];
             if self.addrs.contains(&t.dst) {
                 // Both ends on this device: the engine takes its own packet back, as a NIC
-                // loops back traffic between its own QPs, with no socket on the way.
-                let mut b = local_free.pop().unwrap_or_default();
-                b.clear();
-                b.extend_from_slice(pkt);
-                local_rx.push_back(b);
+                // loops back traffic between its own QPs, with no socket on the way (and, on
+                // the internal paths it knows of, in large segments without an ICRC). The
+                // packet keeps its buffer; a spare one becomes the transmit buffer.
+                let spare = local_free.pop().unwrap_or_else(|| vec![0; txbuf.len()]);
+                local_rx.push_back(LocalPacket {
+                    bytes: std::mem::replace(txbuf, spare),
+                    len: t.len,
+                    internal: t.internal,
+                });
                 self.local_packets.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
+            if t.internal {
+                // Only this device's own addresses are internal; nothing else can take it.
+                tracing::warn!(dst = %t.dst, "internal packet for another device dropped");
+                continue;
+            }
+            let pkt = &txbuf[..t.len];
             if let Some(peer) = self.peer(t.dst) {
                 // Another device of this daemon: hand it over, no socket either.
                 lock_inbox(&peer.inbox).push_back(pkt.to_vec());
@@ -510,6 +534,8 @@ impl Device {
             .map(|a| Ok((*a, socket_for(SocketAddr::new(*a, config.port))?)))
             .collect::<Result<Vec<_>, HostError>>()?;
         let mut ec = EngineConfig::new(config.addrs.clone(), random_seed());
+        // QPs of this device talking to each other never leave the process.
+        ec.internal_addresses = config.addrs.clone();
         ec.mtu = port_mtu(&config.addrs, ec.mtu);
         // Every packet leaves from the receiving port: the engine computes its ICRC over it.
         ec.udp_src_port = Some(config.port);
