@@ -208,9 +208,21 @@ impl Client {
 
     /// Send a request and wait for its answer; a refusal is an error.
     pub fn call(&mut self, req: &Request) -> Result<Response, ClientError> {
+        self.call_passing(req, None)
+    }
+
+    /// [`Client::call`], with `fd` riding on the request (SCM_RIGHTS) when given.
+    pub fn call_passing(
+        &mut self,
+        req: &Request,
+        fd: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> Result<Response, ClientError> {
         self.next_id = self.next_id.wrapping_add(1);
         let id = self.next_id;
-        self.stream.write_all(&req.encode(id))?;
+        match fd {
+            None => self.stream.write_all(&req.encode(id))?,
+            Some(fd) => crate::proto::send_with_fd(&mut self.stream, &req.encode(id), fd)?,
+        }
         let mut hb = [0u8; HEADER_LEN];
         self.stream.read_exact(&mut hb)?;
         let h = Header::parse(&hb)?;
@@ -315,6 +327,32 @@ impl Client {
             length,
             access,
         })? {
+            Response::Mr { handle, lkey, rkey } => Ok(MrInfo { handle, lkey, rkey }),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+
+    /// `ibv_reg_mr` over `length` bytes at `addr` that are a shared mapping of `fd`'s file
+    /// from byte `offset` (a [`crate::shm::SharedMemory`]): the daemon maps the file and
+    /// reaches the region with memory copies. It checks that claim against the process's
+    /// mappings and refuses the registration if it does not hold.
+    pub fn reg_mr_shared(
+        &mut self,
+        pd: u32,
+        addr: u64,
+        length: u64,
+        access: u32,
+        fd: std::os::fd::BorrowedFd<'_>,
+        offset: u64,
+    ) -> Result<MrInfo, ClientError> {
+        let req = Request::RegMrShared {
+            pd,
+            addr,
+            length,
+            access,
+            offset,
+        };
+        match self.call_passing(&req, Some(fd))? {
             Response::Mr { handle, lkey, rkey } => Ok(MrInfo { handle, lkey, rkey }),
             _ => Err(ClientError::Unexpected),
         }
@@ -454,36 +492,13 @@ impl Client {
 
     /// Send `req` and take the descriptor its `Done` answer carries (SCM_RIGHTS).
     fn call_for_fd(&mut self, req: &Request) -> Result<OwnedFd, ClientError> {
-        use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
         self.next_id = self.next_id.wrapping_add(1);
         let id = self.next_id;
         self.stream.write_all(&req.encode(id))?;
         // The fd rides on the answer's first bytes: read the header with recvmsg.
         let mut hb = [0u8; HEADER_LEN];
-        let mut got = 0;
-        let mut fd = None;
-        while got < HEADER_LEN {
-            let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-            let mut control = RecvAncillaryBuffer::new(&mut space);
-            let r = rustix::net::recvmsg(
-                &self.stream,
-                &mut [std::io::IoSliceMut::new(&mut hb[got..])],
-                &mut control,
-                RecvFlags::CMSG_CLOEXEC,
-            )
-            .map_err(std::io::Error::from)?;
-            if r.bytes == 0 {
-                return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
-            }
-            got += r.bytes;
-            for m in control.drain() {
-                if let RecvAncillaryMessage::ScmRights(fds) = m {
-                    for f in fds {
-                        fd.get_or_insert(f);
-                    }
-                }
-            }
-        }
+        let fd = crate::proto::read_with_fd(&self.stream, &mut hb)?
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::UnexpectedEof))?;
         let h = Header::parse(&hb)?;
         let mut body = vec![0u8; h.length as usize];
         self.stream.read_exact(&mut body)?;

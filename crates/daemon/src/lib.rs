@@ -65,4 +65,5 @@ pub mod memory;
 pub mod proto;
 pub mod ring;
 pub mod server;
+pub mod shm;
 pub mod wq;

@@ -10,6 +10,13 @@
 //! Atomics are a read and a write under the device lock: every access to registered memory
 //! through one device holds that lock, so they are atomic with respect to each other
 //! (`IBV_ATOMIC_HCA`), not with respect to the client's own CPU accesses.
+//!
+//! A region registered with its file ([`crate::shm`]) is mapped into the daemon too: its
+//! reads and writes are memory copies (a write's last byte still lands last), and its
+//! atomics are CPU atomics, atomic against the client's CPU as well.
+
+// Copies to and from mapped client regions go through raw pointers.
+#![allow(unsafe_code)]
 
 use std::collections::HashMap;
 use std::io::{IoSlice, IoSliceMut};
@@ -17,11 +24,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use engine::{MemOwner, Memory, MemoryError};
+
+use crate::shm::SharedMemory;
 use nix::sys::uio::{process_vm_readv, process_vm_writev, RemoteIoVec};
 use nix::unistd::Pid;
 
 /// One registered range in a client process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Region {
     /// The process whose memory it is.
     pub pid: i32,
@@ -29,6 +38,19 @@ pub struct Region {
     pub base: u64,
     /// Length in bytes.
     pub len: u64,
+    /// The same bytes mapped into the daemon, when the client registered them with their
+    /// file ([`crate::shm`]): accesses are memory copies then, not `process_vm_*` calls.
+    pub mapped: Option<Arc<SharedMemory>>,
+}
+
+/// Where an access lands, once checked against its region.
+struct Hit {
+    pid: i32,
+    addr: usize,
+    /// End of the region (reads ahead stop there).
+    region_end: usize,
+    /// The region's mapping in the daemon and the access's offset in it.
+    mapped: Option<(Arc<SharedMemory>, usize)>,
 }
 
 /// The ranges registered by every client, shared by all devices.
@@ -61,17 +83,7 @@ impl Regions {
         self.map.is_empty()
     }
 
-    fn check(&self, owner: MemOwner, addr: u64, len: usize) -> Result<(i32, usize), MemoryError> {
-        self.check_in(owner, addr, len).map(|(pid, a, _)| (pid, a))
-    }
-
-    /// `check`, also returning the end of the region (for reads ahead within it).
-    fn check_in(
-        &self,
-        owner: MemOwner,
-        addr: u64,
-        len: usize,
-    ) -> Result<(i32, usize, usize), MemoryError> {
+    fn check(&self, owner: MemOwner, addr: u64, len: usize) -> Result<Hit, MemoryError> {
         let r = self
             .map
             .get(&owner.0)
@@ -82,11 +94,15 @@ impl Regions {
         if addr < r.base || end > region_end {
             return Err(fault);
         }
-        Ok((
-            r.pid,
-            usize::try_from(addr).map_err(|_| fault)?,
-            usize::try_from(region_end).map_err(|_| fault)?,
-        ))
+        Ok(Hit {
+            pid: r.pid,
+            addr: usize::try_from(addr).map_err(|_| fault)?,
+            region_end: usize::try_from(region_end).map_err(|_| fault)?,
+            mapped: r
+                .mapped
+                .as_ref()
+                .map(|m| (m.clone(), (addr - r.base) as usize)),
+        })
     }
 }
 
@@ -176,6 +192,77 @@ pub fn range_is_mapped(pid: i32, addr: u64, len: u64) -> bool {
     }
     // A zero-length range needs no mapping.
     len == 0
+}
+
+/// Whether process `pid` has `fd`'s file mapped shared and read-write over all of
+/// `addr..addr + len`, as one mapping, with byte `offset` of the file at `addr` (by its
+/// `/proc/<pid>/maps`): then the daemon's own mapping of that file holds exactly the bytes
+/// the client sees at those addresses.
+pub fn mapping_matches(
+    pid: i32,
+    addr: u64,
+    len: u64,
+    fd: &impl std::os::fd::AsFd,
+    offset: u64,
+) -> bool {
+    let Ok(st) = rustix::fs::fstat(fd) else {
+        return false;
+    };
+    let (major, minor) = (rustix::fs::major(st.st_dev), rustix::fs::minor(st.st_dev));
+    let Some(end) = addr.checked_add(len) else {
+        return false;
+    };
+    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        return false;
+    };
+    maps.lines().any(|line| {
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(perms), Some(off), Some(dev), Some(inode)) =
+            (f.next(), f.next(), f.next(), f.next(), f.next())
+        else {
+            return false;
+        };
+        let parse = || -> Option<bool> {
+            let (a, b) = range.split_once('-')?;
+            let (a, b) = (
+                u64::from_str_radix(a, 16).ok()?,
+                u64::from_str_radix(b, 16).ok()?,
+            );
+            let off = u64::from_str_radix(off, 16).ok()?;
+            let (ma, mi) = dev.split_once(':')?;
+            let (ma, mi) = (
+                u32::from_str_radix(ma, 16).ok()?,
+                u32::from_str_radix(mi, 16).ok()?,
+            );
+            let inode: u64 = inode.parse().ok()?;
+            Some(
+                perms.starts_with("rw")
+                    && perms.ends_with('s')
+                    && a <= addr
+                    && end <= b
+                    && (ma, mi) == (major, minor)
+                    && inode == st.st_ino
+                    && off.checked_add(addr - a) == Some(offset),
+            )
+        };
+        parse().unwrap_or(false)
+    })
+}
+
+/// Copy `src` to `dst` in address order as far as an observer polling the last byte can
+/// tell: everything else first, then a release fence, then the last byte.
+///
+/// # Safety
+/// `dst` must be valid for writes of `src.len()` bytes and not overlap `src`.
+unsafe fn copy_last_byte_last(src: &[u8], dst: *mut u8) {
+    let Some((&last, rest)) = src.split_last() else {
+        return;
+    };
+    // SAFETY: the caller's contract; `rest` is shorter than `src`.
+    unsafe { std::ptr::copy_nonoverlapping(rest.as_ptr(), dst, rest.len()) };
+    std::sync::atomic::fence(Ordering::Release);
+    // SAFETY: the last byte of the destination range.
+    unsafe { std::ptr::write_volatile(dst.add(rest.len()), last) };
 }
 
 /// Most bytes one read fetches ahead of what the engine asked for.
@@ -288,8 +375,18 @@ impl ClientMemory {
 
 impl Memory for ClientMemory {
     fn read(&mut self, owner: MemOwner, addr: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
-        let (pid, a, region_end) = lock(&self.regions).check_in(owner, addr, buf.len())?;
+        let hit = lock(&self.regions).check(owner, addr, buf.len())?;
         self.behind.flush();
+        if let Some((m, off)) = &hit.mapped {
+            // SAFETY: `check` put `off + buf.len()` within the region, which the mapping
+            // covers whole; the mapping lives while `m` does. The client may write the bytes
+            // meanwhile, as it may under a NIC's DMA: the copy then holds some mix of them.
+            unsafe {
+                std::ptr::copy_nonoverlapping(m.as_ptr().add(*off), buf.as_mut_ptr(), buf.len())
+            };
+            return Ok(());
+        }
+        let (pid, a, region_end) = (hit.pid, hit.addr, hit.region_end);
         let len = buf.len();
         let epoch = self.epoch.load(Ordering::Acquire);
         let ra = &mut self.ahead;
@@ -320,8 +417,17 @@ impl Memory for ClientMemory {
     }
 
     fn write(&mut self, owner: MemOwner, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
-        let (pid, a) = lock(&self.regions).check(owner, addr, data.len())?;
+        let hit = lock(&self.regions).check(owner, addr, data.len())?;
         self.ahead.epoch = 0;
+        if let Some((m, off)) = &hit.mapped {
+            // Writes held back for other regions land first: one order for all of them.
+            self.behind.flush();
+            // SAFETY: as in `read`; the range is within the mapping, which no Rust
+            // reference covers.
+            unsafe { copy_last_byte_last(data, m.as_ptr().add(*off)) };
+            return Ok(());
+        }
+        let (pid, a) = (hit.pid, hit.addr);
         if data.len() >= WRITE_BEHIND {
             self.behind.flush();
             return write_remote(pid, a, data);
@@ -357,9 +463,18 @@ impl Memory for ClientMemory {
         compare: u64,
         swap: u64,
     ) -> Result<u64, MemoryError> {
-        let (pid, a) = lock(&self.regions).check(owner, addr, 8)?;
+        let hit = lock(&self.regions).check(owner, addr, 8)?;
         self.ahead.epoch = 0;
         self.behind.flush();
+        if let Some(word) = mapped_word(&hit) {
+            // A real atomic: atomic even against the client's own CPU.
+            return Ok(
+                match word.compare_exchange(compare, swap, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(v) | Err(v) => v,
+                },
+            );
+        }
+        let (pid, a) = (hit.pid, hit.addr);
         let mut w = [0u8; 8];
         read_remote(pid, a, &mut w)?;
         let old = u64::from_ne_bytes(w);
@@ -370,15 +485,33 @@ impl Memory for ClientMemory {
     }
 
     fn fetch_add(&mut self, owner: MemOwner, addr: u64, add: u64) -> Result<u64, MemoryError> {
-        let (pid, a) = lock(&self.regions).check(owner, addr, 8)?;
+        let hit = lock(&self.regions).check(owner, addr, 8)?;
         self.ahead.epoch = 0;
         self.behind.flush();
+        if let Some(word) = mapped_word(&hit) {
+            return Ok(word.fetch_add(add, Ordering::AcqRel));
+        }
+        let (pid, a) = (hit.pid, hit.addr);
         let mut w = [0u8; 8];
         read_remote(pid, a, &mut w)?;
         let old = u64::from_ne_bytes(w);
         write_remote(pid, a, &old.wrapping_add(add).to_ne_bytes())?;
         Ok(old)
     }
+}
+
+/// The 8-byte word an atomic targets, in the daemon's mapping of its region, if it has one
+/// and the word is aligned (IBA requires it; the engine checks before it asks).
+fn mapped_word(hit: &Hit) -> Option<&std::sync::atomic::AtomicU64> {
+    let (m, off) = hit.mapped.as_ref()?;
+    // SAFETY: `check` put the 8 bytes within the mapped region.
+    let p = unsafe { m.as_ptr().add(*off) };
+    if !(p as usize).is_multiple_of(8) {
+        return None;
+    }
+    // SAFETY: aligned, within the mapping, which lives as long as `hit` holds it; every
+    // access the daemon makes to the word is atomic (the device lock orders the rest).
+    Some(unsafe { &*p.cast::<std::sync::atomic::AtomicU64>() })
 }
 
 #[cfg(test)]
@@ -395,6 +528,7 @@ mod tests {
             pid,
             base,
             len: 8192,
+            mapped: None,
         });
         let mut mem = ClientMemory::new(regions);
         let epoch = mem.epoch();
@@ -435,7 +569,12 @@ mod tests {
         assert!(!range_is_mapped(pid, 8, 64));
         assert!(!range_is_mapped(pid, u64::MAX - 4, 64));
         let regions = SharedRegions::default();
-        let owner = lock(&regions).insert(Region { pid, base, len: 64 });
+        let owner = lock(&regions).insert(Region {
+            pid,
+            base,
+            len: 64,
+            mapped: None,
+        });
         let mut mem = ClientMemory::new(regions.clone());
         let behind = mem.write_behind();
         mem.write(owner, base + 8, b"abcd").unwrap();

@@ -283,6 +283,69 @@ pub fn frame(kind: u16, id: u32, body: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Send `bytes` on `stream` with `fd` attached to the first of them (SCM_RIGHTS): how a
+/// memfd travels with the message that names it, in either direction.
+pub fn send_with_fd(
+    stream: &mut std::os::unix::net::UnixStream,
+    bytes: &[u8],
+    fd: std::os::fd::BorrowedFd<'_>,
+) -> std::io::Result<()> {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    use std::io::Write;
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    let fds = [fd];
+    control.push(SendAncillaryMessage::ScmRights(&fds));
+    let n = rustix::net::sendmsg(
+        &*stream,
+        &[std::io::IoSlice::new(bytes)],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )?;
+    stream.write_all(&bytes[n..])
+}
+
+/// Fill `buf` from `stream`, keeping the first file descriptor that arrives with the bytes
+/// (SCM_RIGHTS; any others are closed at once). `Ok(None)`: the stream ended before the
+/// first byte; ending later is `UnexpectedEof`.
+pub fn read_with_fd(
+    stream: &std::os::unix::net::UnixStream,
+    buf: &mut [u8],
+) -> std::io::Result<Option<Option<std::os::fd::OwnedFd>>> {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    let mut got = 0;
+    let mut fd = None;
+    while got < buf.len() {
+        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let r = match rustix::net::recvmsg(
+            stream,
+            &mut [std::io::IoSliceMut::new(&mut buf[got..])],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC,
+        ) {
+            Ok(r) => r,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        for m in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(fds) = m {
+                for f in fds {
+                    fd.get_or_insert(f);
+                }
+            }
+        }
+        if r.bytes == 0 {
+            if got == 0 {
+                return Ok(None);
+            }
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        got += r.bytes;
+    }
+    Ok(Some(fd))
+}
+
 /// One scatter/gather entry (`ibv_sge`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SgeMsg {
@@ -854,6 +917,8 @@ kinds! {
     ATTACH_WORK_RING = 40,
     /// [`super::Request::Doorbell`].
     DOORBELL = 41,
+    /// [`super::Request::RegMrShared`].
+    REG_MR_SHARED = 42,
 }
 
 /// A request from a client. Handles (`pd`, `cq`, `mr`, `qp`) are the connection's own
@@ -909,6 +974,22 @@ pub enum Request {
         length: u64,
         /// `ibv_access_flags`.
         access: u32,
+    },
+    /// `ibv_reg_mr` over the client's memory that is a shared mapping of a sealed memfd, which
+    /// rides on this message (SCM_RIGHTS): the daemon maps it too and copies with plain memory
+    /// copies ([`crate::shm`]). Refused unless the client has byte `offset` of that file
+    /// mapped at `addr` for all `length` bytes, and the file cannot shrink.
+    RegMrShared {
+        /// PD handle.
+        pd: u32,
+        /// Start address in the client.
+        addr: u64,
+        /// Length in bytes.
+        length: u64,
+        /// `ibv_access_flags`.
+        access: u32,
+        /// Offset in the file of the byte at `addr`.
+        offset: u64,
     },
     /// `ibv_dereg_mr`.
     DeregMr {
@@ -1382,6 +1463,7 @@ impl Request {
             Request::AllocPd { .. } => kind::ALLOC_PD,
             Request::DeallocPd { .. } => kind::DEALLOC_PD,
             Request::RegMr { .. } => kind::REG_MR,
+            Request::RegMrShared { .. } => kind::REG_MR_SHARED,
             Request::DeregMr { .. } => kind::DEREG_MR,
             Request::CreateCq { .. } => kind::CREATE_CQ,
             Request::DestroyCq { .. } => kind::DESTROY_CQ,
@@ -1493,6 +1575,15 @@ impl Request {
                 access,
             } => {
                 w.u32(*pd).u64(*addr).u64(*length).u32(*access);
+            }
+            Request::RegMrShared {
+                pd,
+                addr,
+                length,
+                access,
+                offset,
+            } => {
+                w.u32(*pd).u64(*addr).u64(*length).u32(*access).u64(*offset);
             }
             Request::CreateCq { dev, cqe } => {
                 w.u32(*dev).u32(*cqe);
@@ -1630,6 +1721,13 @@ impl Request {
                 addr: r.u64()?,
                 length: r.u64()?,
                 access: r.u32()?,
+            },
+            kind::REG_MR_SHARED => Request::RegMrShared {
+                pd: r.u32()?,
+                addr: r.u64()?,
+                length: r.u64()?,
+                access: r.u32()?,
+                offset: r.u64()?,
             },
             kind::CREATE_CQ => Request::CreateCq {
                 dev: r.u32()?,
@@ -2142,6 +2240,13 @@ mod tests {
                 addr: 0x1000,
                 length: 4096,
                 access: 7,
+            },
+            Request::RegMrShared {
+                pd: 3,
+                addr: 0x1000,
+                length: 4096,
+                access: 7,
+                offset: 8192,
             },
             Request::CreateQp(QpInitMsg {
                 pd: 1,

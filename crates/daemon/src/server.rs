@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,6 +32,7 @@ use crate::proto::{
     MAX_EVENTS, MAX_WCS, VERSION, WQE_ENTRY_LEN,
 };
 use crate::ring::{Ring, Role};
+use crate::shm::SharedMemory;
 use crate::wq::{Handles, Queue, WorkRing};
 
 const EINVAL: i32 = 22;
@@ -114,6 +115,9 @@ stats! {
     reclaimed_mws,
     /// Work requests posted by request on the socket (the rest come through work rings).
     posts_by_request,
+    /// Registrations of memory the client shared with its file: the daemon maps it and
+    /// copies without `process_vm_*`.
+    mapped_registrations,
 }
 
 /// The daemon: its devices, the registered client memory, its counters.
@@ -270,6 +274,8 @@ struct Conn<'d> {
     next: u32,
     /// A file descriptor to pass with the next answer (SCM_RIGHTS).
     pending_fd: Option<OwnedFd>,
+    /// The file descriptor that came with the request being served, if any.
+    received_fd: Option<OwnedFd>,
     /// This connection's asynchronous event channel, once asked for (the devices hold only
     /// weak references: it dies with the connection).
     event_channel: Option<Arc<nix::sys::eventfd::EventFd>>,
@@ -412,6 +418,63 @@ impl<'d> Conn<'d> {
         Ok(())
     }
 
+    /// `ibv_reg_mr` over `addr..addr + length` of this client, reached through `mapped` when
+    /// the daemon maps the same bytes (checked by the caller), else with `process_vm_*`.
+    fn reg_mr(
+        &mut self,
+        pd: u32,
+        addr: u64,
+        length: u64,
+        access: u32,
+        mapped: Option<Arc<SharedMemory>>,
+    ) -> Result<Response, Fail> {
+        let d = self.daemon;
+        self.room()?;
+        let (i, pdh) = self.pd(pd)?;
+        let access =
+            AccessFlags::from_bits(access).ok_or_else(|| fail(EINVAL, "unknown access flags"))?;
+        if length == 0 || !memory::range_is_mapped(self.pid, addr, length) {
+            d.stats
+                .unmapped_registrations
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(fail(
+                EFAULT,
+                format!(
+                    "{addr:#x}+{length} is not mapped read-write in pid {}",
+                    self.pid
+                ),
+            ));
+        }
+        if mapped.is_some() {
+            d.stats.mapped_registrations.fetch_add(1, Ordering::Relaxed);
+        }
+        let owner = memory::lock(&d.regions).insert(Region {
+            pid: self.pid,
+            base: addr,
+            len: length,
+            mapped,
+        });
+        match d.devices[i].with(|e| e.reg_mr(pdh, owner, addr, length, access)) {
+            Ok(keys) => {
+                self.stat(|s| &s.live_mrs, true);
+                let handle = self.insert(Obj::Mr {
+                    dev: i,
+                    h: keys.handle,
+                    owner,
+                });
+                Ok(Response::Mr {
+                    handle,
+                    lkey: keys.lkey,
+                    rkey: keys.rkey,
+                })
+            }
+            Err(e) => {
+                memory::lock(&d.regions).remove(owner);
+                Err(e.into())
+            }
+        }
+    }
+
     fn room(&self) -> Result<(), Fail> {
         if self.objs().len() >= MAX_OBJECTS_PER_CONNECTION {
             return Err(fail(ENOMEM, "too many objects on this connection"));
@@ -492,47 +555,34 @@ impl<'d> Conn<'d> {
                 addr,
                 length,
                 access,
+            } => self.reg_mr(pd, addr, length, access, None),
+            Request::RegMrShared {
+                pd,
+                addr,
+                length,
+                access,
+                offset,
             } => {
-                self.room()?;
-                let (i, pdh) = self.pd(pd)?;
-                let access = AccessFlags::from_bits(access)
-                    .ok_or_else(|| fail(EINVAL, "unknown access flags"))?;
-                if length == 0 || !memory::range_is_mapped(self.pid, addr, length) {
+                let fd = self
+                    .received_fd
+                    .take()
+                    .ok_or_else(|| fail(EINVAL, "no file descriptor came with the request"))?;
+                if length == 0 || !memory::mapping_matches(self.pid, addr, length, &fd, offset) {
                     d.stats
                         .unmapped_registrations
                         .fetch_add(1, Ordering::Relaxed);
                     return Err(fail(
                         EFAULT,
                         format!(
-                            "{addr:#x}+{length} is not mapped read-write in pid {}",
+                            "{addr:#x}+{length} is not that file's bytes from {offset} mapped \
+                             shared read-write in pid {}",
                             self.pid
                         ),
                     ));
                 }
-                let owner = memory::lock(&d.regions).insert(Region {
-                    pid: self.pid,
-                    base: addr,
-                    len: length,
-                });
-                match d.devices[i].with(|e| e.reg_mr(pdh, owner, addr, length, access)) {
-                    Ok(keys) => {
-                        self.stat(|s| &s.live_mrs, true);
-                        let handle = self.insert(Obj::Mr {
-                            dev: i,
-                            h: keys.handle,
-                            owner,
-                        });
-                        Ok(Response::Mr {
-                            handle,
-                            lkey: keys.lkey,
-                            rkey: keys.rkey,
-                        })
-                    }
-                    Err(e) => {
-                        memory::lock(&d.regions).remove(owner);
-                        Err(e.into())
-                    }
-                }
+                let mapped = SharedMemory::map_client(fd, offset, length)
+                    .map_err(|e| fail(EINVAL, e.to_string()))?;
+                self.reg_mr(pd, addr, length, access, Some(Arc::new(mapped)))
             }
             Request::DeregMr { mr } => match self.get(mr)? {
                 Obj::Mr { dev, h, owner } => {
@@ -1097,23 +1147,6 @@ fn read_full(s: &mut UnixStream, buf: &mut [u8]) -> Result<bool, std::io::Error>
     Ok(true)
 }
 
-/// Send `bytes` with `fd` attached to the first of them (SCM_RIGHTS).
-fn send_with_fd(stream: &mut UnixStream, bytes: &[u8], fd: &OwnedFd) -> std::io::Result<()> {
-    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
-    use std::os::fd::AsFd;
-    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-    let mut control = SendAncillaryBuffer::new(&mut space);
-    let fds = [fd.as_fd()];
-    control.push(SendAncillaryMessage::ScmRights(&fds));
-    let n = rustix::net::sendmsg(
-        &*stream,
-        &[std::io::IoSlice::new(bytes)],
-        &mut control,
-        SendFlags::NOSIGNAL,
-    )?;
-    stream.write_all(&bytes[n..])
-}
-
 /// Close after an error answer so that the answer arrives: a Unix socket closed with unread
 /// input resets the connection and the peer may lose what was sent. Discard a bounded amount
 /// of what the peer still sends, for a bounded time.
@@ -1135,11 +1168,13 @@ fn message_loop(conn: &mut Conn<'_>, stream: &mut UnixStream) -> End {
     let mut body = Vec::new();
     loop {
         let mut hb = [0u8; HEADER_LEN];
-        match read_full(stream, &mut hb) {
-            Ok(true) => {}
-            Ok(false) => return End::Eof,
+        // A descriptor rides on the first bytes of the message that names it (SCM_RIGHTS);
+        // one no request takes is closed when the next message starts.
+        conn.received_fd = match crate::proto::read_with_fd(stream, &mut hb) {
+            Ok(Some(fd)) => fd,
+            Ok(None) => return End::Eof,
             Err(e) => return End::Io(e),
-        }
+        };
         let header = match Header::parse(&hb) {
             Ok(h) => h,
             Err(e) => {
@@ -1183,7 +1218,7 @@ fn message_loop(conn: &mut Conn<'_>, stream: &mut UnixStream) -> End {
         let bytes = reply.encode(header.kind, header.id);
         let sent = match conn.pending_fd.take() {
             None => stream.write_all(&bytes),
-            Some(fd) => send_with_fd(stream, &bytes, &fd),
+            Some(fd) => crate::proto::send_with_fd(stream, &bytes, fd.as_fd()),
         };
         if let Err(e) = sent {
             return End::Io(e);
@@ -1216,6 +1251,7 @@ pub fn serve_connection(daemon: &Daemon, mut stream: UnixStream) {
         objs: Arc::new(Mutex::new(HashMap::new())),
         next: 0,
         pending_fd: None,
+        received_fd: None,
         event_channel: None,
         work_rings: 0,
     };

@@ -639,9 +639,20 @@ impl Backend {
                 Ok((k.handle.0, k.lkey, k.rkey))
             }
             Backend::Daemon(d) => {
-                let m = d
-                    .c()
-                    .reg_mr_at(pd.0, addr as u64, len as u64, access.bits())?;
+                // Memory of a shared-memory Buffer goes with its file: the daemon maps it.
+                let m = match crate::mr::shared_file_of(addr as usize, len) {
+                    Some((fd, offset)) => d.c().reg_mr_shared(
+                        pd.0,
+                        addr as u64,
+                        len as u64,
+                        access.bits(),
+                        std::os::fd::AsFd::as_fd(&fd),
+                        offset,
+                    )?,
+                    None => d
+                        .c()
+                        .reg_mr_at(pd.0, addr as u64, len as u64, access.bits())?,
+                };
                 Ok((m.handle, m.lkey, m.rkey))
             }
         }

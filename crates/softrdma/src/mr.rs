@@ -53,25 +53,87 @@ unsafe impl RegisterableBuffer for Box<[u8]> {
     }
 }
 
-/// Page-aligned, zero-initialized heap memory: the natural buffer for a memory region
-/// (8-byte atomics need 8-byte alignment, which a `Vec<u8>` does not promise).
+/// Page-aligned, zero-initialized memory: the natural buffer for a memory region (8-byte
+/// atomics need 8-byte alignment, which a `Vec<u8>` does not promise).
+///
+/// Buffers of [`Buffer::SHARED_MIN`] bytes or more live in a sealed `memfd` (one file
+/// descriptor each) when the system allows, else on the heap. Registered on `softrdmad`, such
+/// a buffer is mapped by the daemon too, which then moves its bytes with one memory copy
+/// instead of `process_vm_readv`/`writev` (much faster for large transfers). Being a shared
+/// mapping, its pages stay shared with a child after `fork`.
 pub struct Buffer {
     ptr: std::ptr::NonNull<u8>,
     len: usize,
+    /// The memfd mapping, for buffers that have one (then `ptr` points into it).
+    shared: Option<daemon::shm::SharedMemory>,
 }
 
 const PAGE: usize = 4096;
 
+/// Buffers in shared memory, by start address: (length, the memfd). An entry lives exactly
+/// as long as its buffer's mapping (removed before the mapping is dropped, under this lock).
+static SHARED_BUFFERS: std::sync::Mutex<std::collections::BTreeMap<usize, (usize, i32)>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+fn shared_buffers(
+) -> std::sync::MutexGuard<'static, std::collections::BTreeMap<usize, (usize, i32)>> {
+    // Every update is one map operation: a poisoned lock still guards a consistent map.
+    SHARED_BUFFERS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// If `addr..addr + len` lies within one shared-memory [`Buffer`], a new descriptor of its
+/// file and the offset of `addr` in it (for registering it on the daemon).
+pub(crate) fn shared_file_of(addr: usize, len: usize) -> Option<(std::os::fd::OwnedFd, u64)> {
+    let map = shared_buffers();
+    let (&start, &(blen, raw)) = map.range(..=addr).next_back()?;
+    if addr.checked_add(len)? > start + blen {
+        return None;
+    }
+    // SAFETY: the entry exists only while its buffer's mapping, which owns `raw`, lives; it
+    // is removed under this lock (held here) before that fd is closed.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(raw) };
+    let dup = rustix::io::fcntl_dupfd_cloexec(fd, 0).ok()?;
+    Some((dup, (addr - start) as u64))
+}
+
 impl Buffer {
+    /// Size from which a buffer lives in shared memory (see [`Buffer`]).
+    pub const SHARED_MIN: usize = 64 << 10;
+
     /// `len` zero bytes, aligned to 4096.
     pub fn zeroed(len: usize) -> Buffer {
+        if len >= Self::SHARED_MIN {
+            match daemon::shm::SharedMemory::create(len) {
+                Ok(m) => {
+                    use std::os::fd::AsRawFd;
+                    let ptr = std::ptr::NonNull::new(m.as_ptr())
+                        .expect("a mapping is never at address 0");
+                    shared_buffers().insert(ptr.as_ptr() as usize, (len, m.fd().as_raw_fd()));
+                    return Buffer {
+                        ptr,
+                        len,
+                        shared: Some(m),
+                    };
+                }
+                Err(e) => tracing::debug!(error = %e, "no shared memory; buffer on the heap"),
+            }
+        }
         let layout = Self::layout(len);
         // SAFETY: the layout has a non-zero size (at least one byte is allocated).
         let p = unsafe { std::alloc::alloc_zeroed(layout) };
         let Some(ptr) = std::ptr::NonNull::new(p) else {
             std::alloc::handle_alloc_error(layout)
         };
-        Buffer { ptr, len }
+        Buffer {
+            ptr,
+            len,
+            shared: None,
+        }
+    }
+
+    /// Whether the bytes live in shared memory the daemon can map (see [`Buffer`]).
+    pub fn is_shared(&self) -> bool {
+        self.shared.is_some()
     }
 
     /// A buffer holding a copy of `data`.
@@ -102,6 +164,13 @@ impl Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
+        if let Some(m) = self.shared.take() {
+            let mut map = shared_buffers();
+            map.remove(&(self.ptr.as_ptr() as usize));
+            // Unmapped and closed with the lock held: no lookup can borrow the fd meanwhile.
+            drop(m);
+            return;
+        }
         // SAFETY: allocated in `zeroed` with this same layout.
         unsafe { std::alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.len)) }
     }

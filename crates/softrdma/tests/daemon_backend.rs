@@ -468,3 +468,67 @@ fn when_the_daemon_dies_verbs_fail_cleanly_and_regions_still_release_their_memor
     drop((qp, cq, pd, dev));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn large_buffers_are_shared_with_the_daemon_and_move_intact_to_and_from_heap_memory() {
+    use std::sync::atomic::Ordering;
+    let stats = &common::test_daemon().daemon.stats;
+    let mapped_before = stats.mapped_registrations.load(Ordering::Relaxed);
+    // Two connections on one device: their QPs talk over the device's internal path.
+    let (a, b) = common::pair_v6_on(BackendKind::Daemon, 1 << 20);
+    assert!(Buffer::zeroed(Buffer::SHARED_MIN).is_shared());
+    assert!(!Buffer::zeroed(4096).is_shared());
+    assert!(stats.mapped_registrations.load(Ordering::Relaxed) >= mapped_before + 2);
+    // B also has plain heap memory, reached with process_vm_*.
+    let heap = b.pd.register(vec![0u8; 1 << 20], all_access()).unwrap();
+    let len = 300_000usize;
+    let data: Vec<u8> = (0..len).map(|i| (i * 7 + i / 4096) as u8).collect();
+    a.mr.write(0, &data).unwrap();
+
+    // Shared -> heap (WRITE), heap -> shared (READ), heap -> shared (WRITE by B).
+    a.qp.write(
+        1,
+        &[a.mr.sge(..len).unwrap()],
+        &heap.remote(1000..).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(a.cq.wait_ok(WAIT).unwrap().wr_id, 1);
+    assert_eq!(&heap.to_vec()[1000..1000 + len], &data[..]);
+    a.qp.read(
+        2,
+        &[a.mr.sge(400_000..400_000 + len).unwrap()],
+        &heap.remote(1000..).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(a.cq.wait_ok(WAIT).unwrap().wr_id, 2);
+    assert_eq!(&a.mr.to_vec()[400_000..400_000 + len], &data[..]);
+    b.qp.write(
+        3,
+        &[heap.sge(1000..1000 + len).unwrap()],
+        &a.mr.remote(700_000..).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(b.cq.wait_ok(WAIT).unwrap().wr_id, 3);
+    assert_eq!(&a.mr.to_vec()[700_000..700_000 + len], &data[..]);
+    // Nothing around the written ranges moved.
+    assert_eq!(heap.to_vec()[999], 0);
+    assert_eq!(a.mr.to_vec()[700_000 + len], 0);
+
+    // Atomics on a word of shared memory, from B.
+    a.mr.write_u64(8, 40).unwrap();
+    b.qp.fetch_add(4, heap.sge(0..8).unwrap(), &a.mr.remote(8..16).unwrap(), 2)
+        .unwrap();
+    assert_eq!(b.cq.wait_ok(WAIT).unwrap().wr_id, 4);
+    b.qp.compare_swap(
+        5,
+        heap.sge(8..16).unwrap(),
+        &a.mr.remote(8..16).unwrap(),
+        42,
+        7,
+    )
+    .unwrap();
+    assert_eq!(b.cq.wait_ok(WAIT).unwrap().wr_id, 5);
+    assert_eq!(heap.read_u64(0).unwrap(), 40);
+    assert_eq!(heap.read_u64(8).unwrap(), 42);
+    assert_eq!(a.mr.read_u64(8).unwrap(), 7);
+}
