@@ -418,6 +418,28 @@ impl<M: Memory + ?Sized> Engine<M> {
     /// Returns `None` when nothing is ready, or when `buf` is too small for the next packet
     /// (a buffer of path MTU + 128 bytes always suffices).
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        self.poll_transmit_with(now, buf, false)
+    }
+
+    /// [`Engine::poll_transmit`], except that plain ACKs wait: a QP whose responder has
+    /// nothing but ACKs to send sends its requests first, and its ACKs are left for the next
+    /// [`Engine::poll_transmit`] (which still sends them before later requests). IBA orders
+    /// a QP's requests and its responses each on its own, so this is allowed; a host that
+    /// answers a ping-pong uses it to send the reply before it spends time on the ACK.
+    pub fn poll_transmit_deferring_acks(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
+        self.poll_transmit_with(now, buf, true)
+    }
+
+    fn poll_transmit_with(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+        defer_acks: bool,
+    ) -> Option<Transmit> {
         if self.port_state == PortState::Down {
             return None;
         }
@@ -439,7 +461,7 @@ impl<M: Memory + ?Sized> Engine<M> {
                     idle.push(qpn);
                     continue;
                 };
-                if let Some(t) = transmit_one(qp, &mut ctx, buf) {
+                if let Some(t) = transmit_one(qp, &mut ctx, buf, defer_acks) {
                     found = Some((qpn, t));
                     break;
                 }
@@ -987,6 +1009,7 @@ fn transmit_one<M: Memory + ?Sized>(
     qp: &mut Qp,
     ctx: &mut Ctx<'_, M>,
     buf: &mut [u8],
+    defer_acks: bool,
 ) -> Option<Transmit> {
     if !qp.may_transmit() {
         return None;
@@ -1013,8 +1036,11 @@ fn transmit_one<M: Memory + ?Sized>(
         dst: dst_ip,
         internal,
     };
-    if let Some(len) = resp::transmit(qp, ctx, buf) {
-        return Some(sent(len));
+    let acks_wait = defer_acks && resp::only_plain_acks(qp);
+    if !acks_wait {
+        if let Some(len) = resp::transmit(qp, ctx, buf) {
+            return Some(sent(len));
+        }
     }
     // Binds and local invalidations run at the head of the send queue.
     if !local::run_head(qp, ctx) {

@@ -610,6 +610,20 @@ fn duplicate<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &RoceV2
     }
 }
 
+/// Whether everything the responder has to send is plain ACKs (no NAK, READ or ATOMIC
+/// response): those may wait behind the QP's requests.
+pub(crate) fn only_plain_acks(qp: &Qp) -> bool {
+    qp.resp.out.iter().all(|o| {
+        matches!(
+            o,
+            RespOut::Ack {
+                syndrome: wire::Syndrome::Ack { .. },
+                ..
+            }
+        )
+    })
+}
+
 /// Build the next responder packet (ACK / NAK, ATOMIC ACK, or one READ response) into `buf`.
 pub(crate) fn transmit<M: Memory + ?Sized>(
     qp: &mut Qp,

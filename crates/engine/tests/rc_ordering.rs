@@ -106,3 +106,52 @@ fn unsignaled_sends_complete_silently_but_still_in_order() {
     let rc = p.wait_cq(&b, b.recv_cq, 6, DEADLINE).unwrap();
     assert_eq!(rc.len(), 6, "every receive completes, signaled or not");
 }
+
+#[test]
+fn deferring_acks_sends_a_reply_before_the_ack_and_never_defers_read_responses() {
+    let mut p = Pair::new(PairConfig::default());
+    let (a, b) = (p.a, p.b);
+    let now = common::instant(Duration::ZERO);
+    let mut buf = vec![0u8; 8192];
+    let kind = |pkt: &[u8]| common::transport_of(pkt).unwrap().bth.opcode.kind();
+    // A writes to B; B receives it and has an ACK to send, then posts its own WRITE.
+    p.post_send(
+        &a,
+        SendWr::rdma_write(1, vec![a.sge(0, 8)], b.addr(0), b.mr.rkey),
+    );
+    let t = p.engine(&a).poll_transmit(now, &mut buf).unwrap();
+    let write = buf[..t.len].to_vec();
+    p.engine(&b).handle_datagram(now, &write);
+    p.post_send(
+        &b,
+        SendWr::rdma_write(2, vec![b.sge(0, 8)], a.addr(0), a.mr.rkey),
+    );
+    // Deferring: B's request comes out, its ACK waits.
+    let t = p
+        .engine(&b)
+        .poll_transmit_deferring_acks(now, &mut buf)
+        .unwrap();
+    assert_eq!(kind(&buf[..t.len]), OpKind::RdmaWrite);
+    assert!(p
+        .engine(&b)
+        .poll_transmit_deferring_acks(now, &mut buf)
+        .is_none());
+    // The next ordinary pass sends the ACK, and nothing after it.
+    let t = p.engine(&b).poll_transmit(now, &mut buf).unwrap();
+    assert_eq!(kind(&buf[..t.len]), OpKind::Acknowledge);
+    assert!(p.engine(&b).poll_transmit(now, &mut buf).is_none());
+
+    // A READ request's response is never held back by the deferring pass.
+    p.post_send(
+        &a,
+        SendWr::rdma_read(3, vec![a.sge(64, 8)], b.addr(0), b.mr.rkey),
+    );
+    let t = p.engine(&a).poll_transmit(now, &mut buf).unwrap();
+    let read = buf[..t.len].to_vec();
+    p.engine(&b).handle_datagram(now, &read);
+    let t = p
+        .engine(&b)
+        .poll_transmit_deferring_acks(now, &mut buf)
+        .unwrap();
+    assert_eq!(kind(&buf[..t.len]), OpKind::RdmaReadResponse);
+}

@@ -234,33 +234,67 @@ struct Core {
     capture: Option<Arc<Capture>>,
     /// ACKs held back behind requests, and coalesced (see [`Core::pump`]).
     acks: acks::HeldAcks,
+    /// ACKs may still wait in the engine (a receive pass left them there: [`Acks::Defer`]).
+    acks_in_engine: bool,
+}
+
+/// What a pass does with the plain ACKs the engine has for its peers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Acks {
+    /// Send them (after the requests of the pass), with any held before.
+    Send,
+    /// Build them after the requests of the pass and hold them (see the `acks` module).
+    Hold,
+    /// Leave them in the engine: a thread that just received what it waits for goes back
+    /// to it at once, and pays for its ACKs when it polls or posts next (after the
+    /// request it posts has left).
+    Defer,
 }
 
 impl Core {
     /// Send everything the engine has to send.
     ///
-    /// Requests leave before ACKs (see the `acks` module): an ACK the engine emits is held
-    /// until the requests of the same pass are sent, and with `hold_acks` longer: until an
-    /// application thread polls or waits again (coalesced while the peer keeps sending), or
-    /// the progress thread's next pass (within [`HANDOVER`]). ACKs keep their order among
-    /// themselves: any other response (a NAK, READ data, an atomic's ACK) first sends the
-    /// ACKs held before it.
-    fn pump(&mut self, now: Instant, hold_acks: bool) {
+    /// Requests leave before ACKs (see the `acks` module): the engine builds plain ACKs only
+    /// after the requests of the pass are sent ([`Engine::poll_transmit_deferring_acks`]),
+    /// or not at all in this pass ([`Acks::Defer`]); and with [`Acks::Hold`] they are held
+    /// until an application thread polls or waits again (coalesced while the peer keeps
+    /// sending), or the progress thread's next pass (within [`HANDOVER`]). ACKs keep their
+    /// order among themselves: any other response (a NAK, READ data, an atomic's ACK)
+    /// first sends the ACKs held before it.
+    fn pump(&mut self, now: Instant, acks: Acks) {
+        while let Some(t) = self
+            .engine
+            .poll_transmit_deferring_acks(now, &mut self.txbuf)
+        {
+            self.route(now, t);
+        }
+        if acks == Acks::Defer {
+            self.acks_in_engine = true;
+            return;
+        }
         while let Some(t) = self.engine.poll_transmit(now, &mut self.txbuf) {
+            self.route(now, t);
+        }
+        self.acks_in_engine = false;
+        if acks == Acks::Send {
+            self.send_held();
+        }
+    }
+
+    /// Send or hold one packet the engine built in `txbuf`.
+    fn route(&mut self, now: Instant, t: engine::Transmit) {
+        {
             let (pkt, _) = self.txbuf.split_at_mut(t.len);
             match acks::classify(pkt, t.dst) {
                 acks::Kind::Ack(key) => {
                     self.acks.hold(pkt, t.dst, key, now.as_nanos());
-                    continue;
+                    return;
                 }
                 acks::Kind::Response => self.send_held(),
                 acks::Kind::Request => {}
             }
             let (pkt, _) = self.txbuf.split_at_mut(t.len);
             send_one(&mut self.tx, self.capture.as_deref(), pkt, t.dst);
-        }
-        if !hold_acks {
-            self.send_held();
         }
     }
 
@@ -365,6 +399,9 @@ impl Shared {
     fn drive_rx(&self, hold_acks: bool) -> usize {
         let mut core = self.lock();
         let now = self.now();
+        if core.acks_in_engine {
+            core.pump(now, if hold_acks { Acks::Hold } else { Acks::Send });
+        }
         let Ok(mut rx) = self.rx.try_lock() else {
             // Another thread is receiving: just run the timers and send.
             self.run_timers_and_send(&mut core, now);
@@ -390,7 +427,8 @@ impl Shared {
         if core.engine.poll_timeout().is_some_and(|t| t <= now) {
             core.engine.handle_timeout(now);
         }
-        self.after_change(core, now, hold_acks);
+        let acks = if hold_acks { Acks::Defer } else { Acks::Send };
+        self.after_change(core, now, acks);
     }
 
     /// Run the engine's timers if due, send everything (held ACKs too), signal waiters.
@@ -398,21 +436,21 @@ impl Shared {
         if core.engine.poll_timeout().is_some_and(|t| t <= now) {
             core.engine.handle_timeout(now);
         }
-        self.after_change(core, now, false);
+        self.after_change(core, now, Acks::Send);
     }
 
     /// What every change of engine state is followed by, under the lock: send, signal, and
     /// ring the doorbell only if the progress thread would otherwise sleep past the next
     /// timer, or past [`HANDOVER`] with ACKs held (published under this lock: see
     /// `wake_at`).
-    fn after_change(&self, core: &mut Core, now: Instant, hold_acks: bool) {
-        core.pump(now, hold_acks);
+    fn after_change(&self, core: &mut Core, now: Instant, acks: Acks) {
+        core.pump(now, acks);
         core.notify(&self.async_fd);
         let mut next = core
             .engine
             .poll_timeout()
             .map_or(u64::MAX, Instant::as_nanos);
-        if !core.acks.is_empty() {
+        if !core.acks.is_empty() || core.acks_in_engine {
             next = next.min(now.as_nanos().saturating_add(nanos(HANDOVER)));
         }
         if next < self.wake_at.load(Ordering::SeqCst) {
@@ -434,6 +472,9 @@ impl Shared {
         // Coming back means the thread has looked at what the last packets brought: the
         // ACKs held for them go now (unless they wait to be coalesced), before this thread
         // waits again.
+        if core.acks_in_engine {
+            core.pump(now, Acks::Hold);
+        }
         core.send_due_acks(now);
         let Ok(mut rx) = self.rx.try_lock() else {
             // The progress thread or a waiting thread is receiving right now.
@@ -451,7 +492,7 @@ impl Shared {
             self.process(core, &rx, n, true);
         } else if core.engine.poll_timeout().is_some_and(|t| t <= now) {
             core.engine.handle_timeout(now);
-            self.after_change(core, now, true);
+            self.after_change(core, now, Acks::Hold);
         }
         n
     }
@@ -578,6 +619,7 @@ impl Runtime {
             rx_counters: IoCounters::default(),
             capture: Capture::from_env(),
             acks: acks::HeldAcks::default(),
+            acks_in_engine: false,
         };
         let flags = EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC;
         let shared = Arc::new(Shared {
@@ -787,7 +829,7 @@ impl Drop for Runtime {
         {
             let mut core = self.shared.lock();
             let now = self.shared.now();
-            core.pump(now, false);
+            core.pump(now, Acks::Send);
         }
         self.shared.stop.store(true, Ordering::SeqCst);
         let _ = self.shared.doorbell.write(1);
@@ -898,6 +940,36 @@ impl EngineGuard<'_> {
         Ok(())
     }
 
+    /// Destroy a QP (`ibv_destroy_qp`). ACKs it still owes its peer leave first (a receive
+    /// may have left them in the engine: see `Acks::Defer`).
+    pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError> {
+        self.build_deferred_acks();
+        self.dirty = true;
+        self.core.engine.destroy_qp(qpn)
+    }
+
+    /// Modify a QP (`ibv_modify_qp`). As [`EngineGuard::destroy_qp`], the ACKs the QP owes
+    /// are built first, so that a move to ERR or RESET does not drop them.
+    pub fn modify_qp(
+        &mut self,
+        qpn: u32,
+        attr: &engine::QpAttr,
+        mask: engine::QpAttrMask,
+    ) -> Result<(), VerbsError> {
+        self.build_deferred_acks();
+        self.dirty = true;
+        self.core.engine.modify_qp(qpn, attr, mask)
+    }
+
+    /// Take the ACKs a receive left in the engine into the held ones (sent when this guard
+    /// is dropped, or coalesced as usual).
+    fn build_deferred_acks(&mut self) {
+        if self.core.acks_in_engine {
+            let now = self.shared.now();
+            self.core.pump(now, Acks::Hold);
+        }
+    }
+
     /// Destroy a CQ (`ibv_destroy_cq`) and forget its notifier.
     pub fn destroy_cq(&mut self, cq: CqHandle) -> Result<(), VerbsError> {
         self.core.engine.destroy_cq(cq)?;
@@ -945,7 +1017,7 @@ impl Drop for EngineGuard<'_> {
             let now = self.shared.now();
             // ACKs held for packets an application thread received stay held (behind the
             // requests this verb may have queued) until it polls again: see `Core::pump`.
-            self.shared.after_change(&mut self.core, now, true);
+            self.shared.after_change(&mut self.core, now, Acks::Hold);
         }
     }
 }
