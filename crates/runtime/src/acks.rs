@@ -14,7 +14,7 @@
 //! leave at the next poll for [`IMPATIENT_FOR`]. (A peer that merely paused, say descheduled, comes back
 //! whenever it does and stays on coalesced ACKs.)
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -80,19 +80,20 @@ struct Held {
     merged: u32,
 }
 
-/// The held ACKs of one runtime.
+/// The held ACKs of one runtime. (Ordered maps: a handful of peers, looked up on every poll,
+/// where SipHash cost more than the search.)
 #[derive(Debug, Default)]
 pub(crate) struct HeldAcks {
     held: Vec<Held>,
     /// Buffers of sent ACKs, for reuse.
     spare: Vec<Vec<u8>>,
     /// Peer QPs seen waiting for our ACKs, and until when (engine ns) theirs go at once.
-    impatient: HashMap<AckKey, u64>,
+    impatient: BTreeMap<AckKey, u64>,
     /// When (engine ns) an ACK that waited out its patience alone went to a peer QP: if its
     /// next request follows within [`REACTION`], the peer was waiting for it.
-    probes: HashMap<AckKey, u64>,
+    probes: BTreeMap<AckKey, u64>,
     /// Peer QPs whose last probe was answered within [`REACTION`], and when.
-    suspects: HashMap<AckKey, u64>,
+    suspects: BTreeMap<AckKey, u64>,
 }
 
 impl HeldAcks {

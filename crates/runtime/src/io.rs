@@ -4,7 +4,7 @@
 
 #![allow(unsafe_code)]
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::io;
 use std::io::IoSliceMut;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -116,7 +116,7 @@ pub(crate) struct Tx {
     /// The receiving socket, used for fixed-port sends.
     fixed: Arc<Socket>,
     fixed_port: u16,
-    per_port: HashMap<u16, Option<Socket>>,
+    per_port: BTreeMap<u16, Option<Socket>>,
     pub(crate) counters: IoCounters,
 }
 
@@ -134,7 +134,7 @@ impl Tx {
             policy,
             fixed,
             fixed_port,
-            per_port: HashMap::new(),
+            per_port: BTreeMap::new(),
             counters: IoCounters::default(),
         }
     }

@@ -11,7 +11,7 @@
 
 #![allow(unsafe_code)]
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use engine::{MemOwner, Memory, MemoryError};
@@ -27,7 +27,9 @@ struct Region {
 /// [`ProcessMemory`] the engine owns (which checks).
 #[derive(Debug, Default)]
 pub(crate) struct Regions {
-    map: HashMap<u64, Region>,
+    /// By owner token (ordered: looked up on every access, where SipHash cost more than
+    /// the search).
+    map: BTreeMap<u64, Region>,
     next: u64,
 }
 
