@@ -164,6 +164,20 @@ fn a_wire_capture_between_namespaces_verifies_every_icrc_in_decode_and_scapy() {
         &["atomic_bw"],
         &["atomic_bw", "-n", "50", "-m", "1024"],
     );
+    // Without -m the path MTU is the link's: the header says so, and the baseline's
+    // datagrams are as large as these packets (12 + 16 + 1024 + 4 bytes), not 4 KiB ones
+    // the link would fragment.
+    let out = h.server_client(
+        "write_bw",
+        &["write_bw"],
+        &["write_bw", "-s", "65536", "-n", "20", "--baseline"],
+    );
+    assert!(out.contains("Mtu             : 1024[B]"), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.split_whitespace().take(2).eq(["65536", "1056"])),
+        "{out}"
+    );
     std::thread::sleep(Duration::from_millis(300));
     let status = Command::new("kill")
         .args(["-INT", &tcpdump.id().to_string()])

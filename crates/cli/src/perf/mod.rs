@@ -951,6 +951,13 @@ fn client(test: Test, args: &PerfArgs, host: &str, out: &mut dyn Write) -> Resul
     let rmr = remote
         .mr
         .ok_or_else(|| ToolError::Protocol("the server advertised no memory region".into()))?;
+    // The path MTU the QP got (the smallest of -m, both ports' active MTUs): what the header
+    // shows, as perftest does, and the datagram size of the baseline.
+    let path_mtu = side.qp.query()?.path_mtu.bytes();
+    let p = Params {
+        mtu: u32::try_from(path_mtu).unwrap_or(p.mtu),
+        ..p
+    };
     header(out, &p, &side, &remote, args)?;
     let mut summary = Summary::default();
     for &size in &p.sizes {
