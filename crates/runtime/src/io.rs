@@ -80,10 +80,15 @@ pub(crate) fn udp_socket(addr: SocketAddr, reuse: bool) -> io::Result<Socket> {
     Ok(sock)
 }
 
-/// The receiving socket, with packet info enabled, non-blocking.
+/// The receiving socket, non-blocking; with packet info enabled when it is bound to the
+/// unspecified address (bound to one address, every datagram is for that address, and the
+/// control message would only cost each receive).
 pub(crate) fn rx_socket(addr: SocketAddr) -> io::Result<Socket> {
     let sock = udp_socket(addr, false)?;
     sock.set_nonblocking(true)?;
+    if !addr.ip().is_unspecified() {
+        return Ok(sock);
+    }
     if addr.is_ipv6() {
         nsock::setsockopt(&sock, nsock::sockopt::Ipv6RecvPacketInfo, &true)?;
     } else {
@@ -351,10 +356,12 @@ impl Rx {
         let mut cmsg = [0u8; 64];
         let (len, truncated, src, dst) = {
             let mut iov = [IoSliceMut::new(&mut self.slots[at..SLOT])];
+            // Packet info comes only on a socket bound to the unspecified address.
+            let wants_dst = self.local.is_unspecified();
             let m = match nsock::recvmsg::<SockaddrStorage>(
                 self.sock.as_raw_fd(),
                 &mut iov,
-                Some(&mut cmsg),
+                wants_dst.then_some(&mut cmsg),
                 MsgFlags::MSG_DONTWAIT,
             ) {
                 Ok(m) => m,
@@ -366,7 +373,11 @@ impl Rx {
             };
             let truncated = m.flags.contains(MsgFlags::MSG_TRUNC);
             let src = m.address.and_then(|a| storage_to_socket_addr(&a));
-            let dst = m.cmsgs().ok().and_then(pktinfo_dst);
+            let dst = if wants_dst {
+                m.cmsgs().ok().and_then(pktinfo_dst)
+            } else {
+                None
+            };
             (m.bytes, truncated, src, dst)
         };
         self.accept(0, len, truncated, src, dst);
