@@ -781,13 +781,18 @@ impl Backend {
             }
             Backend::Daemon(d) => {
                 let mut c = d.c();
+                // The ring's doorbell: polling rings it when completions wait for room.
+                let doorbell = match &d.doorbell {
+                    Some(db) => db.clone(),
+                    None => Arc::new(c.doorbell(d.dev)?),
+                };
                 let h = c.create_cq(d.dev, depth)?;
                 let capacity = depth
                     .max(1)
                     .checked_next_power_of_two()
                     .unwrap_or(MAX_CQ_RING);
                 let setup = c.cq_channel(h).and_then(|channel| {
-                    let ring = c.attach_cq_ring(h, capacity.min(MAX_CQ_RING))?;
+                    let ring = c.attach_cq_ring(h, capacity.min(MAX_CQ_RING), doorbell)?;
                     Ok(Notifier::Daemon {
                         channel,
                         ring: Mutex::new(ring),
