@@ -193,3 +193,39 @@ fn on_the_daemon_delivered_unsignaled_sends_count_until_a_signaled_completion_is
     }
     assert_full(&a, 99);
 }
+
+on_both_backends! {
+fn a_type_1_bind_takes_a_send_queue_slot_and_its_completion_retires_the_sends_before_it(
+    backend: BackendKind
+) {
+    use softrdma::{AccessFlags, MwType, WcOpcode};
+    let (a, b) = pair(backend);
+    let mr = a
+        .pd
+        .register(Buffer::zeroed(4096), all_access() | AccessFlags::MW_BIND)
+        .unwrap();
+    let mw = a.pd.alloc_mw(MwType::Type1).unwrap();
+    for i in 0..3 {
+        send(&a, i, false).unwrap();
+    }
+    a.qp.bind_mw(3, &mw, &mr, 0..64, AccessFlags::REMOTE_WRITE)
+        .unwrap();
+    assert_full(&a, 99);
+    let e = a
+        .qp
+        .bind_mw(4, &mw, &mr, 0..64, AccessFlags::REMOTE_WRITE)
+        .unwrap_err();
+    assert!(matches!(e, softrdma::Error::Verbs(VerbsError::QueueFull)), "{e}");
+    receive(&b, 3);
+    let wc = a.cq.wait_ok(WAIT).unwrap();
+    assert_eq!((wc.wr_id, wc.opcode), (3, WcOpcode::BindMw));
+    for i in 10..10 + u64::from(DEPTH) {
+        send(&a, i, true).unwrap();
+    }
+    assert_full(&a, 99);
+    receive(&b, u64::from(DEPTH));
+    for i in 10..10 + u64::from(DEPTH) {
+        assert_eq!(a.cq.wait_ok(WAIT).unwrap().wr_id, i);
+    }
+}
+}
