@@ -385,6 +385,10 @@ fn fill_ring(
         let free = ring.free()? as usize;
         if free > 0 {
             let wcs = engine.poll_cq(cq, free).unwrap_or_default();
+            if wcs.is_empty() {
+                // Not expected while `cq_len` counts some; never loop on it.
+                return Ok(());
+            }
             for c in &wcs {
                 let m = crate::convert::wc_to_msg(c);
                 // `free` slots were checked above and only this thread (under the lock)
