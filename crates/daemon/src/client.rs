@@ -82,6 +82,10 @@ pub struct MrInfo {
 #[derive(Debug)]
 pub struct CqRing {
     ring: Ring,
+    /// The device's doorbell: rung after polling when the daemon said completions wait for
+    /// room in the ring.
+    doorbell: std::sync::Arc<OwnedFd>,
+    doorbells: u64,
 }
 
 impl CqRing {
@@ -95,14 +99,26 @@ impl CqRing {
         self.ring.is_empty()
     }
 
-    /// Up to `max` completions, oldest first.
+    /// Up to `max` completions, oldest first. If this freed slots the daemon waits for (more
+    /// completions than the ring holds), rings the device's doorbell.
     pub fn poll(&mut self, max: usize) -> Result<Vec<WcMsg>, RingError> {
         let mut out = Vec::new();
         let mut e = [0u8; WcMsg::ENTRY_LEN];
         while out.len() < max && self.ring.pop(&mut e)? {
             out.push(WcMsg::from_entry(&e));
         }
+        if !out.is_empty() && self.ring.take_backlog() {
+            self.doorbells += 1;
+            // As for a work ring's doorbell: an eventfd write of 8 bytes does not block, and
+            // a failure leaves the refill to the daemon's next look.
+            let _ = rustix::io::write(&*self.doorbell, &1u64.to_ne_bytes());
+        }
         Ok(out)
+    }
+
+    /// Doorbells this ring has rung for completions waiting for room.
+    pub fn doorbells(&self) -> u64 {
+        self.doorbells
     }
 }
 
@@ -419,11 +435,21 @@ impl Client {
 
     /// Deliver `cq`'s completions into a shared-memory ring of `capacity` entries (a power of
     /// two), polled with no system call ([`CqRing::poll`]); [`Client::poll_cq`] is refused
-    /// on that CQ from then on.
-    pub fn attach_cq_ring(&mut self, cq: u32, capacity: u32) -> Result<CqRing, ClientError> {
+    /// on that CQ from then on. `doorbell` is the CQ's device's ([`Client::doorbell`]):
+    /// completions that do not fit wait in the daemon until polling frees slots and rings it.
+    pub fn attach_cq_ring(
+        &mut self,
+        cq: u32,
+        capacity: u32,
+        doorbell: std::sync::Arc<OwnedFd>,
+    ) -> Result<CqRing, ClientError> {
         let fd = self.call_for_fd(&Request::AttachCqRing { cq, capacity })?;
         let ring = Ring::open(&fd, Role::Consumer).map_err(|_| ClientError::Unexpected)?;
-        Ok(CqRing { ring })
+        Ok(CqRing {
+            ring,
+            doorbell,
+            doorbells: 0,
+        })
     }
 
     /// Post by request: `req` must be a post ([`Request::PostSend`], [`Request::PostRecv`],

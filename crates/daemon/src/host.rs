@@ -43,8 +43,6 @@ use crate::wq::{Drained, Queue, WorkRing, WqStats};
 
 /// Room in front of a received datagram for the IP and UDP headers rebuilt there.
 const HEADROOM: usize = wire::IPV6_HEADER_LEN + wire::UDP_HEADER_LEN;
-/// How soon to look again while completions wait for room in a CQ ring.
-const RING_BACKLOG_POLL: std::time::Duration = std::time::Duration::from_micros(200);
 /// Largest UDP payload.
 const MAX_DATAGRAM: usize = 65536;
 /// Socket buffer sizes asked for (as the embedded runtime asks for its own socket).
@@ -395,23 +393,41 @@ pub fn link_devices(devices: &[Device]) {
     }
 }
 
-/// Move as many of `cq`'s completions into its ring as fit.
+/// Move as many of `cq`'s completions into its ring as fit. Those that do not fit wait in
+/// the CQ, and the ring's backlog word asks the client to ring the device's doorbell when it
+/// frees slots (so the progress thread may sleep meanwhile).
 fn fill_ring(
     engine: &mut Engine<ClientMemory>,
     cq: CqHandle,
     ring: &mut Ring,
 ) -> Result<(), RingError> {
-    let free = ring.free()? as usize;
-    if free == 0 || engine.cq_len(cq).map_or(true, |n| n == 0) {
-        return Ok(());
+    loop {
+        if engine.cq_len(cq).map_or(true, |n| n == 0) {
+            ring.set_backlog(false);
+            return Ok(());
+        }
+        let free = ring.free()? as usize;
+        if free > 0 {
+            let wcs = engine.poll_cq(cq, free).unwrap_or_default();
+            if wcs.is_empty() {
+                // Not expected while `cq_len` counts some; never loop on it.
+                return Ok(());
+            }
+            for c in &wcs {
+                let m = crate::convert::wc_to_msg(c);
+                // `free` slots were checked above and only this thread (under the lock)
+                // produces.
+                ring.push(&m.to_entry())?;
+            }
+            continue;
+        }
+        // Full with completions left: ask for a doorbell, then look once more (a client
+        // that popped before it could see the word did not ring; see `Ring::set_backlog`).
+        ring.set_backlog(true);
+        if ring.free()? == 0 {
+            return Ok(());
+        }
     }
-    let wcs = engine.poll_cq(cq, free).unwrap_or_default();
-    for c in &wcs {
-        let m = crate::convert::wc_to_msg(c);
-        // `free` slots were checked above and only this thread (under the lock) produces.
-        ring.push(&m.to_entry())?;
-    }
-    Ok(())
 }
 
 /// Put the IP and UDP headers the sender emitted in front of a datagram at
@@ -824,7 +840,7 @@ fn progress(shared: &Shared) {
             std::thread::yield_now();
             continue;
         }
-        let (deadline, backlog) = {
+        let deadline = {
             let mut core = shared.lock();
             // Ask for doorbells, then look once more: a client that pushed before it could
             // see the word is found here (see `Ring::set_need_wakeup`).
@@ -836,24 +852,17 @@ fn progress(shared: &Shared) {
                 Shared::set_asleep(&mut core, false);
                 continue;
             }
-            let backlog = core
-                .rings
-                .keys()
-                .any(|&cq| core.engine.cq_len(cq).is_ok_and(|n| n > 0));
-            (core.engine.poll_timeout(), backlog)
+            // Completions that wait for room in a CQ ring need no timer: the client rings
+            // the doorbell when it frees slots (`fill_ring` asked it to).
+            core.engine.poll_timeout()
         };
         shared
             .wq_stats
             .progress_sleeps
             .fetch_add(1, Ordering::Relaxed);
-        let mut timeout = deadline.map(|t| t.saturating_duration_since(shared.now()));
-        if backlog {
-            // Completions wait for room in a client's CQ ring. Until clients ring a doorbell
-            // when they free slots, look again soon: this costs CPU only while a client
-            // lags behind its own completions.
-            timeout = Some(timeout.map_or(RING_BACKLOG_POLL, |t| t.min(RING_BACKLOG_POLL)));
-        }
-        let timeout = timeout.map(TimeSpec::from_duration);
+        let timeout = deadline
+            .map(|t| t.saturating_duration_since(shared.now()))
+            .map(TimeSpec::from_duration);
         let mut fds: Vec<PollFd<'_>> = shared
             .socks
             .iter()

@@ -30,7 +30,8 @@
 //! Completions come either by request ([`proto::Request::PollCq`]) or, after
 //! [`client::Client::attach_cq_ring`], through a CQ ring in shared memory that the client
 //! polls with no system call. The daemon refills a ring whenever it handles anything; while
-//! completions wait for room it looks again every 200 µs (no consumer doorbell yet). A
+//! completions wait for room it sets the ring's backlog word, and a client that frees slots
+//! then rings the device's doorbell (only then: no system call while nothing waits). A
 //! completion channel ([`proto::Request::CqChannel`]) is an eventfd passed the same way,
 //! signalled when a notification armed with [`proto::Request::ReqNotifyCq`] fires (at once
 //! if the CQ is not empty). Asynchronous events are kept (at most 1024, oldest dropped)

@@ -8,6 +8,7 @@
 //! |---|---|
 //! | 0 | magic `RING_MAGIC`, version, entry size, capacity (a power of two) |
 //! | 16 | wakeup word: non-zero while the consumer sleeps and wants a doorbell |
+//! | 20 | backlog word: non-zero while the producer holds entries waiting for room and wants a doorbell when slots free up |
 //! | 64 | producer index (free-running u32) |
 //! | 128 | consumer index (free-running u32) |
 //! | 192 | `capacity` entries of `entry size` bytes |
@@ -27,6 +28,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 pub const RING_MAGIC: u32 = u32::from_le_bytes(*b"SRRG");
 const VERSION: u32 = 1;
 const WAKE: usize = 16;
+const BACKLOG: usize = 20;
 const PROD: usize = 64;
 const CONS: usize = 128;
 const ENTRIES: usize = 192;
@@ -84,6 +86,8 @@ pub struct Ring {
     role: Role,
     /// This end's own index, never re-read from shared memory.
     mine: u32,
+    /// Producer: this end last set the backlog word (the consumer may have cleared it since).
+    backlog: bool,
 }
 
 // SAFETY: a `Ring` owns its mapping exclusively within this process (it unmaps it on drop);
@@ -189,6 +193,7 @@ impl Ring {
             capacity: 0,
             role,
             mine: 0,
+            backlog: false,
         })
     }
 
@@ -314,6 +319,35 @@ impl Ring {
     }
 }
 
+impl Ring {
+    /// Producer: say whether entries wait for room in the ring (the consumer must ring the
+    /// doorbell after it frees slots). Setting it is followed by a full fence: a producer
+    /// that then finds the ring still full may wait for the doorbell, because a consumer
+    /// that popped after this store also sees it (the consumer's side is
+    /// [`Ring::take_backlog`]). Clearing a word this end did not set costs nothing.
+    pub fn set_backlog(&mut self, waiting: bool) {
+        if !waiting && !self.backlog {
+            return;
+        }
+        self.backlog = waiting;
+        self.word(BACKLOG)
+            .store(u32::from(waiting), Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+    }
+
+    /// Consumer, after popping: whether the producer said entries wait for room (ring its
+    /// doorbell then). The word is cleared, so one doorbell answers each time the producer
+    /// asks. The full fence orders the pops before this load: either the producer sees the
+    /// freed slots after it set the word, or this sees the word (no doorbell is lost). The
+    /// word is only a hint: any value is safe to read.
+    pub fn take_backlog(&self) -> bool {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let word = self.word(BACKLOG);
+        // Read first: while nothing waits, the shared line is not written.
+        word.load(Ordering::SeqCst) != 0 && word.swap(0, Ordering::SeqCst) != 0
+    }
+}
+
 impl Drop for Ring {
     #[allow(unsafe_code)]
     fn drop(&mut self) {
@@ -375,6 +409,22 @@ mod tests {
         assert!(p.need_wakeup());
         c.set_need_wakeup(false);
         assert!(!p.need_wakeup());
+    }
+
+    #[test]
+    fn the_backlog_word_crosses_from_producer_to_consumer_once() {
+        let (mut p, fd) = Ring::create(2, 8, Role::Producer).unwrap();
+        let c = Ring::open(&fd, Role::Consumer).unwrap();
+        assert!(!c.take_backlog());
+        p.set_backlog(true);
+        assert!(c.take_backlog());
+        assert!(!c.take_backlog(), "one doorbell per request");
+        p.set_backlog(true);
+        p.set_backlog(false);
+        assert!(!c.take_backlog());
+        // A hostile value in the word is only a (spurious) doorbell.
+        c.word(BACKLOG).store(0xdead_beef, Ordering::Relaxed);
+        assert!(c.take_backlog());
     }
 
     #[test]

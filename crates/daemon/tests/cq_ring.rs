@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{connected_pair, Daemon};
@@ -24,16 +25,23 @@ fn wait_ring(ring: &mut CqRing, n: usize) -> Vec<WcMsg> {
 fn completions_arrive_in_a_shared_memory_ring() {
     let d = Daemon::start();
     let (mut a, mut b) = connected_pair(&d, 4096);
-    let mut ra = a.client.attach_cq_ring(a.cq, 8).unwrap();
-    let mut rb = b.client.attach_cq_ring(b.cq, 8).unwrap();
+    let db = Arc::new(a.client.doorbell(0).unwrap());
+    let mut ra = a.client.attach_cq_ring(a.cq, 8, db.clone()).unwrap();
+    let mut rb = b.client.attach_cq_ring(b.cq, 8, db.clone()).unwrap();
     // The CQ is now the ring's: polling it by request is refused, and so is a second ring.
     assert_eq!(a.client.poll_cq(a.cq, 1).unwrap_err().errno(), Some(22));
     assert_eq!(
-        a.client.attach_cq_ring(a.cq, 8).unwrap_err().errno(),
+        a.client
+            .attach_cq_ring(a.cq, 8, db.clone())
+            .unwrap_err()
+            .errno(),
         Some(22)
     );
     assert_eq!(
-        b.client.attach_cq_ring(b.cq + 100, 8).unwrap_err().errno(),
+        b.client
+            .attach_cq_ring(b.cq + 100, 8, db.clone())
+            .unwrap_err()
+            .errno(),
         Some(22)
     );
 
@@ -76,4 +84,97 @@ fn completions_arrive_in_a_shared_memory_ring() {
         assert_eq!(b.buf.read(i * 64, 10), format!("message {i:02}").as_bytes());
     }
     assert!(ra.poll(4).unwrap().is_empty());
+}
+
+fn send_inline(side: &mut common::Side, wr_id: u64) {
+    side.client
+        .post_send(
+            side.qp,
+            SendWrMsg {
+                wr_id,
+                op: SendOpMsg::Send,
+                flags: 2,
+                sges: vec![],
+                inline: Some(wr_id.to_le_bytes().to_vec()),
+            },
+        )
+        .unwrap();
+}
+
+/// A ring of 2 over a burst of 32 completions: 30 wait in the daemon with the ring full. The
+/// progress thread sleeps with no timer for them; polling frees slots and rings the doorbell
+/// (the ring's backlog word asked for it), and every completion arrives, in order, none lost.
+/// With no backlog, polling rings nothing.
+#[test]
+fn a_ring_smaller_than_the_burst_gets_every_completion_in_order_by_doorbell() {
+    let d = Daemon::start();
+    let (mut a, mut b) = connected_pair(&d, 4096);
+    let db = Arc::new(a.client.doorbell(0).unwrap());
+    let mut ra = a.client.attach_cq_ring(a.cq, 2, db).unwrap();
+    let n = 32u64;
+    for i in 0..n {
+        b.client
+            .post_recv(
+                b.qp,
+                100 + i,
+                vec![SgeMsg {
+                    addr: b.buf.addr() + i * 64,
+                    length: 64,
+                    lkey: b.lkey,
+                }],
+            )
+            .unwrap();
+    }
+    for i in 0..n {
+        send_inline(&mut a, i);
+    }
+    // Everything completed: two in the ring, the rest held by the daemon.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let held = a.client.cq_len(a.cq).unwrap();
+        if held + u64::from(ra.len().unwrap()) == n {
+            assert_eq!((ra.len().unwrap(), held), (2, n - 2));
+            break;
+        }
+        assert!(Instant::now() < deadline, "{held} held");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // One at a time, as a slow consumer takes them.
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while got.len() < n as usize {
+        got.extend(ra.poll(1).unwrap());
+        assert!(Instant::now() < deadline, "ring gave {} of {n}", got.len());
+        std::hint::spin_loop();
+    }
+    assert_eq!(
+        got.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        (0..n).map(|i| (i, 0)).collect::<Vec<_>>()
+    );
+    assert!(ra.doorbells() >= 1);
+    assert_eq!(a.client.cq_len(a.cq).unwrap(), 0);
+    assert_eq!(b.wait(n as usize).len(), n as usize);
+
+    // Two more fit the ring: nothing waits, so polling rings no doorbell.
+    let rung = ra.doorbells();
+    for i in 0..2 {
+        b.client
+            .post_recv(
+                b.qp,
+                200 + i,
+                vec![SgeMsg {
+                    addr: b.buf.addr(),
+                    length: 64,
+                    lkey: b.lkey,
+                }],
+            )
+            .unwrap();
+        send_inline(&mut a, n + i);
+    }
+    let more = wait_ring(&mut ra, 2);
+    assert_eq!(
+        more.iter().map(|w| w.wr_id).collect::<Vec<_>>(),
+        vec![n, n + 1]
+    );
+    assert_eq!(ra.doorbells(), rung);
 }

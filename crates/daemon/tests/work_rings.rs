@@ -507,3 +507,62 @@ fn a_client_that_goes_away_leaves_no_work_ring_behind() {
     assert_eq!(s.get("live_qps"), 0);
     assert_eq!(s.get("live_srqs"), 0);
 }
+
+/// A connection holds at most 4096 work rings (each is a mapping in the daemon, and
+/// mappings are a host-wide budget): the one too many is refused with ENOMEM and a reason,
+/// the connection keeps working (by request, and by ring again once it gave rings back),
+/// and other connections attach rings and move data as before.
+#[test]
+fn a_client_past_the_work_ring_limit_gets_a_clear_error_and_everyone_is_served_on() {
+    const LIMIT: usize = 4096;
+    let mut d = Daemon::start();
+    let (mut a, mut b) = connected_pair(&d, 4096);
+    let mut qps = Vec::new();
+    while qps.len() * 2 < LIMIT {
+        let qp = spare_qp(&mut a);
+        for queue in [wq::SQ, wq::RQ] {
+            drop(a.client.work_ring_fd(queue, qp, 1).unwrap());
+        }
+        qps.push(qp);
+    }
+    assert_eq!(d.stat("srxe0.live_work_rings"), LIMIT as u64);
+    let extra = spare_qp(&mut a);
+    let e = a.client.work_ring_fd(wq::SQ, extra, 1).unwrap_err();
+    match &e {
+        daemon::client::ClientError::Refused { errno, message } => {
+            assert_eq!(*errno, 12, "{message}");
+            assert!(message.contains("too many work rings"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(d.alive());
+    assert_eq!(d.stat("srxe0.live_work_rings"), LIMIT as u64);
+
+    // The other connection: rings as before, and data through them.
+    let (mut sq_b, _rq_b) = rings(&mut b);
+    a.client.post(&recv(&a, 5, 0)).unwrap();
+    assert!(matches!(
+        sq_b.post(&send(&b, 6, "over the limit")).unwrap(),
+        Posted::Queued { .. }
+    ));
+    let w = a.wait(1);
+    assert_eq!((w[0].wr_id, w[0].status), (5, 0));
+    assert_eq!(a.buf.read(0, 14), b"over the limit");
+    assert_eq!(b.wait(1)[0].wr_id, 6);
+
+    // The same connection: by request still, and by ring once it gave two back.
+    b.client.post(&recv(&b, 7, 0)).unwrap();
+    a.client.post(&send(&a, 8, "by request")).unwrap();
+    let w = b.wait(1);
+    assert_eq!((w[0].wr_id, w[0].status), (7, 0));
+    assert_eq!(b.buf.read(0, 10), b"by request");
+    a.client.destroy_qp(qps.pop().unwrap()).unwrap();
+    let (mut sq_a, _rq_a) = rings(&mut a);
+    assert!(a.client.work_ring_fd(wq::SQ, extra, 1).is_err());
+    b.client.post(&recv(&b, 9, 0)).unwrap();
+    sq_a.post(&send(&a, 10, "by ring")).unwrap();
+    let w = b.wait(1);
+    assert_eq!((w[0].wr_id, w[0].status), (9, 0));
+    assert_eq!(b.buf.read(0, 7), b"by ring");
+    assert!(d.alive());
+}

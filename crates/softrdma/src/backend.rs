@@ -17,8 +17,9 @@ use daemon::convert;
 use daemon::proto::{wq, DeviceInfo, QpInitMsg, Request};
 use engine::{
     AccessFlags, AhAttr, AhHandle, AsyncEvent, CqHandle, DeviceAttr, Gid, MwBind, MwHandle, MwType,
-    PdHandle, PortAttr, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendOp,
-    SendPayload, SendWr, SrqAttr, SrqAttrMask, SrqHandle, UdDest, WcOpcode, WorkCompletion,
+    PdHandle, PortAttr, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags,
+    SendOp, SendPayload, SendWr, SrqAttr, SrqAttrMask, SrqHandle, UdDest, WcOpcode, WcStatus,
+    WorkCompletion,
 };
 use runtime::{CqNotifier, Runtime};
 
@@ -147,6 +148,77 @@ struct QpRings {
     /// receive queue (`ENOMEM`). Like a hardware RQ's, a slot is free again once the
     /// completion of its WR has been polled.
     rq_outstanding: AtomicU32,
+    /// Every send WR is signaled (`sq_sig_all`).
+    sq_sig_all: bool,
+    /// Send WRs posted and not yet seen retired by this process's `poll_cq` (a QP with a
+    /// send ring): the same reason as `rq_outstanding`, the send queue's way.
+    sq_slots: Mutex<SendSlots>,
+}
+
+/// The send queue slots of a daemon QP, as a hardware send queue frees them: a WR holds its
+/// slot until the polled completion of it, or of a later WR, says it is done. Completions
+/// of one send queue come in posting order and an unsignaled WR has none of its own, so a
+/// successful completion retires its WR and every unsignaled WR posted before it (which is
+/// why verbs applications signal now and then). The daemon's engine frees a slot no later
+/// (when the WR is acknowledged), so with at most `max_send_wr` counted here, the WQEs in the
+/// ring always find room in the engine's queue.
+#[derive(Debug, Default)]
+struct SendSlots {
+    /// Whether each WR posted and not yet retired is signaled, oldest first.
+    posted: VecDeque<bool>,
+    /// The send queue flushes: an error completion was polled (its WR failed, or the QP is
+    /// in ERR and flushes), or this process moved the QP to ERR. An erring QP holds no WR
+    /// and takes every post (each completes with a flush error) with no queue limit, as the
+    /// embedded engine does, and which of the counted WRs the error completions stand for
+    /// cannot be told (earlier unsignaled WRs may have completed silently): nothing is
+    /// counted until this process moves the QP on (RESET, or SQE back to RTS).
+    flushing: bool,
+}
+
+impl SendSlots {
+    /// Whether a post must be refused for want of a slot.
+    fn full(&self, max_send_wr: u32) -> bool {
+        !self.flushing && self.posted.len() >= max_send_wr as usize
+    }
+
+    /// A WR went into the queue.
+    fn posted(&mut self, signaled: bool) {
+        if !self.flushing {
+            self.posted.push_back(signaled);
+        }
+    }
+
+    /// A send completion of this QP was polled.
+    fn completed(&mut self, success: bool) {
+        if !success {
+            self.posted.clear();
+            self.flushing = true;
+            return;
+        }
+        // Its WR is the oldest signaled one; the unsignaled ones before it completed
+        // silently. With no signaled WR counted, it is a late completion of a WR posted
+        // before a RESET, and retires none of the WRs posted since.
+        if let Some(last) = self.posted.iter().position(|&signaled| signaled) {
+            self.posted.drain(..=last);
+        }
+    }
+
+    /// This process moved the QP to `state`.
+    fn moved(&mut self, state: QpState) {
+        match state {
+            // ERR flushes every WR; RESET drops them without completions.
+            QpState::Err | QpState::Sqe => {
+                self.posted.clear();
+                self.flushing = true;
+            }
+            QpState::Reset => {
+                self.posted.clear();
+                self.flushing = false;
+            }
+            // A QP that left ERR or SQE this way holds no WR any more.
+            _ => self.flushing = false,
+        }
+    }
 }
 
 impl QpRings {
@@ -356,23 +428,50 @@ impl DaemonDevice {
         self.c().daemon_pid()
     }
 
-    /// Free the receive queue slots of the receive completions in `wcs` (see
-    /// `QpRings::rq_outstanding`).
-    fn retire_recvs(&self, wcs: &[WorkCompletion]) {
-        let recv =
-            |wc: &&WorkCompletion| matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
-        if !wcs.iter().any(|wc| recv(&wc)) {
+    /// Free the queue slots the completions in `wcs` retire (see `QpRings::rq_outstanding`
+    /// and `QpRings::sq_slots`).
+    fn retire(&self, wcs: &[WorkCompletion]) {
+        if wcs.is_empty() {
             return;
         }
         let by_qpn = lock(&self.qps_by_qpn);
-        for wc in wcs.iter().filter(recv) {
-            if let Some(q) = by_qpn.get(&wc.qp_num) {
+        for wc in wcs {
+            let Some(q) = by_qpn.get(&wc.qp_num) else {
+                continue;
+            };
+            if matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
                 // Saturating: completions of WRs posted before a RESET are not counted.
                 let _ = q
                     .rq_outstanding
                     .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+            } else {
+                lock(&q.sq_slots).completed(wc.status == WcStatus::Success);
             }
         }
+    }
+
+    /// Post a send-queue WR of QP `qp` with `post` (given the QP's rings, if it has them),
+    /// counted against `max_send_wr` when it goes through a send ring (`QpRings::sq_slots`):
+    /// `QueueFull` when every slot is taken, as `ibv_post_send` fails with `ENOMEM`.
+    fn post_counted<T>(
+        &self,
+        qp: u32,
+        signaled: bool,
+        post: impl FnOnce(Option<&QpRings>) -> Result<T>,
+    ) -> Result<T> {
+        let rings = self.qp_rings(qp);
+        let Some(q) = rings.as_deref().filter(|q| q.sq.is_some()) else {
+            // No ring: every post goes by request, and the daemon's engine refuses exactly.
+            return post(rings.as_deref());
+        };
+        // Held across the post, so the count and the order of WRs match the ring's.
+        let mut slots = lock(&q.sq_slots);
+        if slots.full(q.cap.max_send_wr) {
+            return Err(Error::Verbs(engine::VerbsError::QueueFull));
+        }
+        let r = post(Some(q))?;
+        slots.posted(signaled || q.sq_sig_all);
+        Ok(r)
     }
 
     fn qp_rings(&self, qp: u32) -> Option<Arc<QpRings>> {
@@ -693,13 +792,18 @@ impl Backend {
             }
             Backend::Daemon(d) => {
                 let mut c = d.c();
+                // The ring's doorbell: polling rings it when completions wait for room.
+                let doorbell = match &d.doorbell {
+                    Some(db) => db.clone(),
+                    None => Arc::new(c.doorbell(d.dev)?),
+                };
                 let h = c.create_cq(d.dev, depth)?;
                 let capacity = depth
                     .max(1)
                     .checked_next_power_of_two()
                     .unwrap_or(MAX_CQ_RING);
                 let setup = c.cq_channel(h).and_then(|channel| {
-                    let ring = c.attach_cq_ring(h, capacity.min(MAX_CQ_RING))?;
+                    let ring = c.attach_cq_ring(h, capacity.min(MAX_CQ_RING), doorbell)?;
                     Ok(Notifier::Daemon {
                         channel,
                         ring: Mutex::new(ring),
@@ -738,7 +842,7 @@ impl Backend {
                     .iter()
                     .map(|m| convert::wc_from_msg(m).map_err(Error::from))
                     .collect::<Result<Vec<_>>>()?;
-                d.retire_recvs(&wcs);
+                d.retire(&wcs);
                 Ok(wcs)
             }
             (Backend::Daemon(_), Notifier::Embedded(_)) => Err(unsupported("a foreign CQ")),
@@ -842,6 +946,8 @@ impl Backend {
                     sq,
                     rq,
                     rq_outstanding: AtomicU32::new(0),
+                    sq_sig_all: init.sq_sig_all,
+                    sq_slots: Mutex::new(SendSlots::default()),
                 };
                 let rings = Arc::new(rings);
                 lock(&d.qps_by_qpn).insert(q.qpn, rings.clone());
@@ -877,6 +983,7 @@ impl Backend {
                             // RESET empties the queues without completions.
                             q.rq_outstanding.store(0, Ordering::Relaxed);
                         }
+                        lock(&q.sq_slots).moved(attr.qp_state);
                     }
                 }
                 Ok(())
@@ -898,17 +1005,20 @@ impl Backend {
         match self {
             Backend::Embedded(rt) => Ok(rt.lock().post_send(qp, wr)?),
             Backend::Daemon(d) => {
-                let ring = d.qp_rings(qp).filter(|q| q.send_ok(&wr, false));
                 let req = Request::PostSend {
                     qp,
                     wr: convert::send_wr_to_msg(&wr)?,
                 };
-                if let Some(sq) = ring.as_ref().and_then(|q| q.sq.as_ref()) {
-                    if ring_post(sq, &req) {
-                        return Ok(());
+                let signaled = wr.flags.contains(SendFlags::SIGNALED);
+                d.post_counted(qp, signaled, |q| {
+                    let ring = q.filter(|q| q.send_ok(&wr, false));
+                    if let Some(sq) = ring.and_then(|q| q.sq.as_ref()) {
+                        if ring_post(sq, &req) {
+                            return Ok(());
+                        }
                     }
-                }
-                Ok(d.c().post(&req)?)
+                    Ok(d.c().post(&req)?)
+                })
             }
         }
     }
@@ -918,9 +1028,6 @@ impl Backend {
             Backend::Embedded(rt) => Ok(rt.lock().post_send_ud(qp, wr, dest)?),
             Backend::Daemon(d) => {
                 let ah_pd = lock(&d.ah_pds).get(&dest.ah.0).copied();
-                let ring = d
-                    .qp_rings(qp)
-                    .filter(|q| Some(q.pd) == ah_pd && q.send_ok(&wr, true));
                 let req = Request::PostSendUd {
                     qp,
                     ah: dest.ah.0,
@@ -928,12 +1035,16 @@ impl Backend {
                     remote_qkey: dest.remote_qkey,
                     wr: convert::send_wr_to_msg(&wr)?,
                 };
-                if let Some(sq) = ring.as_ref().and_then(|q| q.sq.as_ref()) {
-                    if ring_post(sq, &req) {
-                        return Ok(());
+                let signaled = wr.flags.contains(SendFlags::SIGNALED);
+                d.post_counted(qp, signaled, |q| {
+                    let ring = q.filter(|q| Some(q.pd) == ah_pd && q.send_ok(&wr, true));
+                    if let Some(sq) = ring.and_then(|q| q.sq.as_ref()) {
+                        if ring_post(sq, &req) {
+                            return Ok(());
+                        }
                     }
-                }
-                Ok(d.c().post(&req)?)
+                    Ok(d.c().post(&req)?)
+                })
             }
         }
     }
@@ -1125,10 +1236,11 @@ impl Backend {
     ) -> Result<u32> {
         match self {
             Backend::Embedded(rt) => Ok(rt.lock().bind_mw(qp, wr_id, mw, bind, signaled)?),
-            Backend::Daemon(d) => {
+            // A bind is a send queue WR: it takes a slot, and its completion retires WRs.
+            Backend::Daemon(d) => d.post_counted(qp, signaled, |_| {
                 Ok(d.c()
                     .bind_mw(qp, wr_id, mw.0, convert::mw_bind_to_msg(&bind), signaled)?)
-            }
+            }),
         }
     }
 

@@ -548,6 +548,11 @@ impl Qp {
     /// Post a send work request (`ibv_post_send`). On the embedded device its packets leave
     /// before this returns when the send queue is free; on softrdmad it is written into the
     /// QP's work ring, and the daemon takes it from there.
+    ///
+    /// With `max_send_wr` WRs outstanding (unsignaled ones included) it fails with
+    /// [`VerbsError::QueueFull`] (`ENOMEM`). A WR's slot is free again once the completion
+    /// of it, or of a later signaled WR, has been polled (on the embedded device already
+    /// once it is acknowledged): signal now and then.
     pub fn post_send(&self, wr: SendWr) -> Result<()> {
         self.backend().post_send(self.inner.handle, wr)
     }
