@@ -4,7 +4,8 @@
 //! addresses (one device per interface, `srxe0`, `srxe1`...), and clients drive it over a
 //! Unix stream socket with the versioned, length-checked messages of [`proto`]. The daemon
 //! reaches a client's registered memory with `process_vm_readv` / `process_vm_writev` on that
-//! client's own pid ([`memory`]), keeps each connection's objects in a table of its own
+//! client's own pid, or through its own mapping of the client's file when the client
+//! registered shared memory with it ([`memory`], [`shm`]), keeps each connection's objects in a table of its own
 //! ([`server`]), and destroys them when the connection ends. [`client::Client`] is the other
 //! end of the socket.
 //!
@@ -12,7 +13,7 @@
 //! shared by both ends), [`memory`] (client memory as an [`engine::Memory`]), [`host`] (an
 //! engine on UDP sockets with a progress thread), [`server`] (connections and handle
 //! tables), [`client`] (the library side, which the `softrdma` API's daemon backend uses),
-//! [`ring`] (shared-memory rings over a sealed memfd).
+//! [`ring`] (shared-memory rings over a sealed memfd), [`shm`] (client buffers the daemon maps).
 //!
 //! ## Data path
 //!
@@ -40,12 +41,18 @@
 //! ([`proto::Request::AsyncEventChannel`], an eventfd) is signalled whenever one is raised.
 //!
 //! Two QPs on the same device exchange their packets inside the daemon, never through a
-//! socket (the device's `local_packets` counter; `udp_sent` counts what left as UDP).
+//! socket (the device's `local_packets` counter; `udp_sent` counts what left as UDP), and
+//! over the engine's internal path: 32 KiB segments sealed without an ICRC
+//! (`engine::EngineConfig::internal_addresses`), since they never meet a wire.
 //!
 //! Client memory ([`memory::ClientMemory`]) is read ahead (up to 256 KiB per
 //! `process_vm_readv`, valid until the device lock is next taken) and written behind
 //! (continuing writes gathered into one `process_vm_writev`, flushed before any completion
 //! or packet leaves): the fixed cost of those calls, not the copy, dominated a transfer.
+//! Memory registered with its file ([`proto::Request::RegMrShared`]: a large
+//! `softrdma::Buffer` lives in a sealed memfd) is mapped by the daemon and copied with
+//! plain memory copies instead, its atomics being CPU atomics; the daemon first checks that
+//! the file cannot shrink and that the client really has it mapped at that address.
 //!
 //! Memory windows (alloc, bind verb, BIND_MW and LOCAL_INV work requests), SRQs, AHs and
 //! UD sends go over the protocol too.
@@ -53,9 +60,8 @@
 //! Two devices of one daemon ([`host::link_devices`]) hand each other their packets through
 //! an inbox (`peer_packets`), never a socket either.
 //!
-//! Not here yet (issue 6): a consumer doorbell for CQ rings; a same-daemon transfer still goes
-//! through packets (read out of the sender, segmented, ICRC computed and checked, written
-//! into the receiver), not one copy from one client to the other.
+//! Not here: a same-daemon transfer is still two copies (the sender's memory into a packet,
+//! the packet into the receiver's), not one from one client straight to the other.
 
 #![warn(missing_docs)]
 
