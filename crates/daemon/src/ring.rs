@@ -21,8 +21,9 @@
 //! an access into a `SIGBUS`.
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::shm::{SharedMemory, ShmError};
 
 /// First word of a ring: `"SRRG"`.
 pub const RING_MAGIC: u32 = u32::from_le_bytes(*b"SRRG");
@@ -60,6 +61,15 @@ pub enum RingError {
     },
 }
 
+impl From<ShmError> for RingError {
+    fn from(e: ShmError) -> RingError {
+        match e {
+            ShmError::Os { what, source } => RingError::Io { what, source },
+            ShmError::Refused(why) => RingError::Invalid(why),
+        }
+    }
+}
+
 fn io(what: &'static str) -> impl FnOnce(rustix::io::Errno) -> RingError {
     move |e| RingError::Io {
         what,
@@ -79,8 +89,8 @@ pub enum Role {
 /// One mapping of a ring, used as one end.
 #[derive(Debug)]
 pub struct Ring {
-    base: NonNull<u8>,
-    len: usize,
+    /// The mapping (the file is not kept: the creator hands it to the peer).
+    mem: SharedMemory,
     entry_size: usize,
     capacity: u32,
     role: Role,
@@ -90,12 +100,6 @@ pub struct Ring {
     backlog: bool,
 }
 
-// SAFETY: a `Ring` owns its mapping exclusively within this process (it unmaps it on drop);
-// all accesses go through raw pointers into it with atomics or volatile copies, so moving it
-// to another thread is as safe as moving a `Vec`.
-#[allow(unsafe_code)]
-unsafe impl Send for Ring {}
-
 impl Ring {
     /// Create a ring of `capacity` entries of `entry_size` bytes in a new sealed memfd; returns
     /// this process's end and the fd to pass to the peer (SCM_RIGHTS).
@@ -104,7 +108,6 @@ impl Ring {
         entry_size: usize,
         role: Role,
     ) -> Result<(Ring, OwnedFd), RingError> {
-        use rustix::fs::{MemfdFlags, SealFlags};
         if !capacity.is_power_of_two() || entry_size == 0 || !entry_size.is_multiple_of(8) {
             return Err(RingError::Invalid(
                 "capacity must be a power of two, entries 8-byte multiples",
@@ -114,16 +117,9 @@ impl Ring {
             .checked_mul(entry_size)
             .filter(|&b| b <= MAX_RING_BYTES)
             .ok_or(RingError::Invalid("ring too large"))?;
-        let len = ENTRIES + bytes;
-        let fd = rustix::fs::memfd_create(
-            "softrdma-ring",
-            MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
-        )
-        .map_err(io("memfd_create"))?;
-        rustix::fs::ftruncate(&fd, len as u64).map_err(io("ftruncate"))?;
-        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
-            .map_err(io("F_ADD_SEALS"))?;
-        let mut ring = Ring::map_len(&fd, len, role)?;
+        let mut mem = SharedMemory::create("softrdma-ring", ENTRIES + bytes)?;
+        let fd = mem.take_fd().ok_or(RingError::Invalid("no file"))?;
+        let mut ring = Ring::new(mem, role);
         ring.entry_size = entry_size;
         ring.capacity = capacity;
         ring.word(0).store(RING_MAGIC, Ordering::Relaxed);
@@ -135,17 +131,14 @@ impl Ring {
 
     /// Map a ring received from the peer and check its header against its size.
     pub fn open(fd: &impl AsFd, role: Role) -> Result<Ring, RingError> {
-        // A peer that could shrink the file could turn our accesses into SIGBUS.
-        let seals = rustix::fs::fcntl_get_seals(fd).map_err(io("F_GET_SEALS"))?;
-        if !seals.contains(rustix::fs::SealFlags::SHRINK) {
-            return Err(RingError::Invalid("file not sealed against shrinking"));
-        }
         let st = rustix::fs::fstat(fd).map_err(io("fstat"))?;
         let len = usize::try_from(st.st_size).map_err(|_| RingError::Invalid("size"))?;
         if !(ENTRIES..=ENTRIES + MAX_RING_BYTES).contains(&len) {
             return Err(RingError::Invalid("size"));
         }
-        let mut ring = Ring::map_len(fd, len, role)?;
+        // Refused unless sealed against shrinking: a peer that could shrink the file could
+        // turn our accesses into SIGBUS.
+        let mut ring = Ring::new(SharedMemory::map_client(fd, 0, len as u64)?, role);
         let magic = ring.word(0).load(Ordering::Acquire);
         let version = ring.word(4).load(Ordering::Relaxed);
         let entry_size = ring.word(8).load(Ordering::Relaxed) as usize;
@@ -168,33 +161,15 @@ impl Ring {
         Ok(ring)
     }
 
-    #[allow(unsafe_code)]
-    fn map_len(fd: &impl AsFd, len: usize, role: Role) -> Result<Ring, RingError> {
-        use rustix::mm::{MapFlags, ProtFlags};
-        // SAFETY: a fresh shared mapping chosen by the kernel (null hint), of a file at least
-        // `len` bytes long (checked or set by the callers) and sealed or checked against
-        // shrinking; it aliases no Rust object.
-        let p = unsafe {
-            rustix::mm::mmap(
-                std::ptr::null_mut(),
-                len,
-                ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::SHARED,
-                fd,
-                0,
-            )
-        }
-        .map_err(io("mmap"))?;
-        let base = NonNull::new(p.cast::<u8>()).ok_or(RingError::Invalid("null mapping"))?;
-        Ok(Ring {
-            base,
-            len,
+    fn new(mem: SharedMemory, role: Role) -> Ring {
+        Ring {
+            mem,
             entry_size: 0,
             capacity: 0,
             role,
             mine: 0,
             backlog: false,
-        })
+        }
     }
 
     /// The 32-bit word at byte `off` of the header, as an atomic shared with the peer.
@@ -204,13 +179,13 @@ impl Ring {
         // SAFETY: `off + 4 <= ENTRIES <= len`, the mapping is page-aligned so the word is
         // 4-aligned, it lives as long as `self`, and the peer only ever accesses it
         // atomically too.
-        unsafe { AtomicU32::from_ptr(self.base.as_ptr().add(off).cast::<u32>()) }
+        unsafe { AtomicU32::from_ptr(self.mem.as_ptr().add(off).cast::<u32>()) }
     }
 
     fn slot(&self, index: u32) -> *mut u8 {
         let i = (index & (self.capacity - 1)) as usize;
         // In bounds: `i < capacity`, and `ENTRIES + capacity * entry_size == len`.
-        self.base
+        self.mem
             .as_ptr()
             .wrapping_add(ENTRIES + i * self.entry_size)
     }
@@ -345,15 +320,6 @@ impl Ring {
         let word = self.word(BACKLOG);
         // Read first: while nothing waits, the shared line is not written.
         word.load(Ordering::SeqCst) != 0 && word.swap(0, Ordering::SeqCst) != 0
-    }
-}
-
-impl Drop for Ring {
-    #[allow(unsafe_code)]
-    fn drop(&mut self) {
-        // SAFETY: `base..base + len` is the mapping this `Ring` made and owns; nothing
-        // borrowed from it outlives `self`.
-        let _ = unsafe { rustix::mm::munmap(self.base.as_ptr().cast(), self.len) };
     }
 }
 

@@ -434,16 +434,10 @@ impl<'d> Conn<'d> {
         let access =
             AccessFlags::from_bits(access).ok_or_else(|| fail(EINVAL, "unknown access flags"))?;
         if length == 0 || !memory::range_is_mapped(self.pid, addr, length) {
-            d.stats
-                .unmapped_registrations
-                .fetch_add(1, Ordering::Relaxed);
-            return Err(fail(
-                EFAULT,
-                format!(
-                    "{addr:#x}+{length} is not mapped read-write in pid {}",
-                    self.pid
-                ),
-            ));
+            return Err(self.unmapped(format!(
+                "{addr:#x}+{length} is not mapped read-write in pid {}",
+                self.pid
+            )));
         }
         if mapped.is_some() {
             d.stats.mapped_registrations.fetch_add(1, Ordering::Relaxed);
@@ -473,6 +467,15 @@ impl<'d> Conn<'d> {
                 Err(e.into())
             }
         }
+    }
+
+    /// A registration refused because the memory is not there as claimed (counted).
+    fn unmapped(&self, message: String) -> Fail {
+        self.daemon
+            .stats
+            .unmapped_registrations
+            .fetch_add(1, Ordering::Relaxed);
+        fail(EFAULT, message)
     }
 
     fn room(&self) -> Result<(), Fail> {
@@ -568,19 +571,13 @@ impl<'d> Conn<'d> {
                     .take()
                     .ok_or_else(|| fail(EINVAL, "no file descriptor came with the request"))?;
                 if length == 0 || !memory::mapping_matches(self.pid, addr, length, &fd, offset) {
-                    d.stats
-                        .unmapped_registrations
-                        .fetch_add(1, Ordering::Relaxed);
-                    return Err(fail(
-                        EFAULT,
-                        format!(
-                            "{addr:#x}+{length} is not that file's bytes from {offset} mapped \
-                             shared read-write in pid {}",
-                            self.pid
-                        ),
-                    ));
+                    return Err(self.unmapped(format!(
+                        "{addr:#x}+{length} is not that file's bytes from {offset} mapped shared \
+                         read-write in pid {}",
+                        self.pid
+                    )));
                 }
-                let mapped = SharedMemory::map_client(fd, offset, length)
+                let mapped = SharedMemory::map_client(&fd, offset, length)
                     .map_err(|e| fail(EINVAL, e.to_string()))?;
                 self.reg_mr(pd, addr, length, access, Some(Arc::new(mapped)))
             }

@@ -43,8 +43,6 @@ fn os(what: &'static str) -> impl FnOnce(rustix::io::Errno) -> ShmError {
     }
 }
 
-const PAGE: usize = 4096;
-
 /// A shared mapping of (part of) a memfd, unmapped on drop.
 #[derive(Debug)]
 pub struct SharedMemory {
@@ -54,7 +52,8 @@ pub struct SharedMemory {
     /// The first byte of the range asked for, within the mapping.
     skip: usize,
     len: usize,
-    fd: OwnedFd,
+    /// The file, while this side keeps it (the mapping does not need it).
+    fd: Option<OwnedFd>,
 }
 
 // SAFETY: the mapping is process memory owned by this value (like a Vec's heap storage),
@@ -65,15 +64,12 @@ unsafe impl Send for SharedMemory {}
 unsafe impl Sync for SharedMemory {}
 
 impl SharedMemory {
-    /// `len` zero bytes (at least one page), page-aligned, in a new memfd sealed against
-    /// shrinking and growing.
-    pub fn create(len: usize) -> Result<SharedMemory, ShmError> {
-        let size = len.max(1).div_ceil(PAGE) * PAGE;
-        let fd = rustix::fs::memfd_create(
-            "softrdma-buffer",
-            MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
-        )
-        .map_err(os("memfd_create"))?;
+    /// `len` zero bytes (at least one), page-aligned, in a new memfd called `name`, exactly
+    /// that long and sealed against shrinking and growing.
+    pub fn create(name: &str, len: usize) -> Result<SharedMemory, ShmError> {
+        let size = len.max(1);
+        let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+            .map_err(os("memfd_create"))?;
         rustix::fs::ftruncate(&fd, size as u64).map_err(os("ftruncate"))?;
         rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
             .map_err(os("F_ADD_SEALS"))?;
@@ -82,38 +78,37 @@ impl SharedMemory {
             map,
             map_len: size,
             skip: 0,
-            len,
-            fd,
+            len: size,
+            fd: Some(fd),
         })
     }
 
-    /// Map `len` bytes at byte `offset` of a client's file: refused unless it is sealed
-    /// against shrinking and that long.
-    pub fn map_client(fd: OwnedFd, offset: u64, len: u64) -> Result<SharedMemory, ShmError> {
-        let seals = rustix::fs::fcntl_get_seals(&fd).map_err(os("F_GET_SEALS"))?;
+    /// Map `len` bytes at byte `offset` of a peer's file (the descriptor is not kept):
+    /// refused unless the file is sealed against shrinking and that long.
+    pub fn map_client(fd: &impl AsFd, offset: u64, len: u64) -> Result<SharedMemory, ShmError> {
+        let seals = rustix::fs::fcntl_get_seals(fd).map_err(os("F_GET_SEALS"))?;
         if !seals.contains(SealFlags::SHRINK) {
-            return Err(ShmError::Refused(
-                "the file is not sealed against shrinking",
-            ));
+            return Err(ShmError::Refused("file not sealed against shrinking"));
         }
-        let st = rustix::fs::fstat(&fd).map_err(os("fstat"))?;
+        let st = rustix::fs::fstat(fd).map_err(os("fstat"))?;
         let end = offset
             .checked_add(len)
             .ok_or(ShmError::Refused("offset + length overflows"))?;
         if len == 0 || u64::try_from(st.st_size).map_or(true, |size| end > size) {
             return Err(ShmError::Refused("the range is not within the file"));
         }
-        let start = offset - offset % PAGE as u64;
+        let page = rustix::param::page_size() as u64;
+        let start = offset - offset % page;
         let skip = (offset - start) as usize;
         let map_len = usize::try_from(end - start)
             .map_err(|_| ShmError::Refused("the range is too large to map"))?;
-        let map = map(&fd, start, map_len)?;
+        let map = map(fd, start, map_len)?;
         Ok(SharedMemory {
             map,
             map_len,
             skip,
             len: len as usize,
-            fd,
+            fd: None,
         })
     }
 
@@ -133,13 +128,19 @@ impl SharedMemory {
         self.len == 0
     }
 
-    /// The file, to pass to the daemon.
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+    /// The file, to pass to the peer: `None` once taken, and for a peer's file.
+    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.fd.as_ref().map(AsFd::as_fd)
+    }
+
+    /// Take the file (the mapping stays): for a creator that hands it to its peer and keeps
+    /// no descriptor of its own.
+    pub fn take_fd(&mut self) -> Option<OwnedFd> {
+        self.fd.take()
     }
 }
 
-fn map(fd: &OwnedFd, offset: u64, len: usize) -> Result<NonNull<u8>, ShmError> {
+fn map(fd: &impl AsFd, offset: u64, len: usize) -> Result<NonNull<u8>, ShmError> {
     // SAFETY: a fresh shared mapping chosen by the kernel (null hint) of a file that is at
     // least `offset + len` bytes long and cannot shrink (checked or sealed by the callers);
     // it aliases no Rust object.
@@ -169,13 +170,16 @@ impl Drop for SharedMemory {
 mod tests {
     use super::*;
 
+    const PAGE: usize = 4096;
+
     #[test]
     fn a_client_buffer_maps_in_a_second_place_with_the_same_bytes() {
-        let a = SharedMemory::create(3 * PAGE + 10).unwrap();
+        let a = SharedMemory::create("t", 3 * PAGE + 10).unwrap();
+        assert_eq!(a.len(), 3 * PAGE + 10);
         // SAFETY: within the fresh mapping, which nothing else uses.
         unsafe { a.as_ptr().add(PAGE + 5).write(0x5a) };
-        let fd = a.fd().try_clone_to_owned().unwrap();
-        let b = SharedMemory::map_client(fd, PAGE as u64 + 5, 100).unwrap();
+        let b = SharedMemory::map_client(&a.fd().unwrap(), PAGE as u64 + 5, 100).unwrap();
+        assert!(b.fd().is_none(), "a peer's descriptor is not kept");
         // SAFETY: within b's range.
         assert_eq!(unsafe { b.as_ptr().read() }, 0x5a);
         // SAFETY: within b's range; a sees it.
@@ -189,24 +193,27 @@ mod tests {
         let loose = rustix::fs::memfd_create("loose", MemfdFlags::CLOEXEC).unwrap();
         rustix::fs::ftruncate(&loose, 8192).unwrap();
         assert!(matches!(
-            SharedMemory::map_client(loose, 0, 4096),
+            SharedMemory::map_client(&loose, 0, 4096),
             Err(ShmError::Refused(_))
         ));
-        let a = SharedMemory::create(PAGE).unwrap();
+        let mut a = SharedMemory::create("t", PAGE).unwrap();
         for (off, len) in [
             (0, PAGE as u64 + 1),
             (1, PAGE as u64),
             (u64::MAX, 2),
             (0, 0),
         ] {
-            let fd = a.fd().try_clone_to_owned().unwrap();
             assert!(
                 matches!(
-                    SharedMemory::map_client(fd, off, len),
+                    SharedMemory::map_client(&a.fd().unwrap(), off, len),
                     Err(ShmError::Refused(_))
                 ),
                 "{off}+{len}"
             );
         }
+        // The file cannot shrink under a mapping.
+        let fd = a.take_fd().unwrap();
+        assert!(a.fd().is_none());
+        assert!(rustix::fs::ftruncate(&fd, 0).is_err());
     }
 }

@@ -184,60 +184,47 @@ fn registering_memory_that_is_not_mapped_fails_cleanly() {
 #[test]
 fn shared_registrations_need_the_file_really_mapped_at_the_address() {
     use daemon::shm::SharedMemory;
-    use std::os::fd::AsFd;
     let d = Daemon::start();
     let mut c = d.client();
     let pd = c.alloc_pd(0).unwrap();
     let len = 64u64 << 10;
-    let one = SharedMemory::create(len as usize).unwrap();
-    let other = SharedMemory::create(len as usize).unwrap();
+    let one = SharedMemory::create("one", len as usize).unwrap();
+    let other = SharedMemory::create("other", len as usize).unwrap();
+    let (one_fd, other_fd) = (one.fd().unwrap(), other.fd().unwrap());
     let heap = vec![0u8; len as usize];
     let at = one.as_ptr() as u64;
     // Another file, the right file at the wrong offset, heap memory with a file, a range
     // beyond the mapping: all claim bytes the file does not hold there.
     for (addr, length, fd, offset) in [
-        (at, len, other.fd(), 0),
-        (at, len - 4096, one.fd(), 4096),
-        (heap.as_ptr() as u64, len, one.fd(), 0),
-        (at, len + 4096, one.fd(), 0),
-        (at, 0, one.fd(), 0),
+        (at, len, other_fd, 0),
+        (at, len - 4096, one_fd, 4096),
+        (heap.as_ptr() as u64, len, one_fd, 0),
+        (at, len + 4096, one_fd, 0),
+        (at, 0, one_fd, 0),
     ] {
         let e = c
             .reg_mr_shared(pd, addr, length, ALL_ACCESS, fd, offset)
             .unwrap_err();
         assert_eq!(e.errno(), Some(EFAULT), "{addr:#x}+{length} @{offset}: {e}");
     }
-    // The request without its file.
-    let e = c
-        .call(&Request::RegMrShared {
-            pd,
-            addr: at,
-            length: len,
-            access: ALL_ACCESS,
-            offset: 0,
-        })
-        .unwrap_err();
-    assert_eq!(e.errno(), Some(EINVAL), "{e}");
-    // A file sent with a request that takes none is dropped, not kept for the next one.
-    c.call_passing(&Request::AllocPd { dev: 0 }, Some(one.fd().as_fd()))
+    // The request without its file; and after a request that takes no file came with one
+    // (that file is dropped, not kept for the next request).
+    let no_file = Request::RegMrShared {
+        pd,
+        addr: at,
+        length: len,
+        access: ALL_ACCESS,
+        offset: 0,
+    };
+    assert_eq!(c.call(&no_file).unwrap_err().errno(), Some(EINVAL));
+    c.call_passing(&Request::AllocPd { dev: 0 }, Some(one_fd))
         .unwrap();
-    let e = c
-        .call(&Request::RegMrShared {
-            pd,
-            addr: at,
-            length: len,
-            access: ALL_ACCESS,
-            offset: 0,
-        })
-        .unwrap_err();
-    assert_eq!(e.errno(), Some(EINVAL), "{e}");
+    assert_eq!(c.call(&no_file).unwrap_err().errno(), Some(EINVAL));
     assert_eq!(d.stat("mapped_registrations"), 0);
     // The truth registers, also for a part of the mapping.
-    let whole = c
-        .reg_mr_shared(pd, at, len, ALL_ACCESS, one.fd(), 0)
-        .unwrap();
+    let whole = c.reg_mr_shared(pd, at, len, ALL_ACCESS, one_fd, 0).unwrap();
     let part = c
-        .reg_mr_shared(pd, at + 8192, 100, ALL_ACCESS, one.fd(), 8192)
+        .reg_mr_shared(pd, at + 8192, 100, ALL_ACCESS, one_fd, 8192)
         .unwrap();
     assert_eq!(d.stat("mapped_registrations"), 2);
     c.dereg_mr(part.handle).unwrap();

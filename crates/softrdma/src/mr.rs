@@ -103,12 +103,13 @@ impl Buffer {
     /// `len` zero bytes, aligned to 4096.
     pub fn zeroed(len: usize) -> Buffer {
         if len >= Self::SHARED_MIN {
-            match daemon::shm::SharedMemory::create(len) {
+            match daemon::shm::SharedMemory::create("softrdma-buffer", len) {
                 Ok(m) => {
                     use std::os::fd::AsRawFd;
                     let ptr = std::ptr::NonNull::new(m.as_ptr())
                         .expect("a mapping is never at address 0");
-                    shared_buffers().insert(ptr.as_ptr() as usize, (len, m.fd().as_raw_fd()));
+                    let fd = m.fd().map_or(-1, |f| f.as_raw_fd());
+                    shared_buffers().insert(ptr.as_ptr() as usize, (len, fd));
                     return Buffer {
                         ptr,
                         len,
