@@ -46,19 +46,7 @@ fn completions_arrive_in_a_shared_memory_ring() {
     );
 
     // More messages than the ring holds: the rest wait in the CQ until slots free up.
-    for i in 0..20u64 {
-        b.client
-            .post_recv(
-                b.qp,
-                100 + i,
-                vec![SgeMsg {
-                    addr: b.buf.addr() + i * 64,
-                    length: 64,
-                    lkey: b.lkey,
-                }],
-            )
-            .unwrap();
-    }
+    post_recvs(&mut b, 20);
     for i in 0..20u64 {
         a.client
             .post_send(
@@ -84,6 +72,23 @@ fn completions_arrive_in_a_shared_memory_ring() {
         assert_eq!(b.buf.read(i * 64, 10), format!("message {i:02}").as_bytes());
     }
     assert!(ra.poll(4).unwrap().is_empty());
+}
+
+/// `n` receives of 64 bytes each on `side`'s QP, wr_ids 100, 101...
+fn post_recvs(side: &mut common::Side, n: u64) {
+    for i in 0..n {
+        side.client
+            .post_recv(
+                side.qp,
+                100 + i,
+                vec![SgeMsg {
+                    addr: side.buf.addr() + i * 64,
+                    length: 64,
+                    lkey: side.lkey,
+                }],
+            )
+            .unwrap();
+    }
 }
 
 fn send_inline(side: &mut common::Side, wr_id: u64) {
@@ -112,19 +117,7 @@ fn a_ring_smaller_than_the_burst_gets_every_completion_in_order_by_doorbell() {
     let db = Arc::new(a.client.doorbell(0).unwrap());
     let mut ra = a.client.attach_cq_ring(a.cq, 2, db).unwrap();
     let n = 32u64;
-    for i in 0..n {
-        b.client
-            .post_recv(
-                b.qp,
-                100 + i,
-                vec![SgeMsg {
-                    addr: b.buf.addr() + i * 64,
-                    length: 64,
-                    lkey: b.lkey,
-                }],
-            )
-            .unwrap();
-    }
+    post_recvs(&mut b, n);
     for i in 0..n {
         send_inline(&mut a, i);
     }

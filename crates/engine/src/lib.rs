@@ -369,30 +369,24 @@ impl<M: Memory + ?Sized> Engine<M> {
 
     /// Process one received packet (a whole IP packet). Bad packets are counted and dropped.
     pub fn handle_datagram(&mut self, now: Instant, packet: &[u8]) {
-        if self.port_state == PortState::Down {
-            return;
-        }
-        let mut overflowed = Vec::new();
-        {
-            let mut ctx = ctx!(self, now, overflowed);
-            if let Some(qpn) = recv::handle(&mut ctx, &self.gids, &mut self.qps, packet, false) {
-                self.active.insert(qpn);
-            }
-        }
-        self.error_overflowed(overflowed);
+        self.handle_packet(now, packet, false);
     }
 
     /// Process a packet that an engine of this process built for an internal path
     /// ([`Transmit::internal`]): no ICRC is checked, and only QPs whose own path is internal
     /// accept it (as they accept nothing else). Never call it with bytes from a socket.
     pub fn handle_internal(&mut self, now: Instant, packet: &[u8]) {
+        self.handle_packet(now, packet, true);
+    }
+
+    fn handle_packet(&mut self, now: Instant, packet: &[u8], internal: bool) {
         if self.port_state == PortState::Down {
             return;
         }
         let mut overflowed = Vec::new();
         {
             let mut ctx = ctx!(self, now, overflowed);
-            if let Some(qpn) = recv::handle(&mut ctx, &self.gids, &mut self.qps, packet, true) {
+            if let Some(qpn) = recv::handle(&mut ctx, &self.gids, &mut self.qps, packet, internal) {
                 self.active.insert(qpn);
             }
         }
