@@ -550,6 +550,11 @@ impl Client {
         self.count(&Request::CqLen { cq })
     }
 
+    /// `ibv_resize_cq`; returns the size the CQ has now.
+    pub fn resize_cq(&mut self, cq: u32, cqe: u32) -> Result<u64, ClientError> {
+        self.count(&Request::ResizeCq { cq, cqe })
+    }
+
     /// `ibv_req_notify_cq`.
     pub fn req_notify_cq(&mut self, cq: u32, solicited_only: bool) -> Result<(), ClientError> {
         self.done(&Request::ReqNotifyCq { cq, solicited_only })

@@ -919,6 +919,8 @@ kinds! {
     DOORBELL = 41,
     /// [`super::Request::RegMrShared`].
     REG_MR_SHARED = 42,
+    /// [`super::Request::ResizeCq`].
+    RESIZE_CQ = 43,
 }
 
 /// A request from a client. Handles (`pd`, `cq`, `mr`, `qp`) are the connection's own
@@ -1095,6 +1097,13 @@ pub enum Request {
     CqLen {
         /// CQ handle.
         cq: u32,
+    },
+    /// `ibv_resize_cq` (answered with [`Response::Count`]: the size it has now).
+    ResizeCq {
+        /// CQ handle.
+        cq: u32,
+        /// Completions it must hold.
+        cqe: u32,
     },
     /// `ibv_create_ah` (RoCE: always global).
     CreateAh {
@@ -1481,6 +1490,7 @@ impl Request {
             Request::PostSrqRecv { .. } => kind::POST_SRQ_RECV,
             Request::SrqLen { .. } => kind::SRQ_LEN,
             Request::CqLen { .. } => kind::CQ_LEN,
+            Request::ResizeCq { .. } => kind::RESIZE_CQ,
             Request::CreateAh { .. } => kind::CREATE_AH,
             Request::DestroyAh { .. } => kind::DESTROY_AH,
             Request::PostSendUd { .. } => kind::POST_SEND_UD,
@@ -1587,6 +1597,9 @@ impl Request {
             }
             Request::CreateCq { dev, cqe } => {
                 w.u32(*dev).u32(*cqe);
+            }
+            Request::ResizeCq { cq, cqe } => {
+                w.u32(*cq).u32(*cqe);
             }
             Request::CreateQp(q) => {
                 write_qp_init(&mut w, q);
@@ -1731,6 +1744,10 @@ impl Request {
             },
             kind::CREATE_CQ => Request::CreateCq {
                 dev: r.u32()?,
+                cqe: r.u32()?,
+            },
+            kind::RESIZE_CQ => Request::ResizeCq {
+                cq: r.u32()?,
                 cqe: r.u32()?,
             },
             kind::CREATE_QP => Request::CreateQp(read_qp_init(&mut r)?),
@@ -2359,6 +2376,7 @@ mod tests {
             },
             Request::CqChannel { cq: 2 },
             Request::CqLen { cq: 2 },
+            Request::ResizeCq { cq: 2, cqe: 9 },
             Request::AsyncEventChannel,
             Request::AllocMw { pd: 1, mw_type: 2 },
             Request::ModifySrq {

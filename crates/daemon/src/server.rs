@@ -758,6 +758,11 @@ impl<'d> Conn<'d> {
                 let n = d.devices[i].read(|e| e.cq_len(h))?;
                 Ok(Response::Count(n as u64))
             }
+            Request::ResizeCq { cq, cqe } => {
+                let (i, h) = self.cq(cq)?;
+                let n = d.devices[i].with(|e| e.resize_cq(h, cqe))?;
+                Ok(Response::Count(u64::from(n)))
+            }
             Request::CreateAh { pd, ah } => {
                 self.room()?;
                 let (i, pdh) = self.pd(pd)?;

@@ -54,6 +54,14 @@ pub enum VerbsError {
     /// The work queue is full.
     #[error("work queue full")]
     QueueFull,
+    /// A CQ cannot shrink below the completions waiting in it (`ibv_resize_cq`).
+    #[error("{waiting} completions wait in the CQ, more than the {requested} asked for")]
+    CqTooSmall {
+        /// The size asked for.
+        requested: u32,
+        /// Completions waiting.
+        waiting: usize,
+    },
     /// More scatter/gather entries than the QP was created with.
     #[error("{sges} SGEs exceed the QP limit {max}")]
     TooManySge {
@@ -116,6 +124,7 @@ impl VerbsError {
             | VerbsError::InvalidAccess
             | VerbsError::InvalidLength
             | VerbsError::CapExceeded { .. }
+            | VerbsError::CqTooSmall { .. }
             | VerbsError::InvalidState(_)
             | VerbsError::TooManySge { .. }
             | VerbsError::InlineTooLarge { .. }

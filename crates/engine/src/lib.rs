@@ -664,6 +664,28 @@ impl<M: Memory + ?Sized> Engine<M> {
         Ok(CqHandle(self.cqs.insert(Cq::new(cqe as usize))))
     }
 
+    /// `ibv_resize_cq`: room for `cqe` completions from now on (returned: the size it has
+    /// now). Refused while more completions than that wait in it.
+    pub fn resize_cq(&mut self, cq: CqHandle, cqe: u32) -> Result<u32, VerbsError> {
+        let max = self.config.device.max_cqe;
+        if cqe == 0 || cqe > max {
+            return Err(VerbsError::CapExceeded {
+                what: "cqe",
+                requested: cqe,
+                max,
+            });
+        }
+        let c = self.cqs.get_mut(cq.0).ok_or(VerbsError::InvalidCq)?;
+        if c.entries.len() > cqe as usize {
+            return Err(VerbsError::CqTooSmall {
+                requested: cqe,
+                waiting: c.entries.len(),
+            });
+        }
+        c.depth = cqe as usize;
+        Ok(cqe)
+    }
+
     /// `ibv_destroy_cq`: fails with `Busy` while QPs use it.
     pub fn destroy_cq(&mut self, cq: CqHandle) -> Result<(), VerbsError> {
         let c = self.cqs.get(cq.0).ok_or(VerbsError::InvalidCq)?;

@@ -105,8 +105,6 @@ unsupported_int!(
     ibv_query_ece,
     ibv_set_ece,
     ibv_resolve_eth_l2_from_gid,
-    // Resizing CQs: not offered yet.
-    ibv_resize_cq,
 );
 
 unsupported_ptr!(

@@ -506,6 +506,35 @@ pub(crate) unsafe fn create_cq(
     cq as *mut ibv_cq
 }
 
+/// `ibv_resize_cq`: room for `cqe` completions; `cq->cqe` says the size it has now.
+/// EINVAL for a size out of range or below the completions waiting.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
+    if cq.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a non-NULL CQ comes from ibv_create_cq.
+    let q = unsafe { &*(cq as *mut Cq) };
+    // SAFETY: its context is ours.
+    let cx = match unsafe { ctx_ok(q.ibv.context) } {
+        Ok(cx) => cx,
+        Err(e) => return e,
+    };
+    let max_cqe = cx.dev().query_device().max_cqe;
+    let depth = match u32::try_from(cqe) {
+        Ok(d) if d >= 1 && d <= max_cqe => d,
+        _ => return libc::EINVAL,
+    };
+    match cx.raw().resize_cq(&q.raw, depth) {
+        Ok(n) => {
+            // SAFETY: `cq` is live; `cqe` is the caller's to read, as after ibv_create_cq.
+            unsafe { (*cq).cqe = c_int::try_from(n).unwrap_or(cqe) };
+            0
+        }
+        Err(e) => verr(e),
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     if cq.is_null() {
@@ -1422,6 +1451,7 @@ symver!(
     ibv_create_comp_channel,
     ibv_destroy_comp_channel,
     ibv_create_cq,
+    ibv_resize_cq,
     ibv_destroy_cq,
     ibv_get_cq_event,
     ibv_ack_cq_events,

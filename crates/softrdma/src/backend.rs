@@ -861,6 +861,27 @@ impl Backend {
         }
     }
 
+    /// `ibv_resize_cq`: room for `cqe` completions; returns the size the CQ has now.
+    /// Refused (EINVAL) while more completions wait than that: on the daemon those in its
+    /// ring count too.
+    pub(crate) fn resize_cq(&self, cq: CqHandle, state: &Notifier, cqe: u32) -> Result<u32> {
+        match self {
+            Backend::Embedded(rt) => Ok(rt.lock().resize_cq(cq, cqe)?),
+            Backend::Daemon(d) => {
+                let waiting = self.cq_len(cq, state)?;
+                if waiting > cqe as usize {
+                    return Err(engine::VerbsError::CqTooSmall {
+                        requested: cqe,
+                        waiting,
+                    }
+                    .into());
+                }
+                let n = d.c().resize_cq(cq.0, cqe)?;
+                Ok(u32::try_from(n).unwrap_or(cqe))
+            }
+        }
+    }
+
     pub(crate) fn arm_cq(&self, cq: CqHandle, solicited_only: bool) -> Result<()> {
         match self {
             Backend::Embedded(rt) => Ok(rt.arm_cq_with(cq, solicited_only)?),

@@ -58,6 +58,15 @@ impl Cq {
         Ok(self.poll(1)?.pop())
     }
 
+    /// Give the CQ room for `cqe` completions (`ibv_resize_cq`); returns the size it has
+    /// now. Refused (EINVAL) while more completions than that wait in it.
+    pub fn resize(&self, cqe: u32) -> Result<u32> {
+        self.inner
+            .dev
+            .backend_ref()
+            .resize_cq(self.inner.handle, &self.inner.notifier, cqe)
+    }
+
     /// Completions waiting.
     pub fn len(&self) -> Result<usize> {
         self.inner

@@ -213,6 +213,12 @@ impl RawDevice<'_> {
         self.backend.poll_cq(cq.handle, &cq.notifier, max)
     }
 
+    /// Room for `cqe` completions from now on (`ibv_resize_cq`); returns the size the CQ
+    /// has now. Refused (EINVAL) while more completions than that wait in it.
+    pub fn resize_cq(&self, cq: &RawCq, cqe: u32) -> Result<u32> {
+        self.backend.resize_cq(cq.handle, &cq.notifier, cqe)
+    }
+
     /// Completions waiting in the CQ.
     pub fn cq_len(&self, cq: &RawCq) -> Result<usize> {
         self.backend.cq_len(cq.handle, &cq.notifier)

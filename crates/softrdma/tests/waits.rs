@@ -96,6 +96,36 @@ fn a_cq_overflow_is_an_async_event_and_errors_the_qp(backend: BackendKind) {
 }
 }
 
+on_both_backends! {
+fn a_cq_resizes_but_never_below_the_completions_waiting(backend: BackendKind) {
+    let a = open_on(backend, "127.0.0.1");
+    let pd = a.alloc_pd().unwrap();
+    let cq = a.create_cq(3).unwrap();
+    let qp = pd.qp_builder(&cq, &cq).build().unwrap();
+    assert_eq!(cq.resize(1).unwrap(), 1);
+    assert_eq!(cq.resize(8).unwrap(), 8);
+    assert_eq!(cq.resize(0).unwrap_err().errno(), 22);
+    // Three flushed receives wait in it: it cannot shrink to two.
+    for i in 0..3 {
+        qp.recv(i, &[]).unwrap();
+    }
+    qp.set_error().unwrap();
+    let t0 = std::time::Instant::now();
+    while cq.len().unwrap() < 3 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the flushes never came");
+        thread::sleep(Duration::from_millis(1));
+    }
+    let e = cq.resize(2).unwrap_err();
+    assert_eq!(e.errno(), 22, "{e}");
+    // Nothing was lost by the refusal; once they are taken it shrinks.
+    for i in 0..3 {
+        let wc = cq.wait_one(WAIT).unwrap();
+        assert_eq!((wc.wr_id, wc.status), (i, WcStatus::WrFlushErr));
+    }
+    assert_eq!(cq.resize(2).unwrap(), 2);
+}
+}
+
 #[cfg(feature = "tokio")]
 async fn an_async_wait_resolves_when_the_message_arrives(backend: softrdma::BackendKind) {
     let (a, b) = pair_v4_on(backend, 4096);
