@@ -648,8 +648,8 @@ impl<M: Memory + ?Sized> Engine<M> {
 
     // ----- CQ -----
 
-    /// `ibv_create_cq` with room for `cqe` completions.
-    pub fn create_cq(&mut self, cqe: u32) -> Result<CqHandle, VerbsError> {
+    /// A CQ size the device offers: 1..=`max_cqe`.
+    fn check_cqe(&self, cqe: u32) -> Result<(), VerbsError> {
         let max = self.config.device.max_cqe;
         if cqe == 0 || cqe > max {
             return Err(VerbsError::CapExceeded {
@@ -658,6 +658,12 @@ impl<M: Memory + ?Sized> Engine<M> {
                 max,
             });
         }
+        Ok(())
+    }
+
+    /// `ibv_create_cq` with room for `cqe` completions.
+    pub fn create_cq(&mut self, cqe: u32) -> Result<CqHandle, VerbsError> {
+        self.check_cqe(cqe)?;
         if self.cqs.len() >= self.config.device.max_cq as usize {
             return Err(VerbsError::TooMany("completion queues"));
         }
@@ -667,14 +673,7 @@ impl<M: Memory + ?Sized> Engine<M> {
     /// `ibv_resize_cq`: room for `cqe` completions from now on (returned: the size it has
     /// now). Refused while more completions than that wait in it.
     pub fn resize_cq(&mut self, cq: CqHandle, cqe: u32) -> Result<u32, VerbsError> {
-        let max = self.config.device.max_cqe;
-        if cqe == 0 || cqe > max {
-            return Err(VerbsError::CapExceeded {
-                what: "cqe",
-                requested: cqe,
-                max,
-            });
-        }
+        self.check_cqe(cqe)?;
         let c = self.cqs.get_mut(cq.0).ok_or(VerbsError::InvalidCq)?;
         if c.entries.len() > cqe as usize {
             return Err(VerbsError::CqTooSmall {

@@ -132,6 +132,21 @@ pub(crate) unsafe fn ctx_ok<'a>(c: *mut ibv_context) -> Result<&'a Ctx, c_int> {
     unsafe { ctx(c) }.ok_or(libc::EINVAL)
 }
 
+/// The CQ behind `cq` and its context; EINVAL for NULL or a context not ours.
+///
+/// # Safety
+/// `cq` is NULL or a CQ made by `ibv_create_cq` / `ibv_create_cq_ex`, not yet destroyed.
+unsafe fn cq_ok<'a>(cq: *mut ibv_cq) -> Result<(&'a Cq, &'a Ctx), c_int> {
+    if cq.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: a non-NULL CQ comes from ibv_create_cq (the caller's contract).
+    let q = unsafe { &*(cq as *mut Cq) };
+    // SAFETY: its context is ours.
+    let cx = unsafe { ctx_ok(q.ibv.context) }?;
+    Ok((q, cx))
+}
+
 pub(crate) fn verr(e: softrdma::Error) -> c_int {
     e.errno()
 }
@@ -510,20 +525,14 @@ pub(crate) unsafe fn create_cq(
 /// EINVAL for a size out of range or below the completions waiting.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
-    if cq.is_null() {
-        return libc::EINVAL;
-    }
-    // SAFETY: a non-NULL CQ comes from ibv_create_cq.
-    let q = unsafe { &*(cq as *mut Cq) };
-    // SAFETY: its context is ours.
-    let cx = match unsafe { ctx_ok(q.ibv.context) } {
-        Ok(cx) => cx,
+    // SAFETY: forwarded: NULL or a CQ of ours.
+    let (q, cx) = match unsafe { cq_ok(cq) } {
+        Ok(v) => v,
         Err(e) => return e,
     };
-    let max_cqe = cx.dev().query_device().max_cqe;
-    let depth = match u32::try_from(cqe) {
-        Ok(d) if d >= 1 && d <= max_cqe => d,
-        _ => return libc::EINVAL,
+    // The device checks the range (1..=max_cqe).
+    let Ok(depth) = u32::try_from(cqe) else {
+        return libc::EINVAL;
     };
     match cx.raw().resize_cq(&q.raw, depth) {
         Ok(n) => {
@@ -537,14 +546,9 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
-    if cq.is_null() {
-        return libc::EINVAL;
-    }
-    // SAFETY: a non-NULL CQ comes from ibv_create_cq.
-    let q = unsafe { &*(cq as *mut Cq) };
-    // SAFETY: its context is ours.
-    let cx = match unsafe { ctx_ok(q.ibv.context) } {
-        Ok(cx) => cx,
+    // SAFETY: forwarded: NULL or a CQ of ours.
+    let (q, cx) = match unsafe { cq_ok(cq) } {
+        Ok(v) => v,
         Err(e) => return e,
     };
     if let Err(e) = cx.raw().destroy_cq(&q.raw) {
@@ -625,14 +629,9 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, n: u32) {
 }
 
 unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
-    if cq.is_null() {
-        return libc::EINVAL;
-    }
-    // SAFETY: a non-NULL CQ comes from ibv_create_cq.
-    let q = unsafe { &*(cq as *mut Cq) };
-    // SAFETY: its context is ours.
-    let cx = match unsafe { ctx_ok(q.ibv.context) } {
-        Ok(cx) => cx,
+    // SAFETY: forwarded: NULL or a CQ of ours.
+    let (q, cx) = match unsafe { cq_ok(cq) } {
+        Ok(v) => v,
         Err(e) => return e,
     };
     match cx.raw().arm_cq(&q.raw, solicited_only != 0) {
@@ -648,11 +647,9 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_in
     let Ok(n) = usize::try_from(n) else {
         return -libc::EINVAL;
     };
-    // SAFETY: a non-NULL CQ comes from ibv_create_cq.
-    let q = unsafe { &*(cq as *mut Cq) };
-    // SAFETY: its context is ours.
-    let cx = match unsafe { ctx_ok(q.ibv.context) } {
-        Ok(cx) => cx,
+    // SAFETY: forwarded: a CQ of ours (NULL was refused above).
+    let (q, cx) = match unsafe { cq_ok(cq) } {
+        Ok(v) => v,
         Err(e) => return -e,
     };
     let raw = cx.raw();

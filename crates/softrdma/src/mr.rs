@@ -103,18 +103,19 @@ impl Buffer {
     /// `len` zero bytes, aligned to 4096.
     pub fn zeroed(len: usize) -> Buffer {
         if len >= Self::SHARED_MIN {
+            use std::os::fd::AsRawFd;
             match daemon::shm::SharedMemory::create("softrdma-buffer", len) {
                 Ok(m) => {
-                    use std::os::fd::AsRawFd;
-                    let ptr = std::ptr::NonNull::new(m.as_ptr())
-                        .expect("a mapping is never at address 0");
-                    let fd = m.fd().map_or(-1, |f| f.as_raw_fd());
-                    shared_buffers().insert(ptr.as_ptr() as usize, (len, fd));
-                    return Buffer {
-                        ptr,
-                        len,
-                        shared: Some(m),
-                    };
+                    // A new mapping is never at address 0 and keeps its file: both hold.
+                    let ptr = std::ptr::NonNull::new(m.as_ptr());
+                    if let (Some(ptr), Some(fd)) = (ptr, m.fd().map(|f| f.as_raw_fd())) {
+                        shared_buffers().insert(ptr.as_ptr() as usize, (len, fd));
+                        return Buffer {
+                            ptr,
+                            len,
+                            shared: Some(m),
+                        };
+                    }
                 }
                 Err(e) => tracing::debug!(error = %e, "no shared memory; buffer on the heap"),
             }
