@@ -44,6 +44,7 @@ mod bytes;
 pub mod aeth;
 pub mod atomic;
 pub mod bth;
+pub mod datagram;
 pub mod deth;
 pub mod error;
 pub mod icrc;
@@ -62,6 +63,7 @@ pub use atomic::{
     AtomicAckEth, AtomicAckEthRepr, AtomicEth, AtomicEthRepr, ATOMIC_ACK_ETH_LEN, ATOMIC_ETH_LEN,
 };
 pub use bth::{Bth, BthRepr, BTH_LEN, DEFAULT_PKEY};
+pub use datagram::Datagram;
 pub use deth::{Deth, DethRepr, DETH_LEN};
 pub use error::{HeaderKind, WireError};
 pub use icrc::ICRC_LEN;

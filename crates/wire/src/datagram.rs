@@ -1,0 +1,153 @@
+//! A whole IP/UDP datagram as a host's socket layer handles it: who sent it to whom, where
+//! its UDP payload lies, and the two edits a host makes to a RoCEv2 packet (its UDP
+//! destination port, and its UDP source port with the ICRC that covers it).
+//!
+//! The engine emits and receives whole IP packets; a UDP socket sends and receives only
+//! their UDP payloads. These functions are the one place a host learns where that payload
+//! starts, so no byte offset of a header lives outside this crate.
+
+use core::ops::Range;
+use std::net::SocketAddr;
+
+use crate::error::{HeaderKind, WireError};
+use crate::icrc::{self, ICRC_LEN};
+use crate::packet::IpRepr;
+use crate::udp::{Udp, UdpRepr, UDP_HEADER_LEN};
+
+/// The addressing of one IP/UDP datagram and where its UDP payload lies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Datagram {
+    /// Source address and UDP port.
+    pub src: SocketAddr,
+    /// Destination address and UDP port.
+    pub dst: SocketAddr,
+    /// The UDP payload (for RoCEv2: BTH … ICRC) within the packet.
+    pub payload: Range<usize>,
+    /// Where the UDP header starts within the packet.
+    udp: usize,
+}
+
+impl Datagram {
+    /// Parse the IP and UDP headers at the start of `pkt` (IPv4 without options and not a
+    /// fragment, or IPv6 with UDP next; lengths within the buffer). Bytes after the IP
+    /// length (link padding) are not part of the datagram.
+    pub fn parse(pkt: &[u8]) -> Result<Datagram, WireError> {
+        let ip = IpRepr::parse(pkt)?;
+        let udp = ip.header_len();
+        let end = udp + ip.payload_len();
+        let u = Udp::new_checked(&pkt[udp..end])?;
+        let repr = UdpRepr::parse(&u)?;
+        Ok(Datagram {
+            src: SocketAddr::new(ip.src(), repr.src_port),
+            dst: SocketAddr::new(ip.dst(), repr.dst_port),
+            payload: udp + UDP_HEADER_LEN..udp + usize::from(repr.length),
+            udp,
+        })
+    }
+
+    /// The datagram's whole length: IP header, UDP header and payload.
+    pub fn len(&self) -> usize {
+        self.payload.end
+    }
+
+    /// Never true: a datagram has at least its headers.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Write `port` as the UDP destination port of `pkt` (the packet this was parsed from).
+    /// RoCEv2 computes the ICRC with destination port 4791 (the port is not masked), so a
+    /// host that carried the packet on another port puts 4791 back before the check.
+    pub fn set_dst_port(&mut self, pkt: &mut [u8], port: u16) {
+        Udp::new_unchecked(&mut pkt[self.udp..self.udp + UDP_HEADER_LEN]).set_dst_port(port);
+        self.dst.set_port(port);
+    }
+
+    /// Write `port` as the UDP source port of `pkt` (a whole RoCEv2 packet, ICRC last) and
+    /// recompute its ICRC, which covers the source port: a host that cannot send from the
+    /// port the engine chose sends from another and keeps the packet checkable.
+    pub fn set_src_port(&mut self, pkt: &mut [u8], port: u16) -> Result<(), WireError> {
+        let end = self.len();
+        if end < self.payload.start + ICRC_LEN {
+            return Err(WireError::Truncated {
+                header: HeaderKind::Icrc,
+                needed: self.payload.start + ICRC_LEN,
+                available: end,
+            });
+        }
+        Udp::new_unchecked(&mut pkt[self.udp..self.udp + UDP_HEADER_LEN]).set_src_port(port);
+        let crc = icrc::compute(&pkt[..end - ICRC_LEN])?;
+        pkt[end - ICRC_LEN..end].copy_from_slice(&icrc::icrc_bytes(crc));
+        self.src.set_port(port);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::packet::{emit_packet, RoceV2Packet, TransportRepr};
+    use crate::{BthRepr, Ipv4Repr, Opcode, Psn, Qpn};
+
+    fn packet() -> Vec<u8> {
+        let ip = IpRepr::V4(Ipv4Repr {
+            src: [10, 0, 0, 1].into(),
+            dst: [10, 0, 0, 2].into(),
+            tos: 0,
+            ident: 0,
+            dont_frag: true,
+            ttl: 64,
+            payload_len: 0,
+        });
+        let t = TransportRepr::new(BthRepr::new(
+            Opcode::RcSendOnly,
+            Qpn::new(0x11),
+            Psn::new(7),
+        ));
+        let mut buf = vec![0u8; 256];
+        let n = emit_packet(&ip, 49152, crate::ROCEV2_UDP_PORT, &t, b"hello", &mut buf).unwrap();
+        buf.truncate(n);
+        buf
+    }
+
+    #[test]
+    fn finds_the_addresses_and_the_payload() {
+        let p = packet();
+        let d = Datagram::parse(&p).unwrap();
+        assert_eq!(d.src, "10.0.0.1:49152".parse().unwrap());
+        assert_eq!(d.dst, "10.0.0.2:4791".parse().unwrap());
+        assert_eq!(d.payload, 28..p.len());
+        assert_eq!(d.len(), p.len());
+    }
+
+    #[test]
+    fn a_new_source_port_keeps_the_icrc_valid() {
+        let mut p = packet();
+        let mut d = Datagram::parse(&p).unwrap();
+        d.set_src_port(&mut p, 4791).unwrap();
+        let parsed = RoceV2Packet::parse_checked(&p).unwrap();
+        assert_eq!(parsed.udp.src_port, 4791);
+        assert_eq!(d.src.port(), 4791);
+    }
+
+    #[test]
+    fn a_moved_destination_port_is_put_back_for_the_check() {
+        let mut p = packet();
+        let mut d = Datagram::parse(&p).unwrap();
+        d.set_dst_port(&mut p, 5000);
+        assert!(RoceV2Packet::parse_checked(&p).is_err());
+        d.set_dst_port(&mut p, crate::ROCEV2_UDP_PORT);
+        assert!(RoceV2Packet::parse_checked(&p).is_ok());
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        for n in 0..64 {
+            let junk: Vec<u8> = (0..n).map(|i| (i * 37 + 0x45) as u8).collect();
+            let _ = Datagram::parse(&junk);
+        }
+        let mut p = packet();
+        p.truncate(30);
+        assert!(Datagram::parse(&p).is_err());
+    }
+}
