@@ -25,6 +25,7 @@ fn start_daemon(dir: &std::path::Path) -> std::path::PathBuf {
             addrs: vec!["127.0.0.1".parse().unwrap()],
             port,
             remote_port: port,
+            ..Default::default()
         };
         match Device::start(config, regions.clone()) {
             Ok(dev) => break dev,

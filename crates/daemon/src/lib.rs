@@ -41,7 +41,7 @@
 //! ([`proto::Request::AsyncEventChannel`], an eventfd) is signalled whenever one is raised.
 //!
 //! Two QPs on the same device exchange their packets inside the daemon, never through a
-//! socket (the device's `local_packets` counter; `udp_sent` counts what left as UDP), and
+//! socket (the device's `local_packets` counter; `tx_datagrams` counts what left as UDP), and
 //! over the engine's internal path: 32 KiB segments sealed without an ICRC
 //! (`engine::EngineConfig::internal_addresses`), since they never meet a wire.
 //!

@@ -35,11 +35,33 @@ struct Args {
     /// Device name prefix.
     #[arg(long, default_value = "srxe")]
     name_prefix: String,
-    /// Microseconds the progress thread keeps looking for posted WQEs after the last work
-    /// before it sleeps (while it looks, posting costs clients no system call; 0: sleep at
-    /// once and be woken by a doorbell for every burst).
-    #[arg(long, default_value_t = daemon::host::DEFAULT_IDLE_SPIN.as_micros() as u64)]
-    idle_spin_us: u64,
+    /// Microseconds each device's progress thread keeps polling (its sockets and the
+    /// clients' work rings) after the last activity before it sleeps: while it polls,
+    /// posting costs clients no system call and a packet no wakeup; 0: sleep at once and be
+    /// woken by a doorbell for every burst. The same knob as the embedded device's
+    /// `busy_poll`.
+    #[arg(long, default_value_t = daemon::host::DEFAULT_BUSY_POLL.as_micros() as u64)]
+    busy_poll_us: u64,
+    /// Where received packets come from. `udp` (default): a UDP socket, which hides the IP
+    /// header; the ICRC is checked in full and, for IPv4 senders that number their packets
+    /// (Linux Soft-RoCE), the one IP ID for which it holds is found (an exact check of the
+    /// remaining bits; see the README's receive policy). `raw`: a raw socket that sees every
+    /// sender's header (needs CAP_NET_RAW); the ICRC is checked exactly as sent.
+    #[arg(long, value_enum, default_value_t = RxPathArg::Udp)]
+    rx_path: RxPathArg,
+    /// Record every packet the devices send and receive into this pcap file (as
+    /// `SOFTRDMA_CAPTURE` does); `softrdma decode` and tshark read it.
+    #[arg(long, env = "SOFTRDMA_CAPTURE", value_name = "FILE.pcap")]
+    capture: Option<PathBuf>,
+}
+
+/// `--rx-path`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum RxPathArg {
+    /// A UDP socket (no privilege).
+    Udp,
+    /// A raw socket (CAP_NET_RAW).
+    Raw,
 }
 
 /// The host's interfaces and their addresses, in interface order. IPv6 link-local addresses
@@ -119,6 +141,10 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     mask.add(Signal::SIGTERM);
     nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&mask), None)?;
 
+    let capture = match &args.capture {
+        Some(p) if !p.as_os_str().is_empty() => Some(runtime::Capture::create(p)?),
+        _ => None,
+    };
     let regions = SharedRegions::default();
     let mut devices = Vec::new();
     for (i, (iface, addrs)) in device_addresses(args)?.into_iter().enumerate() {
@@ -129,10 +155,17 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                 addrs: addrs.clone(),
                 port: args.port,
                 remote_port: args.remote_port.unwrap_or(args.port),
+                rx_path: match args.rx_path {
+                    RxPathArg::Udp => runtime::RxPath::Udp,
+                    RxPathArg::Raw => runtime::RxPath::Raw,
+                },
             },
             regions.clone(),
         )?;
-        dev.set_idle_spin(std::time::Duration::from_micros(args.idle_spin_us));
+        dev.set_busy_poll(std::time::Duration::from_micros(args.busy_poll_us));
+        if let Some(cap) = &capture {
+            dev.runtime().set_capture(Some(cap.clone()));
+        }
         tracing::info!(device = %name, interface = %iface, ?addrs, port = args.port, "device up");
         devices.push(dev);
     }

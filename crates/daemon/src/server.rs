@@ -194,6 +194,15 @@ impl From<VerbsError> for Fail {
     }
 }
 
+impl From<runtime::RuntimeError> for Fail {
+    fn from(e: runtime::RuntimeError) -> Fail {
+        match e {
+            runtime::RuntimeError::Verbs(v) => v.into(),
+            other => fail(ENOMEM, other.to_string()),
+        }
+    }
+}
+
 impl From<ConvertError> for Fail {
     fn from(e: ConvertError) -> Fail {
         let errno = match e {
@@ -803,10 +812,7 @@ impl<'d> Conn<'d> {
             Request::CreateQpWithSrq { init, srq } => self.create_qp(init, Some(srq)),
             Request::ReqNotifyCq { cq, solicited_only } => {
                 let (i, h) = self.cq(cq)?;
-                d.devices[i].with(|e| e.req_notify_cq(h, solicited_only))?;
-                if !solicited_only {
-                    d.devices[i].signal_if_pending(h);
-                }
+                d.devices[i].arm_cq(h, solicited_only)?;
                 Ok(Response::Done)
             }
             Request::CqChannel { cq } => {

@@ -15,11 +15,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use engine::{
-    AhHandle, Engine, QpAttr, QpAttrMask, QpState, RecvWr, SendWr, SrqHandle, UdDest, VerbsError,
+    AhHandle, QpAttr, QpAttrMask, QpState, RecvWr, SendWr, SrqHandle, UdDest, VerbsError,
 };
 
 use crate::convert;
-use crate::memory::ClientMemory;
 use crate::proto::{Request, WQE_ENTRY_LEN};
 use crate::ring::{Ring, RingError};
 
@@ -192,7 +191,7 @@ impl WorkRing {
 
     /// Move waiting WQEs into `engine`, in order, until the ring is empty, the engine's
     /// queue is full, or a batch is done.
-    pub fn drain(&mut self, engine: &mut Engine<ClientMemory>, stats: &WqStats) -> Drained {
+    pub fn drain(&mut self, engine: &mut runtime::SendEngine, stats: &WqStats) -> Drained {
         let mut took = 0;
         if let Some(p) = self.stash.take() {
             match self.post(engine, p, stats) {
@@ -294,7 +293,7 @@ impl WorkRing {
     /// `Err` the QP was moved to the error state and the ring must go.
     fn post(
         &mut self,
-        engine: &mut Engine<ClientMemory>,
+        engine: &mut runtime::SendEngine,
         p: Posted,
         stats: &WqStats,
     ) -> Result<bool, ()> {
@@ -333,7 +332,7 @@ impl WorkRing {
     /// Move the ring's QP to the error state (its queued WQEs complete with flush errors). A
     /// QP still in RESET stays there (the engine allows no RESET → ERR): it has nothing
     /// queued, and its ring is detached all the same.
-    fn poison(&mut self, engine: &mut Engine<ClientMemory>) {
+    fn poison(&mut self, engine: &mut runtime::SendEngine) {
         self.stash = None;
         if let Some(qpn) = self.queue.qpn() {
             let err = QpAttr {

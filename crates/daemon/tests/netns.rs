@@ -192,6 +192,7 @@ fn netns_device_spanning_two_links() {
                 addrs,
                 port: 0,
                 remote_port: 0,
+                ..Default::default()
             },
             daemon::memory::SharedRegions::default(),
         )

@@ -23,7 +23,7 @@ fn daemon_with_spin(spin_us: u64) -> Daemon {
         vec![
             "--addr".into(),
             format!("127.0.0.{}", 2 + (n % 200)),
-            "--idle-spin-us".into(),
+            "--busy-poll-us".into(),
             spin_us.to_string(),
         ]
     })
@@ -440,8 +440,8 @@ fn two_clients_on_one_device_move_data_with_no_udp() {
     assert_eq!((w[0].wr_id, w[0].status), (1, 0));
     assert!(b.buf.read(0, len) == pattern, "the data landed");
     let s = d.stats();
-    assert_eq!(s.get("srxe0.udp_sent"), 0);
-    assert_eq!(s.get("srxe0.udp_received"), 0);
+    assert_eq!(s.get("srxe0.tx_datagrams"), 0);
+    assert_eq!(s.get("srxe0.rx_datagrams"), 0);
     // 256 KiB between QPs of one device: in internal segments, not 256 packets of the
     // 1024-byte path MTU, and their ACKs, all kept inside.
     let segments = (len / engine::MAX_INTERNAL_MTU as usize) as u64;
@@ -476,8 +476,8 @@ fn two_devices_of_one_daemon_hand_each_other_packets_with_no_udp() {
     assert!(b.buf.read(0, len) == pattern, "the data landed");
     let s = d.stats();
     for dev in ["srxe0", "srxe1"] {
-        assert_eq!(s.get(&format!("{dev}.udp_sent")), 0, "{dev}");
-        assert_eq!(s.get(&format!("{dev}.udp_received")), 0, "{dev}");
+        assert_eq!(s.get(&format!("{dev}.tx_datagrams")), 0, "{dev}");
+        assert_eq!(s.get(&format!("{dev}.rx_datagrams")), 0, "{dev}");
     }
     // 128 KiB at a 1024-byte path MTU: 128 requests one way, ACKs the other.
     assert!(s.get("srxe0.peer_packets") >= 128);

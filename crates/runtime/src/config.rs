@@ -42,16 +42,30 @@ pub enum RxPath {
 pub struct RuntimeConfig {
     /// The local address: the socket binds to it and it is the port's GID 0.
     pub addr: IpAddr,
+    /// Further addresses of the same port (GIDs 1, 2...), one socket each: a device per
+    /// interface serves every address of its interface, as a kernel RDMA device does.
+    pub extra_addrs: Vec<IpAddr>,
+    /// Name of the progress thread (default: `softrdma <address>`).
+    pub name: Option<String>,
+    /// Connected QPs between two of this device's own addresses use the engine's internal
+    /// paths (32 KiB segments, no ICRC: `engine::EngineConfig::internal_addresses`). Their
+    /// packets never leave the process, so nothing on a wire could check them; a capture
+    /// does not show them.
+    pub internal_paths: bool,
     /// UDP port this device receives on (RoCEv2: 4791).
     pub port: u16,
     /// UDP port packets are sent to (RoCEv2: 4791). Differs from `port` only when several
-    /// devices share one address (e.g. `::1` in tests); see the crate docs on ports.
+    /// devices share one address (e.g. `::1` in tests); see the crate docs on ports. 0: the
+    /// port this device receives on (useful with `port` 0).
     pub remote_port: u16,
     /// UDP source port choice.
     pub src_port_policy: SrcPortPolicy,
     /// Receive path.
     pub rx_path: RxPath,
-    /// How long the progress thread keeps polling after the last activity before it sleeps.
+    /// How long the progress thread keeps polling (for packets, and for the work a host
+    /// attached) after the last activity before it sleeps: the one spin knob of a device.
+    /// While it polls, packets and posts reach the engine without a wakeup; on a machine
+    /// with few cores it takes a core from the applications.
     pub busy_poll: Duration,
     /// Datagrams received per `recvmmsg` call.
     pub rx_batch: usize,
@@ -65,12 +79,26 @@ pub struct RuntimeConfig {
 }
 
 impl RuntimeConfig {
+    /// Every address of the device, GID order.
+    pub fn addrs(&self) -> Vec<IpAddr> {
+        let mut v = vec![self.addr];
+        for a in &self.extra_addrs {
+            if !v.contains(a) {
+                v.push(*a);
+            }
+        }
+        v
+    }
+
     /// Defaults for a device on `addr`: port 4791 both ways, per-QP source ports, UDP receive
     /// path, no busy polling (spinning threads starve each other on small machines; raise it
     /// where cores are spare), MTU 4096.
     pub fn new(addr: IpAddr) -> RuntimeConfig {
         RuntimeConfig {
             addr,
+            extra_addrs: Vec::new(),
+            name: None,
+            internal_paths: false,
             port: wire::ROCEV2_UDP_PORT,
             remote_port: wire::ROCEV2_UDP_PORT,
             src_port_policy: SrcPortPolicy::PerQp,

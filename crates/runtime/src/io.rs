@@ -97,7 +97,8 @@ pub(crate) fn rx_socket(addr: SocketAddr) -> io::Result<Socket> {
     Ok(sock)
 }
 
-/// Counters of the socket layer (the engine counts everything after it).
+/// Counters of the socket layer and of the routes that bypass it (the engine counts
+/// everything after them).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct IoCounters {
     /// Datagrams received and handed to the engine.
@@ -110,36 +111,67 @@ pub struct IoCounters {
     pub tx_errors: u64,
     /// Packets sent from the fixed port after rewriting the source port and ICRC.
     pub tx_port_rewrites: u64,
+    /// Packets between two QPs of this device, handed back to the engine with no socket.
+    pub local_packets: u64,
+    /// Packets handed to (or taken from) another device of this process with no socket.
+    pub peer_packets: u64,
 }
 
-/// The sending side: one socket per UDP source port (opened lazily), or the fixed one.
+impl IoCounters {
+    /// Every counter by name, as `softrdma stat` prints them.
+    pub fn named(&self) -> [(&'static str, u64); 7] {
+        [
+            ("rx_datagrams", self.rx_datagrams),
+            ("rx_dropped", self.rx_dropped),
+            ("tx_datagrams", self.tx_datagrams),
+            ("tx_errors", self.tx_errors),
+            ("tx_port_rewrites", self.tx_port_rewrites),
+            ("local_packets", self.local_packets),
+            ("peer_packets", self.peer_packets),
+        ]
+    }
+}
+
+/// One local address's sending side: the receiving socket (the fixed source port) and the
+/// per-port sockets opened on first use.
+#[derive(Debug)]
+struct Local {
+    ip: IpAddr,
+    fixed: Arc<Socket>,
+    per_port: BTreeMap<u16, Option<Socket>>,
+}
+
+/// The sending side: for each local address, one socket per UDP source port (opened
+/// lazily), or the fixed one.
 #[derive(Debug)]
 pub(crate) struct Tx {
-    local: IpAddr,
+    locals: Vec<Local>,
     remote_port: u16,
     policy: SrcPortPolicy,
-    /// The receiving socket, used for fixed-port sends.
-    fixed: Arc<Socket>,
     fixed_port: u16,
-    per_port: BTreeMap<u16, Option<Socket>>,
     pub(crate) counters: IoCounters,
 }
 
 impl Tx {
+    /// `fixed`: each local address with its receiving socket, bound to `fixed_port`.
     pub(crate) fn new(
-        local: IpAddr,
+        fixed: Vec<(IpAddr, Arc<Socket>)>,
         remote_port: u16,
         policy: SrcPortPolicy,
-        fixed: Arc<Socket>,
         fixed_port: u16,
     ) -> Tx {
         Tx {
-            local,
+            locals: fixed
+                .into_iter()
+                .map(|(ip, fixed)| Local {
+                    ip,
+                    fixed,
+                    per_port: BTreeMap::new(),
+                })
+                .collect(),
             remote_port,
             policy,
-            fixed,
             fixed_port,
-            per_port: BTreeMap::new(),
             counters: IoCounters::default(),
         }
     }
@@ -149,52 +181,54 @@ impl Tx {
         self.remote_port = port;
     }
 
-    /// The socket for `port`, opened on first use; `None` when it cannot be had.
-    fn socket_for(&mut self, port: u16) -> Option<&Socket> {
-        let local = self.local;
-        self.per_port
-            .entry(port)
-            .or_insert_with(|| match udp_socket(SocketAddr::new(local, port), true) {
-                Ok(s) => Some(s),
-                Err(e) => {
-                    tracing::warn!(port, error = %e, "cannot bind UDP source port; using the fixed port for it");
-                    None
-                }
-            })
-            .as_ref()
-    }
-
-    /// Send the whole IP packet `pkt` (as the engine emitted it) to `dst`.
+    /// Send the whole IP packet `pkt` (as the engine emitted it) to `dst`, from the local
+    /// address it names as its source (the first one if it names none of them).
     pub(crate) fn send(&mut self, pkt: &mut [u8], dst: IpAddr) {
-        let Some(hl) = ip_header_len(pkt) else {
+        let Ok(mut d) = wire::Datagram::parse(pkt) else {
             self.counters.tx_errors += 1;
             return;
         };
-        if pkt.len() < hl + wire::UDP_HEADER_LEN {
+        let Some(li) = self
+            .locals
+            .iter()
+            .position(|l| l.ip == d.src.ip())
+            .or((!self.locals.is_empty()).then_some(0))
+        else {
             self.counters.tx_errors += 1;
             return;
-        }
-        let src_port = u16::from_be_bytes([pkt[hl], pkt[hl + 1]]);
+        };
         let to = SockAddr::from(SocketAddr::new(dst, self.remote_port));
+        let src_port = d.src.port();
         let per_qp = self.policy == SrcPortPolicy::PerQp && src_port != self.fixed_port;
-        let sent = if per_qp && self.socket_for(src_port).is_some() {
-            let sock = self.per_port.get(&src_port).and_then(Option::as_ref);
-            sock.map(|s| s.send_to(&pkt[hl + wire::UDP_HEADER_LEN..], &to))
+        let local = &mut self.locals[li];
+        let sock = if per_qp {
+            let ip = local.ip;
+            local
+                .per_port
+                .entry(src_port)
+                .or_insert_with(|| match udp_socket(SocketAddr::new(ip, src_port), true) {
+                    Ok(s) => Some(s),
+                    Err(e) => {
+                        tracing::warn!(port = src_port, error = %e, "cannot bind UDP source port; using the fixed port for it");
+                        None
+                    }
+                })
+                .as_ref()
         } else {
             None
         };
-        let result = match sent {
-            Some(r) => r,
+        let result = match sock {
+            Some(s) => s.send_to(&pkt[d.payload.clone()], &to),
             None => {
                 if src_port != self.fixed_port {
                     // The ICRC covers the UDP source port: rewrite both.
-                    if rewrite_src_port(pkt, hl, self.fixed_port).is_err() {
+                    if d.set_src_port(pkt, self.fixed_port).is_err() {
                         self.counters.tx_errors += 1;
                         return;
                     }
                     self.counters.tx_port_rewrites += 1;
                 }
-                self.fixed.send_to(&pkt[hl + wire::UDP_HEADER_LEN..], &to)
+                local.fixed.send_to(&pkt[d.payload.clone()], &to)
             }
         };
         match result {
@@ -205,31 +239,6 @@ impl Tx {
             }
         }
     }
-}
-
-/// Header length of the IP packet at the start of `pkt`.
-fn ip_header_len(pkt: &[u8]) -> Option<usize> {
-    match pkt.first()? >> 4 {
-        4 => Some(usize::from(pkt[0] & 0x0f) * 4),
-        6 => Some(wire::IPV6_HEADER_LEN),
-        _ => None,
-    }
-}
-
-/// Set the UDP source port of a whole packet and recompute its ICRC.
-fn rewrite_src_port(pkt: &mut [u8], hl: usize, port: u16) -> Result<(), wire::WireError> {
-    pkt[hl..hl + 2].copy_from_slice(&port.to_be_bytes());
-    let n = pkt.len();
-    if n < wire::ICRC_LEN {
-        return Err(wire::WireError::Truncated {
-            header: wire::HeaderKind::Icrc,
-            needed: wire::ICRC_LEN,
-            available: n,
-        });
-    }
-    let icrc = wire::icrc::compute(&pkt[..n - wire::ICRC_LEN])?;
-    pkt[n - wire::ICRC_LEN..].copy_from_slice(&wire::icrc::icrc_bytes(icrc));
-    Ok(())
 }
 
 /// Where one received packet lies.
@@ -462,22 +471,18 @@ enum RawVerdict {
 /// the sender's own, so the engine checks the ICRC exactly, whatever IP ID it carries. A
 /// port other than 4791 is mapped back to 4791, as on the UDP path.
 fn raw_packet(p: &mut [u8], port: u16, truncated: bool) -> RawVerdict {
-    if p.len() < 28 || p[0] >> 4 != 4 || p[9] != 17 {
-        return RawVerdict::NotOurs;
-    }
-    let hl = usize::from(p[0] & 0x0f) * 4;
-    let Some(udp) = p.get(hl..hl + 8) else {
+    let Ok(mut d) = wire::Datagram::parse(p) else {
+        // Not a UDP packet we can read (the raw socket sees all of this host's UDP).
         return RawVerdict::NotOurs;
     };
-    if u16::from_be_bytes([udp[2], udp[3]]) != port {
+    if d.dst.port() != port {
         return RawVerdict::NotOurs;
     }
-    let total = usize::from(u16::from_be_bytes([p[2], p[3]]));
-    if truncated || total > p.len() || total < hl + 8 {
+    if truncated {
         return RawVerdict::Bad;
     }
-    p[hl + 2..hl + 4].copy_from_slice(&ROCEV2_UDP_PORT.to_be_bytes());
-    RawVerdict::Ours(total)
+    d.set_dst_port(p, ROCEV2_UDP_PORT);
+    RawVerdict::Ours(d.len())
 }
 
 /// The local address a datagram was sent to, from its `IP_PKTINFO` / `IPV6_PKTINFO`.

@@ -97,18 +97,21 @@
 #![warn(missing_docs)]
 
 mod acks;
+mod attach;
 pub mod capture;
 mod config;
 mod io;
 pub mod link;
 mod memory;
+mod progress;
 
 use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
 use std::net::SocketAddr;
 use std::ops::{Deref, DerefMut};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -121,6 +124,7 @@ use engine::{
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use nix::sys::time::TimeSpec;
 
+pub use attach::{Attachment, Plain};
 pub use capture::Capture;
 pub use config::{RuntimeConfig, RxPath, SrcPortPolicy};
 pub use io::IoCounters;
@@ -221,15 +225,27 @@ pub fn wait_readable(fd: BorrowedFd<'_>, timeout: Option<Duration>) -> Result<()
 }
 
 /// What lives under the runtime's lock.
-struct Core {
+struct Core<A> {
     engine: SendEngine,
+    /// What the host attached (the daemon's rings; nothing for the embedded device).
+    attach: A,
     tx: io::Tx,
     txbuf: Vec<u8>,
-    regions: memory::SharedRegions,
+    /// Registered ranges of this process ([`EngineGuard::reg_mr`]); `None` when the engine
+    /// runs over memory the host gave it.
+    regions: Option<memory::SharedRegions>,
     mr_owners: HashMap<MrHandle, MemOwner>,
     notifiers: HashMap<CqHandle, Arc<CqNotifier>>,
     events: VecDeque<AsyncEvent>,
+    /// Event channels signalled on every asynchronous event besides the runtime's own
+    /// (a daemon's connections; one that ended leaves a dead reference, pruned then).
+    event_listeners: Vec<Weak<EventFd>>,
     rx_counters: IoCounters,
+    /// Packets one of this device's QPs sent another, waiting to go back into the engine.
+    local_rx: VecDeque<LocalPacket>,
+    /// Spare transmit buffers: a packet for this device leaves in the buffer it was built
+    /// in, and a spare takes its place.
+    local_free: Vec<Vec<u8>>,
     /// Where every sent and received packet is recorded, if anywhere.
     capture: Option<Arc<Capture>>,
     /// ACKs held back behind requests, and coalesced (see [`Core::pump`]).
@@ -237,6 +253,22 @@ struct Core {
     /// ACKs may still wait in the engine (a receive pass left them there: [`Acks::Defer`]).
     acks_in_engine: bool,
 }
+
+/// A packet one of the device's QPs sent another.
+struct LocalPacket {
+    /// The buffer it was built in (`bytes[..len]` is the packet).
+    bytes: Vec<u8>,
+    len: usize,
+    /// Built for an internal path ([`engine::Transmit::internal`]): no ICRC to check.
+    internal: bool,
+}
+
+/// Most asynchronous events kept for their owners to take; the oldest go first.
+const MAX_EVENTS: usize = 1024;
+
+/// Rounds of same-device packet exchange one pass runs before leaving the rest for the
+/// next (so a verb that pumps does not move a whole transfer).
+const LOCAL_ROUNDS: usize = 32;
 
 /// What a pass does with the plain ACKs the engine has for its peers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -251,8 +283,10 @@ enum Acks {
     Defer,
 }
 
-impl Core {
-    /// Send everything the engine has to send.
+impl<A: Attachment> Core<A> {
+    /// Send everything the engine has to send, over the route each packet's destination
+    /// takes (see [`Core::route`]); packets for this device go back into the engine, for up
+    /// to [`LOCAL_ROUNDS`] rounds.
     ///
     /// Requests leave before ACKs (see the `acks` module): the engine builds plain ACKs only
     /// after the requests of the pass are sent ([`Engine::poll_transmit_deferring_acks`]),
@@ -261,19 +295,45 @@ impl Core {
     /// sending), or the progress thread's next pass (within [`HANDOVER`]). ACKs keep their
     /// order among themselves: any other response (a NAK, READ data, an atomic's ACK)
     /// first sends the ACKs held before it.
-    fn pump(&mut self, now: Instant, acks: Acks) {
+    fn pump(&mut self, net: &Net, now: Instant, acks: Acks) {
+        for _ in 0..LOCAL_ROUNDS {
+            self.pump_once(net, now, acks);
+            if self.local_rx.is_empty() {
+                break;
+            }
+            while let Some(p) = self.local_rx.pop_front() {
+                let pkt = &p.bytes[..p.len];
+                if p.internal {
+                    self.engine.handle_internal(now, pkt);
+                } else {
+                    if let Some(c) = &self.capture {
+                        c.record(pkt);
+                    }
+                    self.engine.handle_datagram(now, pkt);
+                }
+                self.local_free.push(p.bytes);
+            }
+        }
+        self.attach.flush();
+    }
+
+    fn pump_once(&mut self, net: &Net, now: Instant, acks: Acks) {
+        // A completion says the data is in memory, and a packet may tell a peer so: the
+        // writes the host held back land first.
+        self.attach.flush();
+        self.attach.deliver(&mut self.engine);
         while let Some(t) = self
             .engine
             .poll_transmit_deferring_acks(now, &mut self.txbuf)
         {
-            self.route(now, t);
+            self.route(net, now, t);
         }
         if acks == Acks::Defer {
             self.acks_in_engine = true;
             return;
         }
         while let Some(t) = self.engine.poll_transmit(now, &mut self.txbuf) {
-            self.route(now, t);
+            self.route(net, now, t);
         }
         self.acks_in_engine = false;
         if acks == Acks::Send {
@@ -281,21 +341,53 @@ impl Core {
         }
     }
 
-    /// Send or hold one packet the engine built in `txbuf`.
-    fn route(&mut self, now: Instant, t: engine::Transmit) {
-        {
-            let (pkt, _) = self.txbuf.split_at_mut(t.len);
-            match acks::classify(pkt, t.dst) {
-                acks::Kind::Ack(key) => {
-                    self.acks.hold(pkt, t.dst, key, now.as_nanos());
-                    return;
-                }
-                acks::Kind::Response => self.send_held(),
-                acks::Kind::Request => {}
-            }
-            let (pkt, _) = self.txbuf.split_at_mut(t.len);
-            send_one(&mut self.tx, self.capture.as_deref(), pkt, t.dst);
+    /// Deliver one packet the engine built in `txbuf`: back into this engine when it is
+    /// for this device, to another device of this process when one serves its destination
+    /// ([`link`]), else as a UDP datagram (plain ACKs may be held: see the `acks` module).
+    fn route(&mut self, net: &Net, now: Instant, t: engine::Transmit) {
+        if net.is_local(t.dst) {
+            // Both ends on this device: the engine takes its own packet back, as a NIC
+            // loops back traffic between its own QPs (on an internal path: large segments,
+            // no ICRC). The packet keeps its buffer; a spare becomes the transmit buffer.
+            let spare = self
+                .local_free
+                .pop()
+                .unwrap_or_else(|| vec![0; self.txbuf.len()]);
+            let bytes = std::mem::replace(&mut self.txbuf, spare);
+            self.local_rx.push_back(LocalPacket {
+                bytes,
+                len: t.len,
+                internal: t.internal,
+            });
+            self.tx.counters.local_packets += 1;
+            return;
         }
+        if t.internal {
+            // Only this device's own addresses are internal; nothing else can take it.
+            tracing::warn!(dst = %t.dst, "internal packet for another device dropped");
+            self.tx.counters.tx_errors += 1;
+            return;
+        }
+        let (pkt, _) = self.txbuf.split_at_mut(t.len);
+        if let Some(peer) = net.peer(t.dst) {
+            // Another device of this process: hand it over, no socket either.
+            if let Some(c) = &self.capture {
+                c.record(pkt);
+            }
+            peer.deliver(pkt.to_vec());
+            self.tx.counters.peer_packets += 1;
+            return;
+        }
+        match acks::classify(pkt, t.dst) {
+            acks::Kind::Ack(key) => {
+                self.acks.hold(pkt, t.dst, key, now.as_nanos());
+                return;
+            }
+            acks::Kind::Response => self.send_held(),
+            acks::Kind::Request => {}
+        }
+        let (pkt, _) = self.txbuf.split_at_mut(t.len);
+        send_one(&mut self.tx, self.capture.as_deref(), pkt, t.dst);
     }
 
     /// Send every held ACK.
@@ -312,7 +404,8 @@ impl Core {
             .send_due(now.as_nanos(), |pkt, dst| send_one(tx, capture, pkt, dst));
     }
 
-    /// Signal armed CQs that have completions and queue async events.
+    /// Signal armed CQs that have completions and queue async events for their owners
+    /// (at most [`MAX_EVENTS`]: the oldest are acknowledged and dropped).
     fn notify(&mut self, async_fd: &EventFd) {
         // The engine raises one event per `req_notify_cq` (IBA 11.4.2.2 rules, solicited-only
         // included); each becomes one eventfd signal.
@@ -323,11 +416,25 @@ impl Core {
         }
         let mut any = false;
         while let Some(ev) = self.engine.get_async_event() {
+            tracing::debug!(event = ?ev, "async event");
+            if self.events.len() >= MAX_EVENTS {
+                // Nobody took it: acknowledge it, or its SRQ could never be destroyed.
+                if let Some(old) = self.events.pop_front() {
+                    self.engine.ack_async_event(&old);
+                }
+            }
             self.events.push_back(ev);
             any = true;
         }
         if any {
             let _ = async_fd.write(1);
+            self.event_listeners.retain(|w| match w.upgrade() {
+                Some(fd) => {
+                    let _ = fd.write(1);
+                    true
+                }
+                None => false,
+            });
         }
     }
 }
@@ -340,15 +447,49 @@ fn send_one(tx: &mut io::Tx, capture: Option<&Capture>, pkt: &mut [u8], dst: std
     }
 }
 
+/// Where a device's packets can go without a socket: its own addresses, and the devices of
+/// this process it was linked with ([`link`]).
+struct Net {
+    /// The device's addresses, when packets to them come back to it (its remote port is
+    /// its own port: several devices sharing an address on distinct ports are reached
+    /// through their sockets).
+    local: Vec<IpAddr>,
+    peers: OnceLock<Vec<(IpAddr, Weak<dyn Inbox>)>>,
+}
+
+impl Net {
+    fn is_local(&self, dst: IpAddr) -> bool {
+        self.local.contains(&dst)
+    }
+
+    fn peer(&self, dst: IpAddr) -> Option<Arc<dyn Inbox>> {
+        self.peers
+            .get()?
+            .iter()
+            .find(|(a, _)| *a == dst)
+            .and_then(|(_, w)| w.upgrade())
+    }
+}
+
+/// A device that takes packets from other devices of this process.
+trait Inbox: Send + Sync {
+    /// Queue `pkt` (a whole IP packet) and wake the device.
+    fn deliver(&self, pkt: Vec<u8>);
+}
+
 /// State shared by the handle and the progress thread.
-struct Shared {
-    core: Mutex<Core>,
-    /// The receive side. Whoever holds this lock receives *and* hands the batch to the engine,
-    /// so packets reach the engine in arrival order whichever thread drives. Only ever
-    /// `try_lock`ed, by a thread that holds `core`.
-    rx: Mutex<io::Rx>,
-    /// The socket `rx` reads (the UDP socket, or the raw one), polled without the `rx` lock.
-    sock: Arc<socket2::Socket>,
+struct Shared<A> {
+    core: Mutex<Core<A>>,
+    /// The receive side, one per address. Whoever holds this lock receives *and* hands the
+    /// batch to the engine, so packets reach the engine in arrival order whichever thread
+    /// drives. Only ever `try_lock`ed, by a thread that holds `core`.
+    rx: Mutex<Vec<io::Rx>>,
+    /// The sockets `rx` reads (UDP sockets, or raw ones), polled without the `rx` lock.
+    socks: Vec<Arc<socket2::Socket>>,
+    /// Packets other devices of this process handed this one. A leaf lock: nothing else is
+    /// taken while it is held.
+    inbox: Mutex<VecDeque<Vec<u8>>>,
+    net: Net,
     /// Application threads blocked in [`Runtime::wait_cq`], which receive themselves
     /// meanwhile; the progress thread leaves the socket to them.
     drivers: AtomicUsize,
@@ -380,17 +521,36 @@ struct Shared {
     wake_at: AtomicU64,
     origin: std::time::Instant,
     local: SocketAddr,
-    busy_poll: Duration,
+    /// The device's addresses, GID order.
+    addrs: Vec<IpAddr>,
+    /// How long (ns) the progress thread keeps polling after the last activity.
+    busy_poll_ns: AtomicU64,
+    /// Times the progress thread went to sleep.
+    sleeps: AtomicU64,
 }
 
-impl Shared {
+impl<A: Attachment> Inbox for Shared<A> {
+    fn deliver(&self, pkt: Vec<u8>) {
+        lock_leaf(&self.inbox).push_back(pkt);
+        let _ = self.doorbell.write(1);
+    }
+}
+
+/// Lock a mutex that guards only whole-value pushes and takes (a panic cannot leave it
+/// half-updated).
+fn lock_leaf<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl<A: Attachment> Shared<A> {
     fn now(&self) -> Instant {
         Instant::from_nanos(u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX))
     }
 
-    /// Receive one batch (if the socket has any) and run it through the engine, with the
-    /// timers and transmissions it causes. Returns the packets handled. `hold_acks`: the
-    /// calling thread waits for what the packets bring (see [`Core::pump`]).
+    /// Receive one batch (if the sockets have any), take posted work and packets handed
+    /// over by other devices, and run them through the engine, with the timers and
+    /// transmissions they cause. Returns how much was handled. `hold_acks`: the calling
+    /// thread waits for what the packets bring (see [`Core::pump`]).
     ///
     /// The engine lock is taken first and the receive side only tried: a thread that held
     /// the receive side while it waited for the engine lock could be kept from it for long
@@ -400,30 +560,61 @@ impl Shared {
         let mut core = self.lock();
         let now = self.now();
         if core.acks_in_engine {
-            core.pump(now, if hold_acks { Acks::Hold } else { Acks::Send });
+            core.pump(
+                &self.net,
+                now,
+                if hold_acks { Acks::Hold } else { Acks::Send },
+            );
         }
+        let work = self.take_work(&mut core, now);
         let Ok(mut rx) = self.rx.try_lock() else {
             // Another thread is receiving: just run the timers and send.
             self.run_timers_and_send(&mut core, now);
-            return 0;
+            return work;
         };
-        let n = rx.recv_batch();
-        self.process(&mut core, &rx, n, hold_acks);
+        let n = rx.iter_mut().map(io::Rx::recv_batch).collect::<Vec<_>>();
+        self.process(&mut core, &rx, &n, hold_acks);
+        work + n.iter().sum::<usize>()
+    }
+
+    /// Take what the host's attachment and other devices of this process have for the
+    /// engine. Returns how many items.
+    fn take_work(&self, core: &mut Core<A>, now: Instant) -> usize {
+        let Core {
+            engine,
+            attach,
+            capture,
+            ..
+        } = core;
+        let mut n = attach.take_work(engine);
+        let handed = std::mem::take(&mut *lock_leaf(&self.inbox));
+        for p in handed {
+            n += 1;
+            if let Some(c) = capture {
+                c.record(&p);
+            }
+            engine.handle_datagram(now, &p);
+        }
         n
     }
 
-    /// Hand the `n` packets `rx` just received to the engine, run due timers, send what
-    /// the engine emits, signal waiters, and wake the progress thread if a timer it does not
-    /// know of is now earlier than its wakeup.
-    fn process(&self, core: &mut Core, rx: &io::Rx, n: usize, hold_acks: bool) {
+    /// Hand the packets `rx` just received (`n[i]` on the `i`th side) to the engine, run
+    /// due timers, send what the engine emits, signal waiters, and wake the progress thread
+    /// if a timer it does not know of is now earlier than its wakeup.
+    fn process(&self, core: &mut Core<A>, rx: &[io::Rx], n: &[usize], hold_acks: bool) {
         let now = self.now();
-        for i in 0..n {
-            if let Some(c) = &core.capture {
-                c.record(rx.packet(i));
+        let mut counters = IoCounters::default();
+        for (side, &n) in rx.iter().zip(n) {
+            for i in 0..n {
+                if let Some(c) = &core.capture {
+                    c.record(side.packet(i));
+                }
+                core.engine.handle_datagram(now, side.packet(i));
             }
-            core.engine.handle_datagram(now, rx.packet(i));
+            counters.rx_datagrams += side.counters.rx_datagrams;
+            counters.rx_dropped += side.counters.rx_dropped;
         }
-        core.rx_counters = rx.counters;
+        core.rx_counters = counters;
         if core.engine.poll_timeout().is_some_and(|t| t <= now) {
             core.engine.handle_timeout(now);
         }
@@ -432,7 +623,7 @@ impl Shared {
     }
 
     /// Run the engine's timers if due, send everything (held ACKs too), signal waiters.
-    fn run_timers_and_send(&self, core: &mut Core, now: Instant) {
+    fn run_timers_and_send(&self, core: &mut Core<A>, now: Instant) {
         if core.engine.poll_timeout().is_some_and(|t| t <= now) {
             core.engine.handle_timeout(now);
         }
@@ -442,9 +633,9 @@ impl Shared {
     /// What every change of engine state is followed by, under the lock: send, signal, and
     /// ring the doorbell only if the progress thread would otherwise sleep past the next
     /// timer, or past [`HANDOVER`] with ACKs held (published under this lock: see
-    /// `wake_at`).
-    fn after_change(&self, core: &mut Core, now: Instant, acks: Acks) {
-        core.pump(now, acks);
+    /// `wake_at`), or packets for this device wait for another round.
+    fn after_change(&self, core: &mut Core<A>, now: Instant, acks: Acks) {
+        core.pump(&self.net, now, acks);
         core.notify(&self.async_fd);
         let mut next = core
             .engine
@@ -452,6 +643,9 @@ impl Shared {
             .map_or(u64::MAX, Instant::as_nanos);
         if !core.acks.is_empty() || core.acks_in_engine {
             next = next.min(now.as_nanos().saturating_add(nanos(HANDOVER)));
+        }
+        if !core.local_rx.is_empty() {
+            next = 0;
         }
         if next < self.wake_at.load(Ordering::SeqCst) {
             let _ = self.doorbell.write(1);
@@ -464,7 +658,7 @@ impl Shared {
     /// `explicit`: the caller promised to keep polling ([`Runtime::poll_progress`]); an
     /// empty `poll_cq` takes the socket only while that has not been seen to stall
     /// packets (see `implicit_off_until`).
-    fn drive_polling(&self, core: &mut Core, explicit: bool) -> usize {
+    fn drive_polling(&self, core: &mut Core<A>, explicit: bool) -> usize {
         let now = self.now();
         if explicit || self.implicit_leases(now.as_nanos()) {
             self.renew_lease(now);
@@ -473,7 +667,7 @@ impl Shared {
         // ACKs held for them go now (unless they wait to be coalesced), before this thread
         // waits again.
         if core.acks_in_engine {
-            core.pump(now, Acks::Hold);
+            core.pump(&self.net, now, Acks::Hold);
         }
         core.send_due_acks(now);
         let Ok(mut rx) = self.rx.try_lock() else {
@@ -482,19 +676,26 @@ impl Shared {
         };
         // A ping-pong's next packet comes alone: look for one (the cheapest look); while
         // packets keep coming, take them a batch at a time.
-        let n = if rx.streaming {
-            rx.recv_batch()
-        } else {
-            rx.recv_one()
-        };
-        rx.streaming = n > 0;
-        if n > 0 {
-            self.process(core, &rx, n, true);
+        let n: Vec<usize> = rx
+            .iter_mut()
+            .map(|side| {
+                let n = if side.streaming {
+                    side.recv_batch()
+                } else {
+                    side.recv_one()
+                };
+                side.streaming = n > 0;
+                n
+            })
+            .collect();
+        let total = n.iter().sum();
+        if total > 0 {
+            self.process(core, &rx, &n, true);
         } else if core.engine.poll_timeout().is_some_and(|t| t <= now) {
             core.engine.handle_timeout(now);
             self.after_change(core, now, Acks::Hold);
         }
-        n
+        total
     }
 
     /// Keep the socket for polling threads until [`HANDOVER`] from `now`; if the progress
@@ -523,28 +724,40 @@ impl Shared {
     /// thread a futex wakeup of the progress thread, which then fails to get the lock
     /// from the spinning thread again and again, on a core the other end of the ping-pong
     /// needs.
-    fn try_lock(&self) -> Option<MutexGuard<'_, Core>> {
-        match self.core.try_lock() {
-            Ok(g) => Some(g),
-            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => None,
-        }
+    fn try_lock(&self) -> Option<MutexGuard<'_, Core<A>>> {
+        let mut g = match self.core.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        g.attach.locked();
+        Some(g)
     }
 
-    fn lock(&self) -> MutexGuard<'_, Core> {
+    fn lock(&self) -> MutexGuard<'_, Core<A>> {
         // A panic while holding the lock leaves the engine as the panicking verb left it; the
         // engine keeps its own invariants per call, so carry on rather than poison every user.
-        self.core.lock().unwrap_or_else(|e| e.into_inner())
+        let mut g = self.core.lock().unwrap_or_else(|e| e.into_inner());
+        g.attach.locked();
+        g
+    }
+
+    /// Whether the progress thread should not sleep: work or packets wait that a pass
+    /// would take.
+    fn has_pending(&self, core: &Core<A>) -> bool {
+        !core.local_rx.is_empty() || core.attach.has_work() || !lock_leaf(&self.inbox).is_empty()
     }
 }
 
-/// One engine on a UDP socket with its progress thread. Dropping it stops the thread.
-pub struct Runtime {
-    shared: Arc<Shared>,
+/// One soft RNIC: an engine on UDP sockets (one per address) with its progress thread,
+/// and whatever its host attached (`A`: nothing for the embedded device, the work and
+/// completion rings for the daemon). Dropping it stops the thread.
+pub struct Runtime<A: Attachment = Plain> {
+    shared: Arc<Shared<A>>,
     thread: Option<JoinHandle<()>>,
 }
 
-impl core::fmt::Debug for Runtime {
+impl<A: Attachment> core::fmt::Debug for Runtime<A> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Runtime")
             .field("local", &self.shared.local)
@@ -565,72 +778,150 @@ fn random_seed() -> u64 {
     h.finish()
 }
 
-impl Runtime {
-    /// Bind the socket, build the engine and start the progress thread.
+/// Let the devices of one process hand each other the packets addressed to one another
+/// instead of sending them as UDP (a NIC's ports on one host do not need the wire either).
+/// Call once, after every device started; later calls change nothing.
+pub fn link<A: Attachment>(devices: &[&Runtime<A>]) {
+    for d in devices {
+        let others = devices
+            .iter()
+            .filter(|o| !Arc::ptr_eq(&o.shared, &d.shared))
+            .flat_map(|o| {
+                let w: Weak<dyn Inbox> = Arc::downgrade(&o.shared) as Weak<dyn Inbox>;
+                o.addrs().iter().map(move |a| (*a, w.clone()))
+            })
+            .collect();
+        let _ = d.shared.net.peers.set(others);
+    }
+}
+
+impl Runtime<Plain> {
+    /// Bind the sockets, build the engine over this process's memory and start the
+    /// progress thread: an embedded device.
     pub fn start(config: RuntimeConfig) -> Result<Runtime, RuntimeError> {
-        let want = SocketAddr::new(config.addr, config.port);
-        let bind_err = |source| RuntimeError::Bind { addr: want, source };
-        let sock = Arc::new(io::rx_socket(want).map_err(bind_err)?);
-        // Port 0 asks the OS for one: learn which.
-        let port = sock
-            .local_addr()
-            .ok()
-            .and_then(|a| a.as_socket())
-            .map_or(config.port, |a| a.port());
-        let local = SocketAddr::new(config.addr, port);
-        let raw = config.rx_path == RxPath::Raw && config.addr.is_ipv4();
-        let rx_sock = if raw {
-            // The UDP socket keeps the port (no ICMP port-unreachable, the fixed source
-            // port) but is never read: a minimal buffer makes the kernel drop its copies.
-            let _ = sock.set_recv_buffer_size(0);
-            Arc::new(io::raw_rx_socket(local).map_err(|source| RuntimeError::RawSocket { source })?)
-        } else {
-            sock.clone()
-        };
         let regions = memory::SharedRegions::default();
-        let mut ec = EngineConfig::new(
-            vec![config.addr],
-            config.rng_seed.unwrap_or_else(random_seed),
-        );
+        let mem: Box<dyn Memory + Send> = Box::new(memory::ProcessMemory::new(regions.clone()));
+        Runtime::start_with(config, mem, Some(regions), Plain)
+    }
+}
+
+impl<A: Attachment> Runtime<A> {
+    /// Bind the sockets, build the engine over `memory` (the host registers its ranges
+    /// with the engine itself: [`EngineGuard::reg_mr`] is for process memory only) and
+    /// start the progress thread, with `attach` added to its passes.
+    pub fn start_hosted(
+        config: RuntimeConfig,
+        memory: Box<dyn Memory + Send>,
+        attach: A,
+    ) -> Result<Runtime<A>, RuntimeError> {
+        Runtime::start_with(config, memory, None, attach)
+    }
+
+    fn start_with(
+        config: RuntimeConfig,
+        mem: Box<dyn Memory + Send>,
+        regions: Option<memory::SharedRegions>,
+        attach: A,
+    ) -> Result<Runtime<A>, RuntimeError> {
+        let addrs = config.addrs();
+        let mut port = config.port;
+        let mut udp = Vec::new();
+        for &a in &addrs {
+            let want = SocketAddr::new(a, port);
+            let sock =
+                io::rx_socket(want).map_err(|source| RuntimeError::Bind { addr: want, source })?;
+            // Port 0 asks the OS for one: learn which, and bind the other addresses to it.
+            port = sock
+                .local_addr()
+                .ok()
+                .and_then(|a| a.as_socket())
+                .map_or(port, |a| a.port());
+            udp.push((a, Arc::new(sock)));
+        }
+        let local = SocketAddr::new(config.addr, port);
+        // Port 0 for peers: the port this device got (devices of one host on one port).
+        let remote_port = if config.remote_port == 0 {
+            port
+        } else {
+            config.remote_port
+        };
+        let mut rx = Vec::new();
+        let mut socks = Vec::new();
+        for (a, sock) in &udp {
+            let raw = config.rx_path == RxPath::Raw && a.is_ipv4();
+            let rx_sock = if raw {
+                // The UDP socket keeps the port (no ICMP port-unreachable, the fixed source
+                // port) but is never read: a minimal buffer makes the kernel drop its copies.
+                let _ = sock.set_recv_buffer_size(0);
+                Arc::new(
+                    io::raw_rx_socket(SocketAddr::new(*a, port))
+                        .map_err(|source| RuntimeError::RawSocket { source })?,
+                )
+            } else {
+                sock.clone()
+            };
+            rx.push(io::Rx::new(
+                rx_sock.clone(),
+                *a,
+                config.rx_batch,
+                raw.then_some(port),
+            ));
+            socks.push(rx_sock);
+        }
+        let mut ec = EngineConfig::new(addrs.clone(), config.rng_seed.unwrap_or_else(random_seed));
         ec.device = config.device.clone();
-        // The port offers what the link under the address carries (DF is always set).
-        ec.mtu = link::port_mtu(config.addr, config.mtu);
+        // The port offers what the links under its addresses carry (DF is always set).
+        ec.mtu = link::port_mtu_of(&addrs, config.mtu);
+        if config.internal_paths {
+            ec.internal_addresses = addrs.clone();
+        }
         if config.src_port_policy == SrcPortPolicy::Fixed {
             // The engine emits the port the packets leave from: no rewriting needed.
             ec.udp_src_port = Some(port);
         }
-        let mem: Box<dyn Memory + Send> = Box::new(memory::ProcessMemory::new(regions.clone()));
         let engine = Engine::with_memory(ec, mem);
-        let tx = io::Tx::new(
-            config.addr,
-            config.remote_port,
-            config.src_port_policy,
-            sock.clone(),
-            port,
-        );
+        let tx = io::Tx::new(udp, remote_port, config.src_port_policy, port);
+        // Internal segments are larger than any wire packet.
+        let txlen = if config.internal_paths {
+            engine::MAX_INTERNAL_MTU as usize + 4096
+        } else {
+            io::MAX_DATAGRAM + io::HEADROOM
+        };
         let core = Core {
             engine,
+            attach,
             tx,
-            txbuf: vec![0; io::MAX_DATAGRAM + io::HEADROOM],
+            txbuf: vec![0; txlen],
             regions,
             mr_owners: HashMap::new(),
             notifiers: HashMap::new(),
             events: VecDeque::new(),
+            event_listeners: Vec::new(),
             rx_counters: IoCounters::default(),
+            local_rx: VecDeque::new(),
+            local_free: Vec::new(),
             capture: Capture::from_env(),
             acks: acks::HeldAcks::default(),
             acks_in_engine: false,
         };
         let flags = EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC;
+        // A device's packets to its own addresses come back to it only when its peers'
+        // port is its own (devices sharing an address on distinct ports reach each other
+        // through their sockets).
+        let loops_back = remote_port == port;
         let shared = Arc::new(Shared {
             core: Mutex::new(core),
-            rx: Mutex::new(io::Rx::new(
-                rx_sock.clone(),
-                config.addr,
-                config.rx_batch,
-                raw.then_some(port),
-            )),
-            sock: rx_sock,
+            rx: Mutex::new(rx),
+            socks,
+            inbox: Mutex::new(VecDeque::new()),
+            net: Net {
+                local: if loops_back {
+                    addrs.clone()
+                } else {
+                    Vec::new()
+                },
+                peers: OnceLock::new(),
+            },
             drivers: AtomicUsize::new(0),
             lease_until: AtomicU64::new(0),
             driving_since: AtomicU64::new(0),
@@ -643,12 +934,15 @@ impl Runtime {
             wake_at: AtomicU64::new(0),
             origin: std::time::Instant::now(),
             local,
-            busy_poll: config.busy_poll,
+            addrs: addrs.clone(),
+            busy_poll_ns: AtomicU64::new(nanos(config.busy_poll)),
+            sleeps: AtomicU64::new(0),
         });
         let s = shared.clone();
+        let name = config.name.unwrap_or_else(|| format!("softrdma {local}"));
         let thread = std::thread::Builder::new()
-            .name(format!("softrdma {local}"))
-            .spawn(move || progress(&s))
+            .name(name)
+            .spawn(move || progress::run(&s))
             .map_err(|source| RuntimeError::Io {
                 what: "spawn progress thread",
                 source,
@@ -677,7 +971,7 @@ impl Runtime {
 
     /// Take the engine lock to call verbs. Changes made through the guard take effect when it
     /// is dropped (packets sent, waiters signalled, progress thread woken if needed).
-    pub fn lock(&self) -> EngineGuard<'_> {
+    pub fn lock(&self) -> EngineGuard<'_, A> {
         EngineGuard {
             core: self.shared.lock(),
             shared: &self.shared,
@@ -757,15 +1051,22 @@ impl Runtime {
                 }
                 None => None,
             };
-            let mut fds = [
-                PollFd::new(notifier.as_fd(), PollFlags::POLLIN),
-                PollFd::new(shared.sock.as_fd(), PollFlags::POLLIN),
-            ];
+            let mut fds = Vec::with_capacity(1 + shared.socks.len());
+            fds.push(PollFd::new(notifier.as_fd(), PollFlags::POLLIN));
+            fds.extend(
+                shared
+                    .socks
+                    .iter()
+                    .map(|s| PollFd::new(s.as_fd(), PollFlags::POLLIN)),
+            );
             match ppoll(&mut fds, left, None) {
                 Ok(_) | Err(nix::errno::Errno::EINTR) => {}
                 Err(e) => return Err(io_err("ppoll")(e)),
             }
-            if fds[1].revents().is_some_and(|r| !r.is_empty()) {
+            if fds[1..]
+                .iter()
+                .any(|f| f.revents().is_some_and(|r| !r.is_empty()))
+            {
                 shared.drive_rx(true);
             }
             if notifier.clear() {
@@ -812,7 +1113,7 @@ impl Runtime {
         self.shared.lock().capture = capture;
     }
 
-    /// Counters of the socket layer.
+    /// Counters of the socket layer and of the routes that bypass it.
     pub fn io_counters(&self) -> IoCounters {
         let core = self.shared.lock();
         let mut c = core.tx.counters;
@@ -820,16 +1121,75 @@ impl Runtime {
         c.rx_dropped = core.rx_counters.rx_dropped;
         c
     }
+
+    /// Every address of the device, GID order (the first is [`Runtime::local_addr`]'s).
+    pub fn addrs(&self) -> &[IpAddr] {
+        &self.shared.addrs
+    }
+
+    /// How long the progress thread keeps polling after the last activity before it sleeps
+    /// (see [`RuntimeConfig::busy_poll`]).
+    pub fn set_busy_poll(&self, d: Duration) {
+        self.shared.busy_poll_ns.store(nanos(d), Ordering::Relaxed);
+        let _ = self.shared.doorbell.write(1);
+    }
+
+    /// Times the progress thread went to sleep so far.
+    pub fn sleeps(&self) -> u64 {
+        self.shared.sleeps.load(Ordering::Relaxed)
+    }
+
+    /// The device's doorbell: writing 1 to it wakes the progress thread (a host hands a
+    /// copy to clients that post work while it sleeps: see [`Attachment::set_asleep`]).
+    pub fn doorbell(&self) -> BorrowedFd<'_> {
+        self.shared.doorbell.as_fd()
+    }
+
+    /// Take the asynchronous events `mine` recognizes (turned into what it returns), oldest
+    /// first; the others stay queued for their owners. Taking an event acknowledges it in
+    /// the engine (`ibv_ack_async_event`): the taker holds an owned copy, so nothing can
+    /// still refer to it, and the SRQ it names can be destroyed.
+    pub fn take_events<T>(&self, mine: impl Fn(&AsyncEvent) -> Option<T>) -> Vec<T> {
+        let mut core = self.shared.lock();
+        let Core { engine, events, .. } = &mut *core;
+        let mut out = Vec::new();
+        events.retain(|ev| match mine(ev) {
+            Some(t) => {
+                out.push(t);
+                engine.ack_async_event(ev);
+                false
+            }
+            None => true,
+        });
+        if events.is_empty() {
+            let _ = self.shared.async_fd.read();
+        }
+        out
+    }
+
+    /// Drop (and acknowledge) the queued events `gone` recognizes: their objects are being
+    /// destroyed with nobody left to take them.
+    pub fn discard_events(&self, gone: impl Fn(&AsyncEvent) -> bool) {
+        self.take_events(|ev| gone(ev).then_some(()));
+    }
+
+    /// Signal `listener` on every asynchronous event this device raises, for as long as it
+    /// lives (besides [`Runtime::async_event_fd`]).
+    pub fn add_event_listener(&self, listener: &Arc<EventFd>) {
+        let mut core = self.shared.lock();
+        core.event_listeners.retain(|w| w.strong_count() > 0);
+        core.event_listeners.push(Arc::downgrade(listener));
+    }
 }
 
-impl Drop for Runtime {
+impl<A: Attachment> Drop for Runtime<A> {
     fn drop(&mut self) {
         // The last ACKs may still be held (a program that exits right after its last
         // completion): the peer's requester waits for them.
         {
             let mut core = self.shared.lock();
             let now = self.shared.now();
-            core.pump(now, Acks::Send);
+            core.pump(&self.shared.net, now, Acks::Send);
         }
         self.shared.stop.store(true, Ordering::SeqCst);
         let _ = self.shared.doorbell.write(1);
@@ -841,9 +1201,9 @@ impl Drop for Runtime {
 
 /// Marks a thread in `wait_cq`; the last one to leave hands the socket back to the progress
 /// thread.
-struct Driving<'a>(&'a Shared);
+struct Driving<'a, A: Attachment>(&'a Shared<A>);
 
-impl Drop for Driving<'_> {
+impl<A: Attachment> Drop for Driving<'_, A> {
     fn drop(&mut self) {
         // No doorbell after a short wait: waking the progress thread after every wait would
         // cost a context switch per message. The leaving thread leaves a lease behind (a
@@ -884,13 +1244,13 @@ const IDLE_TICK: Duration = Duration::from_millis(50);
 const LONG_WAIT: Duration = Duration::from_millis(10);
 
 /// The engine, locked. Derefs to the [`Engine`] for every verb; see [`Runtime::lock`].
-pub struct EngineGuard<'a> {
-    core: MutexGuard<'a, Core>,
-    shared: &'a Shared,
+pub struct EngineGuard<'a, A: Attachment = Plain> {
+    core: MutexGuard<'a, Core<A>>,
+    shared: &'a Shared<A>,
     dirty: bool,
 }
 
-impl EngineGuard<'_> {
+impl<A: Attachment> EngineGuard<'_, A> {
     /// Register `length` bytes at `addr` of this process (`ibv_reg_mr`).
     ///
     /// # Safety
@@ -913,7 +1273,11 @@ impl EngineGuard<'_> {
         if base.checked_add(length).is_none() {
             return Err(VerbsError::InvalidLength);
         }
-        let owner = memory::lock(&self.core.regions).insert(base, length);
+        let Some(regions) = self.core.regions.clone() else {
+            // The engine runs over memory its host manages (the host registers there).
+            return Err(VerbsError::OpNotSupported);
+        };
+        let owner = memory::lock(&regions).insert(base, length);
         match self
             .core
             .engine
@@ -924,18 +1288,46 @@ impl EngineGuard<'_> {
                 Ok(keys)
             }
             Err(e) => {
-                memory::lock(&self.core.regions).remove(owner);
+                memory::lock(&regions).remove(owner);
                 Err(e)
             }
         }
+    }
+
+    /// What the host attached to this device.
+    pub fn attachment(&self) -> &A {
+        &self.core.attach
+    }
+
+    /// What the host attached to this device, to change. Changes count as changes of the
+    /// device: completions are delivered and packets sent when the guard is dropped.
+    pub fn attachment_mut(&mut self) -> &mut A {
+        self.dirty = true;
+        &mut self.core.attach
+    }
+
+    /// Take the work the host's attachment has waiting ([`Attachment::take_work`]) into
+    /// the engine, so that a verb called next sees every post made before it. Returns how
+    /// many work requests.
+    pub fn take_work(&mut self) -> usize {
+        let now = self.shared.now();
+        let n = self.shared.take_work(&mut self.core, now);
+        self.dirty |= n > 0;
+        n
+    }
+
+    /// Stop announcing `cq`'s notifications (before it is destroyed through the engine).
+    pub fn forget_notifier(&mut self, cq: CqHandle) {
+        self.core.notifiers.remove(&cq);
     }
 
     /// Deregister an MR (`ibv_dereg_mr`). Once this returns the device never touches its
     /// memory again.
     pub fn dereg_mr(&mut self, mr: MrHandle) -> Result<(), VerbsError> {
         self.core.engine.dereg_mr(mr)?;
-        if let Some(owner) = self.core.mr_owners.remove(&mr) {
-            memory::lock(&self.core.regions).remove(owner);
+        if let (Some(owner), Some(regions)) = (self.core.mr_owners.remove(&mr), &self.core.regions)
+        {
+            memory::lock(regions).remove(owner);
         }
         Ok(())
     }
@@ -966,7 +1358,7 @@ impl EngineGuard<'_> {
     fn build_deferred_acks(&mut self) {
         if self.core.acks_in_engine {
             let now = self.shared.now();
-            self.core.pump(now, Acks::Hold);
+            self.core.pump(&self.shared.net, now, Acks::Hold);
         }
     }
 
@@ -997,21 +1389,21 @@ impl EngineGuard<'_> {
     }
 }
 
-impl Deref for EngineGuard<'_> {
+impl<A: Attachment> Deref for EngineGuard<'_, A> {
     type Target = SendEngine;
     fn deref(&self) -> &SendEngine {
         &self.core.engine
     }
 }
 
-impl DerefMut for EngineGuard<'_> {
+impl<A: Attachment> DerefMut for EngineGuard<'_, A> {
     fn deref_mut(&mut self) -> &mut SendEngine {
         self.dirty = true;
         &mut self.core.engine
     }
 }
 
-impl Drop for EngineGuard<'_> {
+impl<A: Attachment> Drop for EngineGuard<'_, A> {
     fn drop(&mut self) {
         if self.dirty {
             let now = self.shared.now();
@@ -1020,142 +1412,4 @@ impl Drop for EngineGuard<'_> {
             self.shared.after_change(&mut self.core, now, Acks::Hold);
         }
     }
-}
-
-/// The progress thread: runs timers always, and receives whenever no application thread
-/// drives the socket (see `Shared::lease_until` and `Shared::drivers`).
-fn progress(shared: &Shared) {
-    let mut last_active = std::time::Instant::now();
-    // The last sleep left the socket to polling threads; when the last lease lapsed with
-    // packets waiting.
-    let (mut handed_over, mut last_lapse) = (false, None::<u64>);
-    while !shared.stop.load(Ordering::Relaxed) {
-        let now_ns = shared.now().as_nanos();
-        let drives = shared.app_drives(now_ns);
-        // A pass: receive (unless an application thread does), run due timers, send.
-        let n = if drives {
-            if let Some(mut core) = shared.try_lock() {
-                let now = shared.now();
-                shared.run_timers_and_send(&mut core, now);
-            }
-            0
-        } else {
-            shared.drive_rx(false)
-        };
-        if n > 0 {
-            last_active = std::time::Instant::now();
-            if handed_over && !drives {
-                // The socket came back with packets waiting: they sat there since the
-                // polling stopped. Twice within LAPSE_WINDOW: the application waits in ways
-                // the runtime cannot see after polling a CQ; stop giving the socket away
-                // on CQ polls for a while.
-                if last_lapse.is_some_and(|t| now_ns.saturating_sub(t) < nanos(LAPSE_WINDOW)) {
-                    shared.implicit_off_until.store(
-                        now_ns.saturating_add(nanos(IMPLICIT_OFF)),
-                        Ordering::Relaxed,
-                    );
-                }
-                last_lapse = Some(now_ns);
-            }
-        }
-        // Keep polling for `busy_poll` after activity, unless an application thread does.
-        let spin = !drives && last_active.elapsed() < shared.busy_poll;
-        let (rung, handed) = wait(shared, spin);
-        handed_over = handed;
-        if rung {
-            last_active = std::time::Instant::now();
-        }
-    }
-}
-
-/// The progress thread's wait between passes: until the socket is readable (when it is the
-/// progress thread's to read), the doorbell rings, the engine's next timer, or a polling
-/// thread's lease runs out. With `spin`, just look. Returns whether the doorbell rang and
-/// whether the socket was left to application threads.
-fn wait(shared: &Shared, spin: bool) -> (bool, bool) {
-    use nix::poll::{ppoll, PollFd, PollFlags};
-    let (watch, timeout) = if spin {
-        (
-            !shared.app_drives(shared.now().as_nanos()),
-            Some(Duration::ZERO),
-        )
-    } else {
-        // Decided under the lock, so that a verb that arms an earlier timer after this sees
-        // `wake_at` and rings. While an application thread drives, the lock is only tried
-        // (see `Shared::try_lock`); without it the thread sleeps until the lease may end,
-        // and the polling thread runs the timers that fall due meanwhile.
-        let drives = shared.app_drives(shared.now().as_nanos());
-        let core = if drives {
-            shared.try_lock()
-        } else {
-            Some(shared.lock())
-        };
-        if let Some(c) = core.as_ref().and_then(|c| c.capture.as_ref()) {
-            c.flush();
-        }
-        let now = shared.now().as_nanos();
-        let next = core.as_ref().map_or(u64::MAX, |c| {
-            c.engine.poll_timeout().map_or(u64::MAX, Instant::as_nanos)
-        });
-        // Wake now and then even with no timer: then a verb arming a far timer (a
-        // retransmission timeout of milliseconds) needs no doorbell and no context switch.
-        let mut wake = next.min(now.saturating_add(nanos(IDLE_TICK)));
-        let watch = plan_socket(shared, now, &mut wake);
-        shared.wake_at.store(wake, Ordering::SeqCst);
-        drop(core);
-        (watch, Some(Duration::from_nanos(wake.saturating_sub(now))))
-    };
-    let mut fds = [
-        PollFd::new(shared.doorbell.as_fd(), PollFlags::POLLIN),
-        PollFd::new(shared.sock.as_fd(), PollFlags::POLLIN),
-    ];
-    let n = if watch { 2 } else { 1 };
-    if let Err(e) = ppoll(&mut fds[..n], timeout.map(TimeSpec::from_duration), None) {
-        if e != nix::errno::Errno::EINTR {
-            tracing::warn!(error = %e, "ppoll failed");
-        }
-    }
-    shared.wake_at.store(0, Ordering::SeqCst);
-    shared.watching.store(false, Ordering::SeqCst);
-    shared.parked.store(false, Ordering::SeqCst);
-    let rung = fds[0].revents().is_some_and(|r| !r.is_empty());
-    if rung {
-        let _ = shared.doorbell.read();
-    }
-    (rung, !watch)
-}
-
-/// Whether the sleeping progress thread watches the socket; if an application thread
-/// drives it instead, bring `wake` forward to when the socket may come back.
-fn plan_socket(shared: &Shared, now: u64, wake: &mut u64) -> bool {
-    let drivers = shared.drivers.load(Ordering::SeqCst);
-    if drivers > 0
-        && now.saturating_sub(shared.driving_since.load(Ordering::SeqCst)) >= nanos(LONG_WAIT)
-    {
-        // A thread has been blocked in `wait_cq` for long: park until the last one leaves
-        // (it sees `parked` and rings), so that an idle device with a blocked waiter costs
-        // nothing. Check again after publishing, as it may have just left.
-        shared.parked.store(true, Ordering::SeqCst);
-        if shared.drivers.load(Ordering::SeqCst) > 0 {
-            return false;
-        }
-        shared.parked.store(false, Ordering::SeqCst);
-    }
-    // Publish first, then look at the lease: a poller that renews after this load sees
-    // `watching` and rings (both SeqCst).
-    shared.watching.store(true, Ordering::SeqCst);
-    let lease = shared.lease_until.load(Ordering::SeqCst);
-    let drivers = shared.drivers.load(Ordering::SeqCst);
-    if drivers == 0 && lease <= now {
-        return true;
-    }
-    shared.watching.store(false, Ordering::SeqCst);
-    // Blocked waiters renew no lease: look again every HANDOVER while they wait.
-    let back = if drivers > 0 {
-        lease.max(now.saturating_add(nanos(HANDOVER)))
-    } else {
-        lease
-    };
-    *wake = (*wake).min(back);
-    false
 }

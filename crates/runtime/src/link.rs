@@ -64,6 +64,18 @@ pub fn port_mtu(addr: IpAddr, wanted: Mtu) -> Mtu {
     }
 }
 
+/// The port MTU of a device on `addrs` asked to offer `wanted`: the largest IB MTU whose
+/// RoCEv2 packets fit the link under every one of its addresses (a port offers one MTU for
+/// all its GIDs, and a path through the smallest link must not lose its packets to DF).
+/// Addresses on no interface leave `wanted`.
+pub fn port_mtu_of(addrs: &[IpAddr], wanted: Mtu) -> Mtu {
+    addrs
+        .iter()
+        .map(|a| port_mtu(*a, wanted))
+        .min_by_key(|m| m.bytes())
+        .unwrap_or(wanted)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -87,6 +99,19 @@ mod tests {
             port_mtu("127.0.0.1".parse().unwrap(), Mtu::Mtu4096),
             Mtu::Mtu4096
         );
+    }
+
+    #[test]
+    fn a_port_offers_what_its_smallest_link_carries() {
+        let lo: IpAddr = "127.0.0.1".parse().unwrap();
+        assert_eq!(port_mtu_of(&[lo], Mtu::Mtu4096), Mtu::Mtu4096);
+        // Never more than asked for.
+        assert_eq!(port_mtu_of(&[lo], Mtu::Mtu2048), Mtu::Mtu2048);
+        // TEST-NET-1 and -2: on no interface of a test machine.
+        let a: IpAddr = "192.0.2.9".parse().unwrap();
+        let b: IpAddr = "198.51.100.9".parse().unwrap();
+        assert_eq!(port_mtu_of(&[a, b], Mtu::Mtu1024), Mtu::Mtu1024);
+        assert_eq!(port_mtu_of(&[], Mtu::Mtu4096), Mtu::Mtu4096);
     }
 
     #[test]

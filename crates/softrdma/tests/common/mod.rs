@@ -85,6 +85,7 @@ fn start_daemon() -> TestDaemon {
                 addrs: vec![a.parse().unwrap()],
                 port,
                 remote_port: port,
+                ..Default::default()
             };
             match HostDevice::start(cfg, regions.clone()) {
                 Ok(d) => devices.push(d),

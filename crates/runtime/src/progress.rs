@@ -1,0 +1,177 @@
+//! The progress thread: takes posted work, receives, runs timers and sends whenever no
+//! application thread drives the device, keeps looking for [`crate::RuntimeConfig::busy_poll`]
+//! after the last activity, and sleeps in `ppoll` on the sockets and the doorbell until the
+//! engine's next timer.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use engine::Instant;
+use nix::sys::time::TimeSpec;
+use std::os::fd::AsFd;
+
+use crate::acks::nanos;
+use crate::{Attachment, Shared, HANDOVER, IDLE_TICK, IMPLICIT_OFF, LAPSE_WINDOW, LONG_WAIT};
+
+/// The progress thread: runs timers always, and receives whenever no application thread
+/// drives the socket (see `Shared::lease_until` and `Shared::drivers`).
+pub(crate) fn run<A: Attachment>(shared: &Shared<A>) {
+    let mut last_active = std::time::Instant::now();
+    // The last sleep left the socket to polling threads; when the last lease lapsed with
+    // packets waiting.
+    let (mut handed_over, mut last_lapse) = (false, None::<u64>);
+    while !shared.stop.load(Ordering::Relaxed) {
+        let now_ns = shared.now().as_nanos();
+        let drives = shared.app_drives(now_ns);
+        // A pass: receive (unless an application thread does), run due timers, send.
+        let n = if drives {
+            if let Some(mut core) = shared.try_lock() {
+                let now = shared.now();
+                shared.run_timers_and_send(&mut core, now);
+            }
+            0
+        } else {
+            shared.drive_rx(false)
+        };
+        if n > 0 {
+            last_active = std::time::Instant::now();
+            if handed_over && !drives {
+                // The socket came back with packets waiting: they sat there since the
+                // polling stopped. Twice within LAPSE_WINDOW: the application waits in ways
+                // the runtime cannot see after polling a CQ; stop giving the socket away
+                // on CQ polls for a while.
+                if last_lapse.is_some_and(|t| now_ns.saturating_sub(t) < nanos(LAPSE_WINDOW)) {
+                    shared.implicit_off_until.store(
+                        now_ns.saturating_add(nanos(IMPLICIT_OFF)),
+                        Ordering::Relaxed,
+                    );
+                }
+                last_lapse = Some(now_ns);
+            }
+        }
+        // Keep polling for `busy_poll` after activity, unless an application thread does.
+        let busy_poll = Duration::from_nanos(shared.busy_poll_ns.load(Ordering::Relaxed));
+        let spin = !drives && last_active.elapsed() < busy_poll;
+        let (rung, handed) = wait(shared, spin);
+        handed_over = handed;
+        if rung {
+            last_active = std::time::Instant::now();
+        }
+    }
+}
+
+/// The progress thread's wait between passes: until the socket is readable (when it is the
+/// progress thread's to read), the doorbell rings, the engine's next timer, or a polling
+/// thread's lease runs out. With `spin`, just look. Returns whether the doorbell rang and
+/// whether the socket was left to application threads.
+fn wait<A: Attachment>(shared: &Shared<A>, spin: bool) -> (bool, bool) {
+    use nix::poll::{ppoll, PollFd, PollFlags};
+    let (watch, timeout) = if spin {
+        (
+            !shared.app_drives(shared.now().as_nanos()),
+            Some(Duration::ZERO),
+        )
+    } else {
+        // Decided under the lock, so that a verb that arms an earlier timer after this sees
+        // `wake_at` and rings. While an application thread drives, the lock is only tried
+        // (see `Shared::try_lock`); without it the thread sleeps until the lease may end,
+        // and the polling thread runs the timers that fall due meanwhile.
+        let drives = shared.app_drives(shared.now().as_nanos());
+        let mut core = if drives {
+            shared.try_lock()
+        } else {
+            Some(shared.lock())
+        };
+        if let Some(c) = core.as_mut() {
+            if let Some(cap) = c.capture.as_ref() {
+                cap.flush();
+            }
+            // Ask the host's clients for doorbells, then look once more: work posted
+            // before they could see that is found here.
+            if A::SLEEPS {
+                c.attach.set_asleep(true);
+            }
+            if shared.has_pending(c) {
+                if A::SLEEPS {
+                    c.attach.set_asleep(false);
+                }
+                return (false, false);
+            }
+        }
+        let now = shared.now().as_nanos();
+        let next = core.as_ref().map_or(u64::MAX, |c| {
+            c.engine.poll_timeout().map_or(u64::MAX, Instant::as_nanos)
+        });
+        // Wake now and then even with no timer: then a verb arming a far timer (a
+        // retransmission timeout of milliseconds) needs no doorbell and no context switch.
+        let mut wake = next.min(now.saturating_add(nanos(IDLE_TICK)));
+        let watch = plan_socket(shared, now, &mut wake);
+        shared.wake_at.store(wake, Ordering::SeqCst);
+        drop(core);
+        (watch, Some(Duration::from_nanos(wake.saturating_sub(now))))
+    };
+    let mut fds = Vec::with_capacity(1 + shared.socks.len());
+    fds.push(PollFd::new(shared.doorbell.as_fd(), PollFlags::POLLIN));
+    if watch {
+        fds.extend(
+            shared
+                .socks
+                .iter()
+                .map(|s| PollFd::new(s.as_fd(), PollFlags::POLLIN)),
+        );
+    }
+    if !spin {
+        shared.sleeps.fetch_add(1, Ordering::Relaxed);
+    }
+    if let Err(e) = ppoll(&mut fds, timeout.map(TimeSpec::from_duration), None) {
+        if e != nix::errno::Errno::EINTR {
+            tracing::warn!(error = %e, "ppoll failed");
+        }
+    }
+    shared.wake_at.store(0, Ordering::SeqCst);
+    shared.watching.store(false, Ordering::SeqCst);
+    shared.parked.store(false, Ordering::SeqCst);
+    let rung = fds[0].revents().is_some_and(|r| !r.is_empty());
+    if rung {
+        let _ = shared.doorbell.read();
+    }
+    if A::SLEEPS && !spin {
+        shared.lock().attach.set_asleep(false);
+    }
+    (rung, !watch)
+}
+
+/// Whether the sleeping progress thread watches the socket; if an application thread
+/// drives it instead, bring `wake` forward to when the socket may come back.
+fn plan_socket<A: Attachment>(shared: &Shared<A>, now: u64, wake: &mut u64) -> bool {
+    let drivers = shared.drivers.load(Ordering::SeqCst);
+    if drivers > 0
+        && now.saturating_sub(shared.driving_since.load(Ordering::SeqCst)) >= nanos(LONG_WAIT)
+    {
+        // A thread has been blocked in `wait_cq` for long: park until the last one leaves
+        // (it sees `parked` and rings), so that an idle device with a blocked waiter costs
+        // nothing. Check again after publishing, as it may have just left.
+        shared.parked.store(true, Ordering::SeqCst);
+        if shared.drivers.load(Ordering::SeqCst) > 0 {
+            return false;
+        }
+        shared.parked.store(false, Ordering::SeqCst);
+    }
+    // Publish first, then look at the lease: a poller that renews after this load sees
+    // `watching` and rings (both SeqCst).
+    shared.watching.store(true, Ordering::SeqCst);
+    let lease = shared.lease_until.load(Ordering::SeqCst);
+    let drivers = shared.drivers.load(Ordering::SeqCst);
+    if drivers == 0 && lease <= now {
+        return true;
+    }
+    shared.watching.store(false, Ordering::SeqCst);
+    // Blocked waiters renew no lease: look again every HANDOVER while they wait.
+    let back = if drivers > 0 {
+        lease.max(now.saturating_add(nanos(HANDOVER)))
+    } else {
+        lease
+    };
+    *wake = (*wake).min(back);
+    false
+}
