@@ -1,10 +1,22 @@
 //! # softrdma `runtime`: the engine on real I/O
 //!
 //! The sans-IO [`engine`] knows RoCEv2 but no sockets, threads or clocks. This crate gives it
-//! all three: a [`Runtime`] owns one [`engine::Engine`], a UDP socket bound to one local
-//! address, and a progress thread that feeds received datagrams to the engine, runs its
-//! timers and sends what it emits. Both the embedded device of the `softrdma` API and (later)
-//! the host daemon are built on it.
+//! all three, and is the one host of the engine: a [`Runtime`] owns one [`engine::Engine`]
+//! over any [`engine::Memory`], a UDP socket per local address, and a progress thread that
+//! feeds received datagrams to the engine, runs its timers and sends what it emits. The
+//! embedded device of the `softrdma` API ([`Runtime::start`]: this process's memory) and
+//! every device of the host daemon `softrdmad` ([`Runtime::start_hosted`]: client memory,
+//! with the daemon's rings as its [`Attachment`]) are the same code, so everything the wire
+//! sees — source ports, the receive policy, capture, batching, ACKs — is the same whichever
+//! process model a user picks.
+//!
+//! ## Routes
+//!
+//! Each packet the engine emits takes one of three routes: back into the same engine when
+//! it is for one of the device's own addresses (as a NIC loops back traffic between its own
+//! QPs; with [`RuntimeConfig::internal_paths`], in the engine's large internal segments
+//! without an ICRC), to another device of the same process when [`link`] joined them (its
+//! inbox and doorbell), or out of a UDP socket. [`IoCounters`] counts each.
 //!
 //! ## Threads and locking
 //!
