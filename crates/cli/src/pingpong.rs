@@ -257,7 +257,10 @@ impl Session<'_> {
 
     /// The ping-pong loop of one QP: the client sends first, the server answers; `send(i)`
     /// posts message `i` (of `size` bytes), `recv(i, wc)` checks and reposts the receive of
-    /// message `i`. Send completions are taken (and ignored) while waiting for receives.
+    /// message `i`. Send completions are counted while waiting for receives, and the loop
+    /// ends once every send has completed too, as ibv_rc_pingpong's does: the QP and its
+    /// region go away afterwards, and a send still queued (on softrdmad, in the work ring)
+    /// would then fail instead of reaching the peer, which waits for it.
     fn one_qp_loop(
         &self,
         cq: &Cq,
@@ -265,12 +268,14 @@ impl Session<'_> {
         send: &dyn Fn(u64) -> Result<()>,
         recv: &dyn Fn(u64, &WorkCompletion) -> Result<()>,
     ) -> Result<PingpongResult> {
+        let sent = std::cell::Cell::new(0u64);
         let recv_one = |i: u64| -> Result<()> {
             loop {
                 for wc in self.wait(cq, 1)? {
                     if wc.wr_id == RECV_ID {
                         return recv(i, &wc);
                     }
+                    sent.set(sent.get() + 1);
                 }
             }
         };
@@ -282,6 +287,13 @@ impl Session<'_> {
             } else {
                 send(i)?;
                 recv_one(i)?;
+            }
+        }
+        while sent.get() < self.args.iters {
+            for wc in self.wait(cq, 16)? {
+                if wc.wr_id == SEND_ID {
+                    sent.set(sent.get() + 1);
+                }
             }
         }
         Ok(PingpongResult {
