@@ -1,30 +1,40 @@
-//! `softrdma demo`: a few-second tour of the verbs model between two embedded devices on
-//! loopback, narrated, ending with short benchmark tables beside the raw-socket baseline.
+//! `softrdma demo`: a few-second tour of the verbs model between two devices on loopback
+//! (127.0.0.1 and 127.0.0.2), narrated, ending with short benchmark tables beside the
+//! raw-socket baseline. Both devices are softrdmad's when a daemon answers and serves both
+//! addresses (or `--backend daemon`), else both are embedded in this process.
 
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use softrdma::{
-    AccessFlags, Buffer, Device, MemoryRegion, Qp, QpType, WcFlags, WcOpcode, DEFAULT_QKEY, GRH_LEN,
+    AccessFlags, BackendKind, Buffer, Device, MemoryRegion, Qp, QpType, WcFlags, WcOpcode,
+    DEFAULT_QKEY, GRH_LEN,
 };
 
 use crate::perf::{self, PerfArgs, Test};
-use crate::tool::{open_device, Result, ToolError};
+use crate::tool::{backend_description, open_device, BackendArg, DeviceOptions, Result, ToolError};
 
 /// Options of `softrdma demo`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DemoArgs {
-    /// UDP port of the two devices (RoCEv2: 4791). If it is taken on 127.0.0.1 or 127.0.0.2
-    /// (a daemon, another demo), a free one is used instead and the demo says so.
-    #[arg(long, default_value_t = wire::ROCEV2_UDP_PORT)]
-    pub udp_port: u16,
+    /// UDP port of the two devices [default: 4791 (RoCEv2), or softrdmad's]. Embedded
+    /// devices whose port is taken on 127.0.0.1 or 127.0.0.2 (another demo, a daemon that
+    /// does not serve both) use a free one instead, and the demo says so.
+    #[arg(long)]
+    pub udp_port: Option<u16>,
     /// Skip the benchmark tables at the end.
     #[arg(long)]
     pub no_bench: bool,
-    /// Write every packet device A sends and receives to a pcap file.
+    /// Write every packet device A sends and receives to a pcap file (embedded devices).
     #[arg(long, value_name = "FILE.pcap")]
     pub capture: Option<std::path::PathBuf>,
+    /// Backend of both devices: embedded (in this process) or daemon (softrdmad's devices on
+    /// 127.0.0.1 and 127.0.0.2). Default: $SOFTRDMA_BACKEND, else embedded when --capture
+    /// asks for it, else softrdmad when it answers on its socket and serves both addresses
+    /// (and --udp-port, if given), else embedded.
+    #[arg(long, value_enum, value_name = "KIND")]
+    pub backend: Option<BackendArg>,
 }
 
 const WAIT: Option<Duration> = Some(Duration::from_secs(5));
@@ -37,13 +47,8 @@ struct Host {
     mr: MemoryRegion<Buffer>,
 }
 
-fn host(
-    name: &'static str,
-    ip: IpAddr,
-    port: u16,
-    capture: Option<&std::path::Path>,
-) -> Result<Host> {
-    let dev = open_device(ip, port, capture)?;
+fn host(name: &'static str, ip: IpAddr, opts: &DeviceOptions) -> Result<Host> {
+    let dev = open_device(ip, opts)?;
     let pd = dev.alloc_pd()?;
     let cq = dev.create_cq(64)?;
     let qp = pd.qp_builder(&cq, &cq).build()?;
@@ -78,23 +83,59 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> Result<()> {
     }
     let a_ip = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
     let b_ip = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
-    say!("softrdma demo: RDMA in software, RoCEv2 over UDP, two devices in this process.\n");
-    let port = pick_udp_port(args.udp_port, &[a_ip, b_ip])?;
-    if port != args.udp_port {
-        say!(
-            "(UDP port {} is taken here; using {port}. Packets still carry destination port 4791\n \
-             inside the engine, so captures decode as RoCEv2.)\n",
-            args.udp_port
-        );
+    let kind = choose_backend(args, &[a_ip, b_ip])?;
+    let daemon = kind == BackendKind::Daemon;
+    if daemon {
+        say!("softrdma demo: RDMA in software, RoCEv2 over UDP, two devices of softrdmad.\n");
+    } else {
+        say!("softrdma demo: RDMA in software, RoCEv2 over UDP, two devices in this process.\n");
     }
+    // Embedded devices need the port free on both addresses; softrdmad's serve theirs.
+    let port = match (daemon, args.udp_port) {
+        (true, p) => p,
+        (false, p) => {
+            let wanted = p.unwrap_or(wire::ROCEV2_UDP_PORT);
+            let port = pick_udp_port(wanted, &[a_ip, b_ip])?;
+            if port != wanted {
+                say!(
+                    "(UDP port {wanted} is taken here; using {port}. Packets still carry destination port 4791\n \
+                     inside the engine, so captures decode as RoCEv2.)\n"
+                );
+            }
+            Some(port)
+        }
+    };
     let args = &DemoArgs {
         udp_port: port,
         ..args.clone()
     };
+    let opts = DeviceOptions {
+        backend: Some(kind),
+        udp_port: args.udp_port,
+        ..DeviceOptions::default()
+    };
     {
-        say!("1. Open two soft RDMA devices (each owns a UDP socket and a progress thread).");
-        let a = host("A", a_ip, args.udp_port, args.capture.as_deref())?;
-        let b = host("B", b_ip, args.udp_port, None)?;
+        if daemon {
+            say!("1. Open two soft RDMA devices: softrdmad runs them, this process drives them");
+            say!("   over its control socket and work and completion rings in shared memory.");
+        } else {
+            say!("1. Open two soft RDMA devices (each owns a UDP socket and a progress thread).");
+        }
+        let a = host(
+            "A",
+            a_ip,
+            &DeviceOptions {
+                capture: args.capture.clone(),
+                ..opts.clone()
+            },
+        )?;
+        let b = host("B", b_ip, &opts)?;
+        let (ba, bb) = (backend_description(&a.dev), backend_description(&b.dev));
+        if ba == bb {
+            say!("   Backend: {ba}");
+        } else {
+            say!("   Backend: A {ba}, B {bb}");
+        }
         for h in [&a, &b] {
             let port = h.dev.query_port()?;
             say!(
@@ -210,16 +251,29 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> Result<()> {
         say!("   B's receive buffer gets the 40-byte GRH first, and the completion names A's QP.");
         ud_message(&a, &b, a_ip, b_ip, out)?;
 
-        let ca = a.dev.runtime().io_counters();
-        let cb = b.dev.runtime().io_counters();
-        say!(
-            "\n   Datagrams so far: A sent {} / received {}, B sent {} / received {} (UDP port {}).",
-            ca.tx_datagrams,
-            ca.rx_datagrams,
-            cb.tx_datagrams,
-            cb.rx_datagrams,
-            args.udp_port
-        );
+        match (a.dev.try_runtime(), b.dev.try_runtime()) {
+            (Some(ra), Some(rb)) => {
+                let (ca, cb) = (ra.io_counters(), rb.io_counters());
+                say!(
+                    "\n   Datagrams so far: A sent {} / received {}, B sent {} / received {} (UDP port {}).",
+                    ca.tx_datagrams,
+                    ca.rx_datagrams,
+                    cb.tx_datagrams,
+                    cb.rx_datagrams,
+                    a.dev.local_addr().port()
+                );
+            }
+            _ => {
+                let (ta, ra) = packets(&a.dev)?;
+                let (tb, rb) = packets(&b.dev)?;
+                say!(
+                    "\n   Packets so far, by softrdmad's device counters (shared with its other clients;"
+                );
+                say!(
+                    "   `softrdma stat` shows them all): A sent {ta} / received {ra}, B sent {tb} / received {rb}."
+                );
+            }
+        }
         let _ = (a.name, b.name);
     }
     if args.no_bench {
@@ -239,6 +293,11 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> Result<()> {
             report_gbits: false,
             bind: None,
             udp_port: args.udp_port,
+            backend: Some(if daemon {
+                BackendArg::Daemon
+            } else {
+                BackendArg::Embedded
+            }),
             mtu: 4096,
             atomic_type: perf::AtomicType::FETCH_AND_ADD,
             baseline: true,
@@ -247,19 +306,54 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> Result<()> {
             events: false,
             busy: false,
             busy_poll: None,
+            embedded_busy_poll: None,
             gid_index: 0,
             ib_dev: None,
             ib_port: 1,
             cpu_freq: false,
         };
         say!(
-            "\n$ softrdma {} --loopback -s {size} -n {iters} --baseline",
-            test.name()
+            "\n$ softrdma {} --loopback -s {size} -n {iters} --baseline{}",
+            test.name(),
+            if daemon { " --backend daemon" } else { "" }
         );
         perf::run(test, &pa, out)?;
     }
     say!("\ndemo done: every step checked its result.");
     Ok(())
+}
+
+/// The backend of both demo devices (on `ips`): `--backend`, else `$SOFTRDMA_BACKEND`, else
+/// embedded for `--capture`, else softrdmad's when it answers and would serve every address
+/// (and `--udp-port`), else embedded: one backend for both, so that an embedded device never
+/// sends to a port only softrdmad's device would listen on, or the other way round.
+fn choose_backend(args: &DemoArgs, ips: &[IpAddr]) -> Result<BackendKind> {
+    if let Some(b) = args.backend {
+        return Ok(b.into());
+    }
+    if let Some(k) = BackendKind::from_env()? {
+        return Ok(k);
+    }
+    if args.capture.is_some() {
+        return Ok(BackendKind::Embedded);
+    }
+    for ip in ips {
+        let mut b = Device::builder(*ip);
+        if let Some(p) = args.udp_port {
+            b = b.port(p);
+        }
+        if b.choose_backend()? != BackendKind::Daemon {
+            return Ok(BackendKind::Embedded);
+        }
+    }
+    Ok(BackendKind::Daemon)
+}
+
+/// Packets a daemon device sent and received (its engine counters, by name).
+fn packets(dev: &Device) -> Result<(u64, u64)> {
+    let v = dev.counter_values()?;
+    let get = |name: &str| v.iter().find(|(n, _)| n == name).map_or(0, |&(_, x)| x);
+    Ok((get("tx_packets"), get("rx_packets")))
 }
 
 /// Step 7: one UD SEND from A to B, checked: payload, length with the GRH, source QP, the

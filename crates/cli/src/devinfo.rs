@@ -1,4 +1,5 @@
-//! `softrdma devinfo`: what `ibv_devinfo` prints, for an embedded device bound to an address.
+//! `softrdma devinfo`: what `ibv_devinfo` prints, for the device on an address: softrdmad's
+//! when a daemon serves it, else an embedded one (see [`crate::tool::DeviceOptions`]).
 
 use std::fmt::Write as _;
 use std::net::IpAddr;
@@ -6,17 +7,25 @@ use std::net::IpAddr;
 use engine::{AtomicCap, PortState};
 use softrdma::{DeviceAttr, Gid, PortAttr};
 
-use crate::tool::{open_device, Result};
+use crate::tool::{
+    backend_description, device_name, open_device, BackendArg, DeviceOptions, Result,
+};
 
 /// Options of `softrdma devinfo`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DevinfoArgs {
-    /// Local address to bind the device to (its GID 0).
+    /// Local address of the device (its GID 0).
     #[arg(long, default_value = "127.0.0.1")]
     pub addr: IpAddr,
-    /// UDP port the device receives on.
-    #[arg(long, default_value_t = wire::ROCEV2_UDP_PORT)]
-    pub udp_port: u16,
+    /// UDP port the device receives on [default: 4791, or softrdmad's]. A port softrdmad
+    /// does not serve opens an embedded device.
+    #[arg(long)]
+    pub udp_port: Option<u16>,
+    /// Backend: embedded (a device in this process) or daemon (softrdmad's device on the
+    /// address). Default: $SOFTRDMA_BACKEND, else softrdmad when it answers on its socket
+    /// and serves the address (and --udp-port, if given), else embedded.
+    #[arg(long, value_enum, value_name = "KIND")]
+    pub backend: Option<BackendArg>,
     /// Print every device attribute and the GID table, as `ibv_devinfo -v` does.
     #[arg(short, long)]
     pub verbose: bool,
@@ -28,12 +37,21 @@ pub struct DevinfoArgs {
 
 /// Open the device and print its attributes.
 pub fn run(args: &DevinfoArgs) -> Result<()> {
-    let dev = open_device(args.addr, args.udp_port, None)?;
+    let opts = DeviceOptions {
+        backend: args.backend.map(Into::into),
+        udp_port: args.udp_port,
+        ..DeviceOptions::default()
+    };
+    let dev = open_device(args.addr, &opts)?;
     let text = format_devinfo(
+        &Header {
+            name: &device_name(&dev),
+            backend: &backend_description(&dev),
+            bound: &dev.local_addr().to_string(),
+        },
         &dev.query_device(),
         &dev.query_port()?,
         &dev.gids(),
-        &dev.local_addr().to_string(),
         args.verbose,
     );
     print!("{text}");
@@ -56,12 +74,24 @@ fn mtu_enum(bytes: usize) -> u32 {
     }
 }
 
-/// Render the device as `ibv_devinfo` does (tab-indented `name:\tvalue` lines).
+/// What `devinfo` says about the device besides its attributes.
+#[derive(Debug, Clone, Copy)]
+pub struct Header<'a> {
+    /// The device's name (`hca_id`): softrdmad's (`srxe0`...) or `softrdma0`.
+    pub name: &'a str,
+    /// Its backend, as [`crate::tool::backend_description`] words it.
+    pub backend: &'a str,
+    /// The address and UDP port it receives on.
+    pub bound: &'a str,
+}
+
+/// Render the device as `ibv_devinfo` does (tab-indented `name:\tvalue` lines), with its
+/// backend and address.
 pub fn format_devinfo(
+    h: &Header<'_>,
     d: &DeviceAttr,
     p: &PortAttr,
     gids: &[Gid],
-    bound: &str,
     verbose: bool,
 ) -> String {
     let mut s = String::new();
@@ -75,7 +105,8 @@ pub fn format_devinfo(
         )
     };
     // `writeln!` into a String cannot fail.
-    let _ = writeln!(s, "hca_id:\tsoftrdma0 (embedded, UDP {bound})");
+    let _ = writeln!(s, "hca_id:\t{} (UDP {})", h.name, h.bound);
+    let _ = writeln!(s, "\tbackend:\t\t\t{}", h.backend);
     let _ = writeln!(s, "\ttransport:\t\t\tInfiniBand (0)");
     let _ = writeln!(s, "\tfw_ver:\t\t\t\t{}", d.fw_ver);
     let _ = writeln!(s, "\tnode_guid:\t\t\t{}", guid(d.node_guid));
@@ -150,11 +181,25 @@ mod tests {
     #[test]
     fn prints_the_ibv_devinfo_fields() {
         let d = DeviceAttr::default();
-        let dev = open_device("127.0.0.1".parse().unwrap(), 27391, None).unwrap();
+        let dev = open_device(
+            "127.0.0.1".parse().unwrap(),
+            &DeviceOptions {
+                backend: Some(softrdma::BackendKind::Embedded),
+                udp_port: Some(27391),
+                ..DeviceOptions::default()
+            },
+        )
+        .unwrap();
         let p = dev.query_port().unwrap();
-        let out = format_devinfo(&d, &p, &dev.gids(), "127.0.0.1:27391", true);
+        let h = Header {
+            name: "softrdma0",
+            backend: "embedded",
+            bound: "127.0.0.1:27391",
+        };
+        let out = format_devinfo(&h, &d, &p, &dev.gids(), true);
         for key in [
-            "hca_id:",
+            "hca_id:\tsoftrdma0 (UDP 127.0.0.1:27391)",
+            "backend:\t\t\tembedded",
             "transport:",
             "fw_ver:",
             "phys_port_cnt:",

@@ -4,6 +4,10 @@
 //! for RoCEv2 captures built on the `wire` codec, and the device tools built on the
 //! `softrdma` API: `devinfo`, `pingpong`, the perftest-compatible benchmarks ([`perf`]) with
 //! their raw-socket [`baseline`], and `demo`; and [`stat`], the host daemon's counters.
+//!
+//! The device tools open softrdmad's device when a daemon answers and serves their address,
+//! else an embedded one, as the API does; `--backend` chooses (see [`tool::DeviceOptions`]),
+//! and each tool prints which backend it uses.
 
 #![warn(missing_docs)]
 

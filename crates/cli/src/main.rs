@@ -124,6 +124,22 @@ fn finish(tool: &str, r: Result<(), ToolError>) -> ExitCode {
         Err(e) => {
             let _ = std::io::stdout().flush();
             eprintln!("softrdma {tool}: {e}");
+            if let ToolError::Api(softrdma::Error::Runtime(softrdma::RuntimeError::Bind {
+                source,
+                ..
+            })) = &e
+            {
+                if source.kind() == std::io::ErrorKind::AddrInUse {
+                    // Typically softrdmad, on a port or address this run did not let it
+                    // serve, or a device of another program.
+                    eprintln!(
+                        "softrdma {tool}: hint: another device holds that UDP port (softrdmad, \
+                         or another program). Use softrdmad's device (--backend daemon, \
+                         without --capture, --busy-poll or another --udp-port), or pick a \
+                         free --udp-port."
+                    );
+                }
+            }
             if let ToolError::Api(softrdma::Error::Completion {
                 status: softrdma::WcStatus::RetryExcErr,
                 ..

@@ -24,8 +24,8 @@ use softrdma::{
 };
 
 use crate::tool::{
-    address_line, io_ctx, open_device_with, parse_mtu, wait_cq, Ctrl, PollMode, Result, ToolError,
-    DEFAULT_TCP_PORT,
+    address_line, backend_description, io_ctx, open_device, parse_mtu, wait_cq, BackendArg, Ctrl,
+    DeviceOptions, PollMode, Result, ToolError, DEFAULT_TCP_PORT,
 };
 
 /// Transport of the ping-pong (which ibv_*_pingpong it mimics).
@@ -88,12 +88,20 @@ pub struct PingpongArgs {
     /// address of the TCP connection.
     #[arg(short = 'B', long)]
     pub bind: Option<IpAddr>,
-    /// UDP port both devices use (RoCEv2: 4791).
-    #[arg(long, default_value_t = wire::ROCEV2_UDP_PORT)]
-    pub udp_port: u16,
-    /// Write every packet this side's device sends and receives to a pcap file.
+    /// UDP port both devices use [default: 4791 (RoCEv2), or softrdmad's]. A port
+    /// softrdmad does not serve opens an embedded device.
+    #[arg(long)]
+    pub udp_port: Option<u16>,
+    /// Write every packet this side's device sends and receives to a pcap file (an
+    /// embedded device).
     #[arg(long, value_name = "FILE.pcap")]
     pub capture: Option<PathBuf>,
+    /// Backend: embedded (a device in this process) or daemon (softrdmad's device on the
+    /// local address). Default: $SOFTRDMA_BACKEND, else embedded when --capture or a
+    /// --udp-port softrdmad does not serve asks for it, else softrdmad when it answers on
+    /// its socket and serves the address, else embedded.
+    #[arg(long, value_enum, value_name = "KIND")]
+    pub backend: Option<BackendArg>,
     /// Keep the device and its connected QP open this many seconds after the run (to watch
     /// an idle device's CPU use).
     #[arg(long, value_name = "SECS", default_value_t = 0)]
@@ -172,7 +180,17 @@ pub fn run(args: &PingpongArgs, out: &mut dyn Write) -> Result<PingpongResult> {
         _ => ctrl.local_ip()?,
     };
     let mode = PollMode::from_flags(args.events, args.busy);
-    let dev = open_device_with(ip, args.udp_port, args.capture.as_deref(), None, mode)?;
+    let dev = open_device(
+        ip,
+        &DeviceOptions {
+            backend: args.backend.map(Into::into),
+            udp_port: args.udp_port,
+            capture: args.capture.clone(),
+            mode,
+            ..DeviceOptions::default()
+        },
+    )?;
+    let _ = writeln!(out, "Backend: {}", backend_description(&dev));
     let s = Session {
         args,
         dev: &dev,
@@ -257,7 +275,10 @@ impl Session<'_> {
 
     /// The ping-pong loop of one QP: the client sends first, the server answers; `send(i)`
     /// posts message `i` (of `size` bytes), `recv(i, wc)` checks and reposts the receive of
-    /// message `i`. Send completions are taken (and ignored) while waiting for receives.
+    /// message `i`. Send completions are counted while waiting for receives, and the loop
+    /// ends once every send has completed too, as ibv_rc_pingpong's does: the QP and its
+    /// region go away afterwards, and a send still queued (on softrdmad, in the work ring)
+    /// would then fail instead of reaching the peer, which waits for it.
     fn one_qp_loop(
         &self,
         cq: &Cq,
@@ -265,12 +286,14 @@ impl Session<'_> {
         send: &dyn Fn(u64) -> Result<()>,
         recv: &dyn Fn(u64, &WorkCompletion) -> Result<()>,
     ) -> Result<PingpongResult> {
+        let sent = std::cell::Cell::new(0u64);
         let recv_one = |i: u64| -> Result<()> {
             loop {
                 for wc in self.wait(cq, 1)? {
                     if wc.wr_id == RECV_ID {
                         return recv(i, &wc);
                     }
+                    sent.set(sent.get() + 1);
                 }
             }
         };
@@ -282,6 +305,13 @@ impl Session<'_> {
             } else {
                 send(i)?;
                 recv_one(i)?;
+            }
+        }
+        while sent.get() < self.args.iters {
+            for wc in self.wait(cq, 16)? {
+                if wc.wr_id == SEND_ID {
+                    sent.set(sent.get() + 1);
+                }
             }
         }
         Ok(PingpongResult {

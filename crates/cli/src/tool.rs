@@ -1,12 +1,13 @@
-//! What the device tools share: their error type, opening a device (with capture), the TCP
-//! control channel between server and client, and the progress bar.
+//! What the device tools share: their error type, opening a device (the backend choice,
+//! `--backend`, capture), the TCP control channel between server and client, and the
+//! progress bar.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::path::Path;
+use std::path::PathBuf;
 use std::time::Duration;
 
-use softrdma::{ConnectOptions, Device, Endpoint, Mtu, Qp, RemoteMr};
+use softrdma::{BackendKind, ConnectOptions, Device, Endpoint, Mtu, Qp, RemoteMr};
 
 /// Why a device tool (devinfo, pingpong, the benchmarks, demo) failed.
 #[derive(Debug, thiserror::Error)]
@@ -55,12 +56,6 @@ pub fn io_ctx(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ToolErr
 /// The default TCP port of the connection handshake (perftest's and ibv_*_pingpong's).
 pub const DEFAULT_TCP_PORT: u16 = 18515;
 
-/// Open an embedded device on `ip`, receiving on and sending to UDP `udp_port`, recording
-/// into `capture` if given.
-pub fn open_device(ip: IpAddr, udp_port: u16, capture: Option<&Path>) -> Result<Device> {
-    open_device_with(ip, udp_port, capture, None, PollMode::Hybrid)
-}
-
 /// How a tool waits for completions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PollMode {
@@ -86,29 +81,128 @@ impl PollMode {
     }
 }
 
-/// [`open_device`], with the progress thread's busy-poll time set (`None`: the default) and
-/// completion waits shaped for `mode`.
-pub fn open_device_with(
-    ip: IpAddr,
-    udp_port: u16,
-    capture: Option<&Path>,
-    busy_poll: Option<Duration>,
-    mode: PollMode,
-) -> Result<Device> {
-    let mut b = Device::builder(ip).port(udp_port).remote_port(udp_port);
-    if let Some(d) = busy_poll {
+/// `--backend`: the backend a device tool uses, when the user chooses one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendArg {
+    /// A device inside the tool's process, on its own UDP socket.
+    Embedded,
+    /// The host daemon softrdmad's device on the local address.
+    Daemon,
+}
+
+impl From<BackendArg> for BackendKind {
+    fn from(b: BackendArg) -> BackendKind {
+        match b {
+            BackendArg::Embedded => BackendKind::Embedded,
+            BackendArg::Daemon => BackendKind::Daemon,
+        }
+    }
+}
+
+/// How a device tool opens its device: what the user chose, and tuning that applies only
+/// if the device is embedded.
+///
+/// The backend follows the API's rule (`softrdma` crate docs, "Backends"): `--backend`,
+/// else `$SOFTRDMA_BACKEND`, else embedded when an option only an embedded device has was
+/// given (`--capture`, `--busy-poll`, or a `--udp-port` the daemon does not serve), else
+/// softrdmad's device when a daemon answers on its control socket and serves the address,
+/// else embedded.
+#[derive(Debug, Clone, Default)]
+pub struct DeviceOptions {
+    /// `--backend`, if given.
+    pub backend: Option<BackendKind>,
+    /// `--udp-port`, if given: the port to receive on (an embedded device also sends to
+    /// it). Default 4791, or the daemon's.
+    pub udp_port: Option<u16>,
+    /// `--capture`: record the device's packets (an embedded device only).
+    pub capture: Option<PathBuf>,
+    /// `--busy-poll`, if given: the embedded progress thread's polling after activity.
+    pub busy_poll: Option<Duration>,
+    /// The tool's own choice of progress-thread polling for an embedded device when
+    /// `--busy-poll` is not given. Unlike `busy_poll` it chooses no backend: it applies
+    /// only if the device is embedded anyway.
+    pub embedded_busy_poll: Option<Duration>,
+    /// How completions are waited for.
+    pub mode: PollMode,
+}
+
+/// Open the device on `ip` as `o` says (see [`DeviceOptions`] for the backend rule).
+pub fn open_device(ip: IpAddr, o: &DeviceOptions) -> Result<Device> {
+    let mut b = Device::builder(ip);
+    let explicit = match o.backend {
+        Some(k) => Some(k),
+        None => BackendKind::from_env()?,
+    };
+    if o.capture.is_some() {
+        b = b.backend(capture_backend(explicit)?);
+    } else if let Some(k) = o.backend {
+        b = b.backend(k);
+    }
+    if let Some(p) = o.udp_port {
+        b = b.port(p);
+    }
+    if let Some(d) = o.busy_poll {
         b = b.busy_poll(d);
     }
-    if mode == PollMode::Events {
+    if o.mode == PollMode::Events {
         b = b.wait_spin(Duration::ZERO);
     }
+    // What only an embedded device takes is set once that is the choice: set before, it
+    // would make the choice.
+    let kind = b.choose_backend()?;
+    b = b.backend(kind);
+    if explicit.is_none() && kind == BackendKind::Daemon {
+        // Chosen because a daemon answered: one that went away meanwhile is not started.
+        b = b.spawn_daemon(false);
+    }
+    if kind == BackendKind::Embedded {
+        if let Some(p) = o.udp_port {
+            b = b.remote_port(p);
+        }
+        if let (None, Some(d)) = (o.busy_poll, o.embedded_busy_poll) {
+            b = b.busy_poll(d);
+        }
+    }
     let dev = b.open()?;
-    if let Some(path) = capture {
+    if let Some(path) = &o.capture {
         let cap = runtime::Capture::create(path)
             .map_err(io_ctx(format!("cannot create {}", path.display())))?;
-        dev.runtime().set_capture(Some(cap));
+        if let Some(rt) = dev.try_runtime() {
+            rt.set_capture(Some(cap));
+        }
     }
     Ok(dev)
+}
+
+/// The backend of a device that records a capture, given the explicit choice (`--backend`,
+/// else `$SOFTRDMA_BACKEND`): embedded, since a capture records what an embedded device
+/// sends and receives; the daemon asked for is a usage error (softrdmad's traffic is its
+/// own).
+pub fn capture_backend(explicit: Option<BackendKind>) -> Result<BackendKind> {
+    if explicit == Some(BackendKind::Daemon) {
+        return Err(ToolError::Usage(
+            "--capture records an embedded device; softrdmad's traffic is its own \
+             (use --backend embedded)"
+                .into(),
+        ));
+    }
+    Ok(BackendKind::Embedded)
+}
+
+/// Which backend `dev` runs on, as the tools' headers print it: `embedded`, or
+/// `softrdmad (srxe0, pid 1234)`.
+pub fn backend_description(dev: &Device) -> String {
+    match dev.daemon_info() {
+        Some((name, pid)) => format!("softrdmad ({name}, pid {pid})"),
+        None => "embedded".to_string(),
+    }
+}
+
+/// The device's name as `ibv_devices` would list it: the daemon's (`srxe0`...), or
+/// `softrdma0` for an embedded device.
+pub fn device_name(dev: &Device) -> String {
+    dev.daemon_info()
+        .map_or_else(|| "softrdma0".to_string(), |(name, _)| name)
 }
 
 /// Parse a path MTU in bytes (256, 512, 1024, 2048, 4096).

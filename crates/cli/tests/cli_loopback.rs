@@ -2,6 +2,11 @@
 //! benchmark, the demo, captures (flag and environment variable) read by tshark and decode,
 //! and bad input. Each test has its own addresses and ports, so they run in parallel.
 //! No test asserts a timing.
+//!
+//! These are embedded devices whether or not a softrdmad runs on the host: every device
+//! names its UDP port (`--udp-port`), which a daemon serving the address on another port
+//! cannot give, so the tools open embedded ones (the backend rule; `backend_choice.rs`
+//! tests the tools on a daemon).
 
 mod tools;
 

@@ -92,6 +92,70 @@ pub(crate) struct DaemonConfig {
     pub(crate) args: Option<Vec<String>>,
 }
 
+impl DaemonConfig {
+    /// The control socket: the configured one, else `$SOFTRDMA_DAEMON_SOCKET`, else the
+    /// default.
+    pub(crate) fn socket_path(&self) -> PathBuf {
+        self.socket
+            .clone()
+            .unwrap_or_else(daemon::client::socket_path)
+    }
+}
+
+/// The device of `devices` serving `addr` (any device when `addr` is `None`).
+pub(crate) fn serving(
+    devices: Vec<DeviceInfo>,
+    addr: Option<std::net::IpAddr>,
+) -> Option<DeviceInfo> {
+    match addr {
+        None => devices.into_iter().next(),
+        Some(a) => devices.into_iter().find(|d| d.addrs.contains(&a)),
+    }
+}
+
+/// What a look at the control socket found, for the implicit choice of a backend.
+pub(crate) enum Probe {
+    /// No daemon answers: the socket file (or a directory on its path) is missing, or
+    /// nothing listens on it (a file a stopped daemon left behind).
+    Nobody,
+    /// A daemon answered, with these devices; the connection is kept for the open that
+    /// follows.
+    Answers {
+        client: Client,
+        devices: Vec<DeviceInfo>,
+    },
+}
+
+/// Look for a daemon on `socket` without starting one: connect, greet it, list its
+/// devices. Only a missing socket or a refused connect means that none answers; a daemon
+/// that is there but cannot be used (permissions, another protocol version, a broken
+/// answer) is an error, since falling back to an embedded device would then fight it for
+/// its addresses.
+pub(crate) fn probe(socket: &Path) -> Result<Probe> {
+    let unusable = |e: ClientError| Error::NoDaemon {
+        socket: socket.to_path_buf(),
+        reason: format!(
+            "a daemon is there but cannot be used ({e}); choose a backend with \
+             {BACKEND_ENV}=embedded or =daemon"
+        ),
+    };
+    let mut client = match Client::connect(socket) {
+        Ok(c) => c,
+        Err(ClientError::Io(e)) if nobody_listens(&e) => return Ok(Probe::Nobody),
+        Err(e) => return Err(unusable(e)),
+    };
+    let devices = client.list_devices().map_err(unusable)?;
+    Ok(Probe::Answers { client, devices })
+}
+
+/// Whether a failed connect to a Unix socket means that no daemon is there.
+fn nobody_listens(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+    ) || e.raw_os_error() == Some(rustix::io::Errno::NOTDIR.raw_os_error())
+}
+
 /// The backend of one open device.
 #[derive(Debug)]
 pub(crate) enum Backend {
@@ -366,23 +430,21 @@ impl DaemonDevice {
         addr: Option<std::net::IpAddr>,
         config: &DaemonConfig,
     ) -> Result<DaemonDevice> {
-        let socket = config
-            .socket
-            .clone()
-            .unwrap_or_else(daemon::client::socket_path);
+        let socket = config.socket_path();
         let spawn = config.spawn.unwrap_or_else(spawn_from_env);
         let mut client = connect_or_spawn(&socket, spawn, config)?;
         let devices = client.list_devices()?;
-        let info = match addr {
-            None => devices.into_iter().next(),
-            Some(a) => devices.into_iter().find(|d| d.addrs.contains(&a)),
-        }
-        .ok_or_else(|| {
+        let info = serving(devices, addr).ok_or_else(|| {
             Error::Config(match addr {
                 Some(a) => format!("softrdmad at {} serves no device on {a}", socket.display()),
                 None => format!("softrdmad at {} serves no device", socket.display()),
             })
         })?;
+        DaemonDevice::on(client, info)
+    }
+
+    /// The daemon's device `info`, through `client` (a connection already made).
+    pub(crate) fn on(mut client: Client, info: DeviceInfo) -> Result<DaemonDevice> {
         let attr = convert::device_attr_from_msg(&client.query_device(info.index)?);
         let port = convert::port_attr_from_msg(&client.query_port(info.index, 1)?)?;
         let mut gids = Vec::new();

@@ -10,7 +10,7 @@ use engine::qp_attr::Mtu;
 use engine::{AsyncEvent, Counters, DeviceAttr, Gid, PortAttr};
 use runtime::{Runtime, RuntimeConfig, RxPath, SrcPortPolicy};
 
-use crate::backend::{Backend, BackendKind, DaemonConfig, DaemonDevice};
+use crate::backend::{self, Backend, BackendKind, DaemonConfig, DaemonDevice, Probe};
 use crate::cq::Cq;
 use crate::qp::Pd;
 use crate::{Error, Result};
@@ -41,8 +41,11 @@ pub struct DeviceBuilder {
     daemon: DaemonConfig,
     /// Options that configure an embedded engine's socket or engine, set explicitly: the
     /// daemon has its own configuration, so they are refused there (except a matching port
-    /// or MTU).
+    /// or MTU), and without an explicit backend they choose the embedded one.
     embedded_only: Vec<&'static str>,
+    /// Options that only starting a daemon uses, set explicitly: without an explicit
+    /// backend they choose the daemon.
+    daemon_only: Vec<&'static str>,
     port_set: Option<u16>,
     mtu_set: Option<Mtu>,
 }
@@ -50,7 +53,8 @@ pub struct DeviceBuilder {
 impl DeviceBuilder {
     /// UDP port to receive on (default 4791). Give devices that share an address distinct
     /// ports, and point each at the other's with [`DeviceBuilder::remote_port`]. On the
-    /// daemon backend, only the daemon's own port is accepted.
+    /// daemon backend, only the daemon's own port is accepted (so without an explicit
+    /// backend, another port chooses an embedded device).
     pub fn port(mut self, port: u16) -> Self {
         self.config.port = port;
         self.port_set = Some(port);
@@ -94,7 +98,8 @@ impl DeviceBuilder {
         self
     }
 
-    /// Port MTU (default 4096). On the daemon backend, only the daemon's MTU is accepted.
+    /// Port MTU (default 4096). On the daemon backend, only the daemon's MTU is accepted
+    /// (so without an explicit backend, another MTU chooses an embedded device).
     pub fn mtu(mut self, mtu: Mtu) -> Self {
         self.config.mtu = mtu;
         self.mtu_set = Some(mtu);
@@ -109,7 +114,9 @@ impl DeviceBuilder {
         self
     }
 
-    /// Which backend to open (default: `$SOFTRDMA_BACKEND`, else embedded).
+    /// Which backend to open. Default: `$SOFTRDMA_BACKEND`, else the one the options
+    /// given imply, else the daemon if one answers and serves this address, else embedded
+    /// (the crate docs, "Backends", spell the rule out).
     pub fn backend(mut self, kind: BackendKind) -> Self {
         self.backend = Some(kind);
         self
@@ -122,24 +129,32 @@ impl DeviceBuilder {
         self
     }
 
-    /// Whether a missing daemon may be started (default: `$SOFTRDMA_DAEMON_SPAWN`, else
-    /// yes).
+    /// Whether a missing daemon may be started, once the daemon backend is chosen
+    /// (default: `$SOFTRDMA_DAEMON_SPAWN`, else yes). Without an explicit backend, `true`
+    /// chooses the daemon (started if none answers); `false` only forbids starting one.
     pub fn spawn_daemon(mut self, on: bool) -> Self {
         self.daemon.spawn = Some(on);
+        if on {
+            self.daemon_only.push("spawn_daemon");
+        }
         self
     }
 
     /// The `softrdmad` binary to start if no daemon answers (default:
-    /// `$SOFTRDMA_DAEMON_BIN`, else next to this executable, else on `PATH`).
+    /// `$SOFTRDMA_DAEMON_BIN`, else next to this executable, else on `PATH`). Without an
+    /// explicit backend, this chooses the daemon.
     pub fn daemon_binary(mut self, path: impl Into<PathBuf>) -> Self {
         self.daemon.binary = Some(path.into());
+        self.daemon_only.push("daemon_binary");
         self
     }
 
     /// Arguments for a started daemon besides `--socket` (default:
     /// `$SOFTRDMA_DAEMON_ARGS` split at whitespace), e.g. `["--addr", "127.0.0.1"]`.
+    /// Without an explicit backend, this chooses the daemon.
     pub fn daemon_args<S: Into<String>>(mut self, args: impl IntoIterator<Item = S>) -> Self {
         self.daemon.args = Some(args.into_iter().map(Into::into).collect());
+        self.daemon_only.push("daemon_args");
         self
     }
 
@@ -150,14 +165,92 @@ impl DeviceBuilder {
         self
     }
 
-    /// Open the device: bind the socket and start the engine (embedded), or connect to the
-    /// daemon (starting it if allowed) and pick its device on this address.
-    pub fn open(self) -> Result<Device> {
-        let kind = match self.backend {
-            Some(k) => k,
-            None => BackendKind::from_env()?.unwrap_or(BackendKind::Embedded),
+    /// Which backend [`DeviceBuilder::open`] would use now, without opening anything (for
+    /// programs that set embedded-only tuning, such as [`DeviceBuilder::busy_poll`], only
+    /// when the device will be embedded, since setting it would choose embedded). Without
+    /// an explicit choice this looks at the daemon's control socket, as `open` does; the
+    /// answer holds until the daemon starts or stops. Errors as `open` would: a bad
+    /// `$SOFTRDMA_BACKEND`, conflicting options, a daemon that answers but cannot be used.
+    pub fn choose_backend(&self) -> Result<BackendKind> {
+        Ok(self.choose()?.kind)
+    }
+
+    /// The backend rule (crate docs, "Backends"): an explicit choice, else what the options
+    /// imply, else the daemon if one answers and serves this address and any port or MTU
+    /// asked for, else embedded. A daemon found that way is kept connected for the open.
+    fn choose(&self) -> Result<Choice> {
+        let embedded = || {
+            Ok(Choice {
+                kind: BackendKind::Embedded,
+                found: None,
+            })
         };
-        let backend = match kind {
+        let daemon = || {
+            Ok(Choice {
+                kind: BackendKind::Daemon,
+                found: None,
+            })
+        };
+        if let Some(kind) = self.backend {
+            return Ok(Choice { kind, found: None });
+        }
+        if let Some(kind) = BackendKind::from_env()? {
+            return Ok(Choice { kind, found: None });
+        }
+        // A capture file in the environment asks for what only an embedded device records.
+        let capture_env = std::env::var_os(runtime::capture::ENV_VAR)
+            .is_some_and(|v| !v.is_empty())
+            .then_some(runtime::capture::ENV_VAR);
+        let embedded_opt = self.embedded_only.first().copied().or(capture_env);
+        match (embedded_opt, self.daemon_only.first()) {
+            (Some(e), Some(d)) => {
+                return Err(Error::Config(format!(
+                    "{e} configures an embedded device and {d} the daemon: choose one with \
+                     DeviceBuilder::backend or {}",
+                    backend::BACKEND_ENV
+                )))
+            }
+            (Some(_), None) => return embedded(),
+            (None, Some(_)) => return daemon(),
+            (None, None) => {}
+        }
+        let Some(addr) = self.addr else {
+            // No address (`open_default` without `SOFTRDMA_DEVICE`): only a daemon can
+            // serve that, started if none answers.
+            return daemon();
+        };
+        let socket = self.daemon.socket_path();
+        let (mut client, devices) = match backend::probe(&socket)? {
+            Probe::Nobody => return embedded(),
+            Probe::Answers { client, devices } => (client, devices),
+        };
+        // A daemon that does not serve this address, or not on the port or with the MTU
+        // asked for, cannot give what was asked; an embedded device can.
+        let Some(info) = backend::serving(devices, Some(addr)) else {
+            return embedded();
+        };
+        if self.port_set.is_some_and(|p| p != info.port) {
+            return embedded();
+        }
+        if let Some(m) = self.mtu_set {
+            let port = client.query_port(info.index, 1)?;
+            if daemon::convert::port_attr_from_msg(&port)?.active_mtu != m {
+                return embedded();
+            }
+        }
+        Ok(Choice {
+            kind: BackendKind::Daemon,
+            found: Some((client, info)),
+        })
+    }
+
+    /// Open the device on the backend the rule picks (see [`DeviceBuilder::backend`]):
+    /// bind the socket and start the engine (embedded), or connect to the daemon (starting
+    /// it if allowed, when the daemon was chosen explicitly or is the only way) and pick its
+    /// device on this address.
+    pub fn open(self) -> Result<Device> {
+        let choice = self.choose()?;
+        let backend = match choice.kind {
             BackendKind::Embedded => {
                 if self.addr.is_none() {
                     return Err(Error::Config(format!(
@@ -173,7 +266,10 @@ impl DeviceBuilder {
                         "option {opt} configures an embedded device; softrdmad has its own"
                     )));
                 }
-                let d = DaemonDevice::open(self.addr, &self.daemon)?;
+                let d = match choice.found {
+                    Some((client, info)) => DaemonDevice::on(client, info)?,
+                    None => DaemonDevice::open(self.addr, &self.daemon)?,
+                };
                 let b = Backend::Daemon(Box::new(d));
                 if let Some(p) = self.port_set {
                     if p != b.local_addr().port() {
@@ -205,23 +301,31 @@ impl DeviceBuilder {
     }
 }
 
+/// The backend `DeviceBuilder::choose` settled on.
+struct Choice {
+    kind: BackendKind,
+    /// The daemon connection an implicit choice made, and the device it found there.
+    found: Option<(daemon::client::Client, daemon::proto::DeviceInfo)>,
+}
+
 /// Environment variable naming the device [`Device::open_default`] opens: an IP address
 /// (the embedded device's, or the daemon device serving it). The drop-in `libibverbs.so.1`
 /// also takes a daemon device name such as `srxe0` here.
 pub const DEVICE_ENV: &str = "SOFTRDMA_DEVICE";
 
 impl Device {
-    /// Open a device on `addr` with the defaults (UDP 4791, backend from
-    /// `$SOFTRDMA_BACKEND`, else embedded).
+    /// Open a device on `addr` with the defaults: UDP 4791; backend `$SOFTRDMA_BACKEND`,
+    /// else softrdmad's device on `addr` if a daemon answers and serves it, else embedded
+    /// (crate docs, "Backends").
     pub fn open(addr: IpAddr) -> Result<Device> {
         Device::builder(addr).open()
     }
 
-    /// Open the device the environment names: backend `$SOFTRDMA_BACKEND` (default:
-    /// daemon), device `$SOFTRDMA_DEVICE` (an IP address; default on the daemon: its first
-    /// device; the embedded backend needs one).
+    /// Open the device the environment names: device `$SOFTRDMA_DEVICE` (an IP address),
+    /// backend as [`Device::open`] chooses it. Without `$SOFTRDMA_DEVICE`, the daemon's
+    /// first device (started if none answers and `$SOFTRDMA_BACKEND` allows the daemon):
+    /// an embedded device needs an address.
     pub fn open_default() -> Result<Device> {
-        let kind = BackendKind::from_env()?.unwrap_or(BackendKind::Daemon);
         let addr = match std::env::var(DEVICE_ENV) {
             Ok(v) if !v.trim().is_empty() => Some(
                 v.trim()
@@ -234,7 +338,7 @@ impl Device {
             addr,
             ..Device::builder(addr.unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into()))
         };
-        b.backend(kind).open()
+        b.open()
     }
 
     /// Options for a device on `addr`.
@@ -251,6 +355,7 @@ impl Device {
                 args: None,
             },
             embedded_only: Vec::new(),
+            daemon_only: Vec::new(),
             port_set: None,
             mtu_set: None,
         }

@@ -33,20 +33,40 @@
 //!   registered memory with `process_vm_readv` / `process_vm_writev`. Every verb (posting
 //!   and polling too) is one request on the socket.
 //!
-//! Which one a device uses:
+//! Which one a device uses — an explicit choice first, then the daemon if one answers,
+//! else an embedded device:
 //!
 //! 1. [`DeviceBuilder::backend`], if called;
 //! 2. else `SOFTRDMA_BACKEND` (`embedded` or `daemon`; anything else is
 //!    [`Error::Config`]);
-//! 3. else embedded for [`Device::open`] / [`Device::builder`], and the daemon for
-//!    [`Device::open_default`] (which opens the device `SOFTRDMA_DEVICE` names: an IP
-//!    address; on the daemon the default is its first device).
+//! 3. else what the options given imply. Options only an embedded device has —
+//!    [`DeviceBuilder::remote_port`], `src_port_policy`, `rx_path`, `busy_poll`,
+//!    `rng_seed`, and a capture file in `SOFTRDMA_CAPTURE` — choose embedded: whoever set
+//!    them wants that device, and the daemon would refuse them. Options only a daemon start
+//!    uses — [`DeviceBuilder::daemon_binary`], `daemon_args`, `spawn_daemon(true)` —
+//!    choose the daemon (started if none answers). Both kinds at once are
+//!    [`Error::Config`];
+//! 4. else the daemon, if one answers on its control socket and serves the device's
+//!    address (and the [`DeviceBuilder::port`] and [`DeviceBuilder::mtu`] asked for, if
+//!    any: another port or MTU is one only an embedded device can give). Looking costs one
+//!    connect and starts nothing: a missing socket file or a refused connect means no
+//!    daemon answers. A daemon that is there but cannot be used (another protocol version,
+//!    no permission) is an error rather than a reason to fight it for its addresses;
+//! 5. else embedded.
+//!
+//! [`DeviceBuilder::choose_backend`] tells which one `open` would take, and
+//! [`Device::backend`] / [`Device::daemon_info`] which one a device took. A test or program
+//! that needs one backend says so (step 1 or 2): the choice otherwise depends on whether a
+//! daemon runs on the host. [`Device::open_default`] opens the device `SOFTRDMA_DEVICE`
+//! names (an IP address) by the same rule; without one it opens the daemon's first device
+//! (an embedded device needs an address).
 //!
 //! On the daemon, [`Device::open`] picks the daemon's device serving that address. The
 //! control socket is [`DeviceBuilder::daemon_socket`], else `SOFTRDMA_DAEMON_SOCKET`, else
-//! `/run/softrdma/softrdmad.sock`. When no daemon answers there, the library starts one
-//! (`softrdmad --socket <that path>` plus [`DeviceBuilder::daemon_args`] or
-//! `SOFTRDMA_DAEMON_ARGS`), found at [`DeviceBuilder::daemon_binary`], else
+//! `/run/softrdma/softrdmad.sock`. When the daemon is chosen explicitly (or by the options
+//! that start one, or by `open_default` without an address) and none answers there, the
+//! library starts one (`softrdmad --socket <that path>` plus [`DeviceBuilder::daemon_args`]
+//! or `SOFTRDMA_DAEMON_ARGS`), found at [`DeviceBuilder::daemon_binary`], else
 //! `SOFTRDMA_DAEMON_BIN`, else next to the current executable (or one directory up), else on
 //! `PATH`, and waits up to 10 s for its socket. It runs in a process group of its own and
 //! outlives this process, like a service. [`DeviceBuilder::spawn_daemon`]`(false)` or

@@ -83,6 +83,7 @@ fn a_packet_whose_icrc_covers_a_nonzero_ip_id_is_counted_and_dropped() {
 fn raw_pair(a_ip: &str, b_ip: &str) -> Option<(Device, Device)> {
     let open = |ip: &str| {
         Device::builder(ip.parse().unwrap())
+            .backend(softrdma::BackendKind::Embedded)
             .port(0)
             .rx_path(RxPath::Raw)
             .open()

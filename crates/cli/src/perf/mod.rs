@@ -16,12 +16,14 @@
 //! `atomic_lat` report the whole operation. Completions are busy-polled (`-e` sleeps on the
 //! completion channel instead).
 //!
-//! With `SOFTRDMA_BACKEND=daemon` both sides use `softrdmad`'s device on their address (the
-//! embedded-device options `--udp-port`, `--busy-poll` and `--capture` do not apply). Two
-//! processes on the same address then share one daemon device, and their traffic never
-//! leaves the daemon. `--baseline` also prints, for bandwidth tests, a memcpy of
-//! message-size buffers in the client process: the in-memory copy rate a same-host transfer
-//! is measured against.
+//! Each side opens the device on its address by the tools' backend rule
+//! ([`crate::tool::DeviceOptions`]): `--backend`, else `SOFTRDMA_BACKEND`, else embedded when
+//! `--capture`, `--busy-poll` or a `--udp-port` softrdmad does not serve asks for it, else
+//! `softrdmad`'s device when a daemon answers and serves the address, else embedded. The
+//! header says which (`Backend`). Two processes on the same address of one daemon share its
+//! device, and their traffic never leaves the daemon. `--baseline` also prints, for
+//! bandwidth tests, a memcpy of message-size buffers in the client process: the in-memory
+//! copy rate a same-host transfer is measured against.
 
 pub mod report;
 
@@ -37,7 +39,8 @@ use softrdma::{
 
 use crate::baseline;
 use crate::tool::{
-    io_ctx, open_device_with, parse_mtu, progress_bar, wait_cq, Ctrl, PollMode, Result, ToolError,
+    io_ctx, open_device, parse_mtu, progress_bar, wait_cq, BackendArg, Ctrl, DeviceOptions,
+    PollMode, Result, ToolError,
 };
 use report::{BwResult, LatStats, RULE};
 
@@ -184,10 +187,11 @@ pub struct PerfArgs {
     /// the address of the TCP connection (server: all addresses).
     #[arg(short = 'B', long)]
     pub bind: Option<IpAddr>,
-    /// UDP port both devices use (RoCEv2: 4791). Captures of other ports still decode: they
-    /// record packets as the engine builds them.
-    #[arg(long, default_value_t = wire::ROCEV2_UDP_PORT)]
-    pub udp_port: u16,
+    /// UDP port both devices use [default: 4791 (RoCEv2), or softrdmad's]. A port
+    /// softrdmad does not serve opens an embedded device. Captures of other ports still
+    /// decode: they record packets as the engine builds them.
+    #[arg(long)]
+    pub udp_port: Option<u16>,
     /// Path MTU in bytes (256, 512, 1024, 2048, 4096).
     #[arg(short = 'm', long, default_value_t = 4096)]
     pub mtu: u32,
@@ -198,12 +202,21 @@ pub struct PerfArgs {
     /// print them and the ratio under the table.
     #[arg(long)]
     pub baseline: bool,
-    /// Run server and client in this process on loopback (127.0.0.2 and 127.0.0.1).
+    /// Run server and client in this process on loopback (127.0.0.2 and 127.0.0.1). Each
+    /// device follows the backend rule on its own (softrdmad often serves 127.0.0.1 and not
+    /// 127.0.0.2), except that --capture makes both embedded.
     #[arg(long, conflicts_with = "peer")]
     pub loopback: bool,
-    /// Write every packet this side's device sends and receives to a pcap file.
+    /// Write every packet this side's device sends and receives to a pcap file (an
+    /// embedded device).
     #[arg(long, value_name = "FILE.pcap")]
     pub capture: Option<PathBuf>,
+    /// Backend: embedded (a device in this process) or daemon (softrdmad's device on the
+    /// local address). Default: $SOFTRDMA_BACKEND, else embedded when --capture,
+    /// --busy-poll or a --udp-port softrdmad does not serve asks for it, else softrdmad
+    /// when it answers on its socket and serves the address, else embedded.
+    #[arg(long, value_enum, value_name = "KIND")]
+    pub backend: Option<BackendArg>,
     /// Sleep on the completion channel at once (default: poll briefly, then sleep).
     #[arg(short = 'e', long = "events", conflicts_with = "busy")]
     pub events: bool,
@@ -214,7 +227,8 @@ pub struct PerfArgs {
     /// Source GID index (perftest -x).
     #[arg(short = 'x', long = "gid-index", default_value_t = 0)]
     pub gid_index: u8,
-    /// Device name, accepted for perftest compatibility: the one device is the embedded one.
+    /// Device name, accepted for perftest compatibility: the device is the one on the local
+    /// address (softrdmad's or an embedded one).
     #[arg(short = 'd', long = "ib-dev", value_name = "NAME")]
     pub ib_dev: Option<String>,
     /// Port number, accepted for perftest compatibility: a soft device has port 1 only.
@@ -225,9 +239,14 @@ pub struct PerfArgs {
     #[arg(short = 'F', long = "CPU-freq")]
     pub cpu_freq: bool,
     /// How long each device's progress thread keeps polling its socket after activity
-    /// before it sleeps, in microseconds (default: the runtime's).
+    /// before it sleeps, in microseconds (default: the runtime's). An embedded device's.
     #[arg(long, value_name = "USEC")]
     pub busy_poll: Option<u64>,
+    /// The progress-thread polling, in microseconds, of a device that is embedded anyway
+    /// when `--busy-poll` is not given: `--loopback` sets it on small machines. Not an
+    /// option, since unlike `--busy-poll` it chooses no backend.
+    #[arg(skip)]
+    pub embedded_busy_poll: Option<u64>,
 }
 
 /// What the client asks the server for; one text line on the control channel.
@@ -373,27 +392,19 @@ struct Side {
     mode: PollMode,
 }
 
-/// The device on `ip`: softrdmad's when `$SOFTRDMA_BACKEND` says `daemon`, else an
-/// embedded one with this benchmark's options.
-fn open_perf_device(
-    ip: IpAddr,
-    a: &PerfArgs,
-    busy: Option<Duration>,
-    mode: PollMode,
-) -> Result<Device> {
-    if softrdma::BackendKind::from_env()? == Some(softrdma::BackendKind::Daemon) {
-        if a.capture.is_some() {
-            return Err(ToolError::Usage(
-                "--capture records an embedded device; softrdmad's traffic is its own".into(),
-            ));
-        }
-        let mut b = Device::builder(ip).backend(softrdma::BackendKind::Daemon);
-        if mode == PollMode::Events {
-            b = b.wait_spin(Duration::ZERO);
-        }
-        return Ok(b.open()?);
-    }
-    open_device_with(ip, a.udp_port, a.capture.as_deref(), busy, mode)
+/// The device on `ip`, by the tools' backend rule with this benchmark's options.
+fn open_perf_device(ip: IpAddr, a: &PerfArgs, mode: PollMode) -> Result<Device> {
+    open_device(
+        ip,
+        &DeviceOptions {
+            backend: a.backend.map(Into::into),
+            udp_port: a.udp_port,
+            capture: a.capture.clone(),
+            busy_poll: a.busy_poll.map(Duration::from_micros),
+            embedded_busy_poll: a.embedded_busy_poll.map(Duration::from_micros),
+            mode,
+        },
+    )
 }
 
 fn all_access() -> AccessFlags {
@@ -405,9 +416,8 @@ fn all_access() -> AccessFlags {
 
 impl Side {
     fn new(p: &Params, ip: IpAddr, a: &PerfArgs) -> Result<Side> {
-        let busy = a.busy_poll.map(Duration::from_micros);
         let mode = PollMode::from_flags(a.events, a.busy);
-        let dev = open_perf_device(ip, a, busy, mode)?;
+        let dev = open_perf_device(ip, a, mode)?;
         let pd = dev.alloc_pd()?;
         let send_depth = p.tx_depth.max(128) + 1;
         let scq = dev.create_cq(send_depth + 64)?;
@@ -845,12 +855,23 @@ fn loopback(test: Test, args: &PerfArgs, out: &mut dyn Write) -> Result<Summary>
         .map_err(io_ctx("listener address"))?
         .port();
     let mut args = args.clone();
-    if args.busy_poll.is_none() && cpus() < 4 {
+    if args.capture.is_some() {
+        // The client's capture asks for an embedded device; the server follows, so that
+        // both listen on and send to the same UDP port (softrdmad's may be another).
+        let explicit = match args.backend {
+            Some(b) => Some(b.into()),
+            None => softrdma::BackendKind::from_env()?,
+        };
+        crate::tool::capture_backend(explicit)?;
+        args.backend = Some(BackendArg::Embedded);
+    }
+    if cpus() < 4 {
         // Both devices' progress threads and both benchmark threads share this machine: with
         // fewer than four CPUs a progress thread that keeps polling after activity takes the
         // core from the thread that would make progress (measured: write_bw 64 KiB at 0.65x of
-        // the UDP stream with 50 us of polling, 0.95x without, on 2 CPUs).
-        args.busy_poll = Some(0);
+        // the UDP stream with 50 us of polling, 0.95x without, on 2 CPUs). Embedded devices
+        // only: softrdmad's progress threads are its own.
+        args.embedded_busy_poll = Some(0);
     }
     let args = &args;
     let mut sargs = args.clone();
@@ -893,18 +914,25 @@ fn header(
     remote: &softrdma::Endpoint,
     args: &PerfArgs,
 ) -> Result<()> {
-    let (test, dev, gbits, busy_poll) = (p.test, &side.dev, args.report_gbits, args.busy_poll);
+    let (test, dev, gbits) = (p.test, &side.dev, args.report_gbits);
+    // The progress thread's polling is an embedded device's.
+    let busy_poll = args
+        .busy_poll
+        .or(args.embedded_busy_poll)
+        .filter(|_| dev.try_runtime().is_some());
     let local = &side.qp.endpoint(None)?;
     let _ = writeln!(out, "{RULE}");
     let _ = writeln!(out, "                    {}", test.title(p.cas));
-    let kind = match dev.backend() {
-        softrdma::BackendKind::Daemon => "softrdmad",
-        _ => "embedded",
-    };
     let _ = writeln!(
         out,
-        " Device          : softrdma ({kind}, UDP {})",
+        " Device          : {} (UDP {})",
+        crate::tool::device_name(dev),
         dev.local_addr()
+    );
+    let _ = writeln!(
+        out,
+        " Backend         : {}",
+        crate::tool::backend_description(dev)
     );
     let _ = writeln!(out, " Number of qps   : 1\t\tTransport type : IB");
     let _ = writeln!(out, " Connection type : RC\t\tUsing SRQ      : OFF");
