@@ -62,6 +62,7 @@ fn start_daemon() -> TestDaemon {
                     addrs: vec![a.parse().unwrap()],
                     port,
                     remote_port: port,
+                    ..Default::default()
                 };
                 Device::start(config, regions.clone())
             })
