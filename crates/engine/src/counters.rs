@@ -33,8 +33,13 @@ counters! {
     TxBytes = "tx_bytes",
     /// Dropped: the bytes are not a well-formed RoCEv2 packet.
     RxMalformed = "rx_malformed",
-    /// Dropped: the ICRC does not match (corruption).
+    /// Dropped: the ICRC does not match (corruption), and under
+    /// [`crate::Ipv4IdentPolicy::Recover`] no IPv4 identification makes it match either.
     RxBadIcrc = "rx_bad_icrc",
+    /// Under [`crate::Ipv4IdentPolicy::Recover`]: the ICRC failed with the IPv4 ID in the
+    /// header the host rebuilt and held for another one, found from the ICRC; the packet
+    /// went on to the other ingress checks.
+    RxIcrcIdRecovered = "rx_icrc_id_recovered",
     /// Dropped: the destination IP is not one of this port's GIDs.
     RxNotOurAddress = "rx_not_our_address",
     /// A Congestion Notification Packet arrived (ignored: no congestion control yet).

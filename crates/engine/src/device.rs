@@ -203,6 +203,33 @@ pub struct PortAttr {
     pub link_layer: LinkLayer,
 }
 
+/// How the ingress ICRC check treats the IPv4 identification: the ICRC covers it, but a host
+/// that receives on a UDP socket cannot see it and hands the engine a header it rebuilt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum Ipv4IdentPolicy {
+    /// The IPv4 header handed to [`crate::Engine::handle_datagram`] is the one the sender
+    /// built, or one the host rebuilt exactly (ID 0 and DF, as softrdma and any sender on an
+    /// unconnected `IP_PMTUDISC_DO` socket send): the ICRC is checked in full, all 32 bits.
+    /// For raw sockets, the simulator, captures, and hosts whose peers are softrdma devices.
+    #[default]
+    AsReceived,
+    /// The host cannot see the sender's ID (a UDP socket) and rebuilt the header with some
+    /// ID. An IPv4 packet whose ICRC fails with that ID is accepted when another ID makes it
+    /// hold, found from the same CRC pass ([`wire::icrc::ipv4_ident_for_icrc`], about 30 ns
+    /// per packet) and counted as [`crate::Counter::RxIcrcIdRecovered`]; when no ID does,
+    /// it is dropped as [`crate::Counter::RxBadIcrc`]. This is how a host behind a UDP socket
+    /// receives from senders that count IDs up, such as Linux rxe.
+    ///
+    /// The price is protection: 16 of the ICRC's 32 bits go to finding the ID, so a corrupted
+    /// IPv4 packet is accepted with probability about 2^-16 instead of 2^-32, and some short
+    /// corruptions are never caught (15 of the 255 ways to corrupt the byte at IP offset 121,
+    /// for one). The other header fields must still be rebuilt as sent (DF set): a sender
+    /// that clears DF fails the check either way. IPv6 packets (no ID) and internal packets
+    /// (no ICRC) are unaffected.
+    Recover,
+}
+
 /// How to build an [`crate::Engine`].
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -233,6 +260,9 @@ pub struct EngineConfig {
     /// Payload bytes per packet on internal paths (clamped to [`MAX_INTERNAL_MTU`] and to at
     /// least the port MTU).
     pub internal_mtu: u32,
+    /// Whether received IPv4 headers carry the sender's identification, or the ICRC check
+    /// should find it (see [`Ipv4IdentPolicy`]). Default: as received, the exact check.
+    pub ipv4_ident: Ipv4IdentPolicy,
 }
 
 /// Largest payload of an internal packet: it still has to fit an IP packet's 16-bit length
@@ -252,6 +282,7 @@ impl EngineConfig {
             udp_src_port: None,
             internal_addresses: Vec::new(),
             internal_mtu: MAX_INTERNAL_MTU,
+            ipv4_ident: Ipv4IdentPolicy::AsReceived,
         }
     }
 }

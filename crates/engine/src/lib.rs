@@ -29,7 +29,10 @@
 //! - [`Engine::handle_datagram`] with every received packet, a whole IP packet (IPv4 or IPv6
 //!   header, UDP to port 4791, BTH, ..., ICRC). The ICRC is verified over the IP header too,
 //!   so the host must hand in the header as it arrived; packets that fail are counted
-//!   ([`Counter::RxBadIcrc`]) and dropped.
+//!   ([`Counter::RxBadIcrc`]) and dropped. A host that cannot see the sender's IPv4
+//!   identification (a UDP socket) may set [`EngineConfig::ipv4_ident`] to
+//!   [`Ipv4IdentPolicy::Recover`]: the engine then finds the ID in the ICRC, at the cost of
+//!   half its protection.
 //! - [`Engine::poll_transmit`] until it returns `None`, sending `buf[..len]` to
 //!   [`Transmit::dst`]. IPv4 packets carry ID 0 and DF, as an unconnected UDP socket with
 //!   `IP_PMTUDISC_DO` sends them, so the ICRC computed here is the one the peer checks. The UDP
@@ -112,7 +115,8 @@ use wire::Psn;
 pub use counters::{Counter, Counters};
 pub use cq::{CqHandle, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 pub use device::{
-    AtomicCap, DeviceAttr, EngineConfig, Gid, LinkLayer, PortAttr, PortState, MAX_INTERNAL_MTU,
+    AtomicCap, DeviceAttr, EngineConfig, Gid, Ipv4IdentPolicy, LinkLayer, PortAttr, PortState,
+    MAX_INTERNAL_MTU,
 };
 pub use error::VerbsError;
 pub use memory::{MemOwner, Memory, MemoryError};
@@ -383,10 +387,13 @@ impl<M: Memory + ?Sized> Engine<M> {
         if self.port_state == PortState::Down {
             return;
         }
+        let ident = self.config.ipv4_ident;
         let mut overflowed = Vec::new();
         {
             let mut ctx = ctx!(self, now, overflowed);
-            if let Some(qpn) = recv::handle(&mut ctx, &self.gids, &mut self.qps, packet, internal) {
+            if let Some(qpn) =
+                recv::handle(&mut ctx, &self.gids, &mut self.qps, packet, internal, ident)
+            {
                 self.active.insert(qpn);
             }
         }

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use wire::{OpKind, RoceV2Packet, Transport, WireError};
 
 use crate::counters::Counter;
-use crate::device::Gid;
+use crate::device::{Gid, Ipv4IdentPolicy};
 use crate::memory::Memory;
 use crate::qp::Qp;
 use crate::qp_attr::QpType;
@@ -21,17 +21,27 @@ fn pkey_matches(a: u16, b: u16) -> bool {
 
 /// Returns the QP the packet was handed to, if any. `internal`: the packet was built by an
 /// engine of this process for an internal path (no ICRC; see `EngineConfig::internal_addresses`).
+/// `ipv4_ident`: whether the IPv4 header's identification is the sender's.
 pub(crate) fn handle<M: Memory + ?Sized>(
     ctx: &mut Ctx<'_, M>,
     gids: &[Gid],
     qps: &mut BTreeMap<u32, Qp>,
     bytes: &[u8],
     internal: bool,
+    ipv4_ident: Ipv4IdentPolicy,
 ) -> Option<u32> {
-    let parsed = if internal {
-        RoceV2Packet::parse_internal(bytes)
-    } else {
-        RoceV2Packet::parse_checked(bytes)
+    let parsed = match (internal, ipv4_ident) {
+        (true, _) => RoceV2Packet::parse_internal(bytes),
+        (false, Ipv4IdentPolicy::AsReceived) => RoceV2Packet::parse_checked(bytes),
+        // One CRC pass either way: the recovery reuses the CRC the check computed.
+        (false, Ipv4IdentPolicy::Recover) => {
+            RoceV2Packet::parse_checked_recovering_ipv4_ident(bytes).map(|(p, recovered)| {
+                if recovered.is_some() {
+                    ctx.counters.inc(Counter::RxIcrcIdRecovered);
+                }
+                p
+            })
+        }
     };
     let pkt = match parsed {
         Ok(p) => p,

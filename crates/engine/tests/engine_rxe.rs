@@ -5,6 +5,11 @@
 //! its place, byte for byte, except the IPv4 identification (rxe counts it up, we send 0, as
 //! an unconnected UDP socket does), the IPv4 header checksum and the ICRC that cover it.
 //! Then the completions must be what the programs got.
+//!
+//! The same flows run again on rxe's own packets, with their IPv4 IDs replaced by 0 as a host
+//! receiving on a UDP socket sees them: engines set to `Ipv4IdentPolicy::Recover` find each ID
+//! in the ICRC, accept the packets and complete the exchange, while engines checking the
+//! header as received drop them, and both drop corrupted packets.
 
 use std::cell::RefCell;
 use std::net::{IpAddr, Ipv4Addr};
@@ -12,27 +17,24 @@ use std::path::PathBuf;
 use std::rc::Rc;
 
 use engine::{
-    AccessFlags, AhAttr, Engine, EngineConfig, Gid, Instant, MemOwner, Memory, MemoryError,
-    PathMtu, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendOp, SendWr, Sge,
-    WcStatus,
+    AccessFlags, AhAttr, Counter, Engine, EngineConfig, Gid, Instant, Ipv4IdentPolicy, MemOwner,
+    Memory, MemoryError, PathMtu, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr,
+    SendOp, SendWr, Sge, WcStatus,
 };
-use wire::{OpKind, RoceV2Packet};
+use wire::{Ipv4, OpKind, RoceV2Packet};
 
 const REQUESTER: Ipv4Addr = Ipv4Addr::new(10, 50, 0, 12);
 const RESPONDER: Ipv4Addr = Ipv4Addr::new(10, 50, 0, 11);
 
-fn capture() -> Option<Vec<u8>> {
+fn capture(name: &str) -> Option<Vec<u8>> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    for p in [
-        "../shared/testdata/rxe-verbs-suite.pcap",
-        "samples/rxe-verbs-suite.pcap",
-    ] {
-        if let Ok(b) = std::fs::read(root.join(p)) {
+    for dir in ["../shared/testdata", "samples"] {
+        if let Ok(b) = std::fs::read(root.join(dir).join(name)) {
             return Some(b);
         }
     }
     // The capture also lives beside the repository in the session layout.
-    std::fs::read("/work/shared/testdata/rxe-verbs-suite.pcap").ok()
+    std::fs::read(PathBuf::from("/work/shared/testdata").join(name)).ok()
 }
 
 /// The RoCE packets (whole IP packets) of a classic little-endian Ethernet pcap.
@@ -52,6 +54,21 @@ fn roce_packets(pcap: &[u8]) -> Vec<Vec<u8>> {
         }
     }
     out
+}
+
+/// The packet as a host receiving on a UDP socket hands it to the engine: the IPv4 header
+/// rebuilt with ID 0 (and a checksum to match).
+fn with_ident_hidden(ip: &[u8]) -> Vec<u8> {
+    let mut b = ip.to_vec();
+    let mut h = Ipv4::new_unchecked(&mut b[..]);
+    h.set_ident(0);
+    h.fill_checksum();
+    b
+}
+
+/// The IPv4 identification of a packet.
+fn ident(ip: &[u8]) -> u16 {
+    Ipv4::new_checked(ip).unwrap().ident()
 }
 
 /// Sparse test memory: regions at chosen virtual addresses.
@@ -118,16 +135,23 @@ const LOCAL: u64 = 0x7000_0000;
 
 /// A host at `ip` whose QP number `qpn` is connected to `peer_qpn`, with one MR over
 /// `mr_base..+mr_len` whose rkey is `rkey` (the RNG seed is searched until the key matches
-/// the one rxe's peer used: keys are index + random tag, the index of the first MR is 0).
-fn host(ip: Ipv4Addr, qpn: u32, sq_psn: u32, rq_psn: u32, mr: (u64, u64, Option<u32>)) -> Host {
+/// the one rxe's peer used: keys are index + random tag, the index of the first MR is 0), and
+/// the given policy for the IPv4 IDs of received packets.
+fn host(
+    ip: Ipv4Addr,
+    qpn: u32,
+    sq_psn: u32,
+    rq_psn: u32,
+    mr: (u64, u64, Option<u32>),
+    ident: Ipv4IdentPolicy,
+) -> Host {
     let mem = Mem::default();
     let (mr_base, mr_len, want_rkey) = mr;
     let mut seed = 0u64;
     let (mut e, pd, keys) = loop {
-        let mut e = Engine::new(
-            EngineConfig::new(vec![IpAddr::V4(ip)], seed),
-            Box::new(mem.clone()),
-        );
+        let mut config = EngineConfig::new(vec![IpAddr::V4(ip)], seed);
+        config.ipv4_ident = ident;
+        let mut e = Engine::new(config, Box::new(mem.clone()));
         let pd = e.alloc_pd().unwrap();
         let all = AccessFlags::LOCAL_WRITE
             | AccessFlags::REMOTE_WRITE
@@ -240,12 +264,27 @@ fn assert_same_packet(ours: &[u8], theirs: &[u8], what: &str) {
     );
 }
 
+/// What each engine of a replay is handed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Feed {
+    /// The other engine's packets (ID 0, as we send them), checked as received.
+    Ours,
+    /// rxe's packets from the capture in their place, with their IPv4 IDs hidden as a UDP
+    /// socket hides them, to engines that recover the ID; before the first request, a copy of
+    /// it with one payload byte corrupted, which must be dropped.
+    RxesWithHiddenIds,
+}
+
+/// The WRs a flow's requester posts, and how many receives its responder needs.
+type Build = fn(&[RoceV2Packet<'_>], &Host, &Host) -> (Vec<SendWr>, usize);
+
 /// Replays the flow of QP `qpn`: posts `wrs` on a requester, then shuttles packets one at a
 /// time (each answer right after its request, as the hosts did), comparing each with rxe's.
-fn replay(qpn: u32, build: impl FnOnce(&[RoceV2Packet<'_>], &Host, &Host) -> (Vec<SendWr>, usize)) {
-    let Some(pcap) = capture() else {
+/// Returns the requester and the responder.
+fn replay(qpn: u32, feed: Feed, build: Build) -> Option<(Host, Host)> {
+    let Some(pcap) = capture("rxe-verbs-suite.pcap") else {
         eprintln!("rxe capture not found; skipping");
-        return;
+        return None;
     };
     let raw = roce_packets(&pcap);
     let flow: Vec<RoceV2Packet<'_>> = raw
@@ -279,8 +318,12 @@ fn replay(qpn: u32, build: impl FnOnce(&[RoceV2Packet<'_>], &Host, &Host) -> (Ve
         })
         .unwrap_or(0x10_0000)
         & !0xfff;
-    let mut a = host(REQUESTER, qpn, sq_psn, 1, (0x1000, 0x1000, None));
-    let mut b = host(RESPONDER, qpn, 1, sq_psn, (target, 1 << 20, rkey));
+    let policy = match feed {
+        Feed::Ours => Ipv4IdentPolicy::AsReceived,
+        Feed::RxesWithHiddenIds => Ipv4IdentPolicy::Recover,
+    };
+    let mut a = host(REQUESTER, qpn, sq_psn, 1, (0x1000, 0x1000, None), policy);
+    let mut b = host(RESPONDER, qpn, 1, sq_psn, (target, 1 << 20, rkey), policy);
     b.mem.add(target, vec![0; 1 << 20]);
     let flow_ref: Vec<RoceV2Packet<'_>> = flow.clone();
     let (wrs, recvs) = build(&flow_ref, &a, &b);
@@ -308,8 +351,23 @@ fn replay(qpn: u32, build: impl FnOnce(&[RoceV2Packet<'_>], &Host, &Host) -> (Ve
     while let Some(t) = a.e.poll_transmit(now, &mut buf) {
         let theirs = raw_of(reqs[ri]);
         assert_same_packet(&buf[..t.len], &theirs, &format!("QP {qpn:#x} request {ri}"));
+        match feed {
+            Feed::Ours => b.e.handle_datagram(now, &buf[..t.len]),
+            Feed::RxesWithHiddenIds => {
+                let seen = with_ident_hidden(&theirs);
+                if ri == 0 {
+                    let mut bad = seen.clone();
+                    let last = bad.len() - 5; // the last byte before the ICRC
+                    bad[last] ^= 0x40;
+                    b.e.handle_datagram(now, &bad);
+                    assert!(b.e.poll_transmit(now, &mut buf).is_none());
+                    assert_eq!(b.e.counters().get(Counter::RxBadIcrc), 1);
+                    assert_eq!(b.e.counters().get(Counter::RxPackets), 0);
+                }
+                b.e.handle_datagram(now, &seen);
+            }
+        }
         ri += 1;
-        b.e.handle_datagram(now, &buf[..t.len]);
         while let Some(t) = b.e.poll_transmit(now, &mut buf) {
             let theirs = raw_of(resps[si]);
             assert_same_packet(
@@ -318,7 +376,10 @@ fn replay(qpn: u32, build: impl FnOnce(&[RoceV2Packet<'_>], &Host, &Host) -> (Ve
                 &format!("QP {qpn:#x} response {si}"),
             );
             si += 1;
-            a.e.handle_datagram(now, &buf[..t.len]);
+            match feed {
+                Feed::Ours => a.e.handle_datagram(now, &buf[..t.len]),
+                Feed::RxesWithHiddenIds => a.e.handle_datagram(now, &with_ident_hidden(&theirs)),
+            }
         }
     }
     assert_eq!(
@@ -329,119 +390,257 @@ fn replay(qpn: u32, build: impl FnOnce(&[RoceV2Packet<'_>], &Host, &Host) -> (Ve
     let wcs = a.e.poll_cq(a.cq, 64).unwrap();
     assert_eq!(wcs.len(), n);
     assert!(wcs.iter().all(|c| c.status == WcStatus::Success), "{wcs:?}");
+    if feed == Feed::Ours {
+        for h in [&a, &b] {
+            assert_eq!(h.e.counters().get(Counter::RxBadIcrc), 0);
+            assert_eq!(h.e.counters().get(Counter::RxIcrcIdRecovered), 0);
+        }
+    }
+    Some((a, b))
+}
+
+/// RDMA WRITE (QP 0x11): one WR per message rxe's requester wrote, with its data.
+fn write_wrs(flow: &[RoceV2Packet<'_>], a: &Host, _b: &Host) -> (Vec<SendWr>, usize) {
+    let mut wrs = Vec::new();
+    let mut msg = Vec::new();
+    for p in flow.iter().filter(|p| p.ip.src() == IpAddr::V4(REQUESTER)) {
+        msg.extend_from_slice(p.payload);
+        if p.transport.bth.opcode.is_last() || p.transport.bth.opcode.is_only() {
+            let at = LOCAL + 0x4000 * wrs.len() as u64;
+            a.mem
+                .with(at, msg.len(), |b| b.copy_from_slice(&msg))
+                .unwrap();
+            let sge = Sge::new(at, msg.len() as u32, a.lkey);
+            wrs.push(SendWr::rdma_write(
+                wrs.len() as u64,
+                vec![sge],
+                0x5635_b307_2000,
+                0x2a9,
+            ));
+            msg.clear();
+        }
+    }
+    (wrs, 0)
 }
 
 #[test]
 fn rdma_write_flow_matches_rxe_byte_for_byte() {
-    replay(0x11, |flow, a, _b| {
-        let mut wrs = Vec::new();
-        let mut msg = Vec::new();
-        for p in flow.iter().filter(|p| p.ip.src() == IpAddr::V4(REQUESTER)) {
-            msg.extend_from_slice(p.payload);
-            if p.transport.bth.opcode.is_last() || p.transport.bth.opcode.is_only() {
-                let at = LOCAL + 0x4000 * wrs.len() as u64;
-                a.mem
-                    .with(at, msg.len(), |b| b.copy_from_slice(&msg))
-                    .unwrap();
-                let sge = Sge::new(at, msg.len() as u32, a.lkey);
-                wrs.push(SendWr::rdma_write(
-                    wrs.len() as u64,
-                    vec![sge],
-                    0x5635_b307_2000,
-                    0x2a9,
-                ));
-                msg.clear();
-            }
-        }
-        (wrs, 0)
-    });
+    replay(0x11, Feed::Ours, write_wrs);
+}
+
+/// RDMA READ (QP 0x12): the READs rxe's requester made, over memory holding what it read.
+fn read_wrs(flow: &[RoceV2Packet<'_>], a: &Host, b: &Host) -> (Vec<SendWr>, usize) {
+    let req = flow
+        .iter()
+        .find(|p| p.transport.bth.opcode.kind() == OpKind::RdmaReadRequest)
+        .unwrap();
+    let reth = req.transport.reth.unwrap();
+    // The responder's memory holds what rxe read (the first READ's responses).
+    let data: Vec<u8> = flow
+        .iter()
+        .filter(|p| p.transport.bth.opcode.kind() == OpKind::RdmaReadResponse)
+        .take(3)
+        .flat_map(|p| p.payload.iter().copied())
+        .collect();
+    assert_eq!(data.len(), reth.dma_len as usize);
+    b.mem
+        .with(reth.va, data.len(), |m| m.copy_from_slice(&data))
+        .unwrap();
+    let n = flow
+        .iter()
+        .filter(|p| p.transport.bth.opcode.kind() == OpKind::RdmaReadRequest)
+        .count();
+    let wrs = (0..n)
+        .map(|i| {
+            let sge = Sge::new(LOCAL + 0x4000 * i as u64, reth.dma_len, a.lkey);
+            SendWr::rdma_read(i as u64, vec![sge], reth.va, reth.rkey.value())
+        })
+        .collect();
+    (wrs, 0)
 }
 
 #[test]
 fn rdma_read_flow_matches_rxe_byte_for_byte() {
-    replay(0x12, |flow, a, b| {
-        let req = flow
-            .iter()
-            .find(|p| p.transport.bth.opcode.kind() == OpKind::RdmaReadRequest)
-            .unwrap();
-        let reth = req.transport.reth.unwrap();
-        // The responder's memory holds what rxe read (the first READ's responses).
-        let data: Vec<u8> = flow
-            .iter()
-            .filter(|p| p.transport.bth.opcode.kind() == OpKind::RdmaReadResponse)
-            .take(3)
-            .flat_map(|p| p.payload.iter().copied())
-            .collect();
-        assert_eq!(data.len(), reth.dma_len as usize);
+    replay(0x12, Feed::Ours, read_wrs);
+}
+
+/// FETCH_ADD (QP 0x13): rxe's atomics, each word holding what rxe's responder found there.
+fn fetch_add_wrs(flow: &[RoceV2Packet<'_>], a: &Host, b: &Host) -> (Vec<SendWr>, usize) {
+    let reqs: Vec<_> = flow
+        .iter()
+        .filter(|p| p.transport.bth.opcode.kind() == OpKind::FetchAdd)
+        .collect();
+    let acks: Vec<_> = flow
+        .iter()
+        .filter(|p| p.transport.bth.opcode.kind() == OpKind::AtomicAcknowledge)
+        .collect();
+    let mut wrs = Vec::new();
+    for (i, (r, k)) in reqs.iter().zip(&acks).enumerate() {
+        let at = r.transport.atomic_eth.unwrap();
+        // Each word holds what rxe's responder found there.
         b.mem
-            .with(reth.va, data.len(), |m| m.copy_from_slice(&data))
-            .unwrap();
-        let n = flow
-            .iter()
-            .filter(|p| p.transport.bth.opcode.kind() == OpKind::RdmaReadRequest)
-            .count();
-        let wrs = (0..n)
-            .map(|i| {
-                let sge = Sge::new(LOCAL + 0x4000 * i as u64, reth.dma_len, a.lkey);
-                SendWr::rdma_read(i as u64, vec![sge], reth.va, reth.rkey.value())
+            .with(at.va, 8, |w| {
+                w.copy_from_slice(&k.transport.atomic_ack_eth.unwrap().orig.to_ne_bytes())
             })
-            .collect();
-        (wrs, 0)
-    });
+            .unwrap();
+        let sge = Sge::new(LOCAL + 8 * i as u64, 8, a.lkey);
+        let op = SendOp::AtomicFetchAdd {
+            remote_addr: at.va,
+            rkey: at.rkey.value(),
+            add: at.swap_add,
+        };
+        wrs.push(SendWr::new(i as u64, op, vec![sge]));
+    }
+    (wrs, 0)
 }
 
 #[test]
 fn fetch_add_flow_matches_rxe_byte_for_byte() {
-    replay(0x13, |flow, a, b| {
-        let reqs: Vec<_> = flow
-            .iter()
-            .filter(|p| p.transport.bth.opcode.kind() == OpKind::FetchAdd)
-            .collect();
-        let acks: Vec<_> = flow
-            .iter()
-            .filter(|p| p.transport.bth.opcode.kind() == OpKind::AtomicAcknowledge)
-            .collect();
-        let mut wrs = Vec::new();
-        for (i, (r, k)) in reqs.iter().zip(&acks).enumerate() {
-            let at = r.transport.atomic_eth.unwrap();
-            // Each word holds what rxe's responder found there.
-            b.mem
-                .with(at.va, 8, |w| {
-                    w.copy_from_slice(&k.transport.atomic_ack_eth.unwrap().orig.to_ne_bytes())
-                })
+    replay(0x13, Feed::Ours, fetch_add_wrs);
+}
+
+/// SEND (QP 0x14): one WR per message rxe's requester sent, and a receive for each.
+fn send_wrs(flow: &[RoceV2Packet<'_>], a: &Host, _b: &Host) -> (Vec<SendWr>, usize) {
+    let mut wrs = Vec::new();
+    let mut msg = Vec::new();
+    for p in flow.iter().filter(|p| p.ip.src() == IpAddr::V4(REQUESTER)) {
+        msg.extend_from_slice(p.payload);
+        if p.transport.bth.opcode.is_last() || p.transport.bth.opcode.is_only() {
+            let at = LOCAL + 0x4000 * wrs.len() as u64;
+            a.mem
+                .with(at, msg.len(), |b| b.copy_from_slice(&msg))
                 .unwrap();
-            let sge = Sge::new(LOCAL + 8 * i as u64, 8, a.lkey);
-            let op = SendOp::AtomicFetchAdd {
-                remote_addr: at.va,
-                rkey: at.rkey.value(),
-                add: at.swap_add,
-            };
-            wrs.push(SendWr::new(i as u64, op, vec![sge]));
+            wrs.push(SendWr::send(
+                wrs.len() as u64,
+                vec![Sge::new(at, msg.len() as u32, a.lkey)],
+            ));
+            msg.clear();
         }
-        (wrs, 0)
-    });
+    }
+    let n = wrs.len();
+    (wrs, n)
 }
 
 #[test]
 fn send_flow_matches_rxe_byte_for_byte() {
-    replay(0x14, |flow, a, _b| {
-        let mut wrs = Vec::new();
-        let mut msg = Vec::new();
-        for p in flow.iter().filter(|p| p.ip.src() == IpAddr::V4(REQUESTER)) {
-            msg.extend_from_slice(p.payload);
-            if p.transport.bth.opcode.is_last() || p.transport.bth.opcode.is_only() {
-                let at = LOCAL + 0x4000 * wrs.len() as u64;
-                a.mem
-                    .with(at, msg.len(), |b| b.copy_from_slice(&msg))
-                    .unwrap();
-                wrs.push(SendWr::send(
-                    wrs.len() as u64,
-                    vec![Sge::new(at, msg.len() as u32, a.lkey)],
-                ));
-                msg.clear();
+    replay(0x14, Feed::Ours, send_wrs);
+}
+
+/// The replayed flows: QP, and the WRs its requester posts.
+const FLOWS: [(u32, Build); 4] = [
+    (0x11, write_wrs),
+    (0x12, read_wrs),
+    (0x13, fetch_add_wrs),
+    (0x14, send_wrs),
+];
+
+#[test]
+fn every_flow_completes_on_rxe_packets_whose_ids_a_udp_socket_hid() {
+    let Some(pcap) = capture("rxe-verbs-suite.pcap") else {
+        eprintln!("rxe capture not found; skipping");
+        return;
+    };
+    let raw = roce_packets(&pcap);
+    for (qpn, build) in FLOWS {
+        let Some((a, mut b)) = replay(qpn, Feed::RxesWithHiddenIds, build) else {
+            return;
+        };
+        // Each engine recovered the ID of every packet rxe sent it with a non-zero one, and
+        // dropped only the corrupted copy.
+        let from = |src: Ipv4Addr| -> Vec<&Vec<u8>> {
+            raw.iter()
+                .filter(|r| {
+                    RoceV2Packet::parse_checked(r).is_ok_and(|p| {
+                        p.transport.bth.dest_qp.value() == qpn && p.ip.src() == IpAddr::V4(src)
+                    })
+                })
+                .collect()
+        };
+        for (host, sent, bad) in [(&b, from(REQUESTER), 1), (&a, from(RESPONDER), 0)] {
+            let nonzero = sent.iter().filter(|r| ident(r) != 0).count() as u64;
+            assert!(nonzero > 0, "QP {qpn:#x}: rxe's IDs count up");
+            let c = host.e.counters();
+            assert_eq!(c.get(Counter::RxIcrcIdRecovered), nonzero, "QP {qpn:#x}");
+            assert_eq!(c.get(Counter::RxBadIcrc), bad, "QP {qpn:#x}");
+            assert_eq!(c.get(Counter::RxPackets), sent.len() as u64, "QP {qpn:#x}");
+        }
+        if qpn == 0x14 {
+            // The responder received every message.
+            let wcs = b.e.poll_cq(b.cq, 64).unwrap();
+            assert!(!wcs.is_empty());
+            assert!(wcs.iter().all(|c| c.status == WcStatus::Success), "{wcs:?}");
+        }
+    }
+}
+
+#[test]
+fn rxe_packets_whose_ids_a_udp_socket_hid_are_dropped_when_checked_as_received() {
+    let Some(pcap) = capture("rxe-verbs-suite.pcap") else {
+        eprintln!("rxe capture not found; skipping");
+        return;
+    };
+    let raw = roce_packets(&pcap);
+    let nonzero = raw.iter().filter(|r| ident(r) != 0).count() as u64;
+    assert!(nonzero > 100, "{nonzero}");
+    for policy in [Ipv4IdentPolicy::AsReceived, Ipv4IdentPolicy::Recover] {
+        // Every packet reaches the ICRC check first, whichever QP and address it is for.
+        let mut h = host(RESPONDER, 0x11, 1, 1, (0x1000, 0x1000, None), policy);
+        for r in &raw {
+            h.e.handle_datagram(Instant::from_nanos(0), &with_ident_hidden(r));
+        }
+        let c = h.e.counters();
+        let (bad, recovered) = match policy {
+            Ipv4IdentPolicy::AsReceived => (nonzero, 0),
+            _ => (0, nonzero),
+        };
+        assert_eq!(c.get(Counter::RxBadIcrc), bad, "{policy:?}");
+        assert_eq!(c.get(Counter::RxIcrcIdRecovered), recovered, "{policy:?}");
+    }
+    // The default is the exact check.
+    assert_eq!(
+        EngineConfig::new(vec![], 0).ipv4_ident,
+        Ipv4IdentPolicy::AsReceived
+    );
+}
+
+#[test]
+fn corrupted_rxe_packets_are_dropped_whatever_the_id_policy() {
+    let (Some(suite), Some(badicrc)) =
+        (capture("rxe-verbs-suite.pcap"), capture("rxe-badicrc.pcap"))
+    else {
+        eprintln!("rxe captures not found; skipping");
+        return;
+    };
+    // rxe-badicrc's first packet carries a wrong ICRC (one bit flipped by its sender); the
+    // others are a payload byte of each suite packet that carries one, changed.
+    let mut corrupted = vec![roce_packets(&badicrc)[0].clone()];
+    for r in roce_packets(&suite) {
+        let p = RoceV2Packet::parse_checked(&r).unwrap();
+        if !p.payload.is_empty() {
+            let mut bad = r.clone();
+            let last = bad.len() - 5;
+            bad[last] ^= 0x01;
+            corrupted.push(bad);
+        }
+    }
+    assert!(corrupted.len() > 50);
+    for policy in [Ipv4IdentPolicy::AsReceived, Ipv4IdentPolicy::Recover] {
+        let mut h = host(RESPONDER, 0x11, 1, 1, (0x1000, 0x1000, None), policy);
+        let mut buf = vec![0u8; 4096];
+        for bad in &corrupted {
+            // As sent, and as a UDP socket's receiver sees it.
+            for pkt in [bad.clone(), with_ident_hidden(bad)] {
+                h.e.handle_datagram(Instant::from_nanos(0), &pkt);
             }
         }
-        let n = wrs.len();
-        (wrs, n)
-    });
+        assert!(h
+            .e
+            .poll_transmit(Instant::from_nanos(0), &mut buf)
+            .is_none());
+        let c = h.e.counters();
+        let n = 2 * corrupted.len() as u64;
+        assert_eq!(c.get(Counter::RxBadIcrc), n, "{policy:?}");
+        assert_eq!(c.get(Counter::RxIcrcIdRecovered), 0, "{policy:?}");
+        assert_eq!(c.get(Counter::RxPackets), 0, "{policy:?}");
+    }
 }

@@ -1,5 +1,7 @@
 """Write one seed file per distinct RoCE packet shape found in the pcaps of a directory
-into corpus/<target>/ for both fuzz targets (classic pcap, Ethernet, IPv4/IPv6)."""
+into corpus/<target>/ for every fuzz target (classic pcap, Ethernet, IPv4/IPv6); the
+recover_ipv4_ident target also gets each IPv4 packet with its ID hidden (0, as a receiver
+behind a UDP socket rebuilds the header)."""
 import glob
 import os
 import struct
@@ -24,8 +26,17 @@ for path in sorted(glob.glob(os.path.join(src, "*.pcap"))):
         if key in seen:
             continue
         seen.add(key)
-        for target in ("parse_checked", "parse_emit_parse"):
+        for target in ("parse_checked", "parse_emit_parse", "recover_ipv4_ident"):
             os.makedirs(f"corpus/{target}", exist_ok=True)
             open(f"corpus/{target}/seed{n}", "wb").write(ip)
+        if ip[0] == 0x45:
+            hidden = bytearray(ip)
+            hidden[4:6] = b"\0\0"
+            hidden[10:12] = b"\0\0"
+            s = sum(struct.unpack(">10H", bytes(hidden[:20])))
+            while s >> 16:
+                s = (s & 0xFFFF) + (s >> 16)
+            hidden[10:12] = struct.pack(">H", ~s & 0xFFFF)
+            open(f"corpus/recover_ipv4_ident/hidden{n}", "wb").write(hidden)
         n += 1
 print(n, "seeds")

@@ -23,6 +23,10 @@ mod field {
     pub const DST: core::ops::Range<usize> = 16..20;
 }
 
+/// Offset just past the identification field: how the ICRC locates the bytes that follow it
+/// ([`crate::icrc::ipv4_ident_for_icrc`]).
+pub(crate) const IDENT_END: usize = field::IDENT + 2;
+
 const FLAG_DF: u16 = 0x4000;
 const FLAG_MF: u16 = 0x2000;
 const FRAG_OFFSET: u16 = 0x1fff;

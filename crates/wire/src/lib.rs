@@ -15,7 +15,8 @@
 //!   of a message, which extension headers follow ([`Opcode::ext`]).
 //! - [`Syndrome`] decodes the AETH: ACK with credits, RNR NAK with its timer, NAK codes.
 //! - [`Psn`] does 24-bit sequence arithmetic that stays right across wrap-around.
-//! - [`icrc`] computes and checks the invariant CRC of IBTA Annex A17.
+//! - [`icrc`] computes and checks the invariant CRC of IBTA Annex A17, and finds the IPv4
+//!   identification a packet's ICRC holds for when a UDP socket hid it.
 //! - [`RoceV2Packet::parse`] validates a whole packet from untrusted bytes and returns a
 //!   precise [`WireError`] for every malformed case; [`emit_packet`] and [`PacketLayout`]
 //!   build packets with every length, the pad, the checksums and the ICRC filled in.

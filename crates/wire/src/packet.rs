@@ -1,7 +1,9 @@
 //! Whole RoCEv2 packets: IP / UDP / BTH / extension headers / payload / pad / ICRC.
 //!
 //! [`RoceV2Packet::parse`] validates untrusted bytes completely and reports the ICRC result;
-//! [`RoceV2Packet::parse_checked`] also rejects a bad ICRC, as a NIC does on ingress.
+//! [`RoceV2Packet::parse_checked`] also rejects a bad ICRC, as a NIC does on ingress;
+//! [`RoceV2Packet::parse_checked_recovering_ipv4_ident`] does too, for a receiver that cannot
+//! see the sender's IPv4 identification.
 //! [`emit_packet`] builds a packet in one call; [`PacketLayout`] does it in two steps so the
 //! caller can write the payload straight into the output buffer (zero copy).
 
@@ -404,6 +406,36 @@ impl<'a> RoceV2Packet<'a> {
                 computed,
             })
         }
+    }
+
+    /// [`RoceV2Packet::parse_checked`] for a receiver that cannot see the IPv4 identification
+    /// its sender used (a UDP socket hides the IP header, so `bytes` holds a rebuilt one): an
+    /// IPv4 packet whose ICRC fails with the ID in `bytes` is accepted when another ID makes it
+    /// hold ([`icrc::ipv4_ident_for_icrc`], from the same CRC pass). Returns the packet, whose
+    /// `ip` then carries that ID, and `Some(id)` when the ID was recovered (`None`: the ICRC
+    /// held as received). IPv6 has no ID and is checked as [`RoceV2Packet::parse_checked`]
+    /// does. The price: a corrupted IPv4 packet passes with probability about 2^-16 instead
+    /// of 2^-32, as 16 of the ICRC's 32 bits go to finding the ID.
+    #[inline]
+    pub fn parse_checked_recovering_ipv4_ident(
+        bytes: &'a [u8],
+    ) -> Result<(RoceV2Packet<'a>, Option<u16>), WireError> {
+        let (mut p, computed) = Self::parse_inner(bytes)?;
+        if p.icrc_ok {
+            return Ok((p, None));
+        }
+        if let IpRepr::V4(v4) = &mut p.ip {
+            let total = IPV4_HEADER_LEN + v4.payload_len;
+            if let Some(id) = icrc::ipv4_ident_for_icrc(v4.ident, total, computed, p.icrc) {
+                v4.ident = id;
+                p.icrc_ok = true;
+                return Ok((p, Some(id)));
+            }
+        }
+        Err(WireError::BadIcrc {
+            expected: p.icrc,
+            computed,
+        })
     }
 
     /// Parse a packet that never left this host (sealed by [`PacketLayout::finish_internal`]):
@@ -1110,6 +1142,58 @@ mod tests {
         let r = RoceV2Packet::parse(&b).unwrap();
         assert!(!r.icrc_ok);
         assert!(matches!(pc(&b), Err(WireError::BadIcrc { expected, .. }) if expected == r.icrc));
+    }
+
+    #[test]
+    fn a_hidden_ipv4_ident_is_recovered_by_the_checked_parse() {
+        let IpRepr::V4(mut r) = v4() else {
+            unreachable!("v4() is IPv4")
+        };
+        r.ident = 0x1234;
+        let (sent, n) = build(&IpRepr::V4(r), &send_only(), b"hello!");
+        let sent = &sent[..n];
+        // As sent: checked as is, nothing recovered.
+        let (p, recovered) = RoceV2Packet::parse_checked_recovering_ipv4_ident(sent).unwrap();
+        assert_eq!(
+            (p, recovered),
+            (RoceV2Packet::parse_checked(sent).unwrap(), None)
+        );
+        // As a UDP socket's receiver rebuilds it: ID 0 (and its checksum).
+        let mut seen = sent.to_vec();
+        Ipv4::new_unchecked(&mut seen[..]).set_ident(0);
+        Ipv4::new_unchecked(&mut seen[..]).fill_checksum();
+        assert!(matches!(
+            RoceV2Packet::parse_checked(&seen),
+            Err(WireError::BadIcrc { .. })
+        ));
+        let (p, recovered) = RoceV2Packet::parse_checked_recovering_ipv4_ident(&seen).unwrap();
+        assert_eq!(recovered, Some(0x1234));
+        assert_eq!(p, RoceV2Packet::parse_checked(sent).unwrap());
+        // A corrupted payload byte: the same error the exact check gives.
+        seen[42] ^= 0x10;
+        let exact = RoceV2Packet::parse_checked(&seen).unwrap_err();
+        assert!(matches!(exact, WireError::BadIcrc { .. }));
+        assert_eq!(
+            RoceV2Packet::parse_checked_recovering_ipv4_ident(&seen),
+            Err(exact)
+        );
+        // Structural errors are the parser's.
+        assert_eq!(
+            RoceV2Packet::parse_checked_recovering_ipv4_ident(&seen[..30]),
+            Err(RoceV2Packet::parse_checked(&seen[..30]).unwrap_err())
+        );
+        // IPv6 has no ID: the exact check.
+        let (v6pkt, n) = build(&v6(), &send_only(), b"hello!");
+        let mut v6pkt = v6pkt[..n].to_vec();
+        assert_eq!(
+            RoceV2Packet::parse_checked_recovering_ipv4_ident(&v6pkt),
+            Ok((RoceV2Packet::parse_checked(&v6pkt).unwrap(), None))
+        );
+        v6pkt[62] ^= 1;
+        assert_eq!(
+            RoceV2Packet::parse_checked_recovering_ipv4_ident(&v6pkt),
+            Err(RoceV2Packet::parse_checked(&v6pkt).unwrap_err())
+        );
     }
 
     #[test]

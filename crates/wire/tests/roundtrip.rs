@@ -213,6 +213,34 @@ proptest! {
     }
 
     #[test]
+    fn a_hidden_ipv4_ident_is_recovered(ip in arb_ip(), t in arb_transport(), payload in arb_payload(),
+                                        seen: u16) {
+        // `seen` is the ID a receiver's rebuilt header shows in place of the sender's.
+        let payload: &[u8] = if t.bth.opcode.has_payload() { &payload } else { &[] };
+        let sent = emit(&ip, 0xc000, &t, payload);
+        let mut bytes = sent.clone();
+        let IpRepr::V4(r) = ip else {
+            // IPv6 has no ID: nothing to recover, and the check is the exact one.
+            prop_assert_eq!(icrc::recover_ipv4_ident(&bytes), None);
+            prop_assert_eq!(RoceV2Packet::parse_checked_recovering_ipv4_ident(&bytes),
+                            RoceV2Packet::parse_checked(&bytes).map(|p| (p, None)));
+            return Ok(());
+        };
+        let mut h = Ipv4::new_unchecked(&mut bytes[..]);
+        h.set_ident(seen);
+        h.fill_checksum();
+        prop_assert_eq!(icrc::recover_ipv4_ident(&bytes), Some(r.ident));
+        let (p, recovered) = RoceV2Packet::parse_checked_recovering_ipv4_ident(&bytes).unwrap();
+        prop_assert_eq!(p, RoceV2Packet::parse_checked(&sent).unwrap());
+        prop_assert_eq!(recovered, (seen != r.ident).then_some(r.ident));
+        // The lower-level form, from the CRC over what was seen.
+        let n = bytes.len();
+        let computed = icrc::compute(&bytes[..n - ICRC_LEN]).unwrap();
+        let carried = u32::from_le_bytes(bytes[n - ICRC_LEN..].try_into().unwrap());
+        prop_assert_eq!(icrc::ipv4_ident_for_icrc(seen, n, computed, carried), Some(r.ident));
+    }
+
+    #[test]
     fn any_flipped_bit_is_caught_or_masked(ip in arb_ip(), t in arb_transport(),
                                            payload in prop::collection::vec(any::<u8>(), 0..64),
                                            pos: prop::sample::Index, bit in 0u8..8) {
@@ -239,6 +267,13 @@ proptest! {
         let _ = TransportPacket::parse(&bytes);
         let _ = icrc::compute(&bytes);
         let _ = icrc::verify(&bytes);
+        let _ = RoceV2Packet::parse_checked_recovering_ipv4_ident(&bytes);
+        // An ID found makes the ICRC hold once written into the header.
+        if let Some(id) = icrc::recover_ipv4_ident(&bytes) {
+            let mut fixed = bytes.clone();
+            Ipv4::new_unchecked(&mut fixed[..]).set_ident(id);
+            prop_assert!(icrc::verify(&fixed).is_ok());
+        }
     }
 
     #[test]
@@ -254,6 +289,12 @@ proptest! {
             bytes[i] = v;
         }
         bytes.truncate(bytes.len().saturating_sub(cut % 8 * (cut / 8 % 2)));
+        if let Some(id) = icrc::recover_ipv4_ident(&bytes) {
+            // an ID found makes the ICRC hold once written into the header
+            let mut fixed = bytes.clone();
+            Ipv4::new_unchecked(&mut fixed[..]).set_ident(id);
+            prop_assert!(icrc::verify(&fixed).is_ok());
+        }
         if let Ok(p) = RoceV2Packet::parse(&bytes) {
             // what parses re-emits and re-parses to the same thing
             let mut again = vec![0u8; p.buffer_len()];
