@@ -51,7 +51,8 @@ pub struct DeviceConfig {
     pub port: u16,
     /// UDP port of peers.
     pub remote_port: u16,
-    /// Where received packets come from (see `runtime`'s receive policy).
+    /// Where received packets come from (see `runtime`'s receive policy; softrdmad's default
+    /// is [`RxPath::Auto`], the exact check where it may open a raw socket).
     pub rx_path: RxPath,
 }
 

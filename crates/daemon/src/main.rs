@@ -42,12 +42,15 @@ struct Args {
     /// `busy_poll`.
     #[arg(long, default_value_t = daemon::host::DEFAULT_BUSY_POLL.as_micros() as u64)]
     busy_poll_us: u64,
-    /// Where received packets come from. `udp` (default): a UDP socket, which hides the IP
-    /// header; the ICRC is checked in full and, for IPv4 senders that number their packets
-    /// (Linux Soft-RoCE), the one IP ID for which it holds is found (an exact check of the
-    /// remaining bits; see the README's receive policy). `raw`: a raw socket that sees every
-    /// sender's header (needs CAP_NET_RAW); the ICRC is checked exactly as sent.
-    #[arg(long, value_enum, default_value_t = RxPathArg::Udp)]
+    /// Where received packets come from: `auto` (default) is `raw` where softrdmad may open
+    /// a raw socket (root or CAP_NET_RAW), else `udp`. `raw`: a raw socket sees every
+    /// sender's IP header, so every ICRC is checked exactly, all 32 bits. `udp`: a UDP
+    /// socket hides the header; packets are checked with it rebuilt as softrdma sends it
+    /// (IPv4 ID 0), and for IPv4 senders that number their packets (Linux Soft-RoCE) the one
+    /// ID for which the ICRC holds is found: such packets keep 16 of the 32 check bits.
+    /// Packets for which no ID holds are dropped and counted (rx_bad_icrc); recovered IDs
+    /// are counted (rx_icrc_id_recovered).
+    #[arg(long, value_enum, default_value_t = RxPathArg::Auto)]
     rx_path: RxPathArg,
     /// Record every packet the devices send and receive into this pcap file (as
     /// `SOFTRDMA_CAPTURE` does); `softrdma decode` and tshark read it.
@@ -62,6 +65,8 @@ enum RxPathArg {
     Udp,
     /// A raw socket (CAP_NET_RAW).
     Raw,
+    /// Raw where permitted, else UDP.
+    Auto,
 }
 
 /// The host's interfaces and their addresses, in interface order. IPv6 link-local addresses
@@ -158,6 +163,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                 rx_path: match args.rx_path {
                     RxPathArg::Udp => runtime::RxPath::Udp,
                     RxPathArg::Raw => runtime::RxPath::Raw,
+                    RxPathArg::Auto => runtime::RxPath::Auto,
                 },
             },
             regions.clone(),

@@ -20,20 +20,27 @@ pub enum SrcPortPolicy {
     Fixed,
 }
 
-/// Where received packets come from, and so which IP header the engine checks the ICRC of.
+/// Where received packets come from, and so which IP header the engine checks the ICRC of
+/// (see the crate docs, "Receive policy").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum RxPath {
     /// A UDP socket: the IP header is not visible, so it is rebuilt as softrdma senders emit
-    /// it (IPv4 ID 0 and DF). Packets from stacks that send other IDs fail the ICRC check and
-    /// are counted (`RxBadIcrc`) and dropped. See the crate docs, "Receive policy".
+    /// it (IPv4 ID 0 and DF), and for an IPv4 packet whose ICRC does not hold with ID 0 the
+    /// engine finds the one ID for which it does, if any (`engine::Ipv4IdentPolicy::Recover`:
+    /// Linux rxe numbers its packets). No privilege needed; the check keeps 16 of its 32
+    /// bits for such packets.
     #[default]
     Udp,
     /// A raw socket (`SOCK_RAW`, `IPPROTO_UDP`; needs root or `CAP_NET_RAW`) that sees each
-    /// packet with the header its sender built, so the ICRC is checked exactly for every
-    /// sender, Linux rxe included. IPv4 only: an IPv6 device uses [`RxPath::Udp`], which is
-    /// exact for IPv6 already. The UDP socket stays bound (it owns the port) but is not read.
+    /// packet with the header its sender built, so the ICRC is checked exactly, all 32 bits,
+    /// for every sender, Linux rxe included. IPv4 only: an IPv6 address uses [`RxPath::Udp`],
+    /// which is exact for IPv6 already. The UDP socket stays bound (it owns the port) but is
+    /// not read. Fails to start without the privilege.
     Raw,
+    /// [`RxPath::Raw`] where the process may open a raw socket, else [`RxPath::Udp`]: the
+    /// exact check whenever it can be had. softrdmad's default (it normally runs as root).
+    Auto,
 }
 
 /// Everything a [`crate::Runtime`] needs.

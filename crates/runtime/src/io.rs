@@ -394,6 +394,12 @@ impl Rx {
         self.meta.len()
     }
 
+    /// Whether the IP and UDP headers of this side's packets are rebuilt (a UDP socket), not
+    /// the sender's own (a raw socket).
+    pub(crate) fn rebuilds_headers(&self) -> bool {
+        self.raw_port.is_none()
+    }
+
     /// Where in a slot the socket writes: a raw socket delivers the IP header too.
     fn payload_offset(&self) -> usize {
         if self.raw_port.is_some() {

@@ -75,28 +75,36 @@
 //! ## Receive policy
 //!
 //! The ICRC covers two IPv4 header fields that vary by sender, the identification and the
-//! flags, and a UDP socket does not show the IP header. Two receive paths ([`RxPath`]):
+//! flags, and a UDP socket does not show the IP header. Three receive paths ([`RxPath`]),
+//! the same for the embedded device and for `softrdmad`:
 //!
-//! - **[`RxPath::Udp`] (default, no privileges).** The runtime rebuilds the header as softrdma
-//!   (and any sender using an unconnected `IP_PMTUDISC_DO` socket) emits it: **IPv4 ID 0, DF
-//!   set**; TTL/TOS/checksum don't matter (masked or not covered); lengths from the datagram;
-//!   addresses from the source address and `IP_PKTINFO` / `IPV6_PKTINFO`; UDP destination port
-//!   4791, checksum 0. The engine then checks every ICRC in full:
-//!   - from softrdma peers, and from *any* IPv6 peer (IPv6 has no ID; its varying fields are
-//!     masked), packets are checked exactly and accepted;
-//!   - from IPv4 peers that count the ID up (Linux rxe) or clear DF, the rebuilt header differs
-//!     from the one they sent, so their packets fail the check, are counted as
-//!     `rx_bad_icrc` and dropped: never accepted unchecked. We do not weaken the check
-//!     (skipping it, or solving the CRC for the 16-bit ID, would leave 16 bits of protection).
-//! - **[`RxPath::Raw`] (opt-in, root or `CAP_NET_RAW`, IPv4).** A `SOCK_RAW`/`IPPROTO_UDP`
-//!   socket bound to the device address sees each packet with the header its sender built,
-//!   so the ICRC is checked exactly whatever ID the sender used: this is how to receive from
-//!   Linux rxe and other stacks with counting IDs. The UDP socket stays bound (it owns the
-//!   port, so the kernel sends no ICMP port-unreachable, and it is the fixed source port) but
-//!   is never read. IPv6 devices always use the UDP path, which is exact for IPv6.
+//! - **[`RxPath::Udp`] (the embedded device's default, no privileges).** The runtime rebuilds
+//!   the header as softrdma (and any sender using an unconnected `IP_PMTUDISC_DO` socket)
+//!   emits it: **IPv4 ID 0, DF set**; TTL/TOS/checksum don't matter (masked or not covered);
+//!   lengths from the datagram; addresses from the source address and `IP_PKTINFO` /
+//!   `IPV6_PKTINFO`; UDP destination port 4791, checksum 0. The engine then checks every
+//!   ICRC in full, and, because the ICRC is linear in the 16-bit ID, an IPv4 packet whose
+//!   ICRC fails with ID 0 is accepted if exactly one other ID makes it hold (found from the
+//!   same CRC pass: `engine::Ipv4IdentPolicy::Recover`); that is how packets from IPv4
+//!   stacks that count the ID up (Linux rxe) are received. The price is protection for
+//!   such packets: 16 of the 32 check bits go to finding the ID, so a corrupted packet
+//!   passes with probability about 2^-16 (and a few specific one-byte corruptions always
+//!   do). Packets from softrdma peers (ID 0) and from any IPv6 peer are checked with all 32
+//!   bits. Accepted packets with a recovered ID count as `rx_icrc_id_recovered`; packets for
+//!   which no ID holds (and senders that clear DF) count as `rx_bad_icrc` and are dropped:
+//!   never accepted unchecked.
+//! - **[`RxPath::Raw`] (root or `CAP_NET_RAW`, IPv4).** A `SOCK_RAW`/`IPPROTO_UDP` socket
+//!   bound to the device address sees each packet with the header its sender built, so the
+//!   ICRC is checked exactly, all 32 bits, whatever ID the sender used. The UDP socket stays
+//!   bound (it owns the port, so the kernel sends no ICMP port-unreachable, and it is the
+//!   fixed source port) but is never read. IPv6 addresses always use the UDP path, which is
+//!   exact for IPv6.
+//! - **[`RxPath::Auto`] (`softrdmad`'s default).** Raw where the process may open a raw
+//!   socket, else UDP with the ID found as above.
 //!
 //! Sending is unaffected by the choice: packets leave with ID 0 and DF, which rxe and
-//! hardware RoCE NICs accept.
+//! hardware RoCE NICs accept. A capture records a received packet with the ID the engine
+//! found, so it decodes with a valid ICRC as it did on the wire.
 
 //! ## `unsafe`
 //!
@@ -451,6 +459,23 @@ impl<A: Attachment> Core<A> {
     }
 }
 
+/// Record a received packet. A header the socket layer rebuilt carries ID 0: record the
+/// IPv4 ID the sender used (the one its ICRC holds for), so the capture shows the packet as
+/// it was on the wire and its ICRC verifies.
+fn record_received(c: &Capture, pkt: &[u8], rebuilt: bool) {
+    match wire::icrc::recover_ipv4_ident(pkt) {
+        Some(id) if rebuilt && id != 0 => {
+            let mut copy = pkt.to_vec();
+            if let Ok(mut ip) = wire::Ipv4::new_checked(&mut copy[..]) {
+                ip.set_ident(id);
+                ip.fill_checksum();
+            }
+            c.record(&copy);
+        }
+        _ => c.record(pkt),
+    }
+}
+
 /// Send one packet the engine emitted, and record it.
 fn send_one(tx: &mut io::Tx, capture: Option<&Capture>, pkt: &mut [u8], dst: std::net::IpAddr) {
     tx.send(pkt, dst);
@@ -619,7 +644,7 @@ impl<A: Attachment> Shared<A> {
         for (side, &n) in rx.iter().zip(n) {
             for i in 0..n {
                 if let Some(c) = &core.capture {
-                    c.record(side.packet(i));
+                    record_received(c, side.packet(i), side.rebuilds_headers());
                 }
                 core.engine.handle_datagram(now, side.packet(i));
             }
@@ -859,18 +884,28 @@ impl<A: Attachment> Runtime<A> {
         };
         let mut rx = Vec::new();
         let mut socks = Vec::new();
+        let mut all_raw = true;
         for (a, sock) in &udp {
-            let raw = config.rx_path == RxPath::Raw && a.is_ipv4();
-            let rx_sock = if raw {
-                // The UDP socket keeps the port (no ICMP port-unreachable, the fixed source
-                // port) but is never read: a minimal buffer makes the kernel drop its copies.
-                let _ = sock.set_recv_buffer_size(0);
-                Arc::new(
+            let raw_sock = match config.rx_path {
+                _ if !a.is_ipv4() => None,
+                RxPath::Udp => None,
+                RxPath::Raw => Some(
                     io::raw_rx_socket(SocketAddr::new(*a, port))
                         .map_err(|source| RuntimeError::RawSocket { source })?,
-                )
-            } else {
-                sock.clone()
+                ),
+                RxPath::Auto => io::raw_rx_socket(SocketAddr::new(*a, port)).ok(),
+            };
+            let raw = raw_sock.is_some();
+            all_raw &= raw || !a.is_ipv4();
+            let rx_sock = match raw_sock {
+                Some(r) => {
+                    // The UDP socket keeps the port (no ICMP port-unreachable, the fixed
+                    // source port) but is never read: a minimal buffer makes the kernel drop
+                    // its copies.
+                    let _ = sock.set_recv_buffer_size(0);
+                    Arc::new(r)
+                }
+                None => sock.clone(),
             };
             rx.push(io::Rx::new(
                 rx_sock.clone(),
@@ -886,6 +921,11 @@ impl<A: Attachment> Runtime<A> {
         ec.mtu = link::port_mtu_of(&addrs, config.mtu);
         if config.internal_paths {
             ec.internal_addresses = addrs.clone();
+        }
+        if !all_raw {
+            // A UDP socket hides the sender's IPv4 ID: the engine finds it (see "Receive
+            // policy").
+            ec.ipv4_ident = engine::Ipv4IdentPolicy::Recover;
         }
         if config.src_port_policy == SrcPortPolicy::Fixed {
             // The engine emits the port the packets leave from: no rewriting needed.

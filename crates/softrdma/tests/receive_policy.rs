@@ -1,7 +1,7 @@
 //! The receive policy of the UDP receive path (runtime docs, "Receive policy"): the IP header
-//! is rebuilt with IPv4 ID 0 and DF, so a packet whose sender computed the ICRC over another
-//! ID (Linux rxe counts IDs up) fails the ICRC check and is counted and dropped, while the
-//! same packet computed over ID 0 is checked and accepted.
+//! is rebuilt with IPv4 ID 0 and DF; a packet whose sender computed the ICRC over another ID
+//! (Linux rxe counts IDs up) is accepted for the one ID its ICRC holds for, and counted; a
+//! packet for which no ID holds is counted and dropped.
 
 mod common;
 
@@ -59,24 +59,68 @@ fn wait_for(dev: &Device, c: Counter, at_least: u64) -> u64 {
 }
 
 #[test]
-fn a_packet_whose_icrc_covers_a_nonzero_ip_id_is_counted_and_dropped() {
+fn a_packet_whose_icrc_covers_a_nonzero_ip_id_is_accepted_for_that_id_and_a_corrupt_one_dropped() {
     let (_a, b) = open_pair("127.0.0.1", "127.0.0.2");
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
     let sport = sock.local_addr().unwrap().port();
     let to = b.local_addr();
     let (src, dst) = (Ipv4Addr::new(127, 0, 0, 1), Ipv4Addr::new(127, 0, 0, 2));
+    let capture = std::env::temp_dir().join(format!("softrdma-policy-{}.pcap", std::process::id()));
+    b.runtime()
+        .set_capture(Some(runtime::Capture::create(&capture).unwrap()));
 
     // ICRC over ID 0 + DF: passes the check (then finds no such QP).
     sock.send_to(&send_only(src, dst, sport, 0x4242, 0), to)
         .unwrap();
     assert_eq!(wait_for(&b, Counter::RxUnknownQp, 1), 1);
     assert_eq!(b.counters().unwrap().get(Counter::RxBadIcrc), 0);
+    assert_eq!(b.counters().unwrap().get(Counter::RxIcrcIdRecovered), 0);
 
-    // ICRC over ID 0x1234, as rxe would send it: fails against the rebuilt header.
+    // ICRC over ID 0x1234, as rxe would send it: the ID is found, the packet accepted.
     sock.send_to(&send_only(src, dst, sport, 0x4242, 0x1234), to)
         .unwrap();
+    assert_eq!(wait_for(&b, Counter::RxUnknownQp, 2), 2);
+    assert_eq!(b.counters().unwrap().get(Counter::RxIcrcIdRecovered), 1);
+    assert_eq!(b.counters().unwrap().get(Counter::RxBadIcrc), 0);
+
+    // The same packet with a payload byte flipped: no ID makes its ICRC hold.
+    let mut bad = send_only(src, dst, sport, 0x4242, 0x1234);
+    let n = bad.len();
+    bad[n - 6] ^= 0x01;
+    sock.send_to(&bad, to).unwrap();
     assert_eq!(wait_for(&b, Counter::RxBadIcrc, 1), 1);
-    assert_eq!(b.counters().unwrap().get(Counter::RxUnknownQp), 1);
+    assert_eq!(b.counters().unwrap().get(Counter::RxUnknownQp), 2);
+
+    // The capture shows the accepted packet with the ID its sender used, so its ICRC
+    // verifies as it did on the wire.
+    b.runtime().set_capture(None);
+    drop(b);
+    let bytes = std::fs::read(&capture).unwrap();
+    let _ = std::fs::remove_file(&capture);
+    let idents: Vec<u16> = pcap_packets(&bytes)
+        .iter()
+        .filter_map(|p| {
+            let ok = wire::RoceV2Packet::parse_checked(p).ok()?;
+            match ok.ip {
+                IpRepr::V4(r) => Some(r.ident),
+                IpRepr::V6(_) => None,
+            }
+        })
+        .collect();
+    assert_eq!(idents, vec![0, 0x1234], "every valid packet, as sent");
+}
+
+/// The records of a classic pcap file (24-byte header, 16-byte record headers).
+fn pcap_packets(file: &[u8]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut at = 24;
+    while at + 16 <= file.len() {
+        let incl = u32::from_le_bytes(file[at + 8..at + 12].try_into().unwrap()) as usize;
+        at += 16;
+        out.push(file[at..at + incl].to_vec());
+        at += incl;
+    }
+    out
 }
 
 /// Devices on the raw receive path, or `None` without CAP_NET_RAW.
