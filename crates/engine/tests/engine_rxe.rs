@@ -302,7 +302,7 @@ fn replay(qpn: u32, build: impl FnOnce(&[RoceV2Packet<'_>], &Host, &Host) -> (Ve
             .cloned()
             .unwrap()
     };
-    let now = Instant::from_nanos(0);
+    let mut now = Instant::from_nanos(0);
     let mut buf = vec![0u8; 4096];
     let (mut ri, mut si) = (0, 0);
     while let Some(t) = a.e.poll_transmit(now, &mut buf) {
@@ -310,15 +310,23 @@ fn replay(qpn: u32, build: impl FnOnce(&[RoceV2Packet<'_>], &Host, &Host) -> (Ve
         assert_same_packet(&buf[..t.len], &theirs, &format!("QP {qpn:#x} request {ri}"));
         ri += 1;
         b.e.handle_datagram(now, &buf[..t.len]);
-        while let Some(t) = b.e.poll_transmit(now, &mut buf) {
-            let theirs = raw_of(resps[si]);
-            assert_same_packet(
-                &buf[..t.len],
-                &theirs,
-                &format!("QP {qpn:#x} response {si}"),
-            );
-            si += 1;
-            a.e.handle_datagram(now, &buf[..t.len]);
+        // rxe answered each request before the next came: so do we, once the ACK's
+        // deadline (`poll_timeout`) has come.
+        loop {
+            while let Some(t) = b.e.poll_transmit(now, &mut buf) {
+                let theirs = raw_of(resps[si]);
+                assert_same_packet(
+                    &buf[..t.len],
+                    &theirs,
+                    &format!("QP {qpn:#x} response {si}"),
+                );
+                si += 1;
+                a.e.handle_datagram(now, &buf[..t.len]);
+            }
+            match b.e.poll_timeout() {
+                Some(t) if t > now => now = t,
+                _ => break,
+            }
         }
     }
     assert_eq!(

@@ -245,33 +245,22 @@ enum Acks {
     Send,
     /// Build them after the requests of the pass and hold them (see the `acks` module).
     Hold,
-    /// Leave them in the engine: a thread that just received what it waits for goes back
-    /// to it at once, and pays for its ACKs when it polls or posts next (after the
-    /// request it posts has left).
+    /// As [`Acks::Hold`]: the engine itself never sends an ACK in the pass that handled its
+    /// request, so the reply a thread posts next leaves first.
     Defer,
 }
 
 impl Core {
     /// Send everything the engine has to send.
     ///
-    /// Requests leave before ACKs (see the `acks` module): the engine builds plain ACKs only
-    /// after the requests of the pass are sent ([`Engine::poll_transmit_deferring_acks`]),
-    /// or not at all in this pass ([`Acks::Defer`]); and with [`Acks::Hold`] they are held
+    /// Requests leave before ACKs (see the `acks` module): the engine emits a plain ACK only
+    /// once it is due, never in the pass that handled its request (so [`Acks::Defer`] is
+    /// now [`Acks::Hold`]); and with [`Acks::Hold`] they are held
     /// until an application thread polls or waits again (coalesced while the peer keeps
     /// sending), or the progress thread's next pass (within [`HANDOVER`]). ACKs keep their
     /// order among themselves: any other response (a NAK, READ data, an atomic's ACK)
     /// first sends the ACKs held before it.
     fn pump(&mut self, now: Instant, acks: Acks) {
-        while let Some(t) = self
-            .engine
-            .poll_transmit_deferring_acks(now, &mut self.txbuf)
-        {
-            self.route(now, t);
-        }
-        if acks == Acks::Defer {
-            self.acks_in_engine = true;
-            return;
-        }
         while let Some(t) = self.engine.poll_transmit(now, &mut self.txbuf) {
             self.route(now, t);
         }
@@ -829,6 +818,7 @@ impl Drop for Runtime {
         {
             let mut core = self.shared.lock();
             let now = self.shared.now();
+            core.engine.flush_acks();
             core.pump(now, Acks::Send);
         }
         self.shared.stop.store(true, Ordering::SeqCst);
