@@ -4,14 +4,16 @@
 //! peer keeps sending, one ACK can stand for many. Each ACK costs both hosts a packet (on a
 //! software NIC, a system call each: as much as a small message), so a plain ACK waits in
 //! the responder queue, replaced by newer ones, and leaves at most
-//! [`crate::EngineConfig::ack_coalesce`] after the oldest ACK it stands for was made. NAKs,
+//! [`crate::EngineConfig::ack_coalesce`] after the oldest ACK it stands for was made (a newer
+//! ACK takes the place and the deadline of the one it replaces). NAKs,
 //! RNR NAKs, READ responses and ATOMIC ACKs never wait; one queued behind a waiting ACK
 //! sends that ACK first (the responder's packets keep their order).
 //!
 //! An ACK made while handling packets at time T is never due at T itself: a host that
 //! handles a packet and sends at once sends the reply its application posts next before it
 //! pays for the ACK (requests and responses are ordered each on their own, so the ACK may
-//! follow the reply).
+//! follow the reply). Only when it replaces one that was due already (the host has not sent
+//! that one yet) does it leave at once: the older ACK's deadline comes first.
 //!
 //! Some peers stop sending until they hear the ACK (they wait for their send completion, as
 //! `ibv_rc_pingpong` does); coalescing only delays them. Such a peer shows itself when an
@@ -36,12 +38,11 @@ pub(crate) const IMPATIENT_FOR: Duration = Duration::from_millis(10);
 /// The next pass after `t`: the earliest an ACK made at `t` may leave.
 const NEXT_PASS: Duration = Duration::from_nanos(1);
 
-/// The timing of a plain ACK waiting in the responder queue.
+/// The timing of a plain ACK waiting in the responder queue; a newer ACK that replaces it
+/// keeps it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Held {
-    /// When the oldest ACK it stands for was made.
-    pub(crate) since: Instant,
-    /// When it must leave.
+    /// When it must leave: set by the oldest ACK it stands for.
     pub(crate) due: Instant,
     /// The MSN before the message the oldest ACK it stands for belongs to: if the newest
     /// one's MSN is further than one message from it, the peer kept sending meanwhile.
@@ -83,19 +84,15 @@ impl Patience {
                 self.impatient_until = Some(now + IMPATIENT_FOR);
             }
         }
+        // Never in the pass that made it; at the next one if the peer waits for it.
+        let wait = if self.impatient(now) {
+            NEXT_PASS
+        } else {
+            coalesce.max(NEXT_PASS)
+        };
         Held {
-            since: now,
-            due: self.due(now, now, coalesce),
+            due: now + wait,
             msn_base,
-        }
-    }
-
-    /// A plain ACK made at `now` replaces the waiting one, `held`: it leaves no later than
-    /// the oldest it stands for was due to.
-    pub(crate) fn merge(&self, held: Held, now: Instant, coalesce: Duration) -> Held {
-        Held {
-            due: self.due(held.since, now, coalesce),
-            ..held
         }
     }
 
@@ -106,16 +103,6 @@ impl Patience {
         let messages = msn.wrapping_sub(held.msn_base) & 0xff_ffff;
         if messages <= 1 && !self.impatient(now) {
             self.probe = Some(now);
-        }
-    }
-
-    /// When an ACK made at `now`, standing for ACKs made since `since`, is due.
-    fn due(&self, since: Instant, now: Instant, coalesce: Duration) -> Instant {
-        let next_pass = now + NEXT_PASS;
-        if self.impatient(now) {
-            next_pass
-        } else {
-            (since + coalesce).max(next_pass)
         }
     }
 }
@@ -135,15 +122,9 @@ mod tests {
     }
 
     #[test]
-    fn an_ack_is_never_due_when_it_is_made_and_coalescing_counts_from_the_oldest() {
+    fn an_ack_is_never_due_in_the_pass_that_made_it() {
         let mut p = Patience::default();
-        let h = p.first(at(1_000), COALESCE, 0);
-        assert_eq!(h.due, at(1_000 + ns(COALESCE)));
-        let h = p.merge(h, at(30_000), COALESCE);
-        assert_eq!((h.since, h.due), (at(1_000), at(51_000)));
-        // Made after the oldest was due: it is still not due at the time it is made.
-        let h = p.merge(h, at(80_000), COALESCE);
-        assert_eq!(h.due, at(80_001));
+        assert_eq!(p.first(at(1_000), COALESCE, 0).due, at(51_000));
         // No coalescing: every ACK is due at the next pass.
         assert_eq!(p.first(at(7), Duration::ZERO, 0).due, at(8));
     }
@@ -182,22 +163,17 @@ mod tests {
         let (h, t) = round(&mut p, 0, 1, 10 * ns(REACTION));
         assert_eq!(h.due, at(t + c));
         // An ACK that stood for two messages is no probe...
-        let h = p.merge(h, at(t + 10), COALESCE);
         p.sent_due(&h, 3, h.due);
         let (h, t) = round(&mut p, h.due.as_nanos() + 1, 4, 1);
         assert_eq!(h.due, at(t + c), "one quick answer only");
-        // ...but one that stood for several ACKs of one long message is.
+        // ...but one that stood for several ACKs of one long message (MSN 0 -> 1) is.
         let mut p = Patience::default();
         let mut t = 0;
-        for m in 1..=3 {
-            let h = p.first(at(t), COALESCE, m - 1);
-            if m == 3 {
-                assert_eq!(h.due, at(t + 1));
-                break;
-            }
-            let h = p.merge(h, at(t + 10), COALESCE);
-            p.sent_due(&h, m, h.due);
+        for _ in 0..2 {
+            let h = p.first(at(t), COALESCE, 0);
+            p.sent_due(&h, 1, h.due);
             t = h.due.as_nanos() + 1_000;
         }
+        assert_eq!(p.first(at(t), COALESCE, 0).due, at(t + 1));
     }
 }

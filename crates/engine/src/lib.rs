@@ -429,11 +429,11 @@ impl<M: Memory + ?Sized> Engine<M> {
     /// ACKs) come first; a plain ACK only once it is due at `now`. A plain ACK made while
     /// handling packets at time T is never due at T: a host that handles a packet and sends
     /// at once sends the reply its application posts next before the ACK. It is due at the
-    /// next pass (T + 1 ns) when the peer waits for our ACKs, otherwise up to
-    /// [`EngineConfig::ack_coalesce`] after the oldest ACK it stands for (newer ACKs of the
-    /// QP replace it meanwhile: ACKs are cumulative). [`Engine::poll_timeout`] includes
-    /// those deadlines, so a host that calls `poll_transmit` when that time comes sends
-    /// every ACK on time.
+    /// next pass (T + 1 ns) when the peer waits for our ACKs, otherwise
+    /// [`EngineConfig::ack_coalesce`] later; newer ACKs of the QP replace it meanwhile (ACKs
+    /// are cumulative) and keep its deadline. [`Engine::poll_timeout`] includes those
+    /// deadlines, so a host that calls `poll_transmit` when that time comes sends every ACK
+    /// on time.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
         if self.port_state == PortState::Down {
             return None;

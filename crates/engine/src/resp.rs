@@ -63,16 +63,15 @@ pub(crate) fn post_recv<M: Memory + ?Sized>(
 }
 
 /// Queue a plain ACK of everything up to `psn`. ACKs are cumulative (IBA 9.7.5.1.2): one
-/// still waiting at the back of the queue is replaced, and the new one leaves no later than
-/// the oldest it stands for was due to (see [`crate::ack`]).
+/// still waiting at the back of the queue is replaced, and the new one leaves when the
+/// oldest it stands for was due to (see [`crate::ack`]).
 fn queue_ack<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn) {
     let msn = qp.resp.msn;
-    let (now, coalesce) = (ctx.now, ctx.ack_coalesce);
     let held = match qp.resp.out.back() {
         Some(&RespOut::Ack { held, .. }) => {
             qp.resp.out.pop_back();
             ctx.count(qp, Counter::RespAcksCoalesced);
-            qp.resp.patience.merge(held, now, coalesce)
+            held
         }
         _ => {
             // The MSN before the message this ACK belongs to (it may be a long one's first).
@@ -81,7 +80,7 @@ fn queue_ack<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn) {
             } else {
                 msn.wrapping_sub(1) & 0xff_ffff
             };
-            qp.resp.patience.first(now, coalesce, msn_base)
+            qp.resp.patience.first(ctx.now, ctx.ack_coalesce, msn_base)
         }
     };
     qp.resp.out.push_back(RespOut::Ack { psn, msn, held });
