@@ -45,7 +45,7 @@ pub(crate) fn enter_error<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>)
     qp.req.ack_deadline = None;
     qp.req.rnr_until = None;
     qp.req.rd_atomic_outstanding = 0;
-    qp.resp.out.clear();
+    crate::resp::on_error(qp);
     qp.resp.in_progress = None;
 }
 

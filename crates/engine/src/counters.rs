@@ -77,6 +77,9 @@ counters! {
     RespLocalLengthError = "resp_local_length_error",
     /// ACK / NAK packets sent by the responder.
     RespAcksSent = "resp_acks_sent",
+    /// Plain ACKs the responder never sent: a newer, cumulative one replaced them while
+    /// they waited (the peer kept sending).
+    RespAcksCoalesced = "resp_acks_coalesced",
     /// Dropped: an ACK for a PSN this QP never sent (ghost ACK).
     CompGhostAck = "comp_ghost_ack",
     /// Dropped: a response for PSNs already acknowledged (duplicate / stale).

@@ -13,7 +13,8 @@
 //!   completions in posting order, running the local ACK and RNR timers, and flushing on error;
 //! - `resp`: the responder, executing requests against memory (PSN checks, one NAK per gap,
 //!   duplicates re-ACKed, READ/ATOMIC replayed from the responder resources, key / PD / bounds
-//!   / rights checks, RNR NAKs, receive completions, ACK coalescing);
+//!   / rights checks, RNR NAKs, receive completions), and `ack`, its policy for when a plain
+//!   ACK leaves (coalescing, and peers that wait for their ACKs);
 //! - `uc` and [`ud`]: the unreliable services, requester and responder each (no ACKs, no
 //!   retransmission; UC resynchronises on the next FIRST / ONLY, UD checks Q_Keys and writes
 //!   the GRH);
@@ -37,9 +38,12 @@
 //!   [`Transmit::dst`]. IPv4 packets carry ID 0 and DF, as an unconnected UDP socket with
 //!   `IP_PMTUDISC_DO` sends them, so the ICRC computed here is the one the peer checks. The UDP
 //!   source port is derived from the QPNs and flow label as Linux rxe derives it, or fixed by
-//!   [`EngineConfig::udp_src_port`].
-//! - [`Engine::handle_timeout`] once the time [`Engine::poll_timeout`] returned has come
-//!   (re-read `poll_timeout` after every call: sending arms timers).
+//!   [`EngineConfig::udp_src_port`]. The engine decides when each plain ACK leaves (see
+//!   [`Engine::poll_transmit`]); the host only has to honour [`Engine::poll_timeout`].
+//! - [`Engine::handle_timeout`] once the time [`Engine::poll_timeout`] returned has come,
+//!   then [`Engine::poll_transmit`] (re-read `poll_timeout` after every call: sending arms
+//!   timers, and receiving queues ACKs). A host about to stop calls
+//!   [`Engine::flush_acks`] before its last `poll_transmit`.
 //! - The verbs, below.
 //!
 //! Time is an [`Instant`] handed in by the caller. Registered memory is reached through the
@@ -95,6 +99,7 @@ pub mod mw;
 pub mod srq;
 pub mod ud;
 
+mod ack;
 mod comp;
 mod events;
 mod local;
@@ -116,7 +121,7 @@ pub use counters::{Counter, Counters};
 pub use cq::{CqHandle, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 pub use device::{
     AtomicCap, DeviceAttr, EngineConfig, Gid, Ipv4IdentPolicy, LinkLayer, PortAttr, PortState,
-    MAX_INTERNAL_MTU,
+    DEFAULT_ACK_COALESCE, MAX_INTERNAL_MTU,
 };
 pub use error::VerbsError;
 pub use memory::{MemOwner, Memory, MemoryError};
@@ -218,6 +223,8 @@ pub(crate) struct Ctx<'a, M: Memory + ?Sized> {
     pub(crate) overflowed: &'a mut Vec<CqHandle>,
     pub(crate) ack_req_every: u32,
     pub(crate) max_unacked: u32,
+    /// `EngineConfig::ack_coalesce`.
+    pub(crate) ack_coalesce: core::time::Duration,
 }
 
 impl<M: Memory + ?Sized> Ctx<'_, M> {
@@ -296,6 +303,9 @@ pub struct Engine<M: Memory + ?Sized = dyn Memory> {
     cq_events: VecDeque<CqHandle>,
     /// The QP `poll_transmit` served last (round robin among QPs).
     tx_last: u32,
+    /// ACKs that destroyed or reset QPs still owed their peers: sent at the next
+    /// `poll_transmit`.
+    parting: VecDeque<resp::Parting>,
 }
 
 impl<M: Memory + ?Sized> core::fmt::Debug for Engine<M> {
@@ -323,6 +333,7 @@ macro_rules! ctx {
             overflowed: &mut $overflowed,
             ack_req_every: $self.config.ack_req_every.max(1),
             max_unacked: $self.config.max_unacked_psns.clamp(1, 1 << 22),
+            ack_coalesce: $self.config.ack_coalesce,
         }
     };
 }
@@ -366,6 +377,7 @@ impl<M: Memory + ?Sized> Engine<M> {
             events: VecDeque::new(),
             cq_events: VecDeque::new(),
             tx_last: 0,
+            parting: VecDeque::new(),
         }
     }
 
@@ -415,35 +427,42 @@ impl<M: Memory + ?Sized> Engine<M> {
         self.error_overflowed(overflowed);
     }
 
-    /// Write the next packet to send into `buf` (responses first, then requests; QPs take turns).
-    /// Returns `None` when nothing is ready, or when `buf` is too small for the next packet
-    /// (a buffer of path MTU + 128 bytes always suffices).
+    /// Write the next packet to send into `buf`; `None` when nothing is ready at `now`, or
+    /// when `buf` is too small for the next packet (a buffer of path MTU + 128 bytes always
+    /// suffices). QPs take turns.
+    ///
+    /// Requests and the responses that never wait (NAKs, RNR NAKs, READ responses, ATOMIC
+    /// ACKs) come first; a plain ACK only once it is due at `now`. A plain ACK made while
+    /// handling packets at time T is never due at T: a host that handles a packet and sends
+    /// at once sends the reply its application posts next before the ACK. It is due at the
+    /// next pass (T + 1 ns) when the peer waits for our ACKs, otherwise
+    /// [`EngineConfig::ack_coalesce`] later; newer ACKs of the QP replace it meanwhile (ACKs
+    /// are cumulative) and keep its deadline. [`Engine::poll_timeout`] includes those
+    /// deadlines, so a host that calls `poll_transmit` when that time comes sends every ACK
+    /// on time.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
-        self.poll_transmit_with(now, buf, false)
-    }
-
-    /// [`Engine::poll_transmit`], except that plain ACKs wait: a QP whose responder has
-    /// nothing but ACKs to send sends its requests first, and its ACKs are left for the next
-    /// [`Engine::poll_transmit`] (which still sends them before later requests). IBA orders
-    /// a QP's requests and its responses each on its own, so this is allowed; a host that
-    /// answers a ping-pong uses it to send the reply before it spends time on the ACK.
-    pub fn poll_transmit_deferring_acks(
-        &mut self,
-        now: Instant,
-        buf: &mut [u8],
-    ) -> Option<Transmit> {
-        self.poll_transmit_with(now, buf, true)
-    }
-
-    fn poll_transmit_with(
-        &mut self,
-        now: Instant,
-        buf: &mut [u8],
-        defer_acks: bool,
-    ) -> Option<Transmit> {
         if self.port_state == PortState::Down {
             return None;
         }
+        if let Some(p) = self.parting.front() {
+            if let Some(len) = resp::transmit_parting(p, buf) {
+                let dst = p.dst();
+                let internal = p.internal();
+                self.parting.pop_front();
+                self.counters.inc(Counter::RespAcksSent);
+                self.counters.inc(Counter::TxPackets);
+                self.counters.add(Counter::TxBytes, len as u64);
+                return Some(Transmit { len, dst, internal });
+            }
+            return None;
+        }
+        self.transmit_pass(now, buf, Pass::Urgent)
+            .or_else(|| self.transmit_pass(now, buf, Pass::DueAcks))
+    }
+
+    /// One round-robin pass over the QPs that may have something to send, for the first
+    /// packet `pass` looks for.
+    fn transmit_pass(&mut self, now: Instant, buf: &mut [u8], pass: Pass) -> Option<Transmit> {
         let mut overflowed = Vec::new();
         let mut result = None;
         {
@@ -462,7 +481,7 @@ impl<M: Memory + ?Sized> Engine<M> {
                     idle.push(qpn);
                     continue;
                 };
-                if let Some(t) = transmit_one(qp, &mut ctx, buf, defer_acks) {
+                if let Some(t) = transmit_one(qp, &mut ctx, buf, pass) {
                     found = Some((qpn, t));
                     break;
                 }
@@ -484,9 +503,38 @@ impl<M: Memory + ?Sized> Engine<M> {
         result
     }
 
-    /// The earliest time `handle_timeout` has something to do, if any.
+    /// The earliest time something is due that needs no new packet or verb: a timer for
+    /// `handle_timeout` (local ACK timeout, RNR wait) or a plain ACK `poll_transmit` holds
+    /// back. Call `handle_timeout`, then `poll_transmit`, when it comes.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.qps.values().filter_map(comp::next_timeout).min()
+        let timers = self.qps.values().filter_map(comp::next_timeout).min();
+        if self.port_state == PortState::Down {
+            // Nothing leaves a port that is down: held ACKs wait for it to come up.
+            return timers;
+        }
+        let acks = if self.parting.is_empty() {
+            self.active
+                .iter()
+                .filter_map(|q| self.qps.get(q).and_then(resp::ack_due))
+                .min()
+        } else {
+            Some(Instant::default())
+        };
+        match (timers, acks) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Make every plain ACK the responders hold back due now, for a host about to stop
+    /// driving the engine: its next `poll_transmit` passes send them, so no peer waits for
+    /// an ACK that would never leave.
+    pub fn flush_acks(&mut self) {
+        for &qpn in &self.active {
+            if let Some(qp) = self.qps.get_mut(&qpn) {
+                resp::release_ack(qp);
+            }
+        }
     }
 
     /// Move every QP that feeds an overflowed CQ to ERR (IBA 11.4.2.1: CQ overrun is an
@@ -821,6 +869,9 @@ impl<M: Memory + ?Sized> Engine<M> {
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError> {
         let qp = self.qps.remove(&qpn).ok_or(VerbsError::InvalidQp)?;
         self.active.remove(&qpn);
+        // The ACK it still owed its peer leaves on its behalf: the requests it acknowledges
+        // were executed, and the peer would retry them into a QP that is gone.
+        self.parting.extend(resp::parting_ack(&qp));
         self.mws.release_qp(qpn);
         if let Some(p) = self.pds.get_mut(qp.pd.0) {
             p.users = p.users.saturating_sub(1);
@@ -902,6 +953,8 @@ impl<M: Memory + ?Sized> Engine<M> {
                 match next {
                     QpState::Reset => {
                         // IBA 10.3.1: RESET empties the work queues without completions.
+                        // An ACK owed for executed requests still leaves (as on destroy).
+                        self.parting.extend(resp::parting_ack(qp));
                         qp.sq.clear();
                         qp.rq.clear();
                         qp.req = ReqState::default();
@@ -1027,14 +1080,33 @@ fn segment_size(config: &EngineConfig, path_mtu: PathMtu, internal: bool) -> u32
 /// Largest message (IBA: 2^31 bytes).
 pub const MAX_MSG_SIZE: u32 = 1 << 31;
 
+/// What a pass of `poll_transmit` over the QPs looks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// Requests, and responses that need not wait.
+    Urgent,
+    /// Plain ACKs due now.
+    DueAcks,
+}
+
 fn transmit_one<M: Memory + ?Sized>(
     qp: &mut Qp,
     ctx: &mut Ctx<'_, M>,
     buf: &mut [u8],
-    defer_acks: bool,
+    pass: Pass,
 ) -> Option<Transmit> {
     if !qp.may_transmit() {
         return None;
+    }
+    if pass == Pass::DueAcks {
+        let Path {
+            dst_ip, internal, ..
+        } = qp.path?;
+        return resp::transmit_due_ack(qp, ctx, buf).map(|len| Transmit {
+            len,
+            dst: dst_ip,
+            internal,
+        });
     }
     match qp.qp_type {
         QpType::Ud => return ud::transmit(qp, ctx, buf),
@@ -1058,11 +1130,8 @@ fn transmit_one<M: Memory + ?Sized>(
         dst: dst_ip,
         internal,
     };
-    let acks_wait = defer_acks && resp::only_plain_acks(qp);
-    if !acks_wait {
-        if let Some(len) = resp::transmit(qp, ctx, buf) {
-            return Some(sent(len));
-        }
+    if let Some(len) = resp::transmit(qp, ctx, buf) {
+        return Some(sent(len));
     }
     // Binds and local invalidations run at the head of the send queue.
     if !local::run_head(qp, ctx) {

@@ -149,8 +149,15 @@ pub(crate) enum Resource {
 /// One thing the responder has to send, in order.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum RespOut {
-    /// ACK, NAK or RNR NAK.
+    /// A plain ACK (cumulative). Last in the queue, it waits until `held.due` (see
+    /// [`crate::ack`]); anything queued behind it sends it first.
     Ack {
+        psn: Psn,
+        msn: u32,
+        held: crate::ack::Held,
+    },
+    /// NAK or RNR NAK: never waits.
+    Nak {
         psn: Psn,
         syndrome: wire::Syndrome,
         msn: u32,
@@ -201,6 +208,8 @@ pub(crate) struct RespState {
     pub(crate) nak_sent: bool,
     pub(crate) resources: VecDeque<Resource>,
     pub(crate) out: VecDeque<RespOut>,
+    /// Whether the peer waits for our ACKs (when ACKs in `out` are due).
+    pub(crate) patience: crate::ack::Patience,
 }
 
 /// A queue pair.

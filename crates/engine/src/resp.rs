@@ -1,23 +1,26 @@
 //! The responder: executes incoming requests against registered memory and answers them
 //! (IBA 9.7.5.2): PSN checks with one sequence NAK per gap, duplicate detection with
 //! re-ACKs and READ / ATOMIC replay from the responder resources, key / PD / bounds / access
-//! checks, RNR NAKs when no receive is posted, receive completions, ACK coalescing, and READ
-//! responses built packet by packet straight from memory.
+//! checks, RNR NAKs when no receive is posted, receive completions, ACK coalescing (when a
+//! plain ACK leaves is the policy of [`crate::ack`]), and READ responses built packet by
+//! packet straight from memory.
 
 use wire::{
     AethRepr, AtomicAckEthRepr, BthRepr, Msn, NakCode, OpKind, Opcode, PacketLayout, Psn, Qpn,
     RethRepr, RoceV2Packet, Syndrome, TransportRepr, ROCEV2_UDP_PORT,
 };
 
+use crate::ack::Held;
 use crate::counters::Counter;
 use crate::cq::{WcFlags, WcOpcode, WorkCompletion};
 use crate::error::VerbsError;
 use crate::memory::Memory;
 use crate::mr::MrTable;
 use crate::pd::PdHandle;
-use crate::qp::{InProgress, Qp, RecvWqe, Resource, RespOut};
+use crate::qp::{InProgress, Path, Qp, RecvWqe, Resource, RespOut};
 use crate::qp_attr::AccessFlags;
 use crate::req::{ip_repr, packets_for};
+use crate::time::Instant;
 use crate::wr::RecvWr;
 use crate::{comp, Ctx, WcStatus};
 
@@ -59,20 +62,34 @@ pub(crate) fn post_recv<M: Memory + ?Sized>(
     Ok(())
 }
 
-/// Queue an ACK / NAK. A plain ACK behind another plain ACK replaces it: one ACK for the
-/// later PSN acknowledges both (IBA 9.7.5.1: ACKs are cumulative).
-fn queue_ack(qp: &mut Qp, psn: Psn, syndrome: Syndrome) {
+/// Queue a plain ACK of everything up to `psn`. ACKs are cumulative (IBA 9.7.5.1.2): one
+/// still waiting at the back of the queue is replaced, and the new one leaves when the
+/// oldest it stands for was due to (see [`crate::ack`]).
+fn queue_ack<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn) {
     let msn = qp.resp.msn;
-    if matches!(syndrome, Syndrome::Ack { .. }) {
-        if let Some(RespOut::Ack {
-            syndrome: Syndrome::Ack { .. },
-            ..
-        }) = qp.resp.out.back()
-        {
+    let held = match qp.resp.out.back() {
+        Some(&RespOut::Ack { held, .. }) => {
             qp.resp.out.pop_back();
+            ctx.count(qp, Counter::RespAcksCoalesced);
+            held
         }
-    }
-    qp.resp.out.push_back(RespOut::Ack { psn, syndrome, msn });
+        _ => {
+            // The MSN before the message this ACK belongs to (it may be a long one's first).
+            let msn_base = if qp.resp.in_progress.is_some() {
+                msn
+            } else {
+                msn.wrapping_sub(1) & 0xff_ffff
+            };
+            qp.resp.patience.first(ctx.now, ctx.ack_coalesce, msn_base)
+        }
+    };
+    qp.resp.out.push_back(RespOut::Ack { psn, msn, held });
+}
+
+/// Queue a NAK or RNR NAK (it sends any ACK waiting before it first).
+fn queue_nak(qp: &mut Qp, psn: Psn, syndrome: Syndrome) {
+    let msn = qp.resp.msn;
+    qp.resp.out.push_back(RespOut::Nak { psn, syndrome, msn });
 }
 
 /// A class C / D error (IBA 9.9, responder error behaviour on RC): NAK the packet and move the QP to
@@ -87,12 +104,7 @@ fn fatal_nak<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn, co
         },
     );
     comp::enter_error(qp, ctx);
-    let msn = qp.resp.msn;
-    qp.resp.out.push_back(RespOut::Ack {
-        psn,
-        syndrome: Syndrome::Nak(code),
-        msn,
-    });
+    queue_nak(qp, psn, Syndrome::Nak(code));
 }
 
 /// Complete the receive WQE at the head of the RQ (`solicited`: the message's last packet
@@ -153,7 +165,7 @@ fn scatter_recv<M: Memory + ?Sized>(
 fn rnr_nak<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn) {
     ctx.count(qp, Counter::RespRnrNakSent);
     let timer = qp.attr.min_rnr_timer & 0x1f;
-    queue_ack(qp, psn, Syndrome::RnrNak { timer });
+    queue_nak(qp, psn, Syndrome::RnrNak { timer });
     // Later packets of the gap are dropped quietly until the NAKed one comes back
     // (IBA 9.7.5.2.2 applies the one-NAK-per-gap rule to RNR NAKs too).
     qp.resp.nak_sent = true;
@@ -175,7 +187,7 @@ pub(crate) fn handle_request<M: Memory + ?Sized>(
             qp.resp.nak_sent = true;
             ctx.count(qp, Counter::RespSeqErrNakSent);
             let epsn = qp.resp.epsn;
-            queue_ack(qp, epsn, Syndrome::Nak(NakCode::PsnSequenceError));
+            queue_nak(qp, epsn, Syndrome::Nak(NakCode::PsnSequenceError));
         }
         return;
     }
@@ -251,7 +263,7 @@ pub(crate) fn handle_request<M: Memory + ?Sized>(
     }
     qp.resp.epsn = psn.next();
     if t.bth.ack_req {
-        queue_ack(qp, psn, ACK);
+        queue_ack(qp, ctx, psn);
     }
 }
 
@@ -547,7 +559,7 @@ fn duplicate<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &RoceV2
     match t.bth.opcode.kind() {
         OpKind::Send | OpKind::RdmaWrite => {
             let last = qp.resp.epsn.sub(1);
-            queue_ack(qp, last, ACK);
+            queue_ack(qp, ctx, last);
         }
         OpKind::RdmaReadRequest => {
             let Some(reth) = t.reth else { return };
@@ -610,21 +622,114 @@ fn duplicate<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &RoceV2
     }
 }
 
-/// Whether everything the responder has to send is plain ACKs (no NAK, READ or ATOMIC
-/// response): those may wait behind the QP's requests.
-pub(crate) fn only_plain_acks(qp: &Qp) -> bool {
-    qp.resp.out.iter().all(|o| {
-        matches!(
-            o,
-            RespOut::Ack {
-                syndrome: wire::Syndrome::Ack { .. },
-                ..
-            }
-        )
-    })
+/// When the plain ACK waiting alone in the responder queue is due, if one is (anything
+/// else queued can leave at once).
+pub(crate) fn ack_due(qp: &Qp) -> Option<Instant> {
+    match qp.resp.out.front() {
+        Some(RespOut::Ack { held, .. }) if qp.resp.out.len() == 1 => Some(held.due),
+        _ => None,
+    }
 }
 
-/// Build the next responder packet (ACK / NAK, ATOMIC ACK, or one READ response) into `buf`.
+/// The responder queue of a QP entering ERR: what it had to send is dropped, except a plain
+/// ACK with nothing before it, which becomes due at once. The requests it acknowledges were
+/// executed, and nothing will coalesce with it any more; without it the peer would retry
+/// them into a QP that no longer answers.
+pub(crate) fn on_error(qp: &mut Qp) {
+    let keep = match qp.resp.out.front() {
+        Some(&RespOut::Ack { psn, msn, held }) => Some(RespOut::Ack {
+            psn,
+            msn,
+            held: Held {
+                due: Instant::default(),
+                ..held
+            },
+        }),
+        _ => None,
+    };
+    qp.resp.out.clear();
+    qp.resp.out.extend(keep);
+}
+
+/// Make the plain ACK waiting last in the queue due at once (the host is about to stop).
+pub(crate) fn release_ack(qp: &mut Qp) {
+    if let Some(RespOut::Ack { held, .. }) = qp.resp.out.back_mut() {
+        held.due = Instant::default();
+    }
+}
+
+/// A plain ACK a QP still owed its peer when it was destroyed or reset: the engine sends it
+/// on the QP's behalf (see [`parting_ack`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Parting {
+    path: Path,
+    psn: Psn,
+    msn: u32,
+}
+
+impl Parting {
+    /// Where it goes.
+    pub(crate) fn dst(&self) -> std::net::IpAddr {
+        self.path.dst_ip
+    }
+
+    /// Whether it goes on an internal path (see `Transmit::internal`).
+    pub(crate) fn internal(&self) -> bool {
+        self.path.internal
+    }
+}
+
+/// The plain ACK at the front of the queue of a QP about to be destroyed or reset, if any.
+pub(crate) fn parting_ack(qp: &Qp) -> Option<Parting> {
+    match (qp.resp.out.front(), qp.path) {
+        (Some(&RespOut::Ack { psn, msn, .. }), Some(path)) => Some(Parting { path, psn, msn }),
+        _ => None,
+    }
+}
+
+/// Build a parting ACK into `buf`.
+pub(crate) fn transmit_parting(p: &Parting, buf: &mut [u8]) -> Option<usize> {
+    emit_ack(&p.path, p.psn, ACK, p.msn, buf)
+}
+
+/// Build an ACK / NAK packet with this syndrome on `path` into `buf`.
+fn emit_ack(path: &Path, psn: Psn, syndrome: Syndrome, msn: u32, buf: &mut [u8]) -> Option<usize> {
+    let ip = ip_repr(path);
+    let dest = Qpn::new(path.dest_qpn);
+    let mut t = TransportRepr::new(BthRepr::new(Opcode::RcAcknowledge, dest, psn));
+    t.aeth = Some(AethRepr {
+        syndrome,
+        msn: Msn::new(msn),
+    });
+    let layout = PacketLayout::new(&ip, path.udp_src_port, ROCEV2_UDP_PORT, &t, 0).ok()?;
+    layout.emit_headers(buf).ok()?;
+    path.seal(&layout, buf).ok()
+}
+
+/// Build the plain ACK waiting alone in the queue into `buf`, if it is due at `ctx.now`.
+pub(crate) fn transmit_due_ack<M: Memory + ?Sized>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<'_, M>,
+    buf: &mut [u8],
+) -> Option<usize> {
+    let path = qp.path?;
+    let (psn, msn, held) = match qp.resp.out.front() {
+        Some(&RespOut::Ack { psn, msn, held }) if qp.resp.out.len() == 1 => (psn, msn, held),
+        _ => return None,
+    };
+    if held.due > ctx.now {
+        return None;
+    }
+    let len = emit_ack(&path, psn, ACK, msn, buf)?;
+    qp.resp.out.pop_front();
+    qp.resp.patience.sent_due(&held, msn, ctx.now);
+    ctx.count(qp, Counter::RespAcksSent);
+    Some(len)
+}
+
+/// Build the next responder packet that need not wait into `buf`: a NAK or RNR NAK, an
+/// ATOMIC ACK, one READ response, or a plain ACK something is queued behind. A plain ACK
+/// last in the queue waits until it is due ([`transmit_due_ack`]).
 pub(crate) fn transmit<M: Memory + ?Sized>(
     qp: &mut Qp,
     ctx: &mut Ctx<'_, M>,
@@ -636,16 +741,17 @@ pub(crate) fn transmit<M: Memory + ?Sized>(
     loop {
         let front = *qp.resp.out.front()?;
         match front {
-            RespOut::Ack { psn, syndrome, msn } => {
-                let mut t = TransportRepr::new(BthRepr::new(Opcode::RcAcknowledge, dest, psn));
-                t.aeth = Some(AethRepr {
-                    syndrome,
-                    msn: Msn::new(msn),
-                });
-                let layout =
-                    PacketLayout::new(&ip, path.udp_src_port, ROCEV2_UDP_PORT, &t, 0).ok()?;
-                layout.emit_headers(buf).ok()?;
-                let len = path.seal(&layout, buf).ok()?;
+            RespOut::Ack { psn, msn, .. } => {
+                if qp.resp.out.len() == 1 {
+                    return None;
+                }
+                let len = emit_ack(&path, psn, ACK, msn, buf)?;
+                qp.resp.out.pop_front();
+                ctx.count(qp, Counter::RespAcksSent);
+                return Some(len);
+            }
+            RespOut::Nak { psn, syndrome, msn } => {
+                let len = emit_ack(&path, psn, syndrome, msn, buf)?;
                 qp.resp.out.pop_front();
                 ctx.count(qp, Counter::RespAcksSent);
                 return Some(len);

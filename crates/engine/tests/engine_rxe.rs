@@ -345,7 +345,7 @@ fn replay(qpn: u32, feed: Feed, build: Build) -> Option<(Host, Host)> {
             .cloned()
             .unwrap()
     };
-    let now = Instant::from_nanos(0);
+    let mut now = Instant::from_nanos(0);
     let mut buf = vec![0u8; 4096];
     let (mut ri, mut si) = (0, 0);
     while let Some(t) = a.e.poll_transmit(now, &mut buf) {
@@ -368,17 +368,27 @@ fn replay(qpn: u32, feed: Feed, build: Build) -> Option<(Host, Host)> {
             }
         }
         ri += 1;
-        while let Some(t) = b.e.poll_transmit(now, &mut buf) {
-            let theirs = raw_of(resps[si]);
-            assert_same_packet(
-                &buf[..t.len],
-                &theirs,
-                &format!("QP {qpn:#x} response {si}"),
-            );
-            si += 1;
-            match feed {
-                Feed::Ours => a.e.handle_datagram(now, &buf[..t.len]),
-                Feed::RxesWithHiddenIds => a.e.handle_datagram(now, &with_ident_hidden(&theirs)),
+        // rxe answered each request before the next came: so do we, once the ACK's
+        // deadline (`poll_timeout`) has come.
+        loop {
+            while let Some(t) = b.e.poll_transmit(now, &mut buf) {
+                let theirs = raw_of(resps[si]);
+                assert_same_packet(
+                    &buf[..t.len],
+                    &theirs,
+                    &format!("QP {qpn:#x} response {si}"),
+                );
+                si += 1;
+                match feed {
+                    Feed::Ours => a.e.handle_datagram(now, &buf[..t.len]),
+                    Feed::RxesWithHiddenIds => {
+                        a.e.handle_datagram(now, &with_ident_hidden(&theirs))
+                    }
+                }
+            }
+            match b.e.poll_timeout() {
+                Some(t) if t > now => now = t,
+                _ => break,
             }
         }
     }

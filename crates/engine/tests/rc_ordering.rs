@@ -108,7 +108,7 @@ fn unsignaled_sends_complete_silently_but_still_in_order() {
 }
 
 #[test]
-fn deferring_acks_sends_a_reply_before_the_ack_and_never_defers_read_responses() {
+fn a_reply_leaves_before_the_ack_of_the_request_it_answers_and_read_responses_never_wait() {
     let mut p = Pair::new(PairConfig::default());
     let (a, b) = (p.a, p.b);
     let now = common::instant(Duration::ZERO);
@@ -126,32 +126,30 @@ fn deferring_acks_sends_a_reply_before_the_ack_and_never_defers_read_responses()
         &b,
         SendWr::rdma_write(2, vec![b.sge(0, 8)], a.addr(0), a.mr.rkey),
     );
-    // Deferring: B's request comes out, its ACK waits.
-    let t = p
-        .engine(&b)
-        .poll_transmit_deferring_acks(now, &mut buf)
-        .unwrap();
-    assert_eq!(kind(&buf[..t.len]), OpKind::RdmaWrite);
-    assert!(p
-        .engine(&b)
-        .poll_transmit_deferring_acks(now, &mut buf)
-        .is_none());
-    // The next ordinary pass sends the ACK, and nothing after it.
+    // In the pass that handled the WRITE, B's request comes out and its ACK waits.
     let t = p.engine(&b).poll_transmit(now, &mut buf).unwrap();
-    assert_eq!(kind(&buf[..t.len]), OpKind::Acknowledge);
+    assert_eq!(kind(&buf[..t.len]), OpKind::RdmaWrite);
     assert!(p.engine(&b).poll_transmit(now, &mut buf).is_none());
+    // It leaves when poll_timeout says, and not before.
+    let due = p.engine(&b).poll_timeout().expect("the ACK's deadline");
+    assert_eq!(
+        due.saturating_duration_since(now),
+        engine::DEFAULT_ACK_COALESCE
+    );
+    let before = engine::Instant::from_nanos(due.as_nanos() - 1);
+    assert!(p.engine(&b).poll_transmit(before, &mut buf).is_none());
+    let t = p.engine(&b).poll_transmit(due, &mut buf).unwrap();
+    assert_eq!(kind(&buf[..t.len]), OpKind::Acknowledge);
+    assert!(p.engine(&b).poll_transmit(due, &mut buf).is_none());
 
-    // A READ request's response is never held back by the deferring pass.
+    // A READ request's response never waits.
     p.post_send(
         &a,
         SendWr::rdma_read(3, vec![a.sge(64, 8)], b.addr(0), b.mr.rkey),
     );
-    let t = p.engine(&a).poll_transmit(now, &mut buf).unwrap();
+    let t = p.engine(&a).poll_transmit(due, &mut buf).unwrap();
     let read = buf[..t.len].to_vec();
-    p.engine(&b).handle_datagram(now, &read);
-    let t = p
-        .engine(&b)
-        .poll_transmit_deferring_acks(now, &mut buf)
-        .unwrap();
+    p.engine(&b).handle_datagram(due, &read);
+    let t = p.engine(&b).poll_transmit(due, &mut buf).unwrap();
     assert_eq!(kind(&buf[..t.len]), OpKind::RdmaReadResponse);
 }

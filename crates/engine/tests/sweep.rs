@@ -14,10 +14,11 @@
 //!   too, provided the QP did count retry_cnt + 1 timeouts;
 //! - nothing hangs: a run that does not finish within the virtual deadline fails.
 //!
-//! Scenarios also vary the path MTU, timeouts, window and AckReq spacing, max_rd_atomic,
-//! IPv4/IPv6, PSNs about to wrap, unsignaled, inline and fenced WRs, one to three QP pairs, late
-//! receives (RNR), short outages the retries must ride out, a WR with a wrong rkey (its QP pair
-//! fails cleanly while the others carry on), and after a partition a reset and reconnection.
+//! Scenarios also vary the path MTU, timeouts, window and AckReq spacing, the responder's ACK
+//! coalescing delay (0 to 100 µs), max_rd_atomic, IPv4/IPv6, PSNs about to wrap, unsignaled,
+//! inline and fenced WRs, one to three QP pairs, late receives (RNR), short outages the retries
+//! must ride out, a WR with a wrong rkey (its QP pair fails cleanly while the others carry on),
+//! and after a partition a reset and reconnection.
 //!
 //! A failure prints the seed and the command that replays it. Environment:
 //! - `SOFTRDMA_SEED=n`: run only seed n (the replay);
@@ -506,13 +507,14 @@ fn scenario(seed: u64) -> Result<u64, String> {
         seed,
         net: NetConfig::with_link(link),
         mtu,
-        // Reordered packets are held up to 200 µs: keep the timeout above that (code 7 is
-        // 524 µs) so that a reordering alone does not look like a loss. Without reordering,
-        // code 5 (131 µs) is just above the largest round trip (2 × (50 + 10) µs).
+        // Reordered packets are held up to 200 µs: keep the timeout above that plus the
+        // largest round trip and ACK delay (code 7 is 524 µs) so that a reordering alone does
+        // not look like a loss. Without reordering, code 6 (262 µs) is just above the largest
+        // round trip (2 × (50 + 10) µs) plus the longest ACK coalescing delay (100 µs).
         timeout: if net.reorder > 0.0 {
             rng.range_inclusive(7, 12)
         } else {
-            rng.range_inclusive(5, 12)
+            rng.range_inclusive(6, 12)
         } as u8,
         retry_cnt: 7,
         rnr_retry: 7,
@@ -529,6 +531,7 @@ fn scenario(seed: u64) -> Result<u64, String> {
             rng.below(1 << 24) as u32
         },
         ipv6: rng.chance(0.3),
+        ack_coalesce: Duration::from_micros([0, 10, 50, 100][rng.below(4) as usize]),
         ..PairConfig::default()
     };
     let mut p = Pair::new(cfg.clone());
@@ -1169,7 +1172,8 @@ fn describe(
     let _ = write!(
         s,
         "loss {} dup {} reorder {} corrupt {}, mtu {:?}, timeout {}, max_rd_atomic {}/{}, \
-         ack_req_every {}, max_unacked {}, blip {blip:?}, wrong rkey {broken:?}, \
+         ack_req_every {}, max_unacked {}, ack_coalesce {:?}, blip {blip:?}, \
+         wrong rkey {broken:?}, \
          psn_a {:#x}, ipv6 {}, late_recv {late_recv}, partition at {partition_at:?}, now {:?}, \
          net {:?}",
         net.loss,
@@ -1182,6 +1186,7 @@ fn describe(
         cfg.max_dest_rd_atomic,
         cfg.ack_req_every,
         cfg.max_unacked_psns,
+        cfg.ack_coalesce,
         cfg.psn_a,
         cfg.ipv6,
         p.sim.now(),

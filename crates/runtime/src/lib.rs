@@ -116,7 +116,6 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
-mod acks;
 mod attach;
 pub mod capture;
 mod config;
@@ -134,8 +133,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
-
-use acks::nanos;
 
 use engine::{
     AccessFlags, AsyncEvent, CqHandle, Engine, EngineConfig, Instant, MemOwner, Memory, MrHandle,
@@ -268,10 +265,6 @@ struct Core<A> {
     local_free: Vec<Vec<u8>>,
     /// Where every sent and received packet is recorded, if anywhere.
     capture: Option<Arc<Capture>>,
-    /// ACKs held back behind requests, and coalesced (see [`Core::pump`]).
-    acks: acks::HeldAcks,
-    /// ACKs may still wait in the engine (a receive pass left them there: [`Acks::Defer`]).
-    acks_in_engine: bool,
 }
 
 /// A packet one of the device's QPs sent another.
@@ -283,6 +276,11 @@ struct LocalPacket {
     internal: bool,
 }
 
+/// A duration in nanoseconds, saturating.
+pub(crate) fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// Most asynchronous events kept for their owners to take; the oldest go first.
 const MAX_EVENTS: usize = 1024;
 
@@ -290,34 +288,16 @@ const MAX_EVENTS: usize = 1024;
 /// next (so a verb that pumps does not move a whole transfer).
 const LOCAL_ROUNDS: usize = 32;
 
-/// What a pass does with the plain ACKs the engine has for its peers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Acks {
-    /// Send them (after the requests of the pass), with any held before.
-    Send,
-    /// Build them after the requests of the pass and hold them (see the `acks` module).
-    Hold,
-    /// Leave them in the engine: a thread that just received what it waits for goes back
-    /// to it at once, and pays for its ACKs when it polls or posts next (after the
-    /// request it posts has left).
-    Defer,
-}
-
 impl<A: Attachment> Core<A> {
     /// Send everything the engine has to send, over the route each packet's destination
     /// takes (see [`Core::route`]); packets for this device go back into the engine, for up
-    /// to [`LOCAL_ROUNDS`] rounds.
-    ///
-    /// Requests leave before ACKs (see the `acks` module): the engine builds plain ACKs only
-    /// after the requests of the pass are sent ([`Engine::poll_transmit_deferring_acks`]),
-    /// or not at all in this pass ([`Acks::Defer`]); and with [`Acks::Hold`] they are held
-    /// until an application thread polls or waits again (coalesced while the peer keeps
-    /// sending), or the progress thread's next pass (within [`HANDOVER`]). ACKs keep their
-    /// order among themselves: any other response (a NAK, READ data, an atomic's ACK)
-    /// first sends the ACKs held before it.
-    fn pump(&mut self, net: &Net, now: Instant, acks: Acks) {
+    /// to [`LOCAL_ROUNDS`] rounds. When a plain ACK leaves is the engine's decision
+    /// (`engine::EngineConfig::ack_coalesce`): it emits one only once it is due, never in
+    /// the pass that handled its request, so a thread that just received what it waits for
+    /// posts its reply before anyone pays for the ACK.
+    fn pump(&mut self, net: &Net, now: Instant) {
         for _ in 0..LOCAL_ROUNDS {
-            self.pump_once(net, now, acks);
+            self.pump_once(net, now);
             if self.local_rx.is_empty() {
                 break;
             }
@@ -337,34 +317,20 @@ impl<A: Attachment> Core<A> {
         self.attach.flush();
     }
 
-    fn pump_once(&mut self, net: &Net, now: Instant, acks: Acks) {
+    fn pump_once(&mut self, net: &Net, now: Instant) {
         // A completion says the data is in memory, and a packet may tell a peer so: the
         // writes the host held back land first.
         self.attach.flush();
         self.attach.deliver(&mut self.engine);
-        while let Some(t) = self
-            .engine
-            .poll_transmit_deferring_acks(now, &mut self.txbuf)
-        {
-            self.route(net, now, t);
-        }
-        if acks == Acks::Defer {
-            self.acks_in_engine = true;
-            return;
-        }
         while let Some(t) = self.engine.poll_transmit(now, &mut self.txbuf) {
-            self.route(net, now, t);
-        }
-        self.acks_in_engine = false;
-        if acks == Acks::Send {
-            self.send_held();
+            self.route(net, t);
         }
     }
 
     /// Deliver one packet the engine built in `txbuf`: back into this engine when it is
     /// for this device, to another device of this process when one serves its destination
-    /// ([`link`]), else as a UDP datagram (plain ACKs may be held: see the `acks` module).
-    fn route(&mut self, net: &Net, now: Instant, t: engine::Transmit) {
+    /// ([`link`]), else as a UDP datagram.
+    fn route(&mut self, net: &Net, t: engine::Transmit) {
         if net.is_local(t.dst) {
             // Both ends on this device: the engine takes its own packet back, as a NIC
             // loops back traffic between its own QPs (on an internal path: large segments,
@@ -398,30 +364,7 @@ impl<A: Attachment> Core<A> {
             self.tx.counters.peer_packets += 1;
             return;
         }
-        match acks::classify(pkt, t.dst) {
-            acks::Kind::Ack(key) => {
-                self.acks.hold(pkt, t.dst, key, now.as_nanos());
-                return;
-            }
-            acks::Kind::Response => self.send_held(),
-            acks::Kind::Request => {}
-        }
-        let (pkt, _) = self.txbuf.split_at_mut(t.len);
         send_one(&mut self.tx, self.capture.as_deref(), pkt, t.dst);
-    }
-
-    /// Send every held ACK.
-    fn send_held(&mut self) {
-        let (tx, capture) = (&mut self.tx, self.capture.as_deref());
-        self.acks
-            .send_all(|pkt, dst| send_one(tx, capture, pkt, dst));
-    }
-
-    /// Send the held ACKs that are due at `now` (an application thread polls again).
-    fn send_due_acks(&mut self, now: Instant) {
-        let (tx, capture) = (&mut self.tx, self.capture.as_deref());
-        self.acks
-            .send_due(now.as_nanos(), |pkt, dst| send_one(tx, capture, pkt, dst));
     }
 
     /// Signal armed CQs that have completions and queue async events for their owners
@@ -586,23 +529,15 @@ impl<A: Attachment> Shared<A> {
 
     /// Receive one batch (if the sockets have any), take posted work and packets handed
     /// over by other devices, and run them through the engine, with the timers and
-    /// transmissions they cause. Returns how much was handled. `hold_acks`: the calling
-    /// thread waits for what the packets bring (see [`Core::pump`]).
+    /// transmissions they cause. Returns how much was handled.
     ///
     /// The engine lock is taken first and the receive side only tried: a thread that held
     /// the receive side while it waited for the engine lock could be kept from it for long
     /// by a thread polling a CQ in a tight loop (the lock is not fair), and nobody could
     /// receive meanwhile.
-    fn drive_rx(&self, hold_acks: bool) -> usize {
+    fn drive_rx(&self) -> usize {
         let mut core = self.lock();
         let now = self.now();
-        if core.acks_in_engine {
-            core.pump(
-                &self.net,
-                now,
-                if hold_acks { Acks::Hold } else { Acks::Send },
-            );
-        }
         let work = self.take_work(&mut core, now);
         let Ok(mut rx) = self.rx.try_lock() else {
             // Another thread is receiving: just run the timers and send.
@@ -610,7 +545,7 @@ impl<A: Attachment> Shared<A> {
             return work;
         };
         let n = rx.iter_mut().map(io::Rx::recv_batch).collect::<Vec<_>>();
-        self.process(&mut core, &rx, &n, hold_acks);
+        self.process(&mut core, &rx, &n);
         work + n.iter().sum::<usize>()
     }
 
@@ -638,7 +573,7 @@ impl<A: Attachment> Shared<A> {
     /// Hand the packets `rx` just received (`n[i]` on the `i`th side) to the engine, run
     /// due timers, send what the engine emits, signal waiters, and wake the progress thread
     /// if a timer it does not know of is now earlier than its wakeup.
-    fn process(&self, core: &mut Core<A>, rx: &[io::Rx], n: &[usize], hold_acks: bool) {
+    fn process(&self, core: &mut Core<A>, rx: &[io::Rx], n: &[usize]) {
         let now = self.now();
         let mut counters = IoCounters::default();
         for (side, &n) in rx.iter().zip(n) {
@@ -655,32 +590,28 @@ impl<A: Attachment> Shared<A> {
         if core.engine.poll_timeout().is_some_and(|t| t <= now) {
             core.engine.handle_timeout(now);
         }
-        let acks = if hold_acks { Acks::Defer } else { Acks::Send };
-        self.after_change(core, now, acks);
+        self.after_change(core, now);
     }
 
-    /// Run the engine's timers if due, send everything (held ACKs too), signal waiters.
+    /// Run the engine's timers if due, send what is due, signal waiters.
     fn run_timers_and_send(&self, core: &mut Core<A>, now: Instant) {
         if core.engine.poll_timeout().is_some_and(|t| t <= now) {
             core.engine.handle_timeout(now);
         }
-        self.after_change(core, now, Acks::Send);
+        self.after_change(core, now);
     }
 
     /// What every change of engine state is followed by, under the lock: send, signal, and
     /// ring the doorbell only if the progress thread would otherwise sleep past the next
-    /// timer, or past [`HANDOVER`] with ACKs held (published under this lock: see
-    /// `wake_at`), or packets for this device wait for another round.
-    fn after_change(&self, core: &mut Core<A>, now: Instant, acks: Acks) {
-        core.pump(&self.net, now, acks);
+    /// timer (an ACK's deadline included; published under this lock: see `wake_at`), or
+    /// packets for this device wait for another round.
+    fn after_change(&self, core: &mut Core<A>, now: Instant) {
+        core.pump(&self.net, now);
         core.notify(&self.async_fd);
         let mut next = core
             .engine
             .poll_timeout()
             .map_or(u64::MAX, Instant::as_nanos);
-        if !core.acks.is_empty() || core.acks_in_engine {
-            next = next.min(now.as_nanos().saturating_add(nanos(HANDOVER)));
-        }
         if !core.local_rx.is_empty() {
             next = 0;
         }
@@ -700,13 +631,11 @@ impl<A: Attachment> Shared<A> {
         if explicit || self.implicit_leases(now.as_nanos()) {
             self.renew_lease(now);
         }
-        // Coming back means the thread has looked at what the last packets brought: the
-        // ACKs held for them go now (unless they wait to be coalesced), before this thread
-        // waits again.
-        if core.acks_in_engine {
-            core.pump(&self.net, now, Acks::Hold);
+        // ACKs that fell due since the last pass go now, before this thread looks again.
+        if core.engine.poll_timeout().is_some_and(|t| t <= now) {
+            core.engine.handle_timeout(now);
+            self.after_change(core, now);
         }
-        core.send_due_acks(now);
         let Ok(mut rx) = self.rx.try_lock() else {
             // The progress thread or a waiting thread is receiving right now.
             return 0;
@@ -727,10 +656,10 @@ impl<A: Attachment> Shared<A> {
             .collect();
         let total = n.iter().sum();
         if total > 0 {
-            self.process(core, &rx, &n, true);
+            self.process(core, &rx, &n);
         } else if core.engine.poll_timeout().is_some_and(|t| t <= now) {
             core.engine.handle_timeout(now);
-            self.after_change(core, now, Acks::Hold);
+            self.after_change(core, now);
         }
         total
     }
@@ -953,8 +882,6 @@ impl<A: Attachment> Runtime<A> {
             local_rx: VecDeque::new(),
             local_free: Vec::new(),
             capture: Capture::from_env(),
-            acks: acks::HeldAcks::default(),
-            acks_in_engine: false,
         };
         let flags = EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC;
         // A device's packets to its own addresses come back to it only when its peers'
@@ -1091,8 +1018,6 @@ impl<A: Attachment> Runtime<A> {
             if notifier.clear() {
                 return Ok(true);
             }
-            // About to sleep: the ACKs held for packets this thread handled go now.
-            shared.lock().send_held();
             let left = match deadline {
                 Some(d) => {
                     let now = std::time::Instant::now();
@@ -1119,7 +1044,7 @@ impl<A: Attachment> Runtime<A> {
                 .iter()
                 .any(|f| f.revents().is_some_and(|r| !r.is_empty()))
             {
-                shared.drive_rx(true);
+                shared.drive_rx();
             }
             if notifier.clear() {
                 return Ok(true);
@@ -1241,7 +1166,8 @@ impl<A: Attachment> Drop for Runtime<A> {
         {
             let mut core = self.shared.lock();
             let now = self.shared.now();
-            core.pump(&self.shared.net, now, Acks::Send);
+            core.engine.flush_acks();
+            core.pump(&self.shared.net, now);
         }
         self.shared.stop.store(true, Ordering::SeqCst);
         let _ = self.shared.doorbell.write(1);
@@ -1384,36 +1310,6 @@ impl<A: Attachment> EngineGuard<'_, A> {
         Ok(())
     }
 
-    /// Destroy a QP (`ibv_destroy_qp`). ACKs it still owes its peer leave first (a receive
-    /// may have left them in the engine: see `Acks::Defer`).
-    pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError> {
-        self.build_deferred_acks();
-        self.dirty = true;
-        self.core.engine.destroy_qp(qpn)
-    }
-
-    /// Modify a QP (`ibv_modify_qp`). As [`EngineGuard::destroy_qp`], the ACKs the QP owes
-    /// are built first, so that a move to ERR or RESET does not drop them.
-    pub fn modify_qp(
-        &mut self,
-        qpn: u32,
-        attr: &engine::QpAttr,
-        mask: engine::QpAttrMask,
-    ) -> Result<(), VerbsError> {
-        self.build_deferred_acks();
-        self.dirty = true;
-        self.core.engine.modify_qp(qpn, attr, mask)
-    }
-
-    /// Take the ACKs a receive left in the engine into the held ones (sent when this guard
-    /// is dropped, or coalesced as usual).
-    fn build_deferred_acks(&mut self) {
-        if self.core.acks_in_engine {
-            let now = self.shared.now();
-            self.core.pump(&self.shared.net, now, Acks::Hold);
-        }
-    }
-
     /// Destroy a CQ (`ibv_destroy_cq`) and forget its notifier.
     pub fn destroy_cq(&mut self, cq: CqHandle) -> Result<(), VerbsError> {
         self.core.engine.destroy_cq(cq)?;
@@ -1459,9 +1355,7 @@ impl<A: Attachment> Drop for EngineGuard<'_, A> {
     fn drop(&mut self) {
         if self.dirty {
             let now = self.shared.now();
-            // ACKs held for packets an application thread received stay held (behind the
-            // requests this verb may have queued) until it polls again: see `Core::pump`.
-            self.shared.after_change(&mut self.core, now, Acks::Hold);
+            self.shared.after_change(&mut self.core, now);
         }
     }
 }

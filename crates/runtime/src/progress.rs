@@ -10,8 +10,9 @@ use engine::Instant;
 use nix::sys::time::TimeSpec;
 use std::os::fd::AsFd;
 
-use crate::acks::nanos;
-use crate::{Attachment, Shared, HANDOVER, IDLE_TICK, IMPLICIT_OFF, LAPSE_WINDOW, LONG_WAIT};
+use crate::{
+    nanos, Attachment, Shared, HANDOVER, IDLE_TICK, IMPLICIT_OFF, LAPSE_WINDOW, LONG_WAIT,
+};
 
 /// The progress thread: runs timers always, and receives whenever no application thread
 /// drives the socket (see `Shared::lease_until` and `Shared::drivers`).
@@ -31,7 +32,7 @@ pub(crate) fn run<A: Attachment>(shared: &Shared<A>) {
             }
             0
         } else {
-            shared.drive_rx(false)
+            shared.drive_rx()
         };
         if n > 0 {
             last_active = std::time::Instant::now();

@@ -445,6 +445,62 @@ fn a_timeout_in_the_past_fires_now() {
     assert!(!sim.step(), "nothing left: idle");
 }
 
+/// A node as the engine is with a held ACK: each packet becomes ready at its own time, which
+/// `poll_timeout` names, and `handle_timeout` itself does nothing (`poll_transmit` decides).
+/// Records what it receives.
+struct Deferred {
+    peer: IpAddr,
+    ready_at: Vec<Duration>,
+    received: Vec<(Duration, u32)>,
+}
+
+impl Node for Deferred {
+    fn handle_datagram(&mut self, now: Duration, packet: &[u8]) {
+        self.received.push((now, seq_of(packet)));
+    }
+    fn handle_timeout(&mut self, _: Duration) {}
+    fn poll_transmit(&mut self, now: Duration, buf: &mut [u8]) -> Option<Transmit> {
+        let i = self.ready_at.iter().position(|&t| t <= now)?;
+        let t = self.ready_at.swap_remove(i);
+        let m = message(t.as_micros() as u32, 16);
+        buf[..m.len()].copy_from_slice(&m);
+        Some(Transmit {
+            len: m.len(),
+            dst: self.peer,
+        })
+    }
+    fn poll_timeout(&self) -> Option<Duration> {
+        self.ready_at.iter().min().copied()
+    }
+}
+
+#[test]
+fn a_packet_that_becomes_ready_at_a_timeout_leaves_exactly_then() {
+    let mut sim = Sim::new(15, NetConfig::with_link(LinkConfig::perfect(us(10))));
+    sim.add_node(
+        [ip(1)],
+        Deferred {
+            peer: ip(2),
+            ready_at: vec![us(30), us(5), us(70)],
+            received: Vec::new(),
+        },
+    );
+    let b = sim.add_node(
+        [ip(2)],
+        Deferred {
+            peer: ip(1),
+            ready_at: Vec::new(),
+            received: Vec::new(),
+        },
+    );
+    let r = sim.run_until(|_| false, Duration::from_secs(1));
+    assert_eq!(r, Err(SimError::Idle { now: us(80) }));
+    assert_eq!(
+        sim.node(b).received,
+        vec![(us(15), 5), (us(40), 30), (us(80), 70)]
+    );
+}
+
 #[test]
 fn run_until_stops_when_the_condition_holds() {
     let mut sim = Sim::new(14, NetConfig::with_link(LinkConfig::perfect(us(10))));

@@ -215,6 +215,8 @@ pub struct PairConfig {
     /// [`Pair::new`] puts both sides on one engine (at A's address, which is an internal
     /// address of it: `EngineConfig::internal_addresses`), each with its own memory and MR.
     pub one_host: bool,
+    /// Engine setting: how long a plain ACK may wait for newer ones to replace it.
+    pub ack_coalesce: Duration,
 }
 
 impl Default for PairConfig {
@@ -245,6 +247,7 @@ impl Default for PairConfig {
             ack_req_every: 32,
             max_unacked_psns: 512,
             one_host: false,
+            ack_coalesce: engine::DEFAULT_ACK_COALESCE,
         }
     }
 }
@@ -324,6 +327,7 @@ pub fn create_side(sim: &mut Sim<Host>, cfg: &PairConfig, ip: IpAddr, base: u64)
     let mut ec = EngineConfig::new(vec![ip], key_seed);
     ec.ack_req_every = cfg.ack_req_every;
     ec.max_unacked_psns = cfg.max_unacked_psns;
+    ec.ack_coalesce = cfg.ack_coalesce;
     if cfg.one_host {
         ec.internal_addresses = vec![ip];
     }
