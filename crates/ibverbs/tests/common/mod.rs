@@ -335,9 +335,14 @@ impl TestDaemon {
         panic!("softrdmad failed to start 5 times");
     }
 
+    /// How the daemon ended, if it has (it must outlive every client).
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().expect("try_wait")
+    }
+
     /// Fails the test if the daemon has exited (it must outlive every client).
     pub fn assert_alive(&mut self) {
-        let st = self.child.try_wait().expect("try_wait");
+        let st = self.exited();
         assert!(st.is_none(), "softrdmad exited: {st:?}");
     }
 }
