@@ -67,7 +67,12 @@ fn tool_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("SOFTRDMA_RXE_VM") {
         return PathBuf::from(dir);
     }
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/tools/rxe-vm")
+    // crates/ibverbs -> the repository -> the folder holding it.
+    let beside = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(3)
+        .expect("the repository has a parent folder");
+    beside.join("shared/tools/rxe-vm")
 }
 
 /// The scratch folder: `$SOFTRDMA_RXE_VM_WORK`, else `rxe-vm` in the target folder of this
