@@ -31,10 +31,10 @@ mod rxe_vm;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use common::{cli_binary, configure, describe, finish, Guard, On, TestDaemon};
+use common::{cli_binary, describe, finish, Guard, On, TestDaemon};
 use hosts::Hosts;
 use rxe_vm::{Capture, RxeVm, Vm, HOST_ADDR, NS, VM_ADDR};
 
@@ -322,20 +322,16 @@ impl Ours {
 /// standard output line-buffered (`stdbuf -oL`), so a program killed at its time limit still
 /// shows what it printed.
 fn verbs_command(daemon: &TestDaemon, prog: &str, args: &[String]) -> Command {
-    let mut argv = vec!["-oL", prog];
+    let mut argv = vec!["netns", "exec", NS, "stdbuf", "-oL", prog];
     argv.extend(args.iter().map(String::as_str));
-    let mut c = Hosts::exec(NS, "stdbuf", &argv);
-    c.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    configure(
-        &mut c,
+    common::verbs_command(
+        "ip",
+        &argv,
         On::Daemon {
             daemon,
             addr: HOST_ADDR,
         },
-    );
-    c
+    )
 }
 
 /// From `ibv_devinfo -v`: the device (hca_id) with a GID of `addr` and that GID's index.

@@ -359,20 +359,21 @@ impl Vm {
     pub fn stop_program(&mut self, port: u16, limit: Duration) -> Option<i32> {
         let start = Instant::now();
         loop {
-            if let Some(rc) = self.ended(port) {
+            if self.ended(port).is_none() && self.running() {
+                let target = format!(": >/dev/tcp/{VM_ADDR}/{}", port + 100);
+                let _ = Command::new("ip")
+                    .args(["netns", "exec", NS, "timeout", "3", "bash", "-c", &target])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status();
+            }
+            if let Some(rc) = self.wait_end(port, Duration::from_secs(1)) {
                 return Some(rc);
             }
             if !self.running() || start.elapsed() > limit {
                 return None;
             }
-            let target = format!(": >/dev/tcp/{VM_ADDR}/{}", port + 100);
-            let _ = Command::new("ip")
-                .args(["netns", "exec", NS, "timeout", "3", "bash", "-c", &target])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
-            std::thread::sleep(Duration::from_secs(1));
         }
     }
 
