@@ -451,10 +451,15 @@ pub struct Capture {
 impl Capture {
     /// Start capturing; returns once tcpdump says it listens.
     pub fn start(path: &Path) -> Capture {
+        // --immediate-mode: without it the kernel hands packets over a ring block at a time
+        // (or after a 1 s timeout), and what the current block holds when tcpdump is stopped
+        // is lost: short programs left empty captures. -B: a 64 MiB ring (default 2 MiB),
+        // which a bandwidth test's bursts overflowed packet by packet.
+        let tcpdump = ["tcpdump", "--immediate-mode", "-B", "65536", "-i", "br0"];
         let mut child = Command::new("ip")
-            .args([
-                "netns", "exec", NS, "tcpdump", "-i", "br0", "-U", "-s", "0", "-w",
-            ])
+            .args(["netns", "exec", NS])
+            .args(tcpdump)
+            .args(["-U", "-s", "0", "-w"])
             .arg(path)
             .arg("udp or tcp")
             .stdin(Stdio::null())
@@ -483,7 +488,8 @@ impl Capture {
         }
     }
 
-    /// Stop capturing (tcpdump writes each packet as it comes, -U) and return the file.
+    /// Stop capturing (tcpdump gets each packet as it comes and writes it at once) and
+    /// return the file.
     pub fn stop(mut self) -> PathBuf {
         self.end();
         self.path.clone()
