@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Runs every softrdma test: formatting, lints, unit, property, simulation and conformance tests.
-# Installs the Debian packages the tests drive when absent (tshark, python3-scapy, tcpdump,
-# iproute2, ibverbs-utils, perftest, python3-pyverbs); those checks are never skipped.
+# Runs every softrdma test: formatting, lints, unit, property, simulation, conformance and
+# interop tests. Installs the Debian packages the tests drive when absent (tshark,
+# python3-scapy, tcpdump, iproute2, ibverbs-utils, perftest, python3-pyverbs, and for the
+# kernel Soft-RoCE VM qemu-system-x86, busybox-static, cpio, kmod, rdmacm-utils,
+# ibverbs-providers, rdma-core); those checks are never skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,6 +15,16 @@ command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v ibv_devinfo >/dev/null 2>&1 || need+=(ibverbs-utils)
 command -v ib_write_bw >/dev/null 2>&1 || need+=(perftest)
 /usr/bin/python3 -c 'import pyverbs' >/dev/null 2>&1 || need+=(python3-pyverbs)
+# The interop test against kernel Soft-RoCE (crates/ibverbs/tests/rxe_interop.rs) boots
+# Debian's kernel in qemu with ../shared/tools/rxe-vm/run-vm.sh; what that tool's install
+# and initramfs steps use (the test downloads the kernel package itself, once per target/).
+command -v qemu-system-x86_64 >/dev/null 2>&1 || need+=(qemu-system-x86)
+dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
+command -v cpio >/dev/null 2>&1 || need+=(cpio)
+[ -x /usr/sbin/depmod ] || [ -x /sbin/depmod ] || need+=(kmod)
+command -v rping >/dev/null 2>&1 || need+=(rdmacm-utils)
+[ -e /etc/libibverbs.d/rxe.driver ] || need+=(ibverbs-providers)
+dpkg -s rdma-core >/dev/null 2>&1 || need+=(rdma-core)
 if [ ${#need[@]} -gt 0 ]; then
   echo "== installing ${need[*]}"
   sudo=""

@@ -138,64 +138,81 @@ pub fn verbs_command(prog: &str, args: &[&str], on: On<'_>) -> Command {
 }
 
 /// The `softrdmad` binary of this build (target/<profile>/softrdmad), never older than its
-/// sources: when a source file of the daemon or a crate below it (or Cargo.lock) is newer
-/// than the binary, it is built now (once per test process) with the profile of this test
-/// binary. `cargo test --workspace` has built it already; then nothing is run.
+/// sources: see [`workspace_binary`].
 pub fn daemon_binary() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
-        let exe = std::env::current_exe().expect("test executable path");
-        let profile_dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("target/<profile>/deps")
-            .to_path_buf();
-        let bin = profile_dir.join("softrdmad");
-        if !daemon_sources_newer_than(&bin) {
-            return bin;
-        }
-        let target_dir = profile_dir.parent().expect("target dir");
-        let profile = profile_dir
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("debug");
-        let mut c = Command::new(env!("CARGO"));
-        c.args([
-            "build",
-            "--quiet",
-            "-p",
+        workspace_binary(
             "softrdma-daemon",
-            "--bin",
             "softrdmad",
-        ])
-        .arg("--target-dir")
-        .arg(target_dir)
-        .current_dir(env!("CARGO_MANIFEST_DIR"));
-        // The test profile builds into target/debug, as `cargo test` builds the daemon's
-        // own tests' binary: the artifacts are shared, nothing is rebuilt twice.
-        match profile {
-            "debug" => c.args(["--profile", "test"]),
-            "release" => c.arg("--release"),
-            p => c.args(["--profile", p]),
-        };
-        let st = c.status();
-        assert!(
-            matches!(st, Ok(s) if s.success()) && bin.is_file(),
-            "building softrdmad for the daemon-backend tests failed ({st:?}); build it with \
-             `cargo build -p softrdma-daemon` and look at its errors"
-        );
-        bin
+            &["daemon", "runtime", "engine", "wire"],
+        )
     })
     .clone()
 }
 
-/// Whether `bin` is missing or older than a source of the daemon (the crates it is built
-/// from: daemon, runtime, engine, wire) or the lock file.
-fn daemon_sources_newer_than(bin: &Path) -> bool {
+/// The `softrdma` command-line tool of this build (target/<profile>/softrdma: `stat`,
+/// `decode`), never older than its sources: see [`workspace_binary`].
+pub fn cli_binary() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        workspace_binary(
+            "softrdma-cli",
+            "softrdma",
+            &["cli", "softrdma", "daemon", "runtime", "engine", "wire"],
+        )
+    })
+    .clone()
+}
+
+/// Binary `bin` of workspace package `package` in target/<profile>, built now with the
+/// profile of this test binary when a source file of the crates it is built from (`crates`,
+/// folder names under crates/) or Cargo.lock is newer than it. `cargo test --workspace` has
+/// built it already; then nothing is run.
+fn workspace_binary(package: &str, bin: &str, crates: &[&str]) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps")
+        .to_path_buf();
+    let path = profile_dir.join(bin);
+    if !sources_newer_than(&path, crates) {
+        return path;
+    }
+    let target_dir = profile_dir.parent().expect("target dir");
+    let profile = profile_dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("debug");
+    let mut c = Command::new(env!("CARGO"));
+    c.args(["build", "--quiet", "-p", package, "--bin", bin])
+        .arg("--target-dir")
+        .arg(target_dir)
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    // The test profile builds into target/debug, as `cargo test` builds the package's
+    // own tests' binary: the artifacts are shared, nothing is rebuilt twice.
+    match profile {
+        "debug" => c.args(["--profile", "test"]),
+        "release" => c.arg("--release"),
+        p => c.args(["--profile", p]),
+    };
+    let st = c.status();
+    assert!(
+        matches!(st, Ok(s) if s.success()) && path.is_file(),
+        "building {bin} for the tests failed ({st:?}); build it with \
+         `cargo build -p {package}` and look at its errors"
+    );
+    path
+}
+
+/// Whether `bin` is missing or older than a source of `crates` (folder names under crates/)
+/// or the lock file.
+fn sources_newer_than(bin: &Path, crates: &[&str]) -> bool {
     let Ok(built) = std::fs::metadata(bin).and_then(|m| m.modified()) else {
         return true;
     };
-    let crates = Path::new(env!("CARGO_MANIFEST_DIR"))
+    let crates_dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("crates dir");
     let newer = |p: &Path| {
@@ -216,9 +233,9 @@ fn daemon_sources_newer_than(bin: &Path) -> bool {
             }
         })
     }
-    newer(&crates.join("../Cargo.lock"))
-        || ["daemon", "runtime", "engine", "wire"].iter().any(|c| {
-            let dir = crates.join(c);
+    newer(&crates_dir.join("../Cargo.lock"))
+        || crates.iter().any(|c| {
+            let dir = crates_dir.join(c);
             newer(&dir.join("Cargo.toml")) || walk(&dir.join("src"), &newer)
         })
 }
@@ -318,9 +335,14 @@ impl TestDaemon {
         panic!("softrdmad failed to start 5 times");
     }
 
+    /// How the daemon ended, if it has (it must outlive every client).
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().expect("try_wait")
+    }
+
     /// Fails the test if the daemon has exited (it must outlive every client).
     pub fn assert_alive(&mut self) {
-        let st = self.child.try_wait().expect("try_wait");
+        let st = self.exited();
         assert!(st.is_none(), "softrdmad exited: {st:?}");
     }
 }

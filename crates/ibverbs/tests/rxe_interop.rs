@@ -1,0 +1,823 @@
+//! Interop with Linux kernel Soft-RoCE (`rdma_rxe`), live: unmodified rdma-core programs on
+//! our side (the drop-in libibverbs.so.1 on a `softrdmad` serving 10.50.0.1 in network
+//! namespace `rxeo`) against the same programs on Debian's kernel in a qemu VM (10.50.0.11,
+//! `rxe0`, GID index 1), through the shared tool `rxe-vm/run-vm.sh` (see [`rxe_vm`]).
+//!
+//! The matrix ([`MATRIX`]): ibv_rc_pingpong, ibv_ud_pingpong, ibv_srq_pingpong, ib_write_bw,
+//! ib_read_bw, ib_send_bw, ib_atomic_bw, ib_write_lat, few iterations each (the VM is
+//! emulated: correctness only, never timings), in both directions, one VM per direction
+//! running the whole list in order. Each program has its own TCP port (18515 + its place in
+//! the list), so a client can only ever pair with its own server; the client retries while
+//! its server is not listening yet. The VM prints `@@ BEGIN <port>` / `@@ END <port> rc=N`
+//! around each program, which our side follows on the VM's console as it runs. When our side
+//! fails first, it ends the VM's program at once (a connection to port + 100, where the VM's
+//! script listens for that) instead of waiting for the VM's per-program timeout.
+//!
+//! A third test runs the same scripts between two kernel rxe VMs: it shows the harness and
+//! the VM work, so a failure of the other two is ours to read.
+//!
+//! Every program is reported PASS or FAIL (none is skipped); a failure prints both sides'
+//! output, the daemon counters that changed while it ran and its capture decoded by
+//! `softrdma decode` (captures stay in target/rxe-vm/captures). Set SOFTRDMAD_TEST_LOG=1 to
+//! see the daemon's log too.
+//!
+//! Run alone: `cargo test -p softrdma-ibverbs --test rxe_interop -- --nocapture`.
+
+mod common;
+#[path = "../../cli/tests/hosts/mod.rs"]
+mod hosts;
+mod rxe_vm;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use common::{cli_binary, describe, finish, Guard, On, TestDaemon};
+use hosts::Hosts;
+use rxe_vm::{Capture, RxeVm, Vm, HOST_ADDR, NS, VM_ADDR};
+
+/// One program of the matrix and how both sides run it.
+struct Program {
+    /// The rdma-core or perftest program.
+    name: &'static str,
+    /// Iterations (`-n`): few, the VM is emulated.
+    iters: &'static str,
+    /// Further options, the same on both sides.
+    extra: &'static [&'static str],
+    /// perftest: the message size of the client's result row.
+    row_size: Option<&'static str>,
+}
+
+/// The programs, in the order both sides run them.
+const MATRIX: &[Program] = &[
+    Program {
+        name: "ibv_rc_pingpong",
+        iters: "5",
+        extra: &["-c"],
+        row_size: None,
+    },
+    // One datagram per message: the payload fits the 1024-byte path MTU.
+    Program {
+        name: "ibv_ud_pingpong",
+        iters: "5",
+        extra: &["-s", "1024", "-c"],
+        row_size: None,
+    },
+    Program {
+        name: "ibv_srq_pingpong",
+        iters: "5",
+        extra: &[],
+        row_size: None,
+    },
+    // -F: the VM has no CPU frequency information; figures are not looked at anyway.
+    Program {
+        name: "ib_write_bw",
+        iters: "20",
+        extra: &["-F"],
+        row_size: Some("65536"),
+    },
+    Program {
+        name: "ib_read_bw",
+        iters: "20",
+        extra: &["-F"],
+        row_size: Some("65536"),
+    },
+    Program {
+        name: "ib_send_bw",
+        iters: "20",
+        extra: &["-F"],
+        row_size: Some("65536"),
+    },
+    Program {
+        name: "ib_atomic_bw",
+        iters: "20",
+        extra: &["-F"],
+        row_size: Some("8"),
+    },
+    Program {
+        name: "ib_write_lat",
+        iters: "20",
+        extra: &["-F"],
+        row_size: Some("2"),
+    },
+];
+
+/// The TCP port of the first program's connection exchange (the programs' default).
+const BASE_PORT: u16 = 18515;
+/// The kernel's device in the VM and the GID index of its IPv4 address.
+const VM_DEVICE: &str = "rxe0";
+const VM_GID: &str = "1";
+
+/// The VM ends each program attempt after this long (busybox `timeout`): a successful run
+/// takes about 2 s there, and a kernel rxe client whose peer never answers retransmits
+/// until then (it does not stop at its retry count), so a failing program costs this much.
+const VM_PROGRAM_SECS: u32 = 20;
+/// How many times the VM's client tries to connect (once a second) before it gives up.
+const VM_CONNECT_TRIES: u32 = 60;
+/// Boot to the script's start (about 6 s measured; emulated, on a loaded CI machine).
+const READY_LIMIT: Duration = Duration::from_secs(180);
+/// One run of one of our programs (a UD client whose replies never come waits forever).
+const PROGRAM_LIMIT: Duration = Duration::from_secs(25);
+/// Our client retries its connection this long while the VM's server is not listening.
+const CONNECT_LIMIT: Duration = Duration::from_secs(60);
+/// Waiting for the VM's side of a program after ours ended, or to end it.
+const END_LIMIT: Duration = Duration::from_secs(35);
+/// Our server waits this long for the VM's client at most.
+const SERVER_LIMIT: Duration = Duration::from_secs(150);
+/// After the VM's client ended, our server gets this long to end too (it succeeded / failed).
+const GRACE_OK: Duration = Duration::from_secs(20);
+const GRACE_FAILED: Duration = Duration::from_secs(3);
+/// A direction stops starting programs after this long (each remaining one is reported
+/// FAIL, not run), so a broken VM cannot hold CI for the sum of every limit. Measured: about
+/// 15 s when all pass, 170 s when every program fails at the VM's timeout.
+const DIRECTION_BUDGET: Duration = Duration::from_secs(420);
+
+impl Program {
+    /// The port of its connection exchange: its place in the matrix.
+    fn port(index: usize) -> u16 {
+        BASE_PORT + index as u16
+    }
+
+    fn is_perftest(&self) -> bool {
+        self.name.starts_with("ib_")
+    }
+
+    /// Its options on a device and GID index (`-x` in perftest, `-g` in rdma-core).
+    fn args(&self, device: &str, gid: &str, port: u16) -> Vec<String> {
+        let gid_flag = if self.is_perftest() { "-x" } else { "-g" };
+        let mut a: Vec<String> = ["-d", device, gid_flag, gid, "-n", self.iters]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        a.extend(self.extra.iter().map(|s| s.to_string()));
+        a.extend(["-p".to_string(), port.to_string()]);
+        a
+    }
+
+    /// Whether `text` (one side's output) shows the program did its work: the pingpongs
+    /// print "N iters in" on both sides; perftest prints its result row on the client.
+    fn printed_result(&self, text: &str, client: bool) -> bool {
+        match self.row_size {
+            None => text.contains(&format!("{} iters in", self.iters)),
+            Some(size) => {
+                !client
+                    || text.lines().any(|l| {
+                        let mut f = l.split_whitespace();
+                        f.next() == Some(size) && f.next() == Some(self.iters)
+                    })
+            }
+        }
+    }
+}
+
+/// The VM's script: a shell function that runs one program of the matrix (busybox sh), then
+/// one line per program. `peer`: the server's address when the VM is the client.
+///
+/// The function prints `@@ BEGIN <port>`, runs the program in the background with a time
+/// limit while `nc` listens on port + 100 to kill it (how the other side ends it early),
+/// retries while a client cannot connect yet, prints the program's standard error and then
+/// `@@ END <port> rc=<status> tries=<n>`. A client that failed ends its server the same way.
+/// Standard output goes to the console as it comes (a terminal: line-buffered), so a program
+/// that is killed still shows what it printed.
+fn vm_script(peer: Option<&str>) -> String {
+    let (target, stop_peer) = match peer {
+        Some(p) => (
+            format!(" {p}"),
+            format!("[ $r = 0 ]||timeout 3 nc {p} $((p+100)) </dev/null >/dev/null 2>&1;"),
+        ),
+        None => (String::new(), String::new()),
+    };
+    let mut s = format!(
+        "r(){{ p=$1;shift;echo \"@@ BEGIN $p\";i=0;while :;do \
+         timeout {VM_PROGRAM_SECS} \"$@\" 2>/o& w=$!;\
+         nc -l -p $((p+100)) -e kill $w& n=$!;wait $w;r=$?;kill $n 2>/dev/null;\
+         grep -q \"t connect to\" /o||break;i=$((i+1));[ $i -lt {VM_CONNECT_TRIES} ]||break;\
+         sleep 1;done;cat /o;{stop_peer}echo \"@@ END $p rc=$r tries=$i\";}}\n"
+    );
+    for (i, p) in MATRIX.iter().enumerate() {
+        let port = Program::port(i);
+        let _ = writeln!(
+            s,
+            "r {port} {} {}{target}",
+            p.name,
+            p.args(VM_DEVICE, VM_GID, port).join(" ")
+        );
+    }
+    s
+}
+
+/// How one program went.
+struct Outcome {
+    name: &'static str,
+    passed: bool,
+    /// One line: how each side ended and, for a failure, what the daemon's counters and
+    /// the capture say about received packets.
+    summary: String,
+    /// The details printed for a failure.
+    details: String,
+}
+
+/// The outcomes of one direction, printable as the report CI shows.
+struct Report {
+    title: String,
+    outcomes: Vec<Outcome>,
+    elapsed: Duration,
+    /// Shown after the programs (the VM's console when it misbehaved).
+    epilogue: String,
+}
+
+impl Report {
+    fn passed(&self) -> usize {
+        self.outcomes.iter().filter(|o| o.passed).count()
+    }
+
+    fn table(&self) -> String {
+        let mut s = format!(
+            "{}: {} of {} passed in {:.0} s\n",
+            self.title,
+            self.passed(),
+            self.outcomes.len(),
+            self.elapsed.as_secs_f64()
+        );
+        for o in &self.outcomes {
+            let verdict = if o.passed { "PASS" } else { "FAIL" };
+            let _ = writeln!(s, "  {:<18} {verdict}  {}", o.name, o.summary);
+        }
+        s
+    }
+
+    /// Print the table; fail the test with the table and every failure's details unless all
+    /// passed.
+    fn check(&self) {
+        println!("{}", self.table());
+        if self.passed() == self.outcomes.len() {
+            return;
+        }
+        let mut s = self.table();
+        for o in self.outcomes.iter().filter(|o| !o.passed) {
+            let _ = write!(s, "\n========== {}: FAIL ==========\n{}", o.name, o.details);
+        }
+        if !self.epilogue.is_empty() {
+            let _ = write!(s, "\n==========\n{}", self.epilogue);
+        }
+        // Again at the end, where a long CI log is read first.
+        let _ = write!(s, "\n{}", self.table());
+        panic!("{s}");
+    }
+}
+
+/// Our side: a `softrdmad` serving 10.50.0.1 in the namespace on UDP 4791, and the device
+/// and GID index the drop-in shows for that address.
+struct Ours {
+    daemon: TestDaemon,
+    device: String,
+    gid: String,
+}
+
+impl Ours {
+    fn start() -> Ours {
+        common::require("ibv_devinfo", "ibverbs-utils");
+        common::require("ib_write_bw", "perftest");
+        let daemon = TestDaemon::start_with(&[HOST_ADDR], Some(4791), |bin, args| {
+            Hosts::exec(NS, bin, args)
+        });
+        let c = verbs_command(&daemon, "ibv_devinfo", &["-v".to_string()]);
+        let o = common::run(c, Duration::from_secs(30));
+        let text = String::from_utf8_lossy(&o.stdout);
+        let (device, gid) = device_and_gid(&text, HOST_ADDR)
+            .unwrap_or_else(|| panic!("no GID of {HOST_ADDR} in ibv_devinfo -v: {}", describe(&o)));
+        Ours {
+            daemon,
+            device,
+            gid,
+        }
+    }
+
+    fn command(&self, prog: &str, args: &[String]) -> Command {
+        verbs_command(&self.daemon, prog, args)
+    }
+
+    /// The daemon's counters (`softrdma stat`), by name; empty if it does not answer.
+    fn counters(&self) -> BTreeMap<String, u64> {
+        let o = Command::new(cli_binary())
+            .args(["stat", "--socket"])
+            .arg(&self.daemon.socket)
+            .output();
+        let Ok(o) = o else {
+            return BTreeMap::new();
+        };
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                Some((f.next()?.to_string(), f.next()?.parse().ok()?))
+            })
+            .collect()
+    }
+}
+
+/// `prog args` in the namespace with the drop-in on the daemon's device for 10.50.0.1;
+/// standard output line-buffered (`stdbuf -oL`), so a program killed at its time limit still
+/// shows what it printed.
+fn verbs_command(daemon: &TestDaemon, prog: &str, args: &[String]) -> Command {
+    let mut argv = vec!["netns", "exec", NS, "stdbuf", "-oL", prog];
+    argv.extend(args.iter().map(String::as_str));
+    common::verbs_command(
+        "ip",
+        &argv,
+        On::Daemon {
+            daemon,
+            addr: HOST_ADDR,
+        },
+    )
+}
+
+/// From `ibv_devinfo -v`: the device (hca_id) with a GID of `addr` and that GID's index.
+fn device_and_gid(devinfo: &str, addr: &str) -> Option<(String, String)> {
+    let mut device = None;
+    let want = format!("::ffff:{addr},");
+    for l in devinfo.lines() {
+        let t = l.trim();
+        if let Some(d) = t.strip_prefix("hca_id:") {
+            device = Some(d.trim().to_string());
+        }
+        if let Some(rest) = t.strip_prefix("GID[") {
+            let (index, value) = rest.split_once("]:")?;
+            if value.trim().starts_with(&want) {
+                return Some((device?, index.trim().to_string()));
+            }
+        }
+    }
+    None
+}
+
+/// Counters that changed between two readings, as `name +delta` lines.
+fn counter_changes(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> String {
+    if after.is_empty() {
+        return "  (softrdma stat did not answer: the daemon is gone?)\n".to_string();
+    }
+    let mut s = String::new();
+    for (name, v) in after {
+        let d = v.saturating_sub(before.get(name).copied().unwrap_or(0));
+        if d != 0 {
+            let _ = writeln!(s, "  {name:<40} +{d}");
+        }
+    }
+    s
+}
+
+/// The packets in each ICRC class of a capture, from `softrdma decode`'s summary line.
+#[derive(Default)]
+struct Icrcs {
+    good: u64,
+    bad: u64,
+}
+
+/// `softrdma decode` of a capture: its summary and its lines (the first 60 and the last 20
+/// when longer), and the ICRC counts.
+fn decode(pcap: &Path) -> (String, Icrcs) {
+    let o = match Command::new(cli_binary()).arg("decode").arg(pcap).output() {
+        Ok(o) => o,
+        Err(e) => {
+            return (
+                format!("  softrdma decode did not run: {e}\n"),
+                Icrcs::default(),
+            )
+        }
+    };
+    let summary = String::from_utf8_lossy(&o.stderr).trim().to_string();
+    let number_before = |what: &str| -> u64 {
+        summary
+            .split(", ")
+            .find_map(|part| {
+                let part = part.rsplit(": ").next()?;
+                part.strip_suffix(what)?.trim().parse().ok()
+            })
+            .unwrap_or(0)
+    };
+    let icrcs = Icrcs {
+        good: number_before(" RoCEv2 with good ICRC"),
+        bad: number_before(" with bad ICRC"),
+    };
+    let text = String::from_utf8_lossy(&o.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    let mut s = format!("  {}\n", summary);
+    if lines.len() <= 80 {
+        for l in &lines {
+            let _ = writeln!(s, "  {l}");
+        }
+    } else {
+        for l in &lines[..60] {
+            let _ = writeln!(s, "  {l}");
+        }
+        let _ = writeln!(s, "  ... {} lines ...", lines.len() - 80);
+        for l in &lines[lines.len() - 20..] {
+            let _ = writeln!(s, "  {l}");
+        }
+    }
+    (s, icrcs)
+}
+
+/// A fresh folder for one direction's captures.
+fn capture_dir(vm: &RxeVm, name: &str) -> PathBuf {
+    let dir = vm.work().join("captures").join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create the capture folder");
+    dir
+}
+
+/// Everything one program of the VM-against-us directions left, judged.
+struct Run<'a> {
+    program: &'a Program,
+    /// Our program's output.
+    ours: Output,
+    /// Whether ours was killed at a time limit.
+    killed: bool,
+    /// Whether ours was the client.
+    ours_client: bool,
+    /// The VM's exit status for it (None: it never said).
+    vm_rc: Option<i32>,
+    /// The VM's console lines for it.
+    vm_section: String,
+    counters: String,
+    capture: PathBuf,
+    /// softrdmad's rx_bad_icrc count while it ran.
+    bad_icrc_drops: u64,
+}
+
+impl Run<'_> {
+    fn judge(self) -> Outcome {
+        let p = self.program;
+        let o = &self.ours;
+        let ours_ok = o.status.success()
+            && !self.killed
+            && p.printed_result(&String::from_utf8_lossy(&o.stdout), self.ours_client);
+        let ours_text = describe(o)
+            + if self.killed {
+                "\n(killed at its time limit)"
+            } else {
+                ""
+            };
+        let vm_ok = self.vm_rc == Some(0) && p.printed_result(&self.vm_section, !self.ours_client);
+        let passed = ours_ok && vm_ok;
+        let ours_word = if self.killed {
+            "killed at its limit".to_string()
+        } else {
+            format!("exit {}", o.status.code().unwrap_or(-1))
+        };
+        let vm_word = rc_word(self.vm_rc);
+        let mut summary = format!("softrdma {ours_word}, rxe {vm_word}");
+        let mut details = String::new();
+        if !passed {
+            let (decoded, icrcs) = decode(&self.capture);
+            if self.bad_icrc_drops > 0 {
+                let _ = write!(
+                    summary,
+                    "; softrdmad dropped {} as bad ICRC, capture ICRC ok {} bad {}",
+                    self.bad_icrc_drops, icrcs.good, icrcs.bad
+                );
+            }
+            let role = if self.ours_client { "client" } else { "server" };
+            let vm_role = if self.ours_client { "server" } else { "client" };
+            let _ = write!(
+                details,
+                "--- ours ({role}: drop-in libibverbs on softrdmad, netns {NS}): {ours_text}\n\
+                 --- kernel rxe ({vm_role}, VM console): \n{}\n\
+                 --- softrdmad counters that changed meanwhile:\n{}\
+                 --- capture {} (softrdma decode):\n{decoded}",
+                if self.vm_section.is_empty() {
+                    "(nothing: the VM never started it)"
+                } else {
+                    &self.vm_section
+                },
+                self.counters,
+                self.capture.display(),
+            );
+            if self.bad_icrc_drops > 0 && icrcs.bad == 0 && icrcs.good > 0 {
+                let _ = writeln!(
+                    details,
+                    "--- note: softrdmad counted {} datagrams rx_bad_icrc while every RoCEv2 \
+                     ICRC in the capture is valid: its receive path does not see the IPv4 ID \
+                     rxe sends (rxe counts IDs up; the UDP path rebuilds ID 0), README \
+                     \"Receive policy\".",
+                    self.bad_icrc_drops
+                );
+            }
+        }
+        Outcome {
+            name: p.name,
+            passed,
+            summary,
+            details,
+        }
+    }
+}
+
+/// How a VM's program ended, in a word.
+fn rc_word(rc: Option<i32>) -> String {
+    match rc {
+        Some(143) => "rc=143 (ended by us or its timeout)".to_string(),
+        Some(rc) => format!("rc={rc}"),
+        None => "no end seen".to_string(),
+    }
+}
+
+/// A program reported FAIL without running.
+fn not_run(p: &Program, why: &str) -> Outcome {
+    Outcome {
+        name: p.name,
+        passed: false,
+        summary: format!("not run: {why}"),
+        details: format!("not run: {why}\n"),
+    }
+}
+
+/// Sum of a counter over the daemon's devices (`srxe0.rx_bad_icrc`...) between readings.
+fn device_counter_delta(
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+    counter: &str,
+) -> u64 {
+    let suffix = format!(".{counter}");
+    after
+        .iter()
+        .filter(|(n, _)| n.ends_with(&suffix))
+        .map(|(n, v)| v.saturating_sub(before.get(n).copied().unwrap_or(0)))
+        .sum()
+}
+
+/// Why the VM cannot run programs now, if it cannot.
+fn vm_unavailable(vm: &mut Vm, start: Instant) -> Option<&'static str> {
+    if start.elapsed() > DIRECTION_BUDGET {
+        Some("the direction's time budget is spent")
+    } else if !vm.running() {
+        Some("the VM is not running")
+    } else if !vm.is_ready() && start.elapsed() > READY_LIMIT {
+        Some("the VM did not start its script in time")
+    } else {
+        None
+    }
+}
+
+/// The VM's console and run-vm.sh's output, for a report whose VM misbehaved.
+fn vm_epilogue(vm: &Vm, ready: bool, powered_off: bool) -> String {
+    if ready && powered_off {
+        return String::new();
+    }
+    let log = vm.log();
+    let tail: Vec<&str> = log.lines().rev().take(60).collect();
+    let tail: Vec<&str> = tail.into_iter().rev().collect();
+    format!(
+        "the VM {}; last lines of its console:\n{}\n--- run-vm.sh output:\n{}",
+        if ready {
+            "did not power off by itself"
+        } else {
+            "never started its script"
+        },
+        tail.join("\n"),
+        vm.tool_output()
+    )
+}
+
+/// Who serves in a direction.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Serves {
+    /// Kernel rxe serves each program in the VM; ours are the clients.
+    Rxe,
+    /// Ours serve; kernel rxe in the VM connects.
+    Softrdma,
+}
+
+/// One direction: one VM runs its side of the whole matrix in order while ours run theirs,
+/// each program captured on br0 with the daemon's counters read before and after.
+fn direction(serves: Serves) -> Report {
+    let vm = RxeVm::prepare();
+    let mut ours = Ours::start();
+    let (name, title, peer) = match serves {
+        Serves::Rxe => (
+            "rxe-serves",
+            format!(
+                "kernel rxe serves ({VM_ADDR} {VM_DEVICE} GID {VM_GID}), softrdma connects \
+                 ({HOST_ADDR} {} GID {})",
+                ours.device, ours.gid
+            ),
+            None,
+        ),
+        Serves::Softrdma => (
+            "softrdma-serves",
+            format!(
+                "softrdma serves ({HOST_ADDR} {} GID {}), kernel rxe connects ({VM_ADDR} \
+                 {VM_DEVICE} GID {VM_GID})",
+                ours.device, ours.gid
+            ),
+            Some(HOST_ADDR),
+        ),
+    };
+    let captures = capture_dir(&vm, name);
+    let start = Instant::now();
+    let mut booted = vm.boot(&vm_script(peer));
+    // Our servers wait for the VM's clients anyway; our clients wait for the VM here.
+    if serves == Serves::Rxe {
+        booted.wait_ready(READY_LIMIT);
+    }
+    let mut outcomes = Vec::new();
+    for (i, p) in MATRIX.iter().enumerate() {
+        if let Some(why) = vm_unavailable(&mut booted, start) {
+            outcomes.push(not_run(p, why));
+            continue;
+        }
+        let port = Program::port(i);
+        let capture = Capture::start(&captures.join(format!("{i}-{}.pcap", p.name)));
+        let before = ours.counters();
+        let (out, killed) = match serves {
+            Serves::Rxe => run_client(&ours, &mut booted, p, port),
+            // The first server also waits for the VM to boot.
+            Serves::Softrdma => {
+                let boot = if i == 0 { READY_LIMIT } else { Duration::ZERO };
+                run_server(&ours, &mut booted, p, port, SERVER_LIMIT + boot)
+            }
+        };
+        // The VM's side ends by itself once ours succeeded; when ours failed, it is ended.
+        let vm_rc = if out.status.success() {
+            booted.wait_end(port, END_LIMIT)
+        } else {
+            None
+        }
+        .or_else(|| booted.stop_program(port, END_LIMIT));
+        let capture = capture.stop();
+        let after = ours.counters();
+        outcomes.push(
+            Run {
+                program: p,
+                ours: out,
+                killed,
+                ours_client: serves == Serves::Rxe,
+                vm_rc,
+                vm_section: rxe_vm::section(&booted.log(), port),
+                counters: counter_changes(&before, &after),
+                capture,
+                bad_icrc_drops: device_counter_delta(&before, &after, "rx_bad_icrc"),
+            }
+            .judge(),
+        );
+    }
+    let ready = booted.is_ready();
+    let powered_off = booted.power_off(Duration::from_secs(60));
+    if let Some(st) = ours.daemon.exited() {
+        outcomes.push(Outcome {
+            name: "softrdmad",
+            passed: false,
+            summary: format!("exited ({st}) before the end"),
+            details: format!("softrdmad exited: {st} (SOFTRDMAD_TEST_LOG=1 shows its log)\n"),
+        });
+    }
+    Report {
+        title,
+        outcomes,
+        elapsed: start.elapsed(),
+        epilogue: vm_epilogue(&booted, ready, powered_off),
+    }
+}
+
+/// Our client against the VM's server on `port`, retried while that server is not listening
+/// yet (and still to come). Returns its output and whether it was killed at its limit.
+fn run_client(ours: &Ours, vm: &mut Vm, p: &Program, port: u16) -> (Output, bool) {
+    let mut args = p.args(&ours.device, &ours.gid, port);
+    args.push(VM_ADDR.to_string());
+    let tried = Instant::now();
+    let refused = format!("Couldn't connect to {VM_ADDR}:{port}");
+    loop {
+        let g = Guard(Some(
+            ours.command(p.name, &args)
+                .spawn()
+                .expect("spawn our client"),
+        ));
+        let (o, killed) = finish(g, PROGRAM_LIMIT);
+        let not_listening =
+            !o.status.success() && String::from_utf8_lossy(&o.stderr).contains(&refused);
+        if not_listening
+            && vm.ended(port).is_none()
+            && vm.running()
+            && tried.elapsed() < CONNECT_LIMIT
+        {
+            std::thread::sleep(Duration::from_millis(500));
+            continue;
+        }
+        return (o, killed);
+    }
+}
+
+/// Our server on `port` for the VM's client: it runs until it exits, or the VM's client
+/// ended (then it gets a grace to finish), or `limit`. Returns its output and whether it was
+/// killed.
+fn run_server(ours: &Ours, vm: &mut Vm, p: &Program, port: u16, limit: Duration) -> (Output, bool) {
+    let args = p.args(&ours.device, &ours.gid, port);
+    let mut g = Guard(Some(
+        ours.command(p.name, &args)
+            .spawn()
+            .expect("spawn our server"),
+    ));
+    let served = Instant::now();
+    // The programs print far less than a pipe holds, so their output can wait unread.
+    let grace = loop {
+        let child = g.0.as_mut().expect("child present");
+        if !matches!(child.try_wait(), Ok(None)) {
+            break Duration::ZERO;
+        }
+        match vm.ended(port) {
+            Some(0) => break GRACE_OK,
+            Some(_) => break GRACE_FAILED,
+            None => {}
+        }
+        if !vm.running() {
+            break GRACE_FAILED;
+        }
+        if served.elapsed() > limit {
+            break Duration::ZERO;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    finish(g, grace)
+}
+
+#[test]
+fn the_harness_runs_the_matrix_between_two_kernel_rxe_vms() {
+    let vm = RxeVm::prepare();
+    let captures = capture_dir(&vm, "rxe-pair");
+    let pcap = captures.join("pair.pcap");
+    let start = Instant::now();
+    let run = vm.pair(
+        &vm_script(None),
+        &vm_script(Some(VM_ADDR)),
+        &pcap,
+        Duration::from_secs(600),
+    );
+    let mut outcomes = Vec::new();
+    for (i, p) in MATRIX.iter().enumerate() {
+        let port = Program::port(i);
+        let (srv, cli) = (
+            rxe_vm::section(&run.server, port),
+            rxe_vm::section(&run.client, port),
+        );
+        let (src, crc) = (
+            rxe_vm::end_status(&run.server, port),
+            rxe_vm::end_status(&run.client, port),
+        );
+        let passed = src == Some(0)
+            && crc == Some(0)
+            && p.printed_result(&srv, false)
+            && p.printed_result(&cli, true);
+        outcomes.push(Outcome {
+            name: p.name,
+            passed,
+            summary: format!("server {}, client {}", rc_word(src), rc_word(crc)),
+            details: if passed {
+                String::new()
+            } else {
+                format!("--- server VM:\n{srv}\n--- client VM:\n{cli}\n")
+            },
+        });
+    }
+    let all = outcomes.iter().all(|o| o.passed);
+    let epilogue = if all {
+        String::new()
+    } else {
+        format!(
+            "run-vm.sh pair{}: {}\n--- capture {} (softrdma decode):\n{}",
+            if run.timed_out {
+                " (killed at its limit)"
+            } else {
+                ""
+            },
+            describe(&run.output),
+            pcap.display(),
+            decode(&pcap).0
+        )
+    };
+    Report {
+        title: "kernel rxe serves (10.50.0.11), kernel rxe connects (10.50.0.12)".to_string(),
+        outcomes,
+        elapsed: start.elapsed(),
+        epilogue,
+    }
+    .check();
+}
+
+#[test]
+fn softrdma_clients_run_the_matrix_against_kernel_rxe_servers() {
+    direction(Serves::Rxe).check();
+}
+
+#[test]
+fn kernel_rxe_clients_run_the_matrix_against_softrdma_servers() {
+    direction(Serves::Softrdma).check();
+}
+
+#[test]
+fn the_vm_scripts_fit_on_the_kernel_command_line() {
+    // boot() and pair() check it too; this says so without root or a VM.
+    rxe_vm::assert_script_fits(&vm_script(None));
+    rxe_vm::assert_script_fits(&vm_script(Some(HOST_ADDR)));
+}
