@@ -277,11 +277,14 @@ struct Ours {
 }
 
 impl Ours {
-    fn start() -> Ours {
+    /// `rx_path`: softrdmad's `--rx-path` (its receive policy for rxe's IPv4 IDs).
+    fn start(rx_path: RxPath) -> Ours {
         common::require("ibv_devinfo", "ibverbs-utils");
         common::require("ib_write_bw", "perftest");
         let daemon = TestDaemon::start_with(&[HOST_ADDR], Some(4791), |bin, args| {
-            Hosts::exec(NS, bin, args)
+            let mut args = args.to_vec();
+            args.extend_from_slice(&["--rx-path", rx_path.arg()]);
+            Hosts::exec(NS, bin, &args)
         });
         let c = verbs_command(&daemon, "ibv_devinfo", &["-v".to_string()]);
         let o = common::run(c, Duration::from_secs(30));
@@ -590,27 +593,50 @@ enum Serves {
     Softrdma,
 }
 
+/// How softrdmad receives rxe's packets (runtime docs, "Receive policy").
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RxPath {
+    /// softrdmad's default: a raw socket where it may open one (as here, root), which sees
+    /// rxe's IPv4 IDs: every ICRC checked exactly.
+    Auto,
+    /// A UDP socket, which hides rxe's IDs: the engine finds the one the ICRC holds for.
+    Udp,
+}
+
+impl RxPath {
+    fn arg(self) -> &'static str {
+        match self {
+            RxPath::Auto => "auto",
+            RxPath::Udp => "udp",
+        }
+    }
+}
+
 /// One direction: one VM runs its side of the whole matrix in order while ours run theirs,
 /// each program captured on br0 with the daemon's counters read before and after.
-fn direction(serves: Serves) -> Report {
+fn direction(serves: Serves, rx_path: RxPath) -> Report {
     let vm = RxeVm::prepare();
-    let mut ours = Ours::start();
+    let mut ours = Ours::start(rx_path);
     let (name, title, peer) = match serves {
         Serves::Rxe => (
             "rxe-serves",
             format!(
                 "kernel rxe serves ({VM_ADDR} {VM_DEVICE} GID {VM_GID}), softrdma connects \
-                 ({HOST_ADDR} {} GID {})",
-                ours.device, ours.gid
+                 ({HOST_ADDR} {} GID {}, --rx-path {})",
+                ours.device,
+                ours.gid,
+                rx_path.arg()
             ),
             None,
         ),
         Serves::Softrdma => (
             "softrdma-serves",
             format!(
-                "softrdma serves ({HOST_ADDR} {} GID {}), kernel rxe connects ({VM_ADDR} \
-                 {VM_DEVICE} GID {VM_GID})",
-                ours.device, ours.gid
+                "softrdma serves ({HOST_ADDR} {} GID {}, --rx-path {}), kernel rxe connects \
+                 ({VM_ADDR} {VM_DEVICE} GID {VM_GID})",
+                ours.device,
+                ours.gid,
+                rx_path.arg()
             ),
             Some(HOST_ADDR),
         ),
@@ -623,6 +649,7 @@ fn direction(serves: Serves) -> Report {
         booted.wait_ready(READY_LIMIT);
     }
     let mut outcomes = Vec::new();
+    let first = ours.counters();
     for (i, p) in MATRIX.iter().enumerate() {
         if let Some(why) = vm_unavailable(&mut booted, start) {
             outcomes.push(not_run(p, why));
@@ -663,6 +690,28 @@ fn direction(serves: Serves) -> Report {
             .judge(),
         );
     }
+    // The receive policy did what it says: the raw path sees rxe's real IDs (nothing to
+    // recover), the UDP path recovers them; neither drops a good packet.
+    let last = ours.counters();
+    let recovered = device_counter_delta(&first, &last, "rx_icrc_id_recovered");
+    let dropped = device_counter_delta(&first, &last, "rx_bad_icrc");
+    let policy_held = dropped == 0
+        && match rx_path {
+            RxPath::Auto => recovered == 0,
+            RxPath::Udp => recovered > 0,
+        };
+    outcomes.push(Outcome {
+        name: "receive policy",
+        passed: policy_held,
+        summary: format!(
+            "--rx-path {}: {recovered} IPv4 IDs recovered, {dropped} dropped as bad ICRC",
+            rx_path.arg()
+        ),
+        details: format!(
+            "expected no rx_bad_icrc, and rx_icrc_id_recovered {} (got {recovered}, {dropped})\n",
+            if rx_path == RxPath::Udp { "> 0" } else { "= 0" }
+        ),
+    });
     let ready = booted.is_ready();
     let powered_off = booted.power_off(Duration::from_secs(60));
     if let Some(st) = ours.daemon.exited() {
@@ -807,12 +856,24 @@ fn the_harness_runs_the_matrix_between_two_kernel_rxe_vms() {
 
 #[test]
 fn softrdma_clients_run_the_matrix_against_kernel_rxe_servers() {
-    direction(Serves::Rxe).check();
+    direction(Serves::Rxe, RxPath::Auto).check();
 }
 
 #[test]
 fn kernel_rxe_clients_run_the_matrix_against_softrdma_servers() {
-    direction(Serves::Softrdma).check();
+    direction(Serves::Softrdma, RxPath::Auto).check();
+}
+
+/// The unprivileged receive path: rxe's IPv4 IDs are hidden and recovered from the ICRC.
+#[test]
+fn softrdma_clients_on_the_udp_receive_path_run_the_matrix_against_kernel_rxe_servers() {
+    direction(Serves::Rxe, RxPath::Udp).check();
+}
+
+/// The unprivileged receive path, with rxe connecting.
+#[test]
+fn kernel_rxe_clients_run_the_matrix_against_softrdma_servers_on_the_udp_receive_path() {
+    direction(Serves::Softrdma, RxPath::Udp).check();
 }
 
 #[test]
