@@ -80,7 +80,14 @@ fn queue_ack<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn) {
             } else {
                 msn.wrapping_sub(1) & 0xff_ffff
             };
-            qp.resp.patience.first(ctx.now, ctx.ack_coalesce, msn_base)
+            // An internal path costs no system call per packet: nothing to save by
+            // waiting, so its ACKs leave at the next pass.
+            let coalesce = if qp.path.is_some_and(|p| p.internal) {
+                core::time::Duration::ZERO
+            } else {
+                ctx.ack_coalesce
+            };
+            qp.resp.patience.first(ctx.now, coalesce, msn_base)
         }
     };
     qp.resp.out.push_back(RespOut::Ack { psn, msn, held });

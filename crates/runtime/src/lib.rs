@@ -615,7 +615,10 @@ impl<A: Attachment> Shared<A> {
         if !core.local_rx.is_empty() {
             next = 0;
         }
-        if next < self.wake_at.load(Ordering::SeqCst) {
+        // A thread that polls runs the timers that fall due itself (see `drive_polling`):
+        // ringing for each (an ACK's deadline comes with every message) would wake the
+        // progress thread once per message, on a core the polling threads need.
+        if next < self.wake_at.load(Ordering::SeqCst) && !self.polling(now.as_nanos()) {
             let _ = self.doorbell.write(1);
         }
     }
@@ -678,6 +681,12 @@ impl<A: Attachment> Shared<A> {
     /// progress thread at engine time `now_ns`.
     fn implicit_leases(&self, now_ns: u64) -> bool {
         now_ns >= self.implicit_off_until.load(Ordering::Relaxed)
+    }
+
+    /// Whether a thread polls the device at engine time `now_ns` (a lease, and no thread
+    /// blocked in `wait_cq`, which runs no timers): it runs due timers itself.
+    fn polling(&self, now_ns: u64) -> bool {
+        self.drivers.load(Ordering::SeqCst) == 0 && self.lease_until.load(Ordering::SeqCst) > now_ns
     }
 
     /// Whether an application thread drives the socket at engine time `now_ns`.
