@@ -855,6 +855,7 @@ impl<A: Attachment> Runtime<A> {
         }
         let mut ec = EngineConfig::new(addrs.clone(), config.rng_seed.unwrap_or_else(random_seed));
         ec.device = config.device.clone();
+        ec.ack_coalesce = config.ack_coalesce;
         // The port offers what the links under its addresses carry (DF is always set).
         ec.mtu = link::port_mtu_of(&addrs, config.mtu);
         if config.internal_paths {
