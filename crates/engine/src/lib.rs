@@ -1098,29 +1098,9 @@ fn transmit_one<M: Memory + ?Sized>(
     if !qp.may_transmit() {
         return None;
     }
-    if pass == Pass::DueAcks {
-        let Path {
-            dst_ip, internal, ..
-        } = qp.path?;
-        return resp::transmit_due_ack(qp, ctx, buf).map(|len| Transmit {
-            len,
-            dst: dst_ip,
-            internal,
-        });
-    }
-    match qp.qp_type {
-        QpType::Ud => return ud::transmit(qp, ctx, buf),
-        QpType::Uc => {
-            let Path {
-                dst_ip, internal, ..
-            } = qp.path?;
-            return uc::transmit(qp, ctx, buf).map(|len| Transmit {
-                len,
-                dst: dst_ip,
-                internal,
-            });
-        }
-        QpType::Rc => {}
+    if qp.qp_type == QpType::Ud && pass != Pass::DueAcks {
+        // UD addresses each WR with its own AH: no path.
+        return ud::transmit(qp, ctx, buf);
     }
     let Path {
         dst_ip, internal, ..
@@ -1130,6 +1110,12 @@ fn transmit_one<M: Memory + ?Sized>(
         dst: dst_ip,
         internal,
     };
+    if pass == Pass::DueAcks {
+        return resp::transmit_due_ack(qp, ctx, buf).map(sent);
+    }
+    if qp.qp_type == QpType::Uc {
+        return uc::transmit(qp, ctx, buf).map(sent);
+    }
     if let Some(len) = resp::transmit(qp, ctx, buf) {
         return Some(sent(len));
     }

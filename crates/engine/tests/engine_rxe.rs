@@ -409,8 +409,13 @@ fn replay(qpn: u32, feed: Feed, build: Build) -> Option<(Host, Host)> {
     Some((a, b))
 }
 
-/// RDMA WRITE (QP 0x11): one WR per message rxe's requester wrote, with its data.
-fn write_wrs(flow: &[RoceV2Packet<'_>], a: &Host, _b: &Host) -> (Vec<SendWr>, usize) {
+/// One WR per message rxe's requester sent in `flow`, its data placed in `a`'s memory (one
+/// 16 KiB slot per message): `wr(index, sge)` makes the WR.
+fn per_message_wrs(
+    flow: &[RoceV2Packet<'_>],
+    a: &Host,
+    wr: impl Fn(u64, Sge) -> SendWr,
+) -> Vec<SendWr> {
     let mut wrs = Vec::new();
     let mut msg = Vec::new();
     for p in flow.iter().filter(|p| p.ip.src() == IpAddr::V4(REQUESTER)) {
@@ -420,16 +425,18 @@ fn write_wrs(flow: &[RoceV2Packet<'_>], a: &Host, _b: &Host) -> (Vec<SendWr>, us
             a.mem
                 .with(at, msg.len(), |b| b.copy_from_slice(&msg))
                 .unwrap();
-            let sge = Sge::new(at, msg.len() as u32, a.lkey);
-            wrs.push(SendWr::rdma_write(
-                wrs.len() as u64,
-                vec![sge],
-                0x5635_b307_2000,
-                0x2a9,
-            ));
+            wrs.push(wr(wrs.len() as u64, Sge::new(at, msg.len() as u32, a.lkey)));
             msg.clear();
         }
     }
+    wrs
+}
+
+/// RDMA WRITE (QP 0x11): one WR per message rxe's requester wrote, with its data.
+fn write_wrs(flow: &[RoceV2Packet<'_>], a: &Host, _b: &Host) -> (Vec<SendWr>, usize) {
+    let wrs = per_message_wrs(flow, a, |i, sge| {
+        SendWr::rdma_write(i, vec![sge], 0x5635_b307_2000, 0x2a9)
+    });
     (wrs, 0)
 }
 
@@ -511,22 +518,7 @@ fn fetch_add_flow_matches_rxe_byte_for_byte() {
 
 /// SEND (QP 0x14): one WR per message rxe's requester sent, and a receive for each.
 fn send_wrs(flow: &[RoceV2Packet<'_>], a: &Host, _b: &Host) -> (Vec<SendWr>, usize) {
-    let mut wrs = Vec::new();
-    let mut msg = Vec::new();
-    for p in flow.iter().filter(|p| p.ip.src() == IpAddr::V4(REQUESTER)) {
-        msg.extend_from_slice(p.payload);
-        if p.transport.bth.opcode.is_last() || p.transport.bth.opcode.is_only() {
-            let at = LOCAL + 0x4000 * wrs.len() as u64;
-            a.mem
-                .with(at, msg.len(), |b| b.copy_from_slice(&msg))
-                .unwrap();
-            wrs.push(SendWr::send(
-                wrs.len() as u64,
-                vec![Sge::new(at, msg.len() as u32, a.lkey)],
-            ));
-            msg.clear();
-        }
-    }
+    let wrs = per_message_wrs(flow, a, |i, sge| SendWr::send(i, vec![sge]));
     let n = wrs.len();
     (wrs, n)
 }
