@@ -904,7 +904,8 @@ fn loopback(test: Test, args: &PerfArgs, out: &mut dyn Write) -> Result<Summary>
 
 /// CPUs this process may run on.
 fn cpus() -> usize {
-    std::thread::available_parallelism().map_or(1, usize::from)
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from))
 }
 
 fn header(
