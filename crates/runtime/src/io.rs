@@ -253,13 +253,35 @@ struct Meta {
 }
 
 /// A raw IPv4/UDP socket bound to `addr`'s address: it sees every UDP packet to that address
-/// with its real IP header. Needs `CAP_NET_RAW`.
+/// with its real IP header, and keeps those to `addr`'s port (a socket filter, so the
+/// host's other UDP traffic neither wakes the progress thread nor fills the queue; the
+/// receive path checks the port again, for packets queued before the filter). Needs
+/// `CAP_NET_RAW`.
 pub(crate) fn raw_rx_socket(addr: SocketAddr) -> io::Result<Socket> {
     let sock = Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::UDP))?;
+    sock.attach_filter(&udp_port_filter(addr.port()))?;
     let _ = sock.set_recv_buffer_size(SOCKET_BUFFER);
     sock.bind(&SocketAddr::new(addr.ip(), 0).into())?;
     sock.set_nonblocking(true)?;
     Ok(sock)
+}
+
+/// A classic BPF program for a raw IPv4 socket (each packet starts at its IP header) that
+/// keeps the UDP datagrams to `port`.
+fn udp_port_filter(port: u16) -> [socket2::SockFilter; 5] {
+    use socket2::SockFilter as F;
+    // Opcodes of linux/filter.h.
+    const LDX_B_MSH: u16 = 0x01 | 0x10 | 0xa0; // X = 4 * (pkt[k] & 0xf): the IP header length
+    const LD_H_IND: u16 = 0x08 | 0x40; // A = be16 at X + k
+    const JEQ_K: u16 = 0x05 | 0x10;
+    const RET_K: u16 = 0x06;
+    [
+        F::new(LDX_B_MSH, 0, 0, 0),
+        F::new(LD_H_IND, 0, 0, 2), // the UDP destination port
+        F::new(JEQ_K, 0, 1, port as u32),
+        F::new(RET_K, 0, 0, u32::MAX),
+        F::new(RET_K, 0, 0, 0),
+    ]
 }
 
 /// The receiving side: a batch of slots, each with headroom for the rebuilt headers.
@@ -567,4 +589,38 @@ pub(crate) fn rebuild_headers(
         IpRepr::V6(r) => r.emit(&mut Ipv6::new_unchecked(&mut slot[start..start + hl])),
     }
     Some(start)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{Ipv4Addr, UdpSocket};
+
+    #[test]
+    fn the_raw_socket_sees_only_datagrams_to_its_port() {
+        let ip = Ipv4Addr::new(127, 0, 0, 61);
+        let ours = UdpSocket::bind((ip, 0)).unwrap();
+        let port = ours.local_addr().unwrap().port();
+        let Ok(raw) = raw_rx_socket(SocketAddr::from((ip, port))) else {
+            eprintln!("skipped: a raw socket needs root or CAP_NET_RAW");
+            return;
+        };
+        let other = UdpSocket::bind((ip, 0)).unwrap();
+        let tx = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        tx.send_to(b"not ours", other.local_addr().unwrap())
+            .unwrap();
+        tx.send_to(b"ours", (ip, port)).unwrap();
+        raw.set_nonblocking(false).unwrap();
+        raw.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        let mut buf = [0u8; 256];
+        let n = std::io::Read::read(&mut &raw, &mut buf).expect("the datagram to our port");
+        let got = &buf[..n];
+        assert!(
+            got.ends_with(b"ours") && !got.ends_with(b"not ours"),
+            "{got:?}"
+        );
+        let ihl = usize::from(got[0] & 0xf) * 4;
+        assert_eq!(u16::from_be_bytes([got[ihl + 2], got[ihl + 3]]), port);
+    }
 }
