@@ -25,8 +25,8 @@
 //!
 //! Completions on the daemon are read from shared-memory rings with no system call; an
 //! empty `ibv_poll_cq` there yields the core on hosts with fewer than four CPUs, so that
-//! busy-polling programs leave the daemon room to run (`SOFTRDMA_POLL_YIELD=0` turns that
-//! off, `1` turns it on for both backends).
+//! busy-polling programs leave the daemon room to run (the `softrdma` crate's policy:
+//! `SOFTRDMA_POLL_YIELD=0` turns that off, `1` turns it on for both backends).
 //!
 //! Completion channels are real descriptors (the CQ's eventfd on either backend), and so is
 //! `context->async_fd` (readable while `ibv_get_async_event` has an event to give).

@@ -657,13 +657,6 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_in
         Ok(v) => v,
         Err(e) => return -verr(e),
     };
-    if v.is_empty() && yield_when_empty(raw.kind()) {
-        // Busy-polling programs (perftest, the pingpongs) spin here, often one per side of a
-        // test on the same host: with fewer cores than spinners plus the daemon, the daemon
-        // thread that would produce the completion waits for a time slice (milliseconds).
-        // Giving the core away at each empty look lets it run at once.
-        std::thread::yield_now();
-    }
     for (i, w) in v.iter().enumerate() {
         let imm = imm_of(w);
         let out = ibv_wc {
@@ -694,30 +687,6 @@ pub(crate) fn imm_of(w: &engine::WorkCompletion) -> u32 {
     } else {
         w.imm_data.to_be()
     }
-}
-
-/// Whether an empty poll yields the core: `SOFTRDMA_POLL_YIELD=1` on either backend, `0`
-/// never; by default on the daemon when the host has fewer than four CPUs (two spinning
-/// processes and the daemon then compete for them). The embedded runtime's own polling
-/// (the spinning thread receives for its device) is left alone by default.
-fn yield_when_empty(kind: softrdma::BackendKind) -> bool {
-    static Y: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    let forced = *Y.get_or_init(|| {
-        match std::env::var("SOFTRDMA_POLL_YIELD")
-            .as_deref()
-            .map(str::trim)
-        {
-            Ok("1") => Some(true),
-            Ok("0") => Some(false),
-            _ => None,
-        }
-    });
-    static FEW_CPUS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    forced.unwrap_or_else(|| {
-        kind == softrdma::BackendKind::Daemon
-            && *FEW_CPUS
-                .get_or_init(|| std::thread::available_parallelism().map_or(true, |n| n.get() < 4))
-    })
 }
 
 // ---- QPs ----

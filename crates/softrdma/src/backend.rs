@@ -663,7 +663,42 @@ fn connect_or_spawn(socket: &Path, spawn: bool, config: &DaemonConfig) -> Result
     }
 }
 
+/// Whether a thread that looked for work and found none gives its core away
+/// ([`Backend::relax`]): `SOFTRDMA_POLL_YIELD=1` on either backend, `0` never; by default on
+/// the daemon when this process may use fewer than four CPUs.
+fn yields_when_idle(kind: BackendKind) -> bool {
+    static FORCED: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    static FEW_CPUS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let forced = *FORCED.get_or_init(|| {
+        match std::env::var("SOFTRDMA_POLL_YIELD")
+            .as_deref()
+            .map(str::trim)
+        {
+            Ok("1") => Some(true),
+            Ok("0") => Some(false),
+            _ => None,
+        }
+    });
+    forced.unwrap_or_else(|| {
+        // Read once: the count comes from cgroup files, several system calls each time.
+        kind == BackendKind::Daemon
+            && *FEW_CPUS
+                .get_or_init(|| std::thread::available_parallelism().map_or(true, |n| n.get() < 4))
+    })
+}
+
 impl Backend {
+    /// Called by a thread that looked (at a CQ, at memory) and found nothing, before it
+    /// looks again. On the daemon the completion it waits for is produced by the daemon's
+    /// progress thread: with fewer cores than spinning threads (two busy-polling processes
+    /// and the daemon on a 2-CPU host), that thread would wait for a time slice
+    /// (milliseconds) unless the pollers give the core away at each empty look.
+    pub(crate) fn relax(&self) {
+        if yields_when_idle(self.kind()) {
+            std::thread::yield_now();
+        }
+    }
+
     pub(crate) fn kind(&self) -> BackendKind {
         match self {
             Backend::Embedded(_) => BackendKind::Embedded,
@@ -897,9 +932,19 @@ impl Backend {
         max: usize,
     ) -> Result<Vec<WorkCompletion>> {
         match (self, state) {
-            (Backend::Embedded(rt), _) => Ok(rt.lock().poll_cq(cq, max)?),
+            (Backend::Embedded(rt), _) => {
+                let wcs = rt.lock().poll_cq(cq, max)?;
+                if wcs.is_empty() {
+                    self.relax();
+                }
+                Ok(wcs)
+            }
             (Backend::Daemon(d), Notifier::Daemon { ring, .. }) => {
                 let wcs = lock(ring).poll(max).map_err(ring_error)?;
+                if wcs.is_empty() {
+                    self.relax();
+                    return Ok(Vec::new());
+                }
                 let wcs = wcs
                     .iter()
                     .map(|m| convert::wc_from_msg(m).map_err(Error::from))

@@ -469,12 +469,16 @@ impl Device {
 
     /// Drive the device from the calling thread once, for loops that poll memory rather
     /// than a CQ (an RDMA WRITE ping-pong); returns the packets handled. Embedded: see
-    /// `Runtime::poll_progress`. On the daemon backend the daemon drives its devices itself,
-    /// so this does nothing and returns 0.
+    /// `Runtime::poll_progress`. On the daemon backend the daemon drives its devices itself:
+    /// this returns 0, after giving the core to the daemon when the host has few (as an
+    /// empty [`crate::Cq::poll`] does; see `SOFTRDMA_POLL_YIELD` in the crate docs).
     pub fn poll_progress(&self) -> usize {
         match &self.inner.backend {
             Backend::Embedded(rt) => rt.poll_progress(),
-            Backend::Daemon(_) => 0,
+            Backend::Daemon(_) => {
+                self.inner.backend.relax();
+                0
+            }
         }
     }
 

@@ -82,6 +82,13 @@
 //! the errno libibverbs would give (not a [`VerbsError`]). Asynchronous events reach only
 //! the connection (device) owning their QP, CQ or SRQ.
 //!
+//! Polling a CQ on the daemon reads its ring in shared memory, with no system call. Another
+//! process's thread (the daemon's) produces what a polling thread waits for, so on a host
+//! with fewer than four CPUs an empty [`Cq::poll`] (and [`Device::poll_progress`], for loops
+//! that watch memory) gives the core away (`sched_yield`) before returning: two
+//! busy-polling processes would otherwise leave the daemon waiting for a time slice.
+//! `SOFTRDMA_POLL_YIELD=0` turns that off, `1` turns it on for both backends.
+//!
 //! ## Safety of registered memory
 //!
 //! The device reads and writes registered memory from its own thread (embedded) or from the

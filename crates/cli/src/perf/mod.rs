@@ -481,10 +481,6 @@ impl Side {
                 if let Some(rt) = rt.filter(|_| n.is_multiple_of(16)) {
                     rt.poll_progress();
                 }
-                if rt.is_none() && cpus() < 4 {
-                    // softrdmad's progress thread fills this ring: let it have the core.
-                    std::thread::yield_now();
-                }
                 // Reading the clock on every look would cost more than the look.
                 n = n.wrapping_add(1);
                 if n.is_multiple_of(64) && t0.elapsed() > HYBRID_SPIN {
@@ -541,16 +537,10 @@ impl Side {
                     }
                 }
             } else {
-                // The device lives in another process (softrdmad), whose progress thread
-                // must run for the write to land: on a machine with fewer cores than
-                // spinning threads, give it the core at every look (measured on 2 CPUs:
-                // write_lat 2 B one-way 510 us when yielding only after 1 ms).
-                for _ in 0..32 {
-                    std::hint::spin_loop();
-                }
-                if self.mode != PollMode::Busy || cpus() < 4 {
-                    std::thread::yield_now();
-                }
+                // softrdmad's progress thread places the write: on a host with few cores,
+                // this gives it the core at every look (measured on 2 CPUs: write_lat 2 B
+                // one-way 510 us when yielding only after 1 ms).
+                self.dev.poll_progress();
             }
             n = n.wrapping_add(1);
             if n.is_multiple_of(4096) && t0.elapsed() > STALL {
