@@ -110,6 +110,7 @@ mod req;
 mod resp;
 mod rng;
 mod table;
+mod timers;
 mod uc;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -306,6 +307,8 @@ pub struct Engine<M: Memory + ?Sized = dyn Memory> {
     /// ACKs that destroyed or reset QPs still owed their peers: sent at the next
     /// `poll_transmit`.
     parting: VecDeque<resp::Parting>,
+    /// The QPs' requester timers by deadline.
+    timers: timers::Timers,
 }
 
 impl<M: Memory + ?Sized> core::fmt::Debug for Engine<M> {
@@ -378,6 +381,7 @@ impl<M: Memory + ?Sized> Engine<M> {
             cq_events: VecDeque::new(),
             tx_last: 0,
             parting: VecDeque::new(),
+            timers: timers::Timers::default(),
         }
     }
 
@@ -401,28 +405,41 @@ impl<M: Memory + ?Sized> Engine<M> {
         }
         let ident = self.config.ipv4_ident;
         let mut overflowed = Vec::new();
-        {
+        let touched = {
             let mut ctx = ctx!(self, now, overflowed);
-            if let Some(qpn) =
-                recv::handle(&mut ctx, &self.gids, &mut self.qps, packet, internal, ident)
-            {
-                self.active.insert(qpn);
-            }
+            recv::handle(&mut ctx, &self.gids, &mut self.qps, packet, internal, ident)
+        };
+        if let Some(qpn) = touched {
+            self.active.insert(qpn);
+            self.retime(qpn);
         }
         self.error_overflowed(overflowed);
+    }
+
+    /// File `qpn`'s timers again after a call that may have started or stopped one.
+    fn retime(&mut self, qpn: u32) {
+        let deadline = self.qps.get(&qpn).and_then(comp::next_timeout);
+        self.timers.file(qpn, deadline);
     }
 
     /// Run the timers that are due at `now` (local ACK timeout, RNR wait).
     pub fn handle_timeout(&mut self, now: Instant) {
         let mut overflowed = Vec::new();
+        let due = self.timers.due(now);
         {
             let mut ctx = ctx!(self, now, overflowed);
-            for (&qpn, qp) in self.qps.iter_mut() {
+            for &qpn in &due {
+                let Some(qp) = self.qps.get_mut(&qpn) else {
+                    continue;
+                };
                 if comp::next_timeout(qp).is_some_and(|t| t <= now) {
                     comp::handle_timers(qp, &mut ctx);
                     self.active.insert(qpn);
                 }
             }
+        }
+        for qpn in due {
+            self.retime(qpn);
         }
         self.error_overflowed(overflowed);
     }
@@ -465,6 +482,7 @@ impl<M: Memory + ?Sized> Engine<M> {
     fn transmit_pass(&mut self, now: Instant, buf: &mut [u8], pass: Pass) -> Option<Transmit> {
         let mut overflowed = Vec::new();
         let mut result = None;
+        let mut sent_by = None;
         {
             let mut ctx = ctx!(self, now, overflowed);
             let start = self.tx_last;
@@ -494,10 +512,15 @@ impl<M: Memory + ?Sized> Engine<M> {
             }
             if let Some((qpn, t)) = found {
                 self.tx_last = qpn;
+                sent_by = Some(qpn);
                 ctx.counters.inc(Counter::TxPackets);
                 ctx.counters.add(Counter::TxBytes, t.len as u64);
                 result = Some(t);
             }
+        }
+        if let Some(qpn) = sent_by {
+            // Sending starts the local ACK timer.
+            self.retime(qpn);
         }
         self.error_overflowed(overflowed);
         result
@@ -507,7 +530,15 @@ impl<M: Memory + ?Sized> Engine<M> {
     /// `handle_timeout` (local ACK timeout, RNR wait) or a plain ACK `poll_transmit` holds
     /// back. Call `handle_timeout`, then `poll_transmit`, when it comes.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let timers = self.qps.values().filter_map(comp::next_timeout).min();
+        let timers = self.timers.first();
+        debug_assert!(
+            self.qps
+                .values()
+                .filter_map(comp::next_timeout)
+                .min()
+                .is_none_or(|t| timers.is_some_and(|f| f <= t)),
+            "a QP's timer is filed later than it falls due"
+        );
         if self.port_state == PortState::Down {
             // Nothing leaves a port that is down: held ACKs wait for it to come up.
             return timers;
@@ -544,13 +575,18 @@ impl<M: Memory + ?Sized> Engine<M> {
             let cqs = std::mem::take(&mut overflowed);
             let now = Instant::default();
             let mut ctx = ctx!(self, now, overflowed);
+            let mut failed = Vec::new();
             for qp in self.qps.values_mut() {
                 if (cqs.contains(&qp.send_cq) || cqs.contains(&qp.recv_cq))
                     && qp.state() != QpState::Err
                 {
                     ctx.events.push_back(AsyncEvent::QpFatal { qpn: qp.qpn });
                     comp::enter_error(qp, &mut ctx);
+                    failed.push(qp.qpn);
                 }
+            }
+            for qpn in failed {
+                self.retime(qpn);
             }
         }
     }
@@ -869,6 +905,7 @@ impl<M: Memory + ?Sized> Engine<M> {
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError> {
         let qp = self.qps.remove(&qpn).ok_or(VerbsError::InvalidQp)?;
         self.active.remove(&qpn);
+        self.timers.file(qpn, None);
         // The ACK it still owed its peer leaves on its behalf: the requests it acknowledges
         // were executed, and the peer would retry them into a QP that is gone.
         self.parting.extend(resp::parting_ack(&qp));
@@ -1001,6 +1038,7 @@ impl<M: Memory + ?Sized> Engine<M> {
             }
         }
         self.active.insert(qpn);
+        self.retime(qpn);
         self.error_overflowed(overflowed);
         Ok(())
     }
@@ -1045,6 +1083,7 @@ impl<M: Memory + ?Sized> Engine<M> {
             req::post(qp, &mut ctx, wr)
         };
         self.active.insert(qpn);
+        self.retime(qpn);
         self.error_overflowed(overflowed);
         r
     }
