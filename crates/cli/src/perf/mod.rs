@@ -515,9 +515,12 @@ impl Side {
         Ok(())
     }
 
-    /// The byte at `off` of the region, read under the device lock.
-    fn byte_at(&self, off: usize) -> u8 {
-        self.mr.with(|s| s[off])
+    /// The byte at `off` of the region (one byte read, not the whole region: on the daemon
+    /// a look at the whole region copies it).
+    fn byte_at(&self, off: usize) -> Result<u8> {
+        let mut b = [0u8];
+        self.mr.read(off, &mut b)?;
+        Ok(b[0])
     }
 
     /// Busy-wait until the byte at `off` equals `v` (the peer's WRITE landed; its last byte
@@ -527,7 +530,7 @@ impl Side {
         let t0 = Instant::now();
         let rt = self.dev.try_runtime();
         let mut n = 0u32;
-        while self.byte_at(off) != v {
+        while self.byte_at(off)? != v {
             if let Some(rt) = rt {
                 // Look at memory again once packets came in (now and then anyway: the
                 // progress thread may have taken over).
