@@ -113,6 +113,27 @@ pub(crate) fn shared_file_of(addr: usize, len: usize) -> Option<(std::os::fd::Ow
     Some((dup, (addr - start) as u64))
 }
 
+/// `len` zero bytes in a new memfd, listed in [`SHARED_BUFFERS`] so that registering any
+/// range of them passes the file; `None` (logged) when the system gives no shared memory.
+fn new_shared(
+    name: &str,
+    len: usize,
+) -> Option<(daemon::shm::SharedMemory, std::ptr::NonNull<u8>)> {
+    use std::os::fd::AsRawFd;
+    let m = match daemon::shm::SharedMemory::create(name, len) {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::debug!(error = %e, "no shared memory; buffer on the heap");
+            return None;
+        }
+    };
+    // A new mapping is never at address 0 and keeps its file: both hold.
+    let ptr = std::ptr::NonNull::new(m.as_ptr())?;
+    let fd = m.fd()?.as_raw_fd();
+    shared_buffers().insert(ptr.as_ptr() as usize, (len, fd));
+    Some((m, ptr))
+}
+
 /// Size of one slab of small buffers.
 const SLAB_LEN: usize = 1 << 20;
 
@@ -131,7 +152,6 @@ impl Slabs {
     /// `len` bytes (at most [`Buffer::SHARED_MIN`]) in free pages of a slab, zeroed; a new
     /// slab when none has room. `None` when no shared memory can be made.
     fn take(&mut self, len: usize) -> Option<(std::ptr::NonNull<u8>, Backing)> {
-        use std::os::fd::AsRawFd;
         let pages = len.max(1).div_ceil(PAGE);
         let found = self.0.iter().enumerate().find_map(|(i, (_, used))| {
             let run = used.windows(pages).position(|w| w.iter().all(|&u| !u))?;
@@ -140,15 +160,7 @@ impl Slabs {
         let (slab, first) = match found {
             Some(f) => f,
             None => {
-                let mem = match daemon::shm::SharedMemory::create("softrdma-buffers", SLAB_LEN) {
-                    Ok(m) => m,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "no shared memory; buffer on the heap");
-                        return None;
-                    }
-                };
-                let fd = mem.fd()?.as_raw_fd();
-                shared_buffers().insert(mem.as_ptr() as usize, (SLAB_LEN, fd));
+                let (mem, _) = new_shared("softrdma-buffers", SLAB_LEN)?;
                 self.0.push((mem, vec![false; SLAB_LEN / PAGE]));
                 (self.0.len() - 1, 0)
             }
@@ -182,21 +194,12 @@ impl Buffer {
     /// `len` zero bytes, aligned to 4096.
     pub fn zeroed(len: usize) -> Buffer {
         if len >= Self::SHARED_MIN {
-            use std::os::fd::AsRawFd;
-            match daemon::shm::SharedMemory::create("softrdma-buffer", len) {
-                Ok(m) => {
-                    // A new mapping is never at address 0 and keeps its file: both hold.
-                    let ptr = std::ptr::NonNull::new(m.as_ptr());
-                    if let (Some(ptr), Some(fd)) = (ptr, m.fd().map(|f| f.as_raw_fd())) {
-                        shared_buffers().insert(ptr.as_ptr() as usize, (len, fd));
-                        return Buffer {
-                            ptr,
-                            len,
-                            backing: Backing::File(m),
-                        };
-                    }
-                }
-                Err(e) => tracing::debug!(error = %e, "no shared memory; buffer on the heap"),
+            if let Some((m, ptr)) = new_shared("softrdma-buffer", len) {
+                return Buffer {
+                    ptr,
+                    len,
+                    backing: Backing::File(m),
+                };
             }
         } else if let Some((ptr, backing)) = slabs().take(len) {
             return Buffer { ptr, len, backing };
