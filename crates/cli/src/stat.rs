@@ -7,8 +7,8 @@
 use std::io::Write;
 use std::path::PathBuf;
 
+use abi::client::{Client, ClientError};
 use clap::Args;
-use daemon::client::{Client, ClientError};
 
 /// Options of `softrdma stat`.
 #[derive(Debug, Args)]
@@ -46,10 +46,7 @@ pub enum StatError {
 
 /// The counters `args` selects, by name, in the daemon's order.
 pub fn read(args: &StatArgs) -> Result<Vec<(String, u64)>, StatError> {
-    let path = args
-        .socket
-        .clone()
-        .unwrap_or_else(daemon::client::socket_path);
+    let path = args.socket.clone().unwrap_or_else(abi::client::socket_path);
     let mut client = Client::connect(&path).map_err(|source| StatError::Connect {
         path: path.clone(),
         source,

@@ -4,7 +4,7 @@
 use std::process::Command;
 use std::sync::Arc;
 
-use daemon::client::Client;
+use abi::client::Client;
 use daemon::host::{Device, DeviceConfig};
 use daemon::memory::SharedRegions;
 use daemon::server::{self, Daemon, Stats};

@@ -30,8 +30,8 @@ use nix::sys::eventfd::EventFd;
 use runtime::{Attachment, Runtime, RuntimeConfig, RxPath, SendEngine};
 
 use crate::memory::{ClientMemory, SharedRegions, WriteBehind};
-use crate::ring::{Ring, RingError};
 use crate::wq::{Drained, Queue, WorkRing, WqStats};
+use abi::ring::{Ring, RingError};
 
 /// How long the progress thread keeps looking for work after the last it found, unless
 /// [`Device::set_busy_poll`] says otherwise.
@@ -358,7 +358,7 @@ fn fill_ring(engine: &mut SendEngine, cq: CqHandle, ring: &mut Ring) -> Result<(
                 return Ok(());
             }
             for c in &wcs {
-                let m = crate::convert::wc_to_msg(c);
+                let m = abi::convert::wc_to_msg(c);
                 // `free` slots were checked above and only this thread (under the lock)
                 // produces.
                 ring.push(&m.to_entry())?;

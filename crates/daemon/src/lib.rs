@@ -2,25 +2,26 @@
 //!
 //! `softrdmad` hosts the engine for all local processes: it owns UDP 4791 on its devices'
 //! addresses (one device per interface, `srxe0`, `srxe1`...), and clients drive it over a
-//! Unix stream socket with the versioned, length-checked messages of [`proto`]. The daemon
+//! Unix stream socket with the versioned, length-checked messages of the device ABI
+//! ([`abi::proto`], a crate of its own that the library depends on too). The daemon
 //! reaches a client's registered memory with `process_vm_readv` / `process_vm_writev` on that
 //! client's own pid, or through its own mapping of the client's file when the client
-//! registered shared memory with it ([`memory`], [`shm`]), keeps each connection's objects in a table of its own
-//! ([`server`]), and destroys them when the connection ends. [`client::Client`] is the other
-//! end of the socket.
+//! registered shared memory with it ([`memory`], [`abi::shm`]), keeps each connection's
+//! objects in a table of its own ([`server`]), and destroys them when the connection ends.
+//! [`abi::client::Client`] is the other end of the socket.
 //!
-//! Layers: [`proto`] (bytes ↔ messages, no I/O), [`convert`] (engine types ↔ messages,
-//! shared by both ends), [`memory`] (client memory as an [`engine::Memory`]), [`host`] (an
-//! engine on UDP sockets with a progress thread), [`server`] (connections and handle
-//! tables), [`client`] (the library side, which the `softrdma` API's daemon backend uses),
-//! [`ring`] (shared-memory rings over a sealed memfd), [`shm`] (client buffers the daemon maps).
+//! Layers: [`memory`] (client memory as an [`engine::Memory`]), [`host`] (a device: an
+//! engine on the runtime), [`server`] (connections and handle tables), [`wq`] (work rings:
+//! validating what clients write). Below them, in [`abi`]: [`abi::proto`] (bytes ↔
+//! messages, no I/O), [`abi::convert`] (engine types ↔ messages), [`abi::ring`]
+//! (shared-memory rings over a sealed memfd), [`abi::shm`] (client buffers the daemon maps).
 //!
 //! ## Data path
 //!
 //! Posting: each QP's send and receive queue (and each SRQ) can take its WQEs from a ring in
-//! shared memory ([`proto::Request::AttachWorkRing`], a memfd passed with SCM_RIGHTS): the
-//! client writes the post request as a WQE ([`proto::Request::to_wqe`]) and rings the
-//! device's doorbell ([`proto::Request::Doorbell`], an eventfd) only when the ring's wakeup
+//! shared memory ([`abi::proto::Request::AttachWorkRing`], a memfd passed with SCM_RIGHTS): the
+//! client writes the post request as a WQE ([`abi::proto::Request::to_wqe`]) and rings the
+//! device's doorbell ([`abi::proto::Request::Doorbell`], an eventfd) only when the ring's wakeup
 //! word says the progress thread sleeps; while it is busy (and for a short idle spin after,
 //! `--idle-spin-us`) it takes WQEs on its own, so a stream of posts costs no system call.
 //! [`wq`] validates every index and WQE a client writes; a lying ring is detached and its QP
@@ -28,17 +29,17 @@
 //! back to for a WQE it cannot vouch for): any request first takes what waits in the
 //! connection's rings, so order is kept.
 //!
-//! Completions come either by request ([`proto::Request::PollCq`]) or, after
-//! [`client::Client::attach_cq_ring`], through a CQ ring in shared memory that the client
+//! Completions come either by request ([`abi::proto::Request::PollCq`]) or, after
+//! [`abi::client::Client::attach_cq_ring`], through a CQ ring in shared memory that the client
 //! polls with no system call. The daemon refills a ring whenever it handles anything; while
 //! completions wait for room it sets the ring's backlog word, and a client that frees slots
 //! then rings the device's doorbell (only then: no system call while nothing waits). A
-//! completion channel ([`proto::Request::CqChannel`]) is an eventfd passed the same way,
-//! signalled when a notification armed with [`proto::Request::ReqNotifyCq`] fires (at once
+//! completion channel ([`abi::proto::Request::CqChannel`]) is an eventfd passed the same way,
+//! signalled when a notification armed with [`abi::proto::Request::ReqNotifyCq`] fires (at once
 //! if the CQ is not empty). Asynchronous events are kept (at most 1024, oldest dropped)
 //! until the connection owning their QP, CQ or SRQ takes them
-//! ([`proto::Request::GetAsyncEvents`]); a connection's event channel
-//! ([`proto::Request::AsyncEventChannel`], an eventfd) is signalled whenever one is raised.
+//! ([`abi::proto::Request::GetAsyncEvents`]); a connection's event channel
+//! ([`abi::proto::Request::AsyncEventChannel`], an eventfd) is signalled whenever one is raised.
 //!
 //! Two QPs on the same device exchange their packets inside the daemon, never through a
 //! socket (the device's `local_packets` counter; `tx_datagrams` counts what left as UDP), and
@@ -49,7 +50,7 @@
 //! `process_vm_readv`, valid until the device lock is next taken) and written behind
 //! (continuing writes gathered into one `process_vm_writev`, flushed before any completion
 //! or packet leaves): the fixed cost of those calls, not the copy, dominated a transfer.
-//! Memory registered with its file ([`proto::Request::RegMrShared`]: a large
+//! Memory registered with its file ([`abi::proto::Request::RegMrShared`]: a large
 //! `softrdma::Buffer` lives in a sealed memfd) is mapped by the daemon and copied with
 //! plain memory copies instead, its atomics being CPU atomics; the daemon first checks that
 //! the file cannot shrink and that the client really has it mapped at that address.
@@ -65,12 +66,7 @@
 
 #![warn(missing_docs)]
 
-pub mod client;
-pub mod convert;
 pub mod host;
 pub mod memory;
-pub mod proto;
-pub mod ring;
 pub mod server;
-pub mod shm;
 pub mod wq;

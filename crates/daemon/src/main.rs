@@ -30,7 +30,7 @@ struct Args {
     #[arg(long)]
     remote_port: Option<u16>,
     /// Control socket path.
-    #[arg(long, env = "SOFTRDMA_DAEMON_SOCKET", default_value = daemon::client::DEFAULT_SOCKET)]
+    #[arg(long, env = "SOFTRDMA_DAEMON_SOCKET", default_value = abi::client::DEFAULT_SOCKET)]
     socket: PathBuf,
     /// Device name prefix.
     #[arg(long, default_value = "srxe")]

@@ -11,7 +11,7 @@
 //! through one device holds that lock, so they are atomic with respect to each other
 //! (`IBV_ATOMIC_HCA`), not with respect to the client's own CPU accesses.
 //!
-//! A region registered with its file ([`crate::shm`]) is mapped into the daemon too: its
+//! A region registered with its file ([`abi::shm`]) is mapped into the daemon too: its
 //! reads and writes are memory copies (a write's last byte still lands last), and its
 //! atomics are CPU atomics, atomic against the client's CPU as well.
 
@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use engine::{MemOwner, Memory, MemoryError};
 
-use crate::shm::SharedMemory;
+use abi::shm::SharedMemory;
 use nix::sys::uio::{process_vm_readv, process_vm_writev, RemoteIoVec};
 use nix::unistd::Pid;
 
@@ -39,7 +39,7 @@ pub struct Region {
     /// Length in bytes.
     pub len: u64,
     /// The same bytes mapped into the daemon, when the client registered them with their
-    /// file ([`crate::shm`]): accesses are memory copies then, not `process_vm_*` calls.
+    /// file ([`abi::shm`]): accesses are memory copies then, not `process_vm_*` calls.
     pub mapped: Option<Arc<SharedMemory>>,
 }
 

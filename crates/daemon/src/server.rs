@@ -24,16 +24,16 @@ use engine::{
     UdDest, VerbsError,
 };
 
-use crate::convert::{self, ConvertError};
 use crate::host::Device;
 use crate::memory::{self, Region, SharedRegions};
-use crate::proto::{
+use crate::wq::{Handles, Queue, WorkRing};
+use abi::convert::{self, ConvertError};
+use abi::proto::{
     wq, DeviceInfo, Header, ProtoError, QpInitMsg, Request, Response, SgeMsg, WcMsg, HEADER_LEN,
     MAX_EVENTS, MAX_WCS, VERSION, WQE_ENTRY_LEN,
 };
-use crate::ring::{Ring, Role};
-use crate::shm::SharedMemory;
-use crate::wq::{Handles, Queue, WorkRing};
+use abi::ring::{Ring, Role};
+use abi::shm::SharedMemory;
 
 const EINVAL: i32 = 22;
 const EFAULT: i32 = 14;
@@ -978,7 +978,7 @@ impl<'d> Conn<'d> {
         &self,
         dev: usize,
         ev: &engine::AsyncEvent,
-    ) -> Option<crate::proto::AsyncEventMsg> {
+    ) -> Option<abi::proto::AsyncEventMsg> {
         use engine::AsyncEvent as E;
         let owns_qp = |n: u32| {
             self.handle_of(dev, |o| matches!(o, Obj::Qp { qpn, .. } if *qpn == n))
@@ -1178,7 +1178,7 @@ fn message_loop(conn: &mut Conn<'_>, stream: &mut UnixStream) -> End {
         let mut hb = [0u8; HEADER_LEN];
         // A descriptor rides on the first bytes of the message that names it (SCM_RIGHTS);
         // one no request takes is closed when the next message starts.
-        conn.received_fd = match crate::proto::read_with_fd(stream, &mut hb) {
+        conn.received_fd = match abi::proto::read_with_fd(stream, &mut hb) {
             Ok(Some(fd)) => fd,
             Ok(None) => return End::Eof,
             Err(e) => return End::Io(e),
@@ -1226,7 +1226,7 @@ fn message_loop(conn: &mut Conn<'_>, stream: &mut UnixStream) -> End {
         let bytes = reply.encode(header.kind, header.id);
         let sent = match conn.pending_fd.take() {
             None => stream.write_all(&bytes),
-            Some(fd) => crate::proto::send_with_fd(stream, &bytes, fd.as_fd()),
+            Some(fd) => abi::proto::send_with_fd(stream, &bytes, fd.as_fd()),
         };
         if let Err(e) = sent {
             return End::Io(e);

@@ -18,9 +18,9 @@ use engine::{
     AhHandle, QpAttr, QpAttrMask, QpState, RecvWr, SendWr, SrqHandle, UdDest, VerbsError,
 };
 
-use crate::convert;
-use crate::proto::{Request, WQE_ENTRY_LEN};
-use crate::ring::{Ring, RingError};
+use abi::convert;
+use abi::proto::{Request, WQE_ENTRY_LEN};
+use abi::ring::{Ring, RingError};
 
 /// Most WQEs taken from one ring in one go, so that one busy client cannot hold the device
 /// lock for long.
@@ -344,6 +344,6 @@ impl WorkRing {
     }
 }
 
-fn recv_wr(wr_id: u64, sges: &[crate::proto::SgeMsg]) -> RecvWr {
+fn recv_wr(wr_id: u64, sges: &[abi::proto::SgeMsg]) -> RecvWr {
     RecvWr::new(wr_id, sges.iter().map(convert::sge_from_msg).collect())
 }

@@ -6,9 +6,9 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use abi::client::CqRing;
+use abi::proto::{SendOpMsg, SendWrMsg, SgeMsg, WcMsg};
 use common::{connected_pair, Daemon};
-use daemon::client::CqRing;
-use daemon::proto::{SendOpMsg, SendWrMsg, SgeMsg, WcMsg};
 
 fn wait_ring(ring: &mut CqRing, n: usize) -> Vec<WcMsg> {
     let deadline = Instant::now() + Duration::from_secs(20);

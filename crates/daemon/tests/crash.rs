@@ -7,9 +7,9 @@ mod common;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 
+use abi::client::Client;
+use abi::proto::{SendOpMsg, SendWrMsg, SgeMsg};
 use common::{hex, say, unhex, Daemon, Side};
-use daemon::client::Client;
-use daemon::proto::{SendOpMsg, SendWrMsg, SgeMsg};
 
 const SIGNALED: u32 = 2;
 const CHILD_ENV: &str = "SOFTRDMAD_TEST_CHILD_SOCKET";

@@ -2,9 +2,9 @@
 
 mod common;
 
+use abi::client::Client;
+use abi::proto::{SendOpMsg, SendWrMsg, SgeMsg};
 use common::{connected_pair, Daemon};
-use daemon::client::Client;
-use daemon::proto::{SendOpMsg, SendWrMsg, SgeMsg};
 
 #[test]
 fn by_default_every_interface_is_a_device_and_loopback_only_when_asked() {
@@ -18,7 +18,7 @@ fn by_default_every_interface_is_a_device_and_loopback_only_when_asked() {
         assert!(!dev.addrs.is_empty(), "{dev:?}");
     }
     let lo: std::net::IpAddr = "127.0.0.1".parse().unwrap();
-    let has_lo = |devs: &[daemon::proto::DeviceInfo]| devs.iter().any(|d| d.addrs.contains(&lo));
+    let has_lo = |devs: &[abi::proto::DeviceInfo]| devs.iter().any(|d| d.addrs.contains(&lo));
     assert!(has_lo(&devs), "--loopback includes lo: {devs:?}");
     let others = devs.iter().filter(|d| !d.addrs.contains(&lo)).count();
     drop(d);

@@ -7,8 +7,8 @@ mod common;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 
+use abi::proto::{self, kind, Header, Request, Response, HEADER_LEN};
 use common::{Daemon, ALL_ACCESS};
-use daemon::proto::{self, kind, Header, Request, Response, HEADER_LEN};
 
 const EINVAL: i32 = 22;
 const EFAULT: i32 = 14;
@@ -183,7 +183,7 @@ fn registering_memory_that_is_not_mapped_fails_cleanly() {
 
 #[test]
 fn shared_registrations_need_the_file_really_mapped_at_the_address() {
-    use daemon::shm::SharedMemory;
+    use abi::shm::SharedMemory;
     let d = Daemon::start();
     let mut c = d.client();
     let pd = c.alloc_pd(0).unwrap();
@@ -235,7 +235,7 @@ fn shared_registrations_need_the_file_really_mapped_at_the_address() {
 
 #[test]
 fn another_clients_srqs_ahs_windows_channels_and_events_are_out_of_reach() {
-    use daemon::proto::{AhMsg, QpInitMsg, SendOpMsg, SendWrMsg};
+    use abi::proto::{AhMsg, QpInitMsg, SendOpMsg, SendWrMsg};
     let mut d = Daemon::start();
     let mut a = d.client();
     let mut b = d.client();
@@ -308,7 +308,7 @@ fn another_clients_srqs_ahs_windows_channels_and_events_are_out_of_reach() {
     // a's QP goes to ERR (IBV_QPS_ERR with IBV_QP_STATE): on an SRQ that raises
     // "last WQE reached" for a.
     a.post_srq_recv(srq_a, 1, vec![]).unwrap();
-    let init_attr = daemon::proto::QpAttrMsg {
+    let init_attr = abi::proto::QpAttrMsg {
         qp_state: 1,
         port_num: 1,
         ..Default::default()
@@ -316,7 +316,7 @@ fn another_clients_srqs_ahs_windows_channels_and_events_are_out_of_reach() {
     // IBV_QP_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX | IBV_QP_PORT
     a.modify_qp(qp_a.handle, init_attr, 1 | 8 | 16 | 32)
         .unwrap();
-    let err = daemon::proto::QpAttrMsg {
+    let err = abi::proto::QpAttrMsg {
         qp_state: 6,
         ..Default::default()
     };
@@ -326,7 +326,7 @@ fn another_clients_srqs_ahs_windows_channels_and_events_are_out_of_reach() {
     let evs = a.async_events().unwrap();
     assert!(
         evs.iter().any(
-            |e| e.kind == daemon::proto::AsyncEventMsg::EV_QP_LAST_WQE_REACHED && e.id == qp_a.qpn
+            |e| e.kind == abi::proto::AsyncEventMsg::EV_QP_LAST_WQE_REACHED && e.id == qp_a.qpn
         ),
         "{evs:?}"
     );

@@ -21,9 +21,9 @@ use std::process::{Child, ChildStdin, Stdio};
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
+use abi::client::Client;
+use abi::proto::{SendOpMsg, SendWrMsg, SgeMsg};
 use common::{hex, say, unhex, Side, Stats};
-use daemon::client::Client;
-use daemon::proto::{SendOpMsg, SendWrMsg, SgeMsg};
 use hosts::Hosts;
 
 const ROLE_ENV: &str = "SOFTRDMAD_NETNS_ROLE";

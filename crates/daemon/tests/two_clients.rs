@@ -3,8 +3,8 @@
 
 mod common;
 
+use abi::proto::{SendOpMsg, SendWrMsg, SgeMsg};
 use common::{connected_pair, Daemon};
-use daemon::proto::{SendOpMsg, SendWrMsg, SgeMsg};
 
 const SIGNALED: u32 = 2;
 

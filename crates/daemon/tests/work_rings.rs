@@ -8,10 +8,10 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use abi::client::{Posted, WorkQueueRing};
+use abi::proto::{wq, QpInitMsg, Request, SendOpMsg, SendWrMsg, SgeMsg, WQE_ENTRY_LEN};
+use abi::ring::{Ring, Role};
 use common::{connected_pair, Daemon, Side};
-use daemon::client::{Posted, WorkQueueRing};
-use daemon::proto::{wq, QpInitMsg, Request, SendOpMsg, SendWrMsg, SgeMsg, WQE_ENTRY_LEN};
-use daemon::ring::{Ring, Role};
 
 /// `IBV_QPS_ERR`.
 const QPS_ERR: u32 = 6;
@@ -226,7 +226,7 @@ fn to_init(side: &mut Side, qp: u32) {
     side.client
         .modify_qp(
             qp,
-            daemon::proto::QpAttrMsg {
+            abi::proto::QpAttrMsg {
                 qp_state: 1,
                 port_num: 1,
                 qp_access_flags: common::REMOTE_WRITE,
@@ -362,7 +362,7 @@ fn garbage_and_foreign_wqes_put_the_qp_in_error_and_the_daemon_serves_on() {
             wq::SQ,
             Box::new(|qp| {
                 let body = Request::DestroyQp { qp }.encode_body();
-                let mut e = daemon::proto::kind::DESTROY_QP.to_le_bytes().to_vec();
+                let mut e = abi::proto::kind::DESTROY_QP.to_le_bytes().to_vec();
                 e.extend_from_slice(&(body.len() as u16).to_le_bytes());
                 e.extend_from_slice(&body);
                 e
@@ -529,7 +529,7 @@ fn a_client_past_the_work_ring_limit_gets_a_clear_error_and_everyone_is_served_o
     let extra = spare_qp(&mut a);
     let e = a.client.work_ring_fd(wq::SQ, extra, 1).unwrap_err();
     match &e {
-        daemon::client::ClientError::Refused { errno, message } => {
+        abi::client::ClientError::Refused { errno, message } => {
             assert_eq!(*errno, 12, "{message}");
             assert!(message.contains("too many work rings"), "{message}");
         }

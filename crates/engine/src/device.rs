@@ -204,6 +204,28 @@ pub struct PortAttr {
     pub link_layer: LinkLayer,
 }
 
+impl PortAttr {
+    /// The attributes of a RoCE port (one P_Key, Ethernet link layer), as `ibv_query_port`
+    /// reports them; for hosts that carry port attributes across a boundary.
+    pub fn roce(
+        state: PortState,
+        max_mtu: Mtu,
+        active_mtu: Mtu,
+        gid_tbl_len: u32,
+        max_msg_sz: u32,
+    ) -> PortAttr {
+        PortAttr {
+            state,
+            max_mtu,
+            active_mtu,
+            gid_tbl_len,
+            pkey_tbl_len: 1,
+            max_msg_sz,
+            link_layer: LinkLayer::Ethernet,
+        }
+    }
+}
+
 /// How the ingress ICRC check treats the IPv4 identification: the ICRC covers it, but a host
 /// that receives on a UDP socket cannot see it and hands the engine a header it rebuilt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

@@ -1,6 +1,6 @@
 //! The two soft RNICs under one API: the embedded engine ([`runtime::Runtime`] in this
 //! process) and the host daemon `softrdmad` (reached over its control socket with
-//! [`daemon::client::Client`]). Every verb of the API goes through [`Backend`]; handles keep
+//! [`abi::client::Client`]). Every verb of the API goes through [`Backend`]; handles keep
 //! the engine's newtypes on both sides (on the daemon they hold the connection's handle
 //! numbers).
 
@@ -12,9 +12,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use daemon::client::{Client, ClientError, CqRing, Posted, WorkQueueRing};
-use daemon::convert;
-use daemon::proto::{wq, DeviceInfo, QpInitMsg, Request};
+use abi::client::{Client, ClientError, CqRing, Posted, WorkQueueRing};
+use abi::convert;
+use abi::proto::{wq, DeviceInfo, QpInitMsg, Request};
 use engine::{
     AccessFlags, AhAttr, AhHandle, AsyncEvent, CqHandle, DeviceAttr, Gid, MwBind, MwHandle, MwType,
     PdHandle, PortAttr, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags,
@@ -46,7 +46,7 @@ pub const DAEMON_BIN_ENV: &str = "SOFTRDMA_DAEMON_BIN";
 /// Environment variable with extra arguments (split at whitespace) for a started daemon,
 /// e.g. `--addr 127.0.0.1 --port 4791`.
 pub const DAEMON_ARGS_ENV: &str = "SOFTRDMA_DAEMON_ARGS";
-pub use daemon::client::SOCKET_ENV;
+pub use abi::client::SOCKET_ENV;
 
 impl BackendKind {
     /// The backend `$SOFTRDMA_BACKEND` names, if set; an unknown value is an error.
@@ -96,9 +96,7 @@ impl DaemonConfig {
     /// The control socket: the configured one, else `$SOFTRDMA_DAEMON_SOCKET`, else the
     /// default.
     pub(crate) fn socket_path(&self) -> PathBuf {
-        self.socket
-            .clone()
-            .unwrap_or_else(daemon::client::socket_path)
+        self.socket.clone().unwrap_or_else(abi::client::socket_path)
     }
 }
 
@@ -392,7 +390,7 @@ impl Notifier {
     }
 }
 
-fn ring_error(e: daemon::ring::RingError) -> Error {
+fn ring_error(e: abi::ring::RingError) -> Error {
     Error::BadAnswer(format!("CQ ring: {e}"))
 }
 
@@ -406,7 +404,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn sges(s: &[engine::Sge]) -> Vec<daemon::proto::SgeMsg> {
+fn sges(s: &[engine::Sge]) -> Vec<abi::proto::SgeMsg> {
     s.iter().map(convert::sge_to_msg).collect()
 }
 

@@ -234,7 +234,7 @@ impl DeviceBuilder {
         }
         if let Some(m) = self.mtu_set {
             let port = client.query_port(info.index, 1)?;
-            if daemon::convert::port_attr_from_msg(&port)?.active_mtu != m {
+            if abi::convert::port_attr_from_msg(&port)?.active_mtu != m {
                 return embedded();
             }
         }
@@ -305,7 +305,7 @@ impl DeviceBuilder {
 struct Choice {
     kind: BackendKind,
     /// The daemon connection an implicit choice made, and the device it found there.
-    found: Option<(daemon::client::Client, daemon::proto::DeviceInfo)>,
+    found: Option<(abi::client::Client, abi::proto::DeviceInfo)>,
 }
 
 /// Environment variable naming the device [`Device::open_default`] opens: an IP address

@@ -217,7 +217,7 @@ pub enum Error {
     /// The host daemon's connection failed, or the daemon refused a request (its errno and
     /// reason).
     #[error(transparent)]
-    Daemon(#[from] daemon::client::ClientError),
+    Daemon(#[from] abi::client::ClientError),
     /// No daemon answers on the control socket, and none could be started.
     #[error("no softrdmad on {}: {reason}", socket.display())]
     NoDaemon {
@@ -267,8 +267,8 @@ impl Error {
                 | RuntimeError::RawSocket { source },
             ) => source.raw_os_error().unwrap_or(EIO),
             Error::Io(e) => e.raw_os_error().unwrap_or(EIO),
-            Error::Daemon(daemon::client::ClientError::Refused { errno, .. }) => *errno,
-            Error::Daemon(daemon::client::ClientError::Io(e)) => e.raw_os_error().unwrap_or(EIO),
+            Error::Daemon(abi::client::ClientError::Refused { errno, .. }) => *errno,
+            Error::Daemon(abi::client::ClientError::Io(e)) => e.raw_os_error().unwrap_or(EIO),
             Error::Timeout => ETIMEDOUT,
             Error::OutOfBounds { .. } | Error::Config(_) => EINVAL,
             Error::Unsupported(_) => EOPNOTSUPP,
@@ -291,7 +291,7 @@ mod tests {
             Error::Verbs(VerbsError::InvalidMw).errno(),
             VerbsError::InvalidMw.errno()
         );
-        let refused = daemon::client::ClientError::Refused {
+        let refused = abi::client::ClientError::Refused {
             errno: 14,
             message: "not mapped".into(),
         };

@@ -75,7 +75,7 @@ pub struct Buffer {
 enum Backing {
     Heap,
     /// A memfd of its own.
-    File(daemon::shm::SharedMemory),
+    File(abi::shm::SharedMemory),
     /// Pages `first..first + pages` of slab `slab` (see [`Slabs`]).
     Slab {
         slab: usize,
@@ -115,12 +115,9 @@ pub(crate) fn shared_file_of(addr: usize, len: usize) -> Option<(std::os::fd::Ow
 
 /// `len` zero bytes in a new memfd, listed in [`SHARED_BUFFERS`] so that registering any
 /// range of them passes the file; `None` (logged) when the system gives no shared memory.
-fn new_shared(
-    name: &str,
-    len: usize,
-) -> Option<(daemon::shm::SharedMemory, std::ptr::NonNull<u8>)> {
+fn new_shared(name: &str, len: usize) -> Option<(abi::shm::SharedMemory, std::ptr::NonNull<u8>)> {
     use std::os::fd::AsRawFd;
-    let m = match daemon::shm::SharedMemory::create(name, len) {
+    let m = match abi::shm::SharedMemory::create(name, len) {
         Ok(m) => m,
         Err(e) => {
             tracing::debug!(error = %e, "no shared memory; buffer on the heap");
@@ -139,7 +136,7 @@ const SLAB_LEN: usize = 1 << 20;
 
 /// The slabs small buffers are cut from, and which of their pages are taken. Slabs are never
 /// unmapped (their index in the list names them).
-struct Slabs(Vec<(daemon::shm::SharedMemory, Vec<bool>)>);
+struct Slabs(Vec<(abi::shm::SharedMemory, Vec<bool>)>);
 
 static SLABS: std::sync::Mutex<Slabs> = std::sync::Mutex::new(Slabs(Vec::new()));
 

@@ -105,8 +105,8 @@ pub struct DaemonDeviceInfo {
 /// `$SOFTRDMA_DAEMON_ARGS`), from `daemon_binary` if given, else as
 /// [`crate::DeviceBuilder::daemon_binary`] describes.
 pub fn daemon_devices(daemon_binary: Option<&Path>) -> Result<Vec<DaemonDeviceInfo>> {
-    let socket = daemon::client::socket_path();
-    let mut client = match daemon::client::Client::connect(&socket) {
+    let socket = abi::client::socket_path();
+    let mut client = match abi::client::Client::connect(&socket) {
         Ok(c) => c,
         Err(first) => {
             // Opening a device starts the daemon (if allowed) and waits for its socket.
@@ -118,7 +118,7 @@ pub fn daemon_devices(daemon_binary: Option<&Path>) -> Result<Vec<DaemonDeviceIn
             }
             let dev = b.open()?;
             drop(dev);
-            daemon::client::Client::connect(&socket).map_err(|e| Error::NoDaemon {
+            abi::client::Client::connect(&socket).map_err(|e| Error::NoDaemon {
                 socket: socket.clone(),
                 reason: format!("{first}; after starting it: {e}"),
             })?

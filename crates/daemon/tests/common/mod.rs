@@ -9,8 +9,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
-use daemon::client::Client;
-use daemon::proto::{QpAttrMsg, QpInitMsg, WcMsg};
+use abi::client::Client;
+use abi::proto::{QpAttrMsg, QpInitMsg, WcMsg};
 
 /// `ibv_access_flags`.
 pub const LOCAL_WRITE: u32 = 1;

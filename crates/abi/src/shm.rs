@@ -7,7 +7,7 @@
 //! for large buffers). The daemon maps the client's file with [`SharedMemory::map_client`]
 //! only after checking what a hostile client could use against it: the file must be sealed
 //! against shrinking (a shrunk file turns the daemon's accesses into SIGBUS), and long enough
-//! for the range; and [`crate::memory::mapping_matches`] checks that the client really has
+//! for the range; and the daemon checks that the client really has
 //! that file mapped at the registered address, so the daemon touches exactly the bytes the
 //! client sees there.
 

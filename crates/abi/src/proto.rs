@@ -359,7 +359,7 @@ pub struct SgeMsg {
 
 /// What a send work request does (`ibv_wr_opcode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
+// Exhaustive on purpose: both ends handle every message of their protocol version.
 pub enum SendOpMsg {
     /// SEND.
     Send,
@@ -926,7 +926,7 @@ kinds! {
 /// A request from a client. Handles (`pd`, `cq`, `mr`, `qp`) are the connection's own
 /// numbers, meaningless on any other connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
+// Exhaustive on purpose: both ends handle every message of their protocol version.
 pub enum Request {
     /// Open the session; the daemon answers with its version.
     Hello {
@@ -1844,7 +1844,7 @@ impl Request {
 
 /// An answer from the daemon. Its kind is `RESPONSE_BIT | request kind`, or [`KIND_ERROR`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
+// Exhaustive on purpose: both ends handle every message of their protocol version.
 pub enum Response {
     /// The request failed: an errno as libibverbs would return it, and why.
     Error {

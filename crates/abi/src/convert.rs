@@ -497,27 +497,21 @@ pub fn port_attr_to_msg(p: &PortAttr) -> PortAttrMsg {
     }
 }
 
-/// Port attributes from the protocol. The engine offers no constructor for them, so they
-/// start as what a scratch engine (the one the daemon runs) reports and take the message's
-/// values.
+/// Port attributes from the protocol.
 pub fn port_attr_from_msg(m: &PortAttrMsg) -> Result<PortAttr, ConvertError> {
     let mtu = |v: u32| wire::Mtu::from_bytes(v as usize).ok_or(invalid("MTU", v));
-    let config = engine::EngineConfig::new(vec![std::net::Ipv4Addr::LOCALHOST.into()], 0);
-    let memory = crate::memory::ClientMemory::new(crate::memory::SharedRegions::default());
-    let scratch = engine::Engine::with_memory(config, Box::new(memory));
-    let mut p = scratch
-        .query_port(1)
-        .map_err(|_| ConvertError::Unsupported("port attributes"))?;
-    p.state = if m.state == 4 {
+    let state = if m.state == 4 {
         PortState::Active
     } else {
         PortState::Down
     };
-    p.max_mtu = mtu(m.max_mtu)?;
-    p.active_mtu = mtu(m.active_mtu)?;
-    p.gid_tbl_len = m.gid_tbl_len;
-    p.max_msg_sz = m.max_msg_sz;
-    Ok(p)
+    Ok(PortAttr::roce(
+        state,
+        mtu(m.max_mtu)?,
+        mtu(m.active_mtu)?,
+        m.gid_tbl_len,
+        m.max_msg_sz,
+    ))
 }
 
 /// An asynchronous event as the protocol carries it, with the CQ or SRQ named by `handle`
