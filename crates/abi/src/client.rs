@@ -9,11 +9,15 @@ use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
+use engine::{RecvWr, SendWr, UdDest, WorkCompletion};
+use zerocopy::FromBytes;
+
 use crate::proto::{
     AhMsg, AsyncEventMsg, DeviceAttrMsg, DeviceInfo, Header, MwBindMsg, PortAttrMsg, ProtoError,
-    QpAttrMsg, QpInitMsg, Request, Response, SendWrMsg, SgeMsg, WcMsg, HEADER_LEN, VERSION,
+    QpAttrMsg, QpInitMsg, Request, Response, HEADER_LEN, VERSION,
 };
 use crate::ring::{Ring, RingError, Role};
+use crate::wqe::{self, Cqe};
 
 /// The control socket used when neither the caller nor the environment names one.
 pub const DEFAULT_SOCKET: &str = "/run/softrdma/softrdmad.sock";
@@ -43,6 +47,9 @@ pub enum ClientError {
         /// The daemon's reason.
         message: String,
     },
+    /// The work request cannot be written as an entry (too many SGEs, too much inline data).
+    #[error("work request: {0}")]
+    Wqe(#[from] wqe::WqeError),
     /// The answer does not belong to the request (wrong id or shape).
     #[error("unexpected answer from the daemon")]
     Unexpected,
@@ -99,21 +106,27 @@ impl CqRing {
         self.ring.is_empty()
     }
 
-    /// Up to `max` completions, oldest first. If this freed slots the daemon waits for (more
-    /// completions than the ring holds), rings the device's doorbell.
-    pub fn poll(&mut self, max: usize) -> Result<Vec<WcMsg>, RingError> {
-        let mut out = Vec::new();
-        let mut e = [0u8; WcMsg::ENTRY_LEN];
-        while out.len() < max && self.ring.pop(&mut e)? {
-            out.push(WcMsg::from_entry(&e));
+    /// Completions into `out`, oldest first, as many as wait and fit; returns how many.
+    /// Nothing is allocated. If this freed slots the daemon waits for (more completions
+    /// than the ring holds), rings the device's doorbell.
+    pub fn poll_into(&mut self, out: &mut [WorkCompletion]) -> Result<usize, RingError> {
+        let mut e = [0u8; wqe::CQE_LEN];
+        let mut n = 0;
+        while n < out.len() && self.ring.pop(&mut e)? {
+            // `e` is exactly CQE_LEN bytes: the read cannot fail.
+            let cqe = Cqe::read_from_bytes(&e).unwrap_or_default();
+            out[n] = cqe
+                .completion()
+                .map_err(|_| RingError::Invalid("a completion with unknown numbers"))?;
+            n += 1;
         }
-        if !out.is_empty() && self.ring.take_backlog() {
+        if n > 0 && self.ring.take_backlog() {
             self.doorbells += 1;
             // As for a work ring's doorbell: an eventfd write of 8 bytes does not block, and
             // a failure leaves the refill to the daemon's next look.
             let _ = rustix::io::write(&*self.doorbell, &1u64.to_ne_bytes());
         }
-        Ok(out)
+        Ok(n)
     }
 
     /// Doorbells this ring has rung for completions waiting for room.
@@ -148,16 +161,31 @@ pub struct WorkQueueRing {
 }
 
 impl WorkQueueRing {
-    /// Write `req` (a post request for this ring's queue) as a WQE, and ring the doorbell
-    /// if the daemon said it sleeps.
-    pub fn post(&mut self, req: &Request) -> Result<Posted, RingError> {
-        let Some(entry) = req.to_wqe() else {
-            return Ok(Posted::Unfit);
-        };
-        if entry.len() > self.ring.entry_size() {
-            return Ok(Posted::Unfit);
+    /// Write `wr` (with `ud`'s address on a UD QP) into the ring as a send entry, and ring
+    /// the doorbell if the daemon said it sleeps. The entry is built on the stack: nothing
+    /// is allocated.
+    pub fn post_send(&mut self, wr: &SendWr, ud: Option<&UdDest>) -> Result<Posted, RingError> {
+        let mut entry = [0u8; wqe::MAX_SEND_ENTRY];
+        let len = self.ring.entry_size().min(entry.len());
+        match wqe::encode_send(wr, ud, &mut entry[..len]) {
+            Ok(n) => self.push(&entry[..n]),
+            Err(_) => Ok(Posted::Unfit),
         }
-        if !self.ring.push(&entry)? {
+    }
+
+    /// Write `wr` into the ring as a receive entry (a QP's receive queue or an SRQ), and
+    /// ring the doorbell if the daemon said it sleeps. Nothing is allocated.
+    pub fn post_recv(&mut self, wr: &RecvWr) -> Result<Posted, RingError> {
+        let mut entry = [0u8; wqe::MAX_RECV_ENTRY];
+        let len = self.ring.entry_size().min(entry.len());
+        match wqe::encode_recv(wr, &mut entry[..len]) {
+            Ok(n) => self.push(&entry[..n]),
+            Err(_) => Ok(Posted::Unfit),
+        }
+    }
+
+    fn push(&mut self, entry: &[u8]) -> Result<Posted, RingError> {
+        if !self.ring.push(entry)? {
             return Ok(Posted::Full);
         }
         let doorbell = self.ring.need_wakeup();
@@ -184,6 +212,22 @@ impl WorkQueueRing {
     pub fn unconsumed(&self) -> Result<u32, RingError> {
         Ok(self.ring.capacity() - self.ring.free()?)
     }
+}
+
+/// `wr` as a send entry for a post request.
+fn send_entry(wr: &SendWr, ud: Option<&UdDest>) -> Result<Vec<u8>, ClientError> {
+    let mut e = vec![0u8; wqe::MAX_SEND_ENTRY];
+    let n = wqe::encode_send(wr, ud, &mut e)?;
+    e.truncate(n);
+    Ok(e)
+}
+
+/// `wr` as a receive entry for a post request.
+fn recv_entry(wr: &RecvWr) -> Result<Vec<u8>, ClientError> {
+    let mut e = vec![0u8; wqe::MAX_RECV_ENTRY];
+    let n = wqe::encode_recv(wr, &mut e)?;
+    e.truncate(n);
+    Ok(e)
 }
 
 /// One connection to `softrdmad`.
@@ -415,18 +459,24 @@ impl Client {
         self.done(&Request::DestroyQp { qp })
     }
 
-    /// `ibv_post_send` of one WR.
-    pub fn post_send(&mut self, qp: u32, wr: SendWrMsg) -> Result<(), ClientError> {
-        self.done(&Request::PostSend { qp, wr })
+    /// `ibv_post_send` of one WR (handles in it are this connection's).
+    pub fn post_send(&mut self, qp: u32, wr: &SendWr) -> Result<(), ClientError> {
+        self.done(&Request::PostSend {
+            qp,
+            wqe: send_entry(wr, None)?,
+        })
     }
 
     /// `ibv_post_recv` of one WR.
-    pub fn post_recv(&mut self, qp: u32, wr_id: u64, sges: Vec<SgeMsg>) -> Result<(), ClientError> {
-        self.done(&Request::PostRecv { qp, wr_id, sges })
+    pub fn post_recv(&mut self, qp: u32, wr: &RecvWr) -> Result<(), ClientError> {
+        self.done(&Request::PostRecv {
+            qp,
+            wqe: recv_entry(wr)?,
+        })
     }
 
     /// `ibv_poll_cq`: up to `max` completions.
-    pub fn poll_cq(&mut self, cq: u32, max: u32) -> Result<Vec<WcMsg>, ClientError> {
+    pub fn poll_cq(&mut self, cq: u32, max: u32) -> Result<Vec<Cqe>, ClientError> {
         match self.call(&Request::PollCq { cq, max })? {
             Response::Completions(c) => Ok(c),
             _ => Err(ClientError::Unexpected),
@@ -575,13 +625,11 @@ impl Client {
     }
 
     /// `ibv_post_srq_recv` of one WR.
-    pub fn post_srq_recv(
-        &mut self,
-        srq: u32,
-        wr_id: u64,
-        sges: Vec<SgeMsg>,
-    ) -> Result<(), ClientError> {
-        self.done(&Request::PostSrqRecv { srq, wr_id, sges })
+    pub fn post_srq_recv(&mut self, srq: u32, wr: &RecvWr) -> Result<(), ClientError> {
+        self.done(&Request::PostSrqRecv {
+            srq,
+            wqe: recv_entry(wr)?,
+        })
     }
 
     /// `ibv_modify_srq`: `mask` bits MAX_WR (1) and LIMIT (2).
@@ -635,21 +683,11 @@ impl Client {
         self.done(&Request::DestroyAh { ah })
     }
 
-    /// `ibv_post_send` of one WR on a UD QP, to `remote_qpn` at `ah` with `remote_qkey`.
-    pub fn post_send_ud(
-        &mut self,
-        qp: u32,
-        ah: u32,
-        remote_qpn: u32,
-        remote_qkey: u32,
-        wr: SendWrMsg,
-    ) -> Result<(), ClientError> {
-        self.done(&Request::PostSendUd {
+    /// `ibv_post_send` of one WR on a UD QP, to `dest` (its AH by this connection's handle).
+    pub fn post_send_ud(&mut self, qp: u32, wr: &SendWr, dest: &UdDest) -> Result<(), ClientError> {
+        self.done(&Request::PostSend {
             qp,
-            ah,
-            remote_qpn,
-            remote_qkey,
-            wr,
+            wqe: send_entry(wr, Some(dest))?,
         })
     }
 

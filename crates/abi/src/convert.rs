@@ -5,14 +5,10 @@
 
 use engine::{
     AccessFlags, AhAttr, AsyncEvent, AtomicCap, DeviceAttr, MwBind, PortAttr, PortState, QpAttr,
-    QpAttrMask, QpState, SendFlags, SendOp, SendPayload, SendWr, Sge, WcFlags, WcOpcode, WcStatus,
-    WorkCompletion,
+    QpAttrMask, QpState,
 };
 
-use crate::proto::{
-    AhMsg, AsyncEventMsg, DeviceAttrMsg, MwBindMsg, PortAttrMsg, QpAttrMsg, SendOpMsg, SendWrMsg,
-    SgeMsg, WcMsg,
-};
+use crate::proto::{AhMsg, AsyncEventMsg, DeviceAttrMsg, MwBindMsg, PortAttrMsg, QpAttrMsg};
 
 /// A message field that names no engine value, or an engine value no message can carry.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -39,79 +35,6 @@ fn invalid(what: &'static str, value: impl Into<u64>) -> ConvertError {
     }
 }
 
-/// A scatter/gather element as the protocol carries it.
-pub fn sge_to_msg(s: &Sge) -> SgeMsg {
-    SgeMsg {
-        addr: s.addr,
-        length: s.length,
-        lkey: s.lkey,
-    }
-}
-
-/// A scatter/gather element from the protocol.
-pub fn sge_from_msg(s: &SgeMsg) -> Sge {
-    Sge::new(s.addr, s.length, s.lkey)
-}
-
-/// A send work request as the protocol carries it (binds carry the window's and region's
-/// handles); an opcode the protocol lacks is [`ConvertError::Unsupported`].
-pub fn send_wr_to_msg(wr: &SendWr) -> Result<SendWrMsg, ConvertError> {
-    let op = match wr.op {
-        SendOp::Send => SendOpMsg::Send,
-        SendOp::SendWithImm { imm } => SendOpMsg::SendWithImm { imm },
-        SendOp::SendWithInv { rkey } => SendOpMsg::SendWithInv { rkey },
-        SendOp::RdmaWrite { remote_addr, rkey } => SendOpMsg::Write { remote_addr, rkey },
-        SendOp::RdmaWriteWithImm {
-            remote_addr,
-            rkey,
-            imm,
-        } => SendOpMsg::WriteWithImm {
-            remote_addr,
-            rkey,
-            imm,
-        },
-        SendOp::RdmaRead { remote_addr, rkey } => SendOpMsg::Read { remote_addr, rkey },
-        SendOp::AtomicCmpSwap {
-            remote_addr,
-            rkey,
-            compare,
-            swap,
-        } => SendOpMsg::CmpSwap {
-            remote_addr,
-            rkey,
-            compare,
-            swap,
-        },
-        SendOp::AtomicFetchAdd {
-            remote_addr,
-            rkey,
-            add,
-        } => SendOpMsg::FetchAdd {
-            remote_addr,
-            rkey,
-            add,
-        },
-        SendOp::BindMw { mw, rkey, bind } => SendOpMsg::BindMw {
-            mw: mw.0,
-            rkey,
-            bind: mw_bind_to_msg(&bind),
-        },
-        SendOp::LocalInv { rkey } => SendOpMsg::LocalInv { rkey },
-        _ => return Err(ConvertError::Unsupported("this send opcode")),
-    };
-    let (sges, inline) = match &wr.payload {
-        SendPayload::Sges(s) => (s.iter().map(sge_to_msg).collect(), None),
-        SendPayload::Inline(d) => (Vec::new(), Some(d.clone())),
-    };
-    Ok(SendWrMsg {
-        wr_id: wr.wr_id,
-        op,
-        flags: wr.flags.bits(),
-        sges,
-        inline,
-    })
-}
-
 /// A window bind as the protocol carries it (the region by its handle number as is: on the
 /// client, the connection's handle).
 pub fn mw_bind_to_msg(b: &MwBind) -> MwBindMsg {
@@ -131,70 +54,6 @@ pub fn mw_bind_from_msg(m: &MwBindMsg) -> Result<MwBind, ConvertError> {
         addr: m.addr,
         length: m.length,
         access: AccessFlags::from_bits(m.access).ok_or(invalid("access flags", m.access))?,
-    })
-}
-
-/// A send work request from the protocol. A bind keeps the window's and the region's
-/// handle numbers as they came (the server translates them).
-pub fn send_wr_from_msg(m: SendWrMsg) -> Result<SendWr, ConvertError> {
-    let mut flags = SendFlags::from_bits(m.flags).ok_or(invalid("send flags", m.flags))?;
-    let op = match m.op {
-        SendOpMsg::Send => SendOp::Send,
-        SendOpMsg::SendWithImm { imm } => SendOp::SendWithImm { imm },
-        SendOpMsg::SendWithInv { rkey } => SendOp::SendWithInv { rkey },
-        SendOpMsg::Write { remote_addr, rkey } => SendOp::RdmaWrite { remote_addr, rkey },
-        SendOpMsg::WriteWithImm {
-            remote_addr,
-            rkey,
-            imm,
-        } => SendOp::RdmaWriteWithImm {
-            remote_addr,
-            rkey,
-            imm,
-        },
-        SendOpMsg::Read { remote_addr, rkey } => SendOp::RdmaRead { remote_addr, rkey },
-        SendOpMsg::CmpSwap {
-            remote_addr,
-            rkey,
-            compare,
-            swap,
-        } => SendOp::AtomicCmpSwap {
-            remote_addr,
-            rkey,
-            compare,
-            swap,
-        },
-        SendOpMsg::FetchAdd {
-            remote_addr,
-            rkey,
-            add,
-        } => SendOp::AtomicFetchAdd {
-            remote_addr,
-            rkey,
-            add,
-        },
-        SendOpMsg::BindMw { mw, rkey, bind } => SendOp::BindMw {
-            mw: engine::MwHandle(mw),
-            rkey,
-            bind: mw_bind_from_msg(&bind)?,
-        },
-        SendOpMsg::LocalInv { rkey } => SendOp::LocalInv { rkey },
-    };
-    let payload = match m.inline {
-        Some(d) => {
-            flags |= SendFlags::INLINE;
-            SendPayload::Inline(d)
-        }
-        None => {
-            flags.remove(SendFlags::INLINE);
-            SendPayload::Sges(m.sges.iter().map(sge_from_msg).collect())
-        }
-    };
-    Ok(SendWr {
-        wr_id: m.wr_id,
-        op,
-        payload,
-        flags,
     })
 }
 
@@ -328,86 +187,6 @@ pub fn ah_from_msg(m: &AhMsg) -> AhAttr {
         port_num: 1,
         ..AhAttr::default()
     }
-}
-
-/// A completion as the protocol carries it.
-pub fn wc_to_msg(c: &WorkCompletion) -> WcMsg {
-    WcMsg {
-        wr_id: c.wr_id,
-        status: c.status.to_ibv(),
-        opcode: c.opcode.to_ibv(),
-        vendor_err: c.vendor_err,
-        byte_len: c.byte_len,
-        imm_data: c.imm_data,
-        invalidated_rkey: c.invalidated_rkey,
-        qp_num: c.qp_num,
-        src_qp: c.src_qp,
-        wc_flags: c.wc_flags.bits(),
-        pkey_index: c.pkey_index,
-    }
-}
-
-const STATUSES: [WcStatus; 22] = [
-    WcStatus::Success,
-    WcStatus::LocLenErr,
-    WcStatus::LocQpOpErr,
-    WcStatus::LocEecOpErr,
-    WcStatus::LocProtErr,
-    WcStatus::WrFlushErr,
-    WcStatus::MwBindErr,
-    WcStatus::BadRespErr,
-    WcStatus::LocAccessErr,
-    WcStatus::RemInvReqErr,
-    WcStatus::RemAccessErr,
-    WcStatus::RemOpErr,
-    WcStatus::RetryExcErr,
-    WcStatus::RnrRetryExcErr,
-    WcStatus::LocRddViolErr,
-    WcStatus::RemInvRdReqErr,
-    WcStatus::RemAbortErr,
-    WcStatus::InvEecnErr,
-    WcStatus::InvEecStateErr,
-    WcStatus::FatalErr,
-    WcStatus::RespTimeoutErr,
-    WcStatus::GeneralErr,
-];
-
-const OPCODES: [WcOpcode; 9] = [
-    WcOpcode::Send,
-    WcOpcode::RdmaWrite,
-    WcOpcode::RdmaRead,
-    WcOpcode::CompSwap,
-    WcOpcode::FetchAdd,
-    WcOpcode::BindMw,
-    WcOpcode::LocalInv,
-    WcOpcode::Recv,
-    WcOpcode::RecvRdmaWithImm,
-];
-
-/// A completion from the protocol (or a CQ ring entry): unknown status or opcode numbers
-/// are errors.
-pub fn wc_from_msg(m: &WcMsg) -> Result<WorkCompletion, ConvertError> {
-    let status = STATUSES
-        .into_iter()
-        .find(|s| s.to_ibv() == m.status)
-        .ok_or(invalid("completion status", m.status))?;
-    let opcode = OPCODES
-        .into_iter()
-        .find(|o| o.to_ibv() == m.opcode)
-        .ok_or(invalid("completion opcode", m.opcode))?;
-    let mut wc = WorkCompletion::default();
-    wc.wr_id = m.wr_id;
-    wc.status = status;
-    wc.opcode = opcode;
-    wc.vendor_err = m.vendor_err;
-    wc.byte_len = m.byte_len;
-    wc.imm_data = m.imm_data;
-    wc.invalidated_rkey = m.invalidated_rkey;
-    wc.qp_num = m.qp_num;
-    wc.src_qp = m.src_qp;
-    wc.wc_flags = WcFlags::from_bits_truncate(m.wc_flags);
-    wc.pkey_index = m.pkey_index;
-    Ok(wc)
 }
 
 /// Device attributes as the protocol carries them.
@@ -560,41 +339,6 @@ pub fn async_event_from_msg(m: &AsyncEventMsg) -> Result<AsyncEvent, ConvertErro
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn every_status_and_opcode_survives_the_trip() {
-        for status in STATUSES {
-            for opcode in OPCODES {
-                let mut wc = WorkCompletion::default();
-                wc.wr_id = 7;
-                wc.status = status;
-                wc.opcode = opcode;
-                wc.byte_len = 3;
-                wc.imm_data = 4;
-                wc.invalidated_rkey = 5;
-                wc.qp_num = 6;
-                wc.src_qp = 7;
-                wc.wc_flags = WcFlags::WITH_IMM;
-                assert_eq!(wc_from_msg(&wc_to_msg(&wc)).unwrap(), wc);
-            }
-        }
-        let bad = WcMsg {
-            status: 99,
-            ..WcMsg::default()
-        };
-        assert!(wc_from_msg(&bad).is_err());
-    }
-
-    #[test]
-    fn send_wrs_survive_the_trip() {
-        let wr = SendWr::rdma_write(1, vec![Sge::new(0x1000, 8, 3)], 0x2000, 9);
-        assert_eq!(send_wr_from_msg(send_wr_to_msg(&wr).unwrap()).unwrap(), wr);
-        let inv = SendWr::local_inv(1, 5);
-        assert_eq!(
-            send_wr_from_msg(send_wr_to_msg(&inv).unwrap()).unwrap(),
-            inv
-        );
-    }
 
     #[test]
     fn every_qp_attribute_survives_the_trip() {

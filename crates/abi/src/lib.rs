@@ -11,6 +11,7 @@
 //! - [`convert`]: engine types ↔ protocol messages;
 //! - [`ring`]: single-producer single-consumer rings in a sealed memfd, the data path;
 //! - [`shm`]: shared memory (sealed memfds mapped by both processes);
+//! - [`wqe`]: the fixed-layout work-queue and completion entries of those rings;
 //! - [`client`]: the library's end of the control socket.
 //!
 //! Everything a peer writes — a message body, a ring index, a ring entry — is untrusted and
@@ -23,3 +24,4 @@ pub mod convert;
 pub mod proto;
 pub mod ring;
 pub mod shm;
+pub mod wqe;

@@ -18,10 +18,12 @@
 
 use std::net::IpAddr;
 
+use crate::wqe::Cqe;
+
 /// First four bytes of every message: `"SRDM"`.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"SRDM");
 /// The protocol version this crate speaks.
-pub const VERSION: u16 = 2;
+pub const VERSION: u16 = 3;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 16;
 /// Largest body accepted (inline data and completion batches fit easily).
@@ -346,92 +348,6 @@ pub fn read_with_fd(
     Ok(Some(fd))
 }
 
-/// One scatter/gather entry (`ibv_sge`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct SgeMsg {
-    /// Address in the client's address space.
-    pub addr: u64,
-    /// Length in bytes.
-    pub length: u32,
-    /// Local key of the MR holding it.
-    pub lkey: u32,
-}
-
-/// What a send work request does (`ibv_wr_opcode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-// Exhaustive on purpose: both ends handle every message of their protocol version.
-pub enum SendOpMsg {
-    /// SEND.
-    Send,
-    /// SEND with immediate data.
-    SendWithImm {
-        /// Immediate data.
-        imm: u32,
-    },
-    /// SEND with invalidate of `rkey` at the responder.
-    SendWithInv {
-        /// Key to invalidate.
-        rkey: u32,
-    },
-    /// RDMA WRITE.
-    Write {
-        /// Remote address.
-        remote_addr: u64,
-        /// Remote key.
-        rkey: u32,
-    },
-    /// RDMA WRITE with immediate data.
-    WriteWithImm {
-        /// Remote address.
-        remote_addr: u64,
-        /// Remote key.
-        rkey: u32,
-        /// Immediate data.
-        imm: u32,
-    },
-    /// RDMA READ.
-    Read {
-        /// Remote address.
-        remote_addr: u64,
-        /// Remote key.
-        rkey: u32,
-    },
-    /// ATOMIC compare and swap.
-    CmpSwap {
-        /// Remote address.
-        remote_addr: u64,
-        /// Remote key.
-        rkey: u32,
-        /// Value compared.
-        compare: u64,
-        /// Value stored on match.
-        swap: u64,
-    },
-    /// ATOMIC fetch and add.
-    FetchAdd {
-        /// Remote address.
-        remote_addr: u64,
-        /// Remote key.
-        rkey: u32,
-        /// Value added.
-        add: u64,
-    },
-    /// Bind a type 2 memory window (`IBV_WR_BIND_MW`).
-    BindMw {
-        /// MW handle.
-        mw: u32,
-        /// The window's rkey once bound.
-        rkey: u32,
-        /// The bind.
-        bind: MwBindMsg,
-    },
-    /// Invalidate a type 2 window or a region by key (`IBV_WR_LOCAL_INV`).
-    LocalInv {
-        /// The key.
-        rkey: u32,
-    },
-}
-
 /// What a memory window bind exposes (`ibv_mw_bind_info`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct MwBindMsg {
@@ -443,21 +359,6 @@ pub struct MwBindMsg {
     pub length: u64,
     /// `ibv_access_flags` for remote access through the window.
     pub access: u32,
-}
-
-/// A send work request (`ibv_send_wr`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SendWrMsg {
-    /// Returned in the completion.
-    pub wr_id: u64,
-    /// The operation.
-    pub op: SendOpMsg,
-    /// `ibv_send_flags` bits (FENCE 1, SIGNALED 2, SOLICITED 4, INLINE 8).
-    pub flags: u32,
-    /// Local buffers (ignored when `inline` is set).
-    pub sges: Vec<SgeMsg>,
-    /// Inline data, carried in the message.
-    pub inline: Option<Vec<u8>>,
 }
 
 /// Attributes of `ibv_modify_qp` / `ibv_query_qp` that a RoCE RC/UC/UD QP uses.
@@ -663,79 +564,6 @@ pub struct QpInitMsg {
     pub sq_sig_all: bool,
 }
 
-/// One completion (`ibv_wc`), numbers as libibverbs defines them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct WcMsg {
-    /// The work request's id.
-    pub wr_id: u64,
-    /// `IBV_WC_*` status (0 = success).
-    pub status: u32,
-    /// `IBV_WC_*` opcode.
-    pub opcode: u32,
-    /// Vendor error.
-    pub vendor_err: u32,
-    /// Bytes transferred (receives, READ, atomics).
-    pub byte_len: u32,
-    /// Immediate data (host order).
-    pub imm_data: u32,
-    /// Key invalidated by SEND with invalidate.
-    pub invalidated_rkey: u32,
-    /// Local QPN.
-    pub qp_num: u32,
-    /// Remote QPN (UD).
-    pub src_qp: u32,
-    /// `ibv_wc_flags`.
-    pub wc_flags: u32,
-    /// P_Key index.
-    pub pkey_index: u16,
-}
-
-impl WcMsg {
-    /// Bytes of one completion in a CQ ring.
-    pub const ENTRY_LEN: usize = 64;
-
-    /// The ring entry of this completion.
-    pub fn to_entry(&self) -> [u8; WcMsg::ENTRY_LEN] {
-        let mut w = Writer::default();
-        w.u64(self.wr_id)
-            .u32(self.status)
-            .u32(self.opcode)
-            .u32(self.vendor_err)
-            .u32(self.byte_len)
-            .u32(self.imm_data)
-            .u32(self.invalidated_rkey)
-            .u32(self.qp_num)
-            .u32(self.src_qp)
-            .u32(self.wc_flags)
-            .u16(self.pkey_index);
-        let mut e = [0u8; WcMsg::ENTRY_LEN];
-        e[..w.buf.len()].copy_from_slice(&w.buf);
-        e
-    }
-
-    /// A completion from a ring entry (any bytes decode: every field is a plain number).
-    pub fn from_entry(e: &[u8; WcMsg::ENTRY_LEN]) -> WcMsg {
-        let mut r = Reader::new(e);
-        // 46 bytes read from 64: none of these can fail.
-        let mut f = || -> Result<WcMsg, ProtoError> {
-            Ok(WcMsg {
-                wr_id: r.u64()?,
-                status: r.u32()?,
-                opcode: r.u32()?,
-                vendor_err: r.u32()?,
-                byte_len: r.u32()?,
-                imm_data: r.u32()?,
-                invalidated_rkey: r.u32()?,
-                qp_num: r.u32()?,
-                src_qp: r.u32()?,
-                wc_flags: r.u32()?,
-                pkey_index: r.u16()?,
-            })
-        };
-        f().unwrap_or_default()
-    }
-}
-
 /// A device the daemon serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceInfo {
@@ -889,8 +717,7 @@ kinds! {
     CREATE_AH = 26,
     /// [`super::Request::DestroyAh`].
     DESTROY_AH = 27,
-    /// [`super::Request::PostSendUd`].
-    POST_SEND_UD = 28,
+    // 28 was POST_SEND_UD before version 3: a UD post is a POST_SEND whose WQE says so.
     /// [`super::Request::CreateQpWithSrq`].
     CREATE_QP_WITH_SRQ = 29,
     /// [`super::Request::ReqNotifyCq`].
@@ -1031,21 +858,19 @@ pub enum Request {
         /// QP handle.
         qp: u32,
     },
-    /// `ibv_post_send` of one WR.
+    /// `ibv_post_send` of one WR (RC, UC or UD), the same entry a send ring carries.
     PostSend {
         /// QP handle.
         qp: u32,
-        /// The work request.
-        wr: SendWrMsg,
+        /// The work request as a send entry ([`crate::wqe::encode_send`]).
+        wqe: Vec<u8>,
     },
-    /// `ibv_post_recv` of one WR.
+    /// `ibv_post_recv` of one WR, the same entry a receive ring carries.
     PostRecv {
         /// QP handle.
         qp: u32,
-        /// Returned in the completion.
-        wr_id: u64,
-        /// Buffers.
-        sges: Vec<SgeMsg>,
+        /// The work request as a receive entry ([`crate::wqe::encode_recv`]).
+        wqe: Vec<u8>,
     },
     /// `ibv_poll_cq`.
     PollCq {
@@ -1057,7 +882,7 @@ pub enum Request {
     /// The daemon's counters and each device's.
     Stat,
     /// Deliver `cq`'s completions into a shared-memory ring of `capacity` entries
-    /// ([`crate::ring`], [`WcMsg::ENTRY_LEN`]-byte entries) instead of [`Request::PollCq`];
+    /// ([`crate::ring`], [`crate::wqe::Cqe`] entries) instead of [`Request::PollCq`];
     /// the answer carries the ring's memfd (SCM_RIGHTS).
     AttachCqRing {
         /// CQ handle.
@@ -1079,14 +904,12 @@ pub enum Request {
         /// SRQ handle.
         srq: u32,
     },
-    /// `ibv_post_srq_recv` of one WR.
+    /// `ibv_post_srq_recv` of one WR, the same entry an SRQ ring carries.
     PostSrqRecv {
         /// SRQ handle.
         srq: u32,
-        /// Returned in the completion.
-        wr_id: u64,
-        /// Buffers.
-        sges: Vec<SgeMsg>,
+        /// The work request as a receive entry ([`crate::wqe::encode_recv`]).
+        wqe: Vec<u8>,
     },
     /// Receive WRs waiting in an SRQ (answered with [`Response::Count`]).
     SrqLen {
@@ -1116,19 +939,6 @@ pub enum Request {
     DestroyAh {
         /// AH handle.
         ah: u32,
-    },
-    /// `ibv_post_send` of one WR on a UD QP.
-    PostSendUd {
-        /// QP handle.
-        qp: u32,
-        /// AH handle.
-        ah: u32,
-        /// Destination QP number.
-        remote_qpn: u32,
-        /// Q_Key (high bit set: the QP's own).
-        remote_qkey: u32,
-        /// The work request.
-        wr: SendWrMsg,
     },
     /// `ibv_create_qp` taking receives from an SRQ.
     CreateQpWithSrq {
@@ -1207,8 +1017,8 @@ pub enum Request {
         srq: u32,
     },
     /// Take posts to a QP's send or receive queue, or to an SRQ, from a shared-memory ring
-    /// of `capacity` entries ([`crate::ring`], [`WQE_ENTRY_LEN`]-byte entries, each one
-    /// post request as [`Request::to_wqe`] lays it out) as well as by request; the answer
+    /// of `capacity` entries ([`crate::ring`]; entries as [`crate::wqe`] lays them out, sized
+    /// by the daemon for the queue's capabilities) as well as by request; the answer
     /// carries the ring's memfd (SCM_RIGHTS). The client produces, the daemon consumes.
     AttachWorkRing {
         /// Which queue: [`wq::SQ`], [`wq::RQ`] or [`wq::SRQ`].
@@ -1226,15 +1036,9 @@ pub enum Request {
     },
 }
 
-/// Bytes per entry of a work ring ([`Request::AttachWorkRing`]).
-pub const WQE_ENTRY_LEN: usize = 256;
-/// Bytes in front of a post request's body in a work ring entry: kind (u16) and body
-/// length (u16), little-endian.
-pub const WQE_HEADER_LEN: usize = 4;
-
 /// The queues a work ring can feed ([`Request::AttachWorkRing`]).
 pub mod wq {
-    /// A QP's send queue: [`super::Request::PostSend`] and [`super::Request::PostSendUd`].
+    /// A QP's send queue: [`super::Request::PostSend`].
     pub const SQ: u8 = 0;
     /// A QP's receive queue: [`super::Request::PostRecv`].
     pub const RQ: u8 = 1;
@@ -1286,119 +1090,6 @@ impl AsyncEventMsg {
 /// Most asynchronous events in one answer.
 pub const MAX_EVENTS: usize = 4096;
 
-fn write_send_wr(w: &mut Writer, wr: &SendWrMsg) {
-    w.u64(wr.wr_id).u32(wr.flags);
-    match wr.op {
-        SendOpMsg::Send => {
-            w.u8(0);
-        }
-        SendOpMsg::SendWithImm { imm } => {
-            w.u8(1).u32(imm);
-        }
-        SendOpMsg::SendWithInv { rkey } => {
-            w.u8(2).u32(rkey);
-        }
-        SendOpMsg::Write { remote_addr, rkey } => {
-            w.u8(3).u64(remote_addr).u32(rkey);
-        }
-        SendOpMsg::WriteWithImm {
-            remote_addr,
-            rkey,
-            imm,
-        } => {
-            w.u8(4).u64(remote_addr).u32(rkey).u32(imm);
-        }
-        SendOpMsg::Read { remote_addr, rkey } => {
-            w.u8(5).u64(remote_addr).u32(rkey);
-        }
-        SendOpMsg::CmpSwap {
-            remote_addr,
-            rkey,
-            compare,
-            swap,
-        } => {
-            w.u8(6).u64(remote_addr).u32(rkey).u64(compare).u64(swap);
-        }
-        SendOpMsg::FetchAdd {
-            remote_addr,
-            rkey,
-            add,
-        } => {
-            w.u8(7).u64(remote_addr).u32(rkey).u64(add);
-        }
-        SendOpMsg::BindMw { mw, rkey, bind } => {
-            w.u8(8).u32(mw).u32(rkey);
-            write_bind(w, &bind);
-        }
-        SendOpMsg::LocalInv { rkey } => {
-            w.u8(9).u32(rkey);
-        }
-    }
-    write_sges(w, &wr.sges);
-    match &wr.inline {
-        None => {
-            w.u8(0);
-        }
-        Some(d) => {
-            w.u8(1).blob(d);
-        }
-    }
-}
-
-fn read_send_wr(r: &mut Reader<'_>) -> Result<SendWrMsg, ProtoError> {
-    let wr_id = r.u64()?;
-    let flags = r.u32()?;
-    let op = match r.u8()? {
-        0 => SendOpMsg::Send,
-        1 => SendOpMsg::SendWithImm { imm: r.u32()? },
-        2 => SendOpMsg::SendWithInv { rkey: r.u32()? },
-        3 => SendOpMsg::Write {
-            remote_addr: r.u64()?,
-            rkey: r.u32()?,
-        },
-        4 => SendOpMsg::WriteWithImm {
-            remote_addr: r.u64()?,
-            rkey: r.u32()?,
-            imm: r.u32()?,
-        },
-        5 => SendOpMsg::Read {
-            remote_addr: r.u64()?,
-            rkey: r.u32()?,
-        },
-        6 => SendOpMsg::CmpSwap {
-            remote_addr: r.u64()?,
-            rkey: r.u32()?,
-            compare: r.u64()?,
-            swap: r.u64()?,
-        },
-        7 => SendOpMsg::FetchAdd {
-            remote_addr: r.u64()?,
-            rkey: r.u32()?,
-            add: r.u64()?,
-        },
-        8 => SendOpMsg::BindMw {
-            mw: r.u32()?,
-            rkey: r.u32()?,
-            bind: read_bind(r)?,
-        },
-        9 => SendOpMsg::LocalInv { rkey: r.u32()? },
-        _ => return Err(ProtoError::Invalid("send opcode")),
-    };
-    let sges = read_sges(r)?;
-    let inline = if r.bool()? {
-        Some(r.blob()?.to_vec())
-    } else {
-        None
-    };
-    Ok(SendWrMsg {
-        wr_id,
-        op,
-        flags,
-        sges,
-        inline,
-    })
-}
-
 fn write_bind(w: &mut Writer, b: &MwBindMsg) {
     w.u32(b.mr).u64(b.addr).u64(b.length).u32(b.access);
 }
@@ -1440,26 +1131,6 @@ fn read_qp_init(r: &mut Reader<'_>) -> Result<QpInitMsg, ProtoError> {
     })
 }
 
-fn write_sges(w: &mut Writer, sges: &[SgeMsg]) {
-    w.count(sges.len());
-    for s in sges {
-        w.u64(s.addr).u32(s.length).u32(s.lkey);
-    }
-}
-
-fn read_sges(r: &mut Reader<'_>) -> Result<Vec<SgeMsg>, ProtoError> {
-    let n = r.count(MAX_SGES, 16)?;
-    let mut v = Vec::with_capacity(n);
-    for _ in 0..n {
-        v.push(SgeMsg {
-            addr: r.u64()?,
-            length: r.u32()?,
-            lkey: r.u32()?,
-        });
-    }
-    Ok(v)
-}
-
 impl Request {
     /// The message kind of this request.
     pub fn kind(&self) -> u16 {
@@ -1493,7 +1164,6 @@ impl Request {
             Request::ResizeCq { .. } => kind::RESIZE_CQ,
             Request::CreateAh { .. } => kind::CREATE_AH,
             Request::DestroyAh { .. } => kind::DESTROY_AH,
-            Request::PostSendUd { .. } => kind::POST_SEND_UD,
             Request::CreateQpWithSrq { .. } => kind::CREATE_QP_WITH_SRQ,
             Request::ReqNotifyCq { .. } => kind::REQ_NOTIFY_CQ,
             Request::CqChannel { .. } => kind::CQ_CHANNEL,
@@ -1513,45 +1183,11 @@ impl Request {
     /// The queue a post request goes to ([`wq`]), or `None` for any other request.
     pub fn work_queue(&self) -> Option<u8> {
         match self {
-            Request::PostSend { .. } | Request::PostSendUd { .. } => Some(wq::SQ),
+            Request::PostSend { .. } => Some(wq::SQ),
             Request::PostRecv { .. } => Some(wq::RQ),
             Request::PostSrqRecv { .. } => Some(wq::SRQ),
             _ => None,
         }
-    }
-
-    /// This post request as a work ring entry (kind, body length, body), or `None` if it is
-    /// not a post or does not fit in [`WQE_ENTRY_LEN`] bytes (then it goes by request).
-    pub fn to_wqe(&self) -> Option<Vec<u8>> {
-        self.work_queue()?;
-        let body = self.encode_body();
-        let len = u16::try_from(body.len()).ok()?;
-        if WQE_HEADER_LEN + body.len() > WQE_ENTRY_LEN {
-            return None;
-        }
-        let mut e = Vec::with_capacity(WQE_HEADER_LEN + body.len());
-        e.extend_from_slice(&self.kind().to_le_bytes());
-        e.extend_from_slice(&len.to_le_bytes());
-        e.extend_from_slice(&body);
-        Some(e)
-    }
-
-    /// Decode a work ring entry written by an untrusted client: it must be a post request
-    /// whose announced length fits the entry, and decode exactly.
-    pub fn from_wqe(entry: &[u8]) -> Result<Request, ProtoError> {
-        let (head, rest) = entry
-            .split_at_checked(WQE_HEADER_LEN)
-            .ok_or(ProtoError::Truncated)?;
-        let kind = u16::from_le_bytes([head[0], head[1]]);
-        let len = usize::from(u16::from_le_bytes([head[2], head[3]]));
-        let body = rest.get(..len).ok_or(ProtoError::Truncated)?;
-        if !matches!(
-            kind,
-            kind::POST_SEND | kind::POST_SEND_UD | kind::POST_RECV | kind::POST_SRQ_RECV
-        ) {
-            return Err(ProtoError::Invalid("not a post request"));
-        }
-        Request::decode(kind, body)
     }
 
     /// The body bytes.
@@ -1608,13 +1244,10 @@ impl Request {
                 w.u32(*qp).u32(*mask);
                 attr.write(&mut w);
             }
-            Request::PostSend { qp, wr } => {
-                w.u32(*qp);
-                write_send_wr(&mut w, wr);
-            }
-            Request::PostRecv { qp, wr_id, sges } => {
-                w.u32(*qp).u64(*wr_id);
-                write_sges(&mut w, sges);
+            Request::PostSend { qp: h, wqe }
+            | Request::PostRecv { qp: h, wqe }
+            | Request::PostSrqRecv { srq: h, wqe } => {
+                w.u32(*h).blob(wqe);
             }
             Request::PollCq { cq, max } => {
                 w.u32(*cq).u32(*max);
@@ -1636,23 +1269,9 @@ impl Request {
             | Request::CqChannel { cq: h } => {
                 w.u32(*h);
             }
-            Request::PostSrqRecv { srq, wr_id, sges } => {
-                w.u32(*srq).u64(*wr_id);
-                write_sges(&mut w, sges);
-            }
             Request::CreateAh { pd, ah } => {
                 w.u32(*pd);
                 write_ah(&mut w, ah);
-            }
-            Request::PostSendUd {
-                qp,
-                ah,
-                remote_qpn,
-                remote_qkey,
-                wr,
-            } => {
-                w.u32(*qp).u32(*ah).u32(*remote_qpn).u32(*remote_qkey);
-                write_send_wr(&mut w, wr);
             }
             Request::CreateQpWithSrq { init, srq } => {
                 write_qp_init(&mut w, init);
@@ -1758,12 +1377,11 @@ impl Request {
             },
             kind::POST_SEND => Request::PostSend {
                 qp: r.u32()?,
-                wr: read_send_wr(&mut r)?,
+                wqe: r.blob()?.to_vec(),
             },
             kind::POST_RECV => Request::PostRecv {
                 qp: r.u32()?,
-                wr_id: r.u64()?,
-                sges: read_sges(&mut r)?,
+                wqe: r.blob()?.to_vec(),
             },
             kind::POLL_CQ => Request::PollCq {
                 cq: r.u32()?,
@@ -1781,8 +1399,7 @@ impl Request {
             kind::DESTROY_SRQ => Request::DestroySrq { srq: r.u32()? },
             kind::POST_SRQ_RECV => Request::PostSrqRecv {
                 srq: r.u32()?,
-                wr_id: r.u64()?,
-                sges: read_sges(&mut r)?,
+                wqe: r.blob()?.to_vec(),
             },
             kind::SRQ_LEN => Request::SrqLen { srq: r.u32()? },
             kind::CQ_LEN => Request::CqLen { cq: r.u32()? },
@@ -1791,13 +1408,6 @@ impl Request {
                 ah: read_ah(&mut r)?,
             },
             kind::DESTROY_AH => Request::DestroyAh { ah: r.u32()? },
-            kind::POST_SEND_UD => Request::PostSendUd {
-                qp: r.u32()?,
-                ah: r.u32()?,
-                remote_qpn: r.u32()?,
-                remote_qkey: r.u32()?,
-                wr: read_send_wr(&mut r)?,
-            },
             kind::CREATE_QP_WITH_SRQ => Request::CreateQpWithSrq {
                 init: read_qp_init(&mut r)?,
                 srq: r.u32()?,
@@ -1891,7 +1501,7 @@ pub enum Response {
     /// Answer to [`Request::QueryQp`].
     QpAttr(QpAttrMsg),
     /// Answer to [`Request::PollCq`].
-    Completions(Vec<WcMsg>),
+    Completions(Vec<Cqe>),
     /// Answer to [`Request::Stat`]: named counters.
     Stat(Vec<(String, u64)>),
     /// A number of things ([`Request::CqLen`], [`Request::SrqLen`]).
@@ -2173,7 +1783,7 @@ impl Response {
                 let n = r.count(MAX_WCS, 46)?;
                 let mut v = Vec::with_capacity(n);
                 for _ in 0..n {
-                    v.push(WcMsg {
+                    v.push(Cqe {
                         wr_id: r.u64()?,
                         status: r.u32()?,
                         opcode: r.u32()?,
@@ -2185,6 +1795,7 @@ impl Response {
                         src_qp: r.u32()?,
                         wc_flags: r.u32()?,
                         pkey_index: r.u16()?,
+                        ..Cqe::default()
                     });
                 }
                 Response::Completions(v)
@@ -2286,39 +1897,9 @@ mod tests {
                     ..QpAttrMsg::default()
                 },
             },
-            Request::PostSend {
-                qp: 4,
-                wr: SendWrMsg {
-                    wr_id: 9,
-                    op: SendOpMsg::CmpSwap {
-                        remote_addr: 1,
-                        rkey: 2,
-                        compare: 3,
-                        swap: 4,
-                    },
-                    flags: 2,
-                    sges: vec![SgeMsg {
-                        addr: 5,
-                        length: 8,
-                        lkey: 6,
-                    }],
-                    inline: None,
-                },
-            },
-            Request::PostSend {
-                qp: 4,
-                wr: SendWrMsg {
-                    wr_id: 10,
-                    op: SendOpMsg::Send,
-                    flags: 10,
-                    sges: vec![],
-                    inline: Some(b"hello".to_vec()),
-                },
-            },
             Request::PostRecv {
                 qp: 4,
-                wr_id: 1,
-                sges: vec![SgeMsg::default(); 3],
+                wqe: vec![1; 64],
             },
             Request::PollCq { cq: 2, max: 16 },
             Request::Stat,
@@ -2328,9 +1909,8 @@ mod tests {
                 max_sge: 2,
             },
             Request::PostSrqRecv {
-                srq: 7,
-                wr_id: 3,
-                sges: vec![SgeMsg::default(); 2],
+                srq: 2,
+                wqe: vec![2; 32],
             },
             Request::CreateAh {
                 pd: 1,
@@ -2340,19 +1920,6 @@ mod tests {
                     hop_limit: 64,
                     traffic_class: 2,
                     flow_label: 3,
-                },
-            },
-            Request::PostSendUd {
-                qp: 4,
-                ah: 5,
-                remote_qpn: 0x12,
-                remote_qkey: 0x1111_1111,
-                wr: SendWrMsg {
-                    wr_id: 11,
-                    op: SendOpMsg::SendWithImm { imm: 5 },
-                    flags: 2,
-                    sges: vec![SgeMsg::default()],
-                    inline: None,
                 },
             },
             Request::CreateQpWithSrq {
@@ -2400,27 +1967,7 @@ mod tests {
             },
             Request::PostSend {
                 qp: 4,
-                wr: SendWrMsg {
-                    wr_id: 12,
-                    op: SendOpMsg::BindMw {
-                        mw: 5,
-                        rkey: 0x301,
-                        bind: MwBindMsg::default(),
-                    },
-                    flags: 2,
-                    sges: vec![],
-                    inline: None,
-                },
-            },
-            Request::PostSend {
-                qp: 4,
-                wr: SendWrMsg {
-                    wr_id: 13,
-                    op: SendOpMsg::LocalInv { rkey: 0x301 },
-                    flags: 2,
-                    sges: vec![],
-                    inline: None,
-                },
+                wqe: vec![0xa5; crate::wqe::SEND_WQE_LEN + 16],
             },
             Request::AttachWorkRing {
                 queue: wq::RQ,
@@ -2429,40 +1976,6 @@ mod tests {
             },
             Request::Doorbell { dev: 1 },
         ]
-    }
-
-    #[test]
-    fn post_requests_round_trip_through_work_ring_entries_and_others_do_not_fit() {
-        let mut n = 0;
-        for req in sample_requests() {
-            match req.to_wqe() {
-                Some(e) => {
-                    n += 1;
-                    assert!(req.work_queue().is_some());
-                    let mut entry = e.clone();
-                    entry.resize(WQE_ENTRY_LEN, 0xee);
-                    assert_eq!(Request::from_wqe(&entry).unwrap(), req);
-                    // A length past the entry, or a cut body, is refused.
-                    entry[2..4].copy_from_slice(&(WQE_ENTRY_LEN as u16).to_le_bytes());
-                    assert!(Request::from_wqe(&entry).is_err());
-                    for cut in WQE_HEADER_LEN..e.len() {
-                        let mut c = e[..cut].to_vec();
-                        c[2..4].copy_from_slice(&((cut - WQE_HEADER_LEN) as u16).to_le_bytes());
-                        assert!(Request::from_wqe(&c).is_err(), "{req:?} cut {cut}");
-                    }
-                }
-                None => assert!(req.work_queue().is_none(), "{req:?} should fit"),
-            }
-        }
-        assert!(n >= 4);
-        // Other requests are not accepted from a ring, whatever their bytes.
-        let mut e = Request::QuerySrq { srq: 1 }.encode_body();
-        let mut entry = kind::QUERY_SRQ.to_le_bytes().to_vec();
-        entry.extend_from_slice(&(e.len() as u16).to_le_bytes());
-        entry.append(&mut e);
-        assert!(Request::from_wqe(&entry).is_err());
-        assert!(Request::from_wqe(&[1, 2]).is_err());
-        assert!(Request::from_wqe(&[0; WQE_ENTRY_LEN]).is_err());
     }
 
     #[test]
@@ -2499,10 +2012,10 @@ mod tests {
                 addrs: vec!["127.0.0.1".parse().unwrap(), "::1".parse().unwrap()],
                 port: 4791,
             }]),
-            Response::Completions(vec![WcMsg {
+            Response::Completions(vec![Cqe {
                 wr_id: 1,
                 byte_len: 5,
-                ..WcMsg::default()
+                ..Cqe::default()
             }]),
             Response::Stat(vec![("a".into(), 1), ("b".into(), 2)]),
             Response::Mr {
@@ -2552,16 +2065,17 @@ mod tests {
 
     #[test]
     fn a_lying_count_does_not_allocate_or_panic() {
-        // PostRecv claiming 256 SGEs with none present.
+        // PostRecv claiming a WQE of 4 GiB with 8 bytes present.
         let mut w = Writer::default();
-        w.u32(1).u64(2).u16(256);
+        w.u32(1).u32(u32::MAX).u64(2);
         assert_eq!(
             Request::decode(kind::POST_RECV, &w.buf),
             Err(ProtoError::Truncated)
         );
+        // Stat answer claiming 2^32 counters.
         let mut w = Writer::default();
-        w.u32(1).u64(2).u16(u16::MAX);
-        assert!(Request::decode(kind::POST_RECV, &w.buf).is_err());
+        w.u8(rtag::STAT).u32(u32::MAX);
+        assert!(Response::decode(kind::STAT | RESPONSE_BIT, &w.buf).is_err());
     }
 
     proptest! {

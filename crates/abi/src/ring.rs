@@ -148,6 +148,7 @@ impl Ring {
         }
         if !capacity.is_power_of_two()
             || entry_size == 0
+            || !entry_size.is_multiple_of(8)
             || (capacity as usize).checked_mul(entry_size) != Some(len - ENTRIES)
         {
             return Err(RingError::Invalid("geometry does not match the size"));
@@ -214,8 +215,8 @@ impl Ring {
         Ok(used)
     }
 
-    /// Producer: append one entry (`entry.len() <= entry_size`, zero-padded). `Ok(false)` if
-    /// the ring is full.
+    /// Producer: append one entry (`entry.len() <= entry_size`; the slot's bytes past its
+    /// end are left as they were). `Ok(false)` if the ring is full.
     #[allow(unsafe_code)]
     pub fn push(&mut self, entry: &[u8]) -> Result<bool, RingError> {
         if self.role != Role::Producer || entry.len() > self.entry_size {
@@ -225,12 +226,17 @@ impl Ring {
         if self.check(self.mine, cons)? == self.capacity {
             return Ok(false);
         }
-        let slot = self.slot(self.mine);
-        for i in 0..self.entry_size {
-            let b = entry.get(i).copied().unwrap_or(0);
-            // SAFETY: `slot..slot + entry_size` is inside the mapping (see `slot`); volatile
-            // because the peer maps the same bytes.
-            unsafe { slot.add(i).write_volatile(b) };
+        let slot = self.slot(self.mine).cast::<u64>();
+        // Whole words up to the entry's end, the last one zero-padded; bytes past it keep
+        // what they held (entries say their own length).
+        for (i, chunk) in entry.chunks(8).enumerate() {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            // SAFETY: `slot..slot + entry_size` is inside the mapping (see `slot`) and
+            // 8-aligned (the mapping is page-aligned, the header and every entry size are
+            // multiples of 8), and `entry.len() <= entry_size`; volatile because the peer
+            // maps the same bytes.
+            unsafe { slot.add(i).write_volatile(u64::from_ne_bytes(w)) };
         }
         self.mine = self.mine.wrapping_add(1);
         self.word(PROD).store(self.mine, Ordering::Release);
@@ -264,10 +270,12 @@ impl Ring {
         if self.check(prod, self.mine)? == 0 {
             return Ok(false);
         }
-        let slot = self.slot(self.mine);
-        for (i, o) in out.iter_mut().enumerate() {
-            // SAFETY: inside the mapping (see `slot`); volatile because the peer maps it.
-            *o = unsafe { slot.add(i).read_volatile() };
+        let slot = self.slot(self.mine).cast::<u64>();
+        for (i, o) in out.chunks_exact_mut(8).enumerate() {
+            // SAFETY: inside the mapping and 8-aligned (see `push`); `out.len() ==
+            // entry_size`, a multiple of 8; volatile because the peer maps it.
+            let w = unsafe { slot.add(i).read_volatile() };
+            o.copy_from_slice(&w.to_ne_bytes());
         }
         self.mine = self.mine.wrapping_add(1);
         self.word(CONS).store(self.mine, Ordering::Release);

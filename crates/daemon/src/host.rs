@@ -358,10 +358,10 @@ fn fill_ring(engine: &mut SendEngine, cq: CqHandle, ring: &mut Ring) -> Result<(
                 return Ok(());
             }
             for c in &wcs {
-                let m = abi::convert::wc_to_msg(c);
+                let e = abi::wqe::Cqe::of(c);
                 // `free` slots were checked above and only this thread (under the lock)
                 // produces.
-                ring.push(&m.to_entry())?;
+                ring.push(e.bytes())?;
             }
             continue;
         }

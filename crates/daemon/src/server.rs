@@ -20,8 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use engine::{
     AccessFlags, AhHandle, CqHandle, MemOwner, MrHandle, MwHandle, MwType, PdHandle, QpAttr,
-    QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendOp, SendWr, SrqAttr, SrqHandle,
-    UdDest, VerbsError,
+    QpAttrMask, QpCap, QpInitAttr, QpState, QpType, SendOp, SendWr, SrqAttr, SrqHandle, VerbsError,
 };
 
 use crate::host::Device;
@@ -29,11 +28,12 @@ use crate::memory::{self, Region, SharedRegions};
 use crate::wq::{Handles, Queue, WorkRing};
 use abi::convert::{self, ConvertError};
 use abi::proto::{
-    wq, DeviceInfo, Header, ProtoError, QpInitMsg, Request, Response, SgeMsg, WcMsg, HEADER_LEN,
-    MAX_EVENTS, MAX_WCS, VERSION, WQE_ENTRY_LEN,
+    wq, DeviceInfo, Header, ProtoError, QpInitMsg, Request, Response, HEADER_LEN, MAX_EVENTS,
+    MAX_WCS, VERSION,
 };
 use abi::ring::{Ring, Role};
 use abi::shm::SharedMemory;
+use abi::wqe;
 
 const EINVAL: i32 = 22;
 const EFAULT: i32 = 14;
@@ -639,17 +639,28 @@ impl<'d> Conn<'d> {
                 self.stat(|s| &s.live_qps, false);
                 Ok(Response::Done)
             }
-            Request::PostSend { qp, wr } => {
+            Request::PostSend { qp, wqe } => {
                 let (i, qpn) = self.qp(qp)?;
                 self.not_backlogged(i, Queue::Sq { qpn })?;
-                let wr = self.wr_for_engine(i, convert::send_wr_from_msg(wr)?)?;
-                d.devices[i].with(|e| e.post_send(qpn, wr))?;
+                let (wr, ud) = wqe::decode_send(&wqe).map_err(bad_wqe)?;
+                let wr = self.wr_for_engine(i, wr)?;
+                match ud {
+                    None => d.devices[i].with(|e| e.post_send(qpn, wr))?,
+                    Some(mut dest) => {
+                        let (ai, ah) = self.ah(dest.ah.0)?;
+                        if ai != i {
+                            return Err(fail(EINVAL, "QP and AH are on different devices"));
+                        }
+                        dest.ah = ah;
+                        d.devices[i].with(|e| e.post_send_ud(qpn, wr, dest))?
+                    }
+                }
                 Ok(Response::Done)
             }
-            Request::PostRecv { qp, wr_id, sges } => {
+            Request::PostRecv { qp, wqe } => {
                 let (i, qpn) = self.qp(qp)?;
                 self.not_backlogged(i, Queue::Rq { qpn })?;
-                let wr = RecvWr::new(wr_id, sges.iter().map(sge).collect());
+                let wr = wqe::decode_recv(&wqe).map_err(bad_wqe)?;
                 d.devices[i].with(|e| e.post_recv(qpn, wr))?;
                 Ok(Response::Done)
             }
@@ -664,7 +675,7 @@ impl<'d> Conn<'d> {
                 let max = (max as usize).min(MAX_WCS);
                 let wcs = d.devices[i].with(|e| e.poll_cq(h, max))?;
                 Ok(Response::Completions(
-                    wcs.iter().map(convert::wc_to_msg).collect(),
+                    wcs.iter().map(wqe::Cqe::of).collect(),
                 ))
             }
             Request::AttachCqRing { cq, capacity } => {
@@ -675,7 +686,7 @@ impl<'d> Conn<'d> {
                 if d.devices[i].has_ring(h) {
                     return Err(fail(EINVAL, "this CQ already has a ring"));
                 }
-                let (ring, fd) = Ring::create(capacity, WcMsg::ENTRY_LEN, Role::Producer)
+                let (ring, fd) = Ring::create(capacity, wqe::CQE_LEN, Role::Producer)
                     .map_err(|e| fail(ENOMEM, e.to_string()))?;
                 d.devices[i].attach_ring(h, ring)?;
                 self.pending_fd = Some(fd);
@@ -724,10 +735,10 @@ impl<'d> Conn<'d> {
                 self.stat(|s| &s.live_srqs, false);
                 Ok(Response::Done)
             }
-            Request::PostSrqRecv { srq, wr_id, sges } => {
+            Request::PostSrqRecv { srq, wqe } => {
                 let (i, h) = self.srq(srq)?;
                 self.not_backlogged(i, Queue::Srq { srq: h })?;
-                let wr = RecvWr::new(wr_id, sges.iter().map(convert::sge_from_msg).collect());
+                let wr = wqe::decode_recv(&wqe).map_err(bad_wqe)?;
                 d.devices[i].with(|e| e.post_srq_recv(h, wr))?;
                 Ok(Response::Done)
             }
@@ -785,28 +796,6 @@ impl<'d> Conn<'d> {
                 d.devices[i].with(|e| e.destroy_ah(h))?;
                 self.objs().remove(&ah);
                 self.stat(|s| &s.live_ahs, false);
-                Ok(Response::Done)
-            }
-            Request::PostSendUd {
-                qp,
-                ah,
-                remote_qpn,
-                remote_qkey,
-                wr,
-            } => {
-                let (i, qpn) = self.qp(qp)?;
-                self.not_backlogged(i, Queue::Sq { qpn })?;
-                let (ai, ah) = self.ah(ah)?;
-                if ai != i {
-                    return Err(fail(EINVAL, "QP and AH are on different devices"));
-                }
-                let wr = self.wr_for_engine(i, convert::send_wr_from_msg(wr)?)?;
-                let dest = UdDest {
-                    ah,
-                    remote_qpn,
-                    remote_qkey,
-                };
-                d.devices[i].with(|e| e.post_send_ud(qpn, wr, dest))?;
                 Ok(Response::Done)
             }
             Request::CreateQpWithSrq { init, srq } => self.create_qp(init, Some(srq)),
@@ -909,7 +898,21 @@ impl<'d> Conn<'d> {
                 if self.work_rings >= MAX_WORK_RINGS_PER_CONNECTION {
                     return Err(fail(ENOMEM, "too many work rings on this connection"));
                 }
-                let (ring, fd) = Ring::create(capacity, WQE_ENTRY_LEN, Role::Consumer)
+                // Entries sized for what the queue's WRs may carry, so every WR the verb
+                // accepts fits one.
+                let entry = match q {
+                    Queue::Sq { qpn } => {
+                        let cap = d.devices[i].read(|e| e.query_qp(qpn))?.cap;
+                        wqe::send_entry_len(cap.max_send_sge, cap.max_inline_data)
+                    }
+                    Queue::Rq { qpn } => wqe::recv_entry_len(
+                        d.devices[i].read(|e| e.query_qp(qpn))?.cap.max_recv_sge,
+                    ),
+                    Queue::Srq { srq } => {
+                        wqe::recv_entry_len(d.devices[i].read(|e| e.query_srq(srq))?.max_sge)
+                    }
+                };
+                let (ring, fd) = Ring::create(capacity, entry, Role::Consumer)
                     .map_err(|e| fail(ENOMEM, e.to_string()))?;
                 let handles = Arc::new(ConnHandles {
                     objs: self.objs.clone(),
@@ -1129,8 +1132,9 @@ impl<'d> Conn<'d> {
     }
 }
 
-fn sge(s: &SgeMsg) -> engine::Sge {
-    convert::sge_from_msg(s)
+/// A work request entry that does not decode: the client library never writes one.
+fn bad_wqe(e: wqe::WqeError) -> Fail {
+    fail(EINVAL, format!("bad work request: {e}"))
 }
 
 /// Why the message loop of a connection ended.

@@ -1,10 +1,11 @@
 //! Work rings: the daemon's end of the shared-memory send, receive and shared receive queues
 //! a client posts into (the "NIC fetches WQEs" step of the data path).
 //!
-//! Each entry is one post request laid out by [`Request::to_wqe`]. Everything in the ring is
-//! the client's and untrusted: [`Ring`] validates the indices, [`Request::from_wqe`] the
-//! entry, and this module that the entry names the ring's own queue and handles the
-//! connection holds. A ring that lies (an impossible index, an entry that does not decode or
+//! Each entry is one work request in the fixed layout of [`abi::wqe`], sized for its queue's
+//! capabilities. Everything in the ring is the client's and untrusted: [`Ring`] validates
+//! the indices, [`wqe::decode_send`] / [`wqe::decode_recv`] every field of the entry (copied
+//! out of shared memory first), and this module that the handles it names are the
+//! connection's. A ring that lies (an impossible index, an entry that does not decode or
 //! names another queue) is detached and its QP moved to the error state, which flushes what
 //! it had queued; a WQE the engine refuses (e.g. too many SGEs, an opcode the QP type does
 //! not carry) moves the QP to the error state as well. Nothing a client writes reaches a
@@ -18,9 +19,8 @@ use engine::{
     AhHandle, QpAttr, QpAttrMask, QpState, RecvWr, SendWr, SrqHandle, UdDest, VerbsError,
 };
 
-use abi::convert;
-use abi::proto::{Request, WQE_ENTRY_LEN};
 use abi::ring::{Ring, RingError};
+use abi::wqe;
 
 /// Most WQEs taken from one ring in one go, so that one busy client cannot hold the device
 /// lock for long.
@@ -161,11 +161,6 @@ impl WorkRing {
         self.queue
     }
 
-    /// Entries this ring's geometry requires (the daemon makes every work ring this way).
-    pub fn entry_len() -> usize {
-        WQE_ENTRY_LEN
-    }
-
     /// Whether WQEs wait: in the ring, or held back for room in the engine. A corrupt index
     /// counts as waiting, so the next drain finds and reports it.
     pub fn pending(&self) -> bool {
@@ -236,56 +231,29 @@ impl WorkRing {
 
     /// The popped entry as a WQE of this ring's queue with the engine's handles.
     fn decode(&self) -> Result<Posted, BadWqe> {
-        let req = Request::from_wqe(&self.entry).map_err(|e| BadWqe(e.to_string()))?;
-        let mine = |h: u32| {
-            if h == self.handle {
-                Ok(())
-            } else {
-                Err(BadWqe(format!("names handle {h}, not the ring's")))
-            }
-        };
-        let send = |wr| {
-            let wr = convert::send_wr_from_msg(wr).map_err(|e| BadWqe(e.to_string()))?;
-            self.handles
-                .send_wr(wr)
-                .ok_or_else(|| BadWqe("names a window or region it does not hold".into()))
-        };
-        match (self.queue, req) {
-            (Queue::Sq { .. }, Request::PostSend { qp, wr }) => {
-                mine(qp)?;
-                Ok(Posted::Send(send(wr)?))
-            }
-            (
-                Queue::Sq { .. },
-                Request::PostSendUd {
-                    qp,
-                    ah,
-                    remote_qpn,
-                    remote_qkey,
-                    wr,
-                },
-            ) => {
-                mine(qp)?;
-                let ah = self
+        let bad = |e: wqe::WqeError| BadWqe(e.to_string());
+        match self.queue {
+            Queue::Sq { .. } => {
+                let (wr, ud) = wqe::decode_send(&self.entry).map_err(bad)?;
+                let wr = self
                     .handles
-                    .ah(ah)
-                    .ok_or_else(|| BadWqe(format!("no AH {ah} on this connection")))?;
-                let dest = UdDest {
-                    ah,
-                    remote_qpn,
-                    remote_qkey,
-                };
-                Ok(Posted::SendUd(send(wr)?, dest))
+                    .send_wr(wr)
+                    .ok_or_else(|| BadWqe("names a window or region it does not hold".into()))?;
+                match ud {
+                    None => Ok(Posted::Send(wr)),
+                    Some(mut dest) => {
+                        let ah = dest.ah.0;
+                        dest.ah = self
+                            .handles
+                            .ah(ah)
+                            .ok_or_else(|| BadWqe(format!("no AH {ah} on this connection")))?;
+                        Ok(Posted::SendUd(wr, dest))
+                    }
+                }
             }
-            (Queue::Rq { .. }, Request::PostRecv { qp, wr_id, sges }) => {
-                mine(qp)?;
-                Ok(Posted::Recv(recv_wr(wr_id, &sges)))
+            Queue::Rq { .. } | Queue::Srq { .. } => {
+                Ok(Posted::Recv(wqe::decode_recv(&self.entry).map_err(bad)?))
             }
-            (Queue::Srq { .. }, Request::PostSrqRecv { srq, wr_id, sges }) => {
-                mine(srq)?;
-                Ok(Posted::Recv(recv_wr(wr_id, &sges)))
-            }
-            _ => Err(BadWqe("a post for another kind of queue".into())),
         }
     }
 
@@ -342,8 +310,4 @@ impl WorkRing {
             let _ = engine.modify_qp(qpn, &err, QpAttrMask::STATE);
         }
     }
-}
-
-fn recv_wr(wr_id: u64, sges: &[abi::proto::SgeMsg]) -> RecvWr {
-    RecvWr::new(wr_id, sges.iter().map(convert::sge_from_msg).collect())
 }

@@ -7,14 +7,22 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use abi::client::CqRing;
-use abi::proto::{SendOpMsg, SendWrMsg, SgeMsg, WcMsg};
+use abi::wqe::Cqe;
 use common::{connected_pair, Daemon};
+use engine::{RecvWr, SendFlags, SendOp, SendPayload, SendWr, Sge};
 
-fn wait_ring(ring: &mut CqRing, n: usize) -> Vec<WcMsg> {
+/// Up to `max` completions from `ring`, as their ring entries (numbers as libibverbs').
+fn poll(ring: &mut CqRing, max: usize) -> Vec<Cqe> {
+    let mut out = vec![engine::WorkCompletion::default(); max];
+    let n = ring.poll_into(&mut out).unwrap();
+    out[..n].iter().map(Cqe::of).collect()
+}
+
+fn wait_ring(ring: &mut CqRing, n: usize) -> Vec<Cqe> {
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut got = Vec::new();
     while got.len() < n {
-        got.extend(ring.poll(16).unwrap());
+        got.extend(poll(ring, 16));
         assert!(Instant::now() < deadline, "ring gave {got:?}, want {n}");
         std::hint::spin_loop();
     }
@@ -51,12 +59,11 @@ fn completions_arrive_in_a_shared_memory_ring() {
         a.client
             .post_send(
                 a.qp,
-                SendWrMsg {
+                &SendWr {
                     wr_id: i,
-                    op: SendOpMsg::Send,
-                    flags: 2,
-                    sges: vec![],
-                    inline: Some(format!("message {i:02}").into_bytes()),
+                    op: SendOp::Send,
+                    flags: SendFlags::from_bits_truncate(2),
+                    payload: SendPayload::Inline(format!("message {i:02}").into_bytes()),
                 },
             )
             .unwrap();
@@ -71,7 +78,7 @@ fn completions_arrive_in_a_shared_memory_ring() {
         assert_eq!((w.wr_id, w.status, w.byte_len), (100 + i as u64, 0, 10));
         assert_eq!(b.buf.read(i * 64, 10), format!("message {i:02}").as_bytes());
     }
-    assert!(ra.poll(4).unwrap().is_empty());
+    assert!(poll(&mut ra, 4).is_empty());
 }
 
 /// `n` receives of 64 bytes each on `side`'s QP, wr_ids 100, 101...
@@ -80,12 +87,14 @@ fn post_recvs(side: &mut common::Side, n: u64) {
         side.client
             .post_recv(
                 side.qp,
-                100 + i,
-                vec![SgeMsg {
-                    addr: side.buf.addr() + i * 64,
-                    length: 64,
-                    lkey: side.lkey,
-                }],
+                &RecvWr::new(
+                    100 + i,
+                    vec![Sge {
+                        addr: side.buf.addr() + i * 64,
+                        length: 64,
+                        lkey: side.lkey,
+                    }],
+                ),
             )
             .unwrap();
     }
@@ -95,12 +104,11 @@ fn send_inline(side: &mut common::Side, wr_id: u64) {
     side.client
         .post_send(
             side.qp,
-            SendWrMsg {
+            &SendWr {
                 wr_id,
-                op: SendOpMsg::Send,
-                flags: 2,
-                sges: vec![],
-                inline: Some(wr_id.to_le_bytes().to_vec()),
+                op: SendOp::Send,
+                flags: SendFlags::from_bits_truncate(2),
+                payload: SendPayload::Inline(wr_id.to_le_bytes().to_vec()),
             },
         )
         .unwrap();
@@ -136,7 +144,7 @@ fn a_ring_smaller_than_the_burst_gets_every_completion_in_order_by_doorbell() {
     let mut got = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(20);
     while got.len() < n as usize {
-        got.extend(ra.poll(1).unwrap());
+        got.extend(poll(&mut ra, 1));
         assert!(Instant::now() < deadline, "ring gave {} of {n}", got.len());
         std::hint::spin_loop();
     }
@@ -154,12 +162,14 @@ fn a_ring_smaller_than_the_burst_gets_every_completion_in_order_by_doorbell() {
         b.client
             .post_recv(
                 b.qp,
-                200 + i,
-                vec![SgeMsg {
-                    addr: b.buf.addr(),
-                    length: 64,
-                    lkey: b.lkey,
-                }],
+                &RecvWr::new(
+                    200 + i,
+                    vec![Sge {
+                        addr: b.buf.addr(),
+                        length: 64,
+                        lkey: b.lkey,
+                    }],
+                ),
             )
             .unwrap();
         send_inline(&mut a, n + i);

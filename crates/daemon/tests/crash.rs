@@ -8,8 +8,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 
 use abi::client::Client;
-use abi::proto::{SendOpMsg, SendWrMsg, SgeMsg};
 use common::{hex, say, unhex, Daemon, Side};
+use engine::{RecvWr, SendFlags, SendOp, SendPayload, SendWr, Sge};
 
 const SIGNALED: u32 = 2;
 const CHILD_ENV: &str = "SOFTRDMAD_TEST_CHILD_SOCKET";
@@ -41,16 +41,15 @@ fn child_process_peer() {
     me.client
         .post_send(
             me.qp,
-            SendWrMsg {
+            &SendWr {
                 wr_id: 1,
-                op: SendOpMsg::Send,
-                flags: SIGNALED,
-                sges: vec![SgeMsg {
+                op: SendOp::Send,
+                flags: SendFlags::from_bits_truncate(SIGNALED),
+                payload: SendPayload::Sges(vec![Sge {
                     addr: me.buf.addr(),
                     length: 32,
                     lkey: me.lkey,
-                }],
-                inline: None,
+                }]),
             },
         )
         .unwrap();
@@ -111,12 +110,14 @@ fn a_client_killed_mid_way_loses_its_resources_and_its_peer_sees_errors() {
         .client
         .post_recv(
             parent.qp,
-            7,
-            vec![SgeMsg {
-                addr: parent.buf.addr() + 1024,
-                length: 64,
-                lkey: parent.lkey,
-            }],
+            &RecvWr::new(
+                7,
+                vec![Sge {
+                    addr: parent.buf.addr() + 1024,
+                    length: 64,
+                    lkey: parent.lkey,
+                }],
+            ),
         )
         .unwrap();
     let mut stdin = child.stdin.take().unwrap();
@@ -133,34 +134,33 @@ fn a_client_killed_mid_way_loses_its_resources_and_its_peer_sees_errors() {
     // process's address space, both ways.
     parent.buf.write(0, b"written by the parent");
     let lkey = parent.lkey;
-    let wr = move |wr_id, op, addr| SendWrMsg {
+    let wr = move |wr_id, op, addr| SendWr {
         wr_id,
         op,
-        flags: SIGNALED,
-        sges: vec![SgeMsg {
+        flags: SendFlags::from_bits_truncate(SIGNALED),
+        payload: SendPayload::Sges(vec![Sge {
             addr,
             length: 21,
             lkey,
-        }],
-        inline: None,
+        }]),
     };
     let (p0, p1) = (parent.buf.addr(), parent.buf.addr() + 2048);
-    let write_op = SendOpMsg::Write {
+    let write_op = SendOp::RdmaWrite {
         remote_addr: child_addr + 100,
         rkey: child_rkey,
     };
     parent
         .client
-        .post_send(parent.qp, wr(8, write_op, p0))
+        .post_send(parent.qp, &wr(8, write_op, p0))
         .unwrap();
     assert_eq!(parent.wait(1)[0].status, 0);
-    let read_op = SendOpMsg::Read {
+    let read_op = SendOp::RdmaRead {
         remote_addr: child_addr + 100,
         rkey: child_rkey,
     };
     parent
         .client
-        .post_send(parent.qp, wr(9, read_op, p1))
+        .post_send(parent.qp, &wr(9, read_op, p1))
         .unwrap();
     assert_eq!(parent.wait(1)[0].status, 0);
     assert_eq!(parent.buf.read(2048, 21), b"written by the parent");
@@ -197,7 +197,7 @@ fn a_client_killed_mid_way_loses_its_resources_and_its_peer_sees_errors() {
     // retries run out) instead of hanging or landing anywhere.
     parent
         .client
-        .post_send(parent.qp, wr(10, write_op, p0))
+        .post_send(parent.qp, &wr(10, write_op, p0))
         .unwrap();
     let w = parent.wait(1);
     assert_eq!(w[0].wr_id, 10);

@@ -3,8 +3,8 @@
 mod common;
 
 use abi::client::Client;
-use abi::proto::{SendOpMsg, SendWrMsg, SgeMsg};
 use common::{connected_pair, Daemon};
+use engine::{RecvWr, SendFlags, SendOp, SendPayload, SendWr, Sge};
 
 #[test]
 fn by_default_every_interface_is_a_device_and_loopback_only_when_asked() {
@@ -38,23 +38,24 @@ fn rc_works_over_ipv6() {
     b.client
         .post_recv(
             b.qp,
-            1,
-            vec![SgeMsg {
-                addr: b.buf.addr(),
-                length: 64,
-                lkey: b.lkey,
-            }],
+            &RecvWr::new(
+                1,
+                vec![Sge {
+                    addr: b.buf.addr(),
+                    length: 64,
+                    lkey: b.lkey,
+                }],
+            ),
         )
         .unwrap();
     a.client
         .post_send(
             a.qp,
-            SendWrMsg {
+            &SendWr {
                 wr_id: 2,
-                op: SendOpMsg::Send,
-                flags: 2,
-                sges: vec![],
-                inline: Some(b"over ipv6".to_vec()),
+                op: SendOp::Send,
+                flags: SendFlags::from_bits_truncate(2),
+                payload: SendPayload::Inline(b"over ipv6".to_vec()),
             },
         )
         .unwrap();
@@ -102,28 +103,29 @@ fn another_clients_lkey_is_useless_on_my_qp() {
     a.client
         .post_recv(
             a.qp,
-            1,
-            vec![SgeMsg {
-                addr: a.buf.addr(),
-                length: 64,
-                lkey: a.lkey,
-            }],
+            &RecvWr::new(
+                1,
+                vec![Sge {
+                    addr: a.buf.addr(),
+                    length: 64,
+                    lkey: a.lkey,
+                }],
+            ),
         )
         .unwrap();
     // a SENDs from b's buffer with b's lkey: the MR is in b's PD, not a's QP's.
     a.client
         .post_send(
             a.qp,
-            SendWrMsg {
+            &SendWr {
                 wr_id: 5,
-                op: SendOpMsg::Send,
-                flags: 2,
-                sges: vec![SgeMsg {
+                op: SendOp::Send,
+                flags: SendFlags::from_bits_truncate(2),
+                payload: SendPayload::Sges(vec![Sge {
                     addr: b.buf.addr(),
                     length: 11,
                     lkey: b.lkey,
-                }],
-                inline: None,
+                }]),
             },
         )
         .unwrap();

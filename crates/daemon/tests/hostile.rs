@@ -235,7 +235,8 @@ fn shared_registrations_need_the_file_really_mapped_at_the_address() {
 
 #[test]
 fn another_clients_srqs_ahs_windows_channels_and_events_are_out_of_reach() {
-    use abi::proto::{AhMsg, QpInitMsg, SendOpMsg, SendWrMsg};
+    use abi::proto::{AhMsg, QpInitMsg};
+    use engine::{AhHandle, RecvWr, SendFlags, SendOp, SendPayload, SendWr, UdDest};
     let mut d = Daemon::start();
     let mut a = d.client();
     let mut b = d.client();
@@ -270,12 +271,11 @@ fn another_clients_srqs_ahs_windows_channels_and_events_are_out_of_reach() {
     // b's own PD and CQ exist, so only the foreign SRQ/AH/CQ handles can be what is refused.
     let pd_b = b.alloc_pd(0).unwrap();
     let cq_b = b.create_cq(0, 4).unwrap();
-    let wr = SendWrMsg {
+    let wr = SendWr {
         wr_id: 1,
-        op: SendOpMsg::Send,
-        flags: 0,
-        sges: vec![],
-        inline: None,
+        op: SendOp::Send,
+        flags: SendFlags::from_bits_truncate(0),
+        payload: SendPayload::Sges(vec![]),
     };
     for h in [srq_a, ah_a, cq_a, qp_a.handle, mw_a] {
         if h == pd_b || h == cq_b {
@@ -284,12 +284,24 @@ fn another_clients_srqs_ahs_windows_channels_and_events_are_out_of_reach() {
         assert_eq!(b.destroy_srq(h).unwrap_err().errno(), Some(EINVAL));
         assert_eq!(b.srq_len(h).unwrap_err().errno(), Some(EINVAL));
         assert_eq!(
-            b.post_srq_recv(h, 1, vec![]).unwrap_err().errno(),
+            b.post_srq_recv(h, &RecvWr::new(1, vec![]),)
+                .unwrap_err()
+                .errno(),
             Some(EINVAL)
         );
         assert_eq!(b.destroy_ah(h).unwrap_err().errno(), Some(EINVAL));
         assert_eq!(
-            b.post_send_ud(h, h, 1, 1, wr.clone()).unwrap_err().errno(),
+            b.post_send_ud(
+                h,
+                &wr,
+                &UdDest {
+                    ah: AhHandle(h),
+                    remote_qpn: 1,
+                    remote_qkey: 1
+                }
+            )
+            .unwrap_err()
+            .errno(),
             Some(EINVAL)
         );
         assert_eq!(b.cq_channel(h).unwrap_err().errno(), Some(EINVAL));
@@ -307,7 +319,7 @@ fn another_clients_srqs_ahs_windows_channels_and_events_are_out_of_reach() {
     }
     // a's QP goes to ERR (IBV_QPS_ERR with IBV_QP_STATE): on an SRQ that raises
     // "last WQE reached" for a.
-    a.post_srq_recv(srq_a, 1, vec![]).unwrap();
+    a.post_srq_recv(srq_a, &RecvWr::new(1, vec![])).unwrap();
     let init_attr = abi::proto::QpAttrMsg {
         qp_state: 1,
         port_num: 1,

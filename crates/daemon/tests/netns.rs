@@ -22,8 +22,8 @@ use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use abi::client::Client;
-use abi::proto::{SendOpMsg, SendWrMsg, SgeMsg};
 use common::{hex, say, unhex, Side, Stats};
+use engine::{RecvWr, SendFlags, SendOp, SendPayload, SendWr, Sge};
 use hosts::Hosts;
 
 const ROLE_ENV: &str = "SOFTRDMAD_NETNS_ROLE";
@@ -67,17 +67,16 @@ fn hear() -> String {
     line
 }
 
-fn wr(wr_id: u64, op: SendOpMsg, me: &Side, at: usize, len: usize) -> SendWrMsg {
-    SendWrMsg {
+fn wr(wr_id: u64, op: SendOp, me: &Side, at: usize, len: usize) -> SendWr {
+    SendWr {
         wr_id,
         op,
-        flags: SIGNALED,
-        sges: vec![SgeMsg {
+        flags: SendFlags::from_bits_truncate(SIGNALED),
+        payload: SendPayload::Sges(vec![Sge {
             addr: me.buf.addr() + at as u64,
             length: len as u32,
             lkey: me.lkey,
-        }],
-        inline: None,
+        }]),
     }
 }
 
@@ -120,12 +119,14 @@ fn netns_peer() {
 
     if !active {
         for (wr_id, at, len) in [(1, SEND_AT, SEND_LEN), (2, NOTE_AT, 64)] {
-            let sge = SgeMsg {
+            let sge = Sge {
                 addr: me.buf.addr() + at as u64,
                 length: len as u32,
                 lkey: me.lkey,
             };
-            me.client.post_recv(me.qp, wr_id, vec![sge]).unwrap();
+            me.client
+                .post_recv(me.qp, &RecvWr::new(wr_id, vec![sge]))
+                .unwrap();
         }
         say("READY");
         let w = me.wait(2);
@@ -146,22 +147,22 @@ fn netns_peer() {
 
     say("READY");
     assert_eq!(hear().trim(), "GO");
-    let write = SendOpMsg::Write {
+    let write = SendOp::RdmaWrite {
         remote_addr: raddr + WRITE_AT as u64,
         rkey,
     };
-    let read = SendOpMsg::Read {
+    let read = SendOp::RdmaRead {
         remote_addr: raddr + READ_AT as u64,
         rkey,
     };
     let wrs = [
-        wr(1, SendOpMsg::Send, &me, SEND_AT, SEND_LEN),
+        wr(1, SendOp::Send, &me, SEND_AT, SEND_LEN),
         wr(2, write, &me, WRITE_AT, WRITE_LEN),
-        wr(3, SendOpMsg::Send, &me, NOTE_AT, NOTE.len()),
+        wr(3, SendOp::Send, &me, NOTE_AT, NOTE.len()),
         wr(4, read, &me, READ_AT, READ_LEN),
     ];
     for w in wrs {
-        me.client.post_send(me.qp, w).unwrap();
+        me.client.post_send(me.qp, &w).unwrap();
     }
     let w = me.wait(4);
     let got: Vec<(u64, u32)> = w.iter().map(|c| (c.wr_id, c.status)).collect();

@@ -3,8 +3,8 @@
 
 mod common;
 
-use abi::proto::{SendOpMsg, SendWrMsg, SgeMsg};
 use common::{connected_pair, Daemon};
+use engine::{RecvWr, SendFlags, SendOp, SendPayload, SendWr, Sge};
 
 const SIGNALED: u32 = 2;
 
@@ -19,27 +19,28 @@ fn two_clients_exchange_send_write_read_and_atomics_through_one_daemon() {
     b.client
         .post_recv(
             b.qp,
-            11,
-            vec![SgeMsg {
-                addr: b.buf.addr() + 4096,
-                length: 4096,
-                lkey: b.lkey,
-            }],
+            &RecvWr::new(
+                11,
+                vec![Sge {
+                    addr: b.buf.addr() + 4096,
+                    length: 4096,
+                    lkey: b.lkey,
+                }],
+            ),
         )
         .unwrap();
     a.client
         .post_send(
             a.qp,
-            SendWrMsg {
+            &SendWr {
                 wr_id: 1,
-                op: SendOpMsg::Send,
-                flags: SIGNALED,
-                sges: vec![SgeMsg {
+                op: SendOp::Send,
+                flags: SendFlags::from_bits_truncate(SIGNALED),
+                payload: SendPayload::Sges(vec![Sge {
                     addr: a.buf.addr(),
                     length: 3000,
                     lkey: a.lkey,
-                }],
-                inline: None,
+                }]),
             },
         )
         .unwrap();
@@ -55,19 +56,18 @@ fn two_clients_exchange_send_write_read_and_atomics_through_one_daemon() {
     a.client
         .post_send(
             a.qp,
-            SendWrMsg {
+            &SendWr {
                 wr_id: 2,
-                op: SendOpMsg::Write {
+                op: SendOp::RdmaWrite {
                     remote_addr: b.buf.addr() + 10,
                     rkey: b.rkey,
                 },
-                flags: SIGNALED,
-                sges: vec![SgeMsg {
+                flags: SendFlags::from_bits_truncate(SIGNALED),
+                payload: SendPayload::Sges(vec![Sge {
                     addr: a.buf.addr() + 100,
                     length: 2500,
                     lkey: a.lkey,
-                }],
-                inline: None,
+                }]),
             },
         )
         .unwrap();
@@ -80,19 +80,18 @@ fn two_clients_exchange_send_write_read_and_atomics_through_one_daemon() {
     a.client
         .post_send(
             a.qp,
-            SendWrMsg {
+            &SendWr {
                 wr_id: 3,
-                op: SendOpMsg::Read {
+                op: SendOp::RdmaRead {
                     remote_addr: b.buf.addr() + 6000,
                     rkey: b.rkey,
                 },
-                flags: SIGNALED,
-                sges: vec![SgeMsg {
+                flags: SendFlags::from_bits_truncate(SIGNALED),
+                payload: SendPayload::Sges(vec![Sge {
                     addr: a.buf.addr() + 5000,
                     length: 30,
                     lkey: a.lkey,
-                }],
-                inline: None,
+                }]),
             },
         )
         .unwrap();
@@ -105,24 +104,23 @@ fn two_clients_exchange_send_write_read_and_atomics_through_one_daemon() {
     b.buf.write(word, &40u64.to_ne_bytes());
     let result_addr = a.buf.addr() + 7000;
     let a_lkey = a.lkey;
-    let atomic = |wr_id, op| SendWrMsg {
+    let atomic = |wr_id, op| SendWr {
         wr_id,
         op,
-        flags: SIGNALED,
-        sges: vec![SgeMsg {
+        flags: SendFlags::from_bits_truncate(SIGNALED),
+        payload: SendPayload::Sges(vec![Sge {
             addr: result_addr,
             length: 8,
             lkey: a_lkey,
-        }],
-        inline: None,
+        }]),
     };
     let remote_addr = b.buf.addr() + word as u64;
     a.client
         .post_send(
             a.qp,
-            atomic(
+            &atomic(
                 4,
-                SendOpMsg::FetchAdd {
+                SendOp::AtomicFetchAdd {
                     remote_addr,
                     rkey: b.rkey,
                     add: 2,
@@ -136,9 +134,9 @@ fn two_clients_exchange_send_write_read_and_atomics_through_one_daemon() {
     a.client
         .post_send(
             a.qp,
-            atomic(
+            &atomic(
                 5,
-                SendOpMsg::CmpSwap {
+                SendOp::AtomicCmpSwap {
                     remote_addr,
                     rkey: b.rkey,
                     compare: 42,
@@ -153,9 +151,9 @@ fn two_clients_exchange_send_write_read_and_atomics_through_one_daemon() {
     a.client
         .post_send(
             a.qp,
-            atomic(
+            &atomic(
                 6,
-                SendOpMsg::CmpSwap {
+                SendOp::AtomicCmpSwap {
                     remote_addr,
                     rkey: b.rkey,
                     compare: 42,
@@ -176,23 +174,24 @@ fn two_clients_exchange_send_write_read_and_atomics_through_one_daemon() {
     a.client
         .post_recv(
             a.qp,
-            21,
-            vec![SgeMsg {
-                addr: a.buf.addr() + 7100,
-                length: 64,
-                lkey: a.lkey,
-            }],
+            &RecvWr::new(
+                21,
+                vec![Sge {
+                    addr: a.buf.addr() + 7100,
+                    length: 64,
+                    lkey: a.lkey,
+                }],
+            ),
         )
         .unwrap();
     b.client
         .post_send(
             b.qp,
-            SendWrMsg {
+            &SendWr {
                 wr_id: 7,
-                op: SendOpMsg::SendWithImm { imm: 0xfeed },
-                flags: SIGNALED,
-                sges: vec![],
-                inline: Some(b"inline hello".to_vec()),
+                op: SendOp::SendWithImm { imm: 0xfeed },
+                flags: SendFlags::from_bits_truncate(SIGNALED),
+                payload: SendPayload::Inline(b"inline hello".to_vec()),
             },
         )
         .unwrap();
@@ -234,19 +233,18 @@ fn a_remote_write_with_a_wrong_rkey_fails_without_touching_memory() {
     a.client
         .post_send(
             a.qp,
-            SendWrMsg {
+            &SendWr {
                 wr_id: 9,
-                op: SendOpMsg::Write {
+                op: SendOp::RdmaWrite {
                     remote_addr: b.buf.addr(),
                     rkey: b.rkey ^ 0x55,
                 },
-                flags: SIGNALED,
-                sges: vec![SgeMsg {
+                flags: SendFlags::from_bits_truncate(SIGNALED),
+                payload: SendPayload::Sges(vec![Sge {
                     addr: a.buf.addr(),
                     length: 64,
                     lkey: a.lkey,
-                }],
-                inline: None,
+                }]),
             },
         )
         .unwrap();

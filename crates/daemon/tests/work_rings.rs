@@ -9,9 +9,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use abi::client::{Posted, WorkQueueRing};
-use abi::proto::{wq, QpInitMsg, Request, SendOpMsg, SendWrMsg, SgeMsg, WQE_ENTRY_LEN};
+use abi::proto::{wq, QpInitMsg, Request};
+use abi::ring::RingError;
 use abi::ring::{Ring, Role};
+use abi::wqe;
 use common::{connected_pair, Daemon, Side};
+use engine::{AhHandle, RecvWr, SendFlags, SendOp, SendPayload, SendWr, Sge, UdDest};
 
 /// `IBV_QPS_ERR`.
 const QPS_ERR: u32 = 6;
@@ -42,50 +45,75 @@ fn rings(side: &mut Side) -> (WorkQueueRing, WorkQueueRing) {
     (sq, rq)
 }
 
-fn recv(side: &Side, wr_id: u64, off: u64) -> Request {
-    Request::PostRecv {
-        qp: side.qp,
-        wr_id,
-        sges: vec![SgeMsg {
-            addr: side.buf.addr() + off,
-            length: 64,
-            lkey: side.lkey,
-        }],
+/// A work request for one of a side's queues, posted by ring or by request.
+enum Wr {
+    Send(u32, SendWr),
+    Recv(u32, RecvWr),
+}
+
+impl Wr {
+    /// The post request for it.
+    fn request(&self) -> Request {
+        let mut e = vec![0u8; wqe::MAX_SEND_ENTRY];
+        match self {
+            Wr::Send(qp, wr) => {
+                let n = wqe::encode_send(wr, None, &mut e).unwrap();
+                e.truncate(n);
+                Request::PostSend { qp: *qp, wqe: e }
+            }
+            Wr::Recv(qp, wr) => {
+                let n = wqe::encode_recv(wr, &mut e).unwrap();
+                e.truncate(n);
+                Request::PostRecv { qp: *qp, wqe: e }
+            }
+        }
     }
 }
 
-fn send(side: &Side, wr_id: u64, text: &str) -> Request {
-    Request::PostSend {
-        qp: side.qp,
-        wr: SendWrMsg {
-            wr_id,
-            op: SendOpMsg::Send,
-            flags: 2,
-            sges: vec![],
-            inline: Some(text.as_bytes().to_vec()),
-        },
+/// Posting a [`Wr`] into a work ring.
+trait PostWr {
+    fn post(&mut self, wr: &Wr) -> Result<Posted, RingError>;
+}
+
+impl PostWr for WorkQueueRing {
+    fn post(&mut self, wr: &Wr) -> Result<Posted, RingError> {
+        match wr {
+            Wr::Send(_, w) => self.post_send(w, None),
+            Wr::Recv(_, w) => self.post_recv(w),
+        }
     }
+}
+
+/// Posting a [`Wr`] by request.
+trait PostByRequest {
+    fn post_wr(&mut self, wr: &Wr) -> Result<(), abi::client::ClientError>;
+}
+
+impl PostByRequest for abi::client::Client {
+    fn post_wr(&mut self, wr: &Wr) -> Result<(), abi::client::ClientError> {
+        self.post(&wr.request())
+    }
+}
+
+fn recv(side: &Side, wr_id: u64, off: u64) -> Wr {
+    let sge = Sge::new(side.buf.addr() + off, 64, side.lkey);
+    Wr::Recv(side.qp, RecvWr::new(wr_id, vec![sge]))
+}
+
+fn send(side: &Side, wr_id: u64, text: &str) -> Wr {
+    let mut wr = SendWr::send(wr_id, Vec::new());
+    wr.payload = SendPayload::Inline(text.as_bytes().to_vec());
+    wr.flags |= SendFlags::INLINE;
+    Wr::Send(side.qp, wr)
 }
 
 /// A signaled RDMA WRITE of `from`'s first `len` bytes to the start of `to`'s buffer.
-fn write_all(from: &Side, to: &Side, wr_id: u64, len: usize) -> Request {
-    Request::PostSend {
-        qp: from.qp,
-        wr: SendWrMsg {
-            wr_id,
-            op: SendOpMsg::Write {
-                remote_addr: to.buf.addr(),
-                rkey: to.rkey,
-            },
-            flags: 2,
-            sges: vec![SgeMsg {
-                addr: from.buf.addr(),
-                length: len as u32,
-                lkey: from.lkey,
-            }],
-            inline: None,
-        },
-    }
+fn write_all(from: &Side, to: &Side, wr_id: u64, len: usize) -> Wr {
+    let sge = Sge::new(from.buf.addr(), len as u32, from.lkey);
+    Wr::Send(
+        from.qp,
+        SendWr::rdma_write(wr_id, vec![sge], to.buf.addr(), to.rkey),
+    )
 }
 
 /// Wait, looking only at shared memory (no request, which would take the WQEs itself),
@@ -274,15 +302,10 @@ fn check_survived(d: &mut Daemon, a: &mut Side, b: &mut Side, qp: u32, counter: 
     b.client
         .post_recv(
             b.qp,
-            7,
-            vec![SgeMsg {
-                addr: b.buf.addr(),
-                length: 64,
-                lkey: b.lkey,
-            }],
+            &RecvWr::new(7, vec![Sge::new(b.buf.addr(), 64, b.lkey)]),
         )
         .unwrap();
-    a.client.post(&send(a, 7, "still here")).unwrap();
+    a.client.post_wr(&send(a, 7, "still here")).unwrap();
     let w = b.wait(1);
     assert_eq!((w[0].wr_id, w[0].status), (7, 0));
     assert_eq!(b.buf.read(0, 10), b"still here");
@@ -310,8 +333,7 @@ type EntryFor<'a> = Box<dyn Fn(u32) -> Vec<u8> + 'a>;
 fn garbage_and_foreign_wqes_put_the_qp_in_error_and_the_daemon_serves_on() {
     let mut d = Daemon::start();
     let (mut a, mut b) = connected_pair(&d, 4096);
-    let other = spare_qp(&mut a);
-    let mut garbage = vec![0u8; WQE_ENTRY_LEN];
+    let mut garbage = vec![0u8; wqe::send_entry_len(1, 0)];
     let mut x = 0x9e37_79b9u32;
     for g in &mut garbage {
         x ^= x << 13;
@@ -319,72 +341,76 @@ fn garbage_and_foreign_wqes_put_the_qp_in_error_and_the_daemon_serves_on() {
         x ^= x << 5;
         *g = x as u8;
     }
-    let entry = |r: &Request| r.to_wqe().unwrap();
+    let send_entry = |wr: &SendWr, ud: Option<&UdDest>| {
+        let mut e = vec![0u8; wqe::MAX_SEND_ENTRY];
+        let n = wqe::encode_send(wr, ud, &mut e).unwrap();
+        e.truncate(n);
+        e
+    };
+    let recv_entry = || {
+        let mut e = vec![0u8; wqe::MAX_RECV_ENTRY];
+        let n = wqe::encode_recv(&RecvWr::new(1, Vec::new()), &mut e).unwrap();
+        e.truncate(n);
+        e
+    };
+    let plain = SendWr::send(1, Vec::new());
     let cases: Vec<(&str, u8, EntryFor<'_>)> = vec![
         ("random bytes", wq::SQ, Box::new(move |_| garbage.clone())),
         (
-            "a length past the entry",
+            "more SGEs than the entry holds",
             wq::RQ,
-            Box::new(|qp| {
-                let mut e = entry(&Request::PostRecv {
-                    qp,
-                    wr_id: 1,
-                    sges: vec![],
-                });
-                e[2..4].copy_from_slice(&300u16.to_le_bytes());
+            Box::new(move |_| {
+                let mut e = recv_entry();
+                e[8..12].copy_from_slice(&9u32.to_ne_bytes());
                 e
             }),
         ),
         (
-            "a post naming another QP",
-            wq::RQ,
-            Box::new(move |_| {
-                entry(&Request::PostRecv {
-                    qp: other,
-                    wr_id: 1,
-                    sges: vec![],
-                })
+            "an unknown opcode",
+            wq::SQ,
+            Box::new(|_| {
+                let mut e = send_entry(&plain, None);
+                e[8..12].copy_from_slice(&77u32.to_ne_bytes());
+                e
             }),
         ),
         (
-            "a receive in a send ring",
+            "unknown send flags",
             wq::SQ,
-            Box::new(|qp| {
-                entry(&Request::PostRecv {
-                    qp,
-                    wr_id: 1,
-                    sges: vec![],
-                })
-            }),
-        ),
-        (
-            "a control request",
-            wq::SQ,
-            Box::new(|qp| {
-                let body = Request::DestroyQp { qp }.encode_body();
-                let mut e = abi::proto::kind::DESTROY_QP.to_le_bytes().to_vec();
-                e.extend_from_slice(&(body.len() as u16).to_le_bytes());
-                e.extend_from_slice(&body);
+            Box::new(|_| {
+                let mut e = send_entry(&plain, None);
+                e[12..16].copy_from_slice(&0x8000u32.to_ne_bytes());
                 e
             }),
         ),
         (
             "a UD send naming an AH the connection does not hold",
             wq::SQ,
-            Box::new(|qp| {
-                entry(&Request::PostSendUd {
-                    qp,
-                    ah: 999_999,
+            Box::new(|_| {
+                let dest = UdDest {
+                    ah: AhHandle(999_999),
                     remote_qpn: 1,
                     remote_qkey: 0,
-                    wr: SendWrMsg {
-                        wr_id: 1,
-                        op: SendOpMsg::Send,
-                        flags: 2,
-                        sges: vec![],
-                        inline: None,
+                };
+                send_entry(&plain, Some(&dest))
+            }),
+        ),
+        (
+            "a bind of a window the connection does not hold",
+            wq::SQ,
+            Box::new(|_| {
+                let mut wr = plain.clone();
+                wr.op = SendOp::BindMw {
+                    mw: engine::MwHandle(999_999),
+                    rkey: 1,
+                    bind: engine::MwBind {
+                        mr: engine::MrHandle(999_999),
+                        addr: 0,
+                        length: 0,
+                        access: engine::AccessFlags::empty(),
                     },
-                })
+                };
+                send_entry(&wr, None)
             }),
         ),
     ];
@@ -396,21 +422,17 @@ fn garbage_and_foreign_wqes_put_the_qp_in_error_and_the_daemon_serves_on() {
         eprintln!("case: {what}");
         check_survived(&mut d, &mut a, &mut b, qp, "ring_bad_wqes", n as u64 + 1);
     }
-    // A well-formed WQE the engine refuses (more SGEs than the QP takes).
+    // A well-formed WQE the engine refuses (an RDMA READ with inline data, which has
+    // nowhere to land).
     let qp = spare_qp(&mut a);
-    let fd = a.client.work_ring_fd(wq::RQ, qp, 8).unwrap();
+    let fd = a.client.work_ring_fd(wq::SQ, qp, 8).unwrap();
     let mut ring = Ring::open(&fd, Role::Producer).unwrap();
-    let sge = SgeMsg {
-        addr: a.buf.addr(),
-        length: 8,
-        lkey: a.lkey,
-    };
-    let e = entry(&Request::PostRecv {
-        qp,
-        wr_id: 1,
-        sges: vec![sge; 3],
-    });
-    assert!(ring.push(&e).unwrap());
+    let mut read = SendWr::rdma_read(1, Vec::new(), b.buf.addr(), b.rkey);
+    read.payload = SendPayload::Inline(vec![0; 8]);
+    read.flags |= SendFlags::INLINE;
+    let mut e = vec![0u8; wqe::MAX_SEND_ENTRY];
+    let n = wqe::encode_send(&read, None, &mut e).unwrap();
+    assert!(ring.push(&e[..n]).unwrap());
     check_survived(&mut d, &mut a, &mut b, qp, "ring_refused_wqes", 1);
     // Another connection's QP cannot be given a ring, nor a queue kind that does not exist.
     let mut c = d.client();
@@ -470,7 +492,7 @@ fn two_devices_of_one_daemon_hand_each_other_packets_with_no_udp() {
     b.connect(ga, qa);
     let pattern: Vec<u8> = (0..len).map(|i| (i * 13 + i / 1000) as u8).collect();
     a.buf.write(0, &pattern);
-    a.client.post(&write_all(&a, &b, 9, len)).unwrap();
+    a.client.post_wr(&write_all(&a, &b, 9, len)).unwrap();
     let w = a.wait(1);
     assert_eq!((w[0].wr_id, w[0].status), (9, 0));
     assert!(b.buf.read(0, len) == pattern, "the data landed");
@@ -540,7 +562,7 @@ fn a_client_past_the_work_ring_limit_gets_a_clear_error_and_everyone_is_served_o
 
     // The other connection: rings as before, and data through them.
     let (mut sq_b, _rq_b) = rings(&mut b);
-    a.client.post(&recv(&a, 5, 0)).unwrap();
+    a.client.post_wr(&recv(&a, 5, 0)).unwrap();
     assert!(matches!(
         sq_b.post(&send(&b, 6, "over the limit")).unwrap(),
         Posted::Queued { .. }
@@ -551,15 +573,15 @@ fn a_client_past_the_work_ring_limit_gets_a_clear_error_and_everyone_is_served_o
     assert_eq!(b.wait(1)[0].wr_id, 6);
 
     // The same connection: by request still, and by ring once it gave two back.
-    b.client.post(&recv(&b, 7, 0)).unwrap();
-    a.client.post(&send(&a, 8, "by request")).unwrap();
+    b.client.post_wr(&recv(&b, 7, 0)).unwrap();
+    a.client.post_wr(&send(&a, 8, "by request")).unwrap();
     let w = b.wait(1);
     assert_eq!((w[0].wr_id, w[0].status), (7, 0));
     assert_eq!(b.buf.read(0, 10), b"by request");
     a.client.destroy_qp(qps.pop().unwrap()).unwrap();
     let (mut sq_a, _rq_a) = rings(&mut a);
     assert!(a.client.work_ring_fd(wq::SQ, extra, 1).is_err());
-    b.client.post(&recv(&b, 9, 0)).unwrap();
+    b.client.post_wr(&recv(&b, 9, 0)).unwrap();
     sq_a.post(&send(&a, 10, "by ring")).unwrap();
     let w = b.wait(1);
     assert_eq!((w[0].wr_id, w[0].status), (9, 0));

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use abi::client::{Client, ClientError, CqRing, Posted, WorkQueueRing};
 use abi::convert;
-use abi::proto::{wq, DeviceInfo, QpInitMsg, Request};
+use abi::proto::{wq, DeviceInfo, QpInitMsg};
 use engine::{
     AccessFlags, AhAttr, AhHandle, AsyncEvent, CqHandle, DeviceAttr, Gid, MwBind, MwHandle, MwType,
     PdHandle, PortAttr, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags,
@@ -323,10 +323,13 @@ struct SrqRing {
     ring: Mutex<WorkQueueRing>,
 }
 
-/// Write `req` into `ring`; false if it must go by request instead (full, too large, or the
-/// ring is unusable).
-fn ring_post(ring: &Mutex<WorkQueueRing>, req: &Request) -> bool {
-    match lock(ring).post(req) {
+/// Write a WR into `ring` with `post`; false if it must go by request instead (full, too
+/// large, or the ring is unusable).
+fn ring_post(
+    ring: &Mutex<WorkQueueRing>,
+    post: impl FnOnce(&mut WorkQueueRing) -> std::result::Result<Posted, abi::ring::RingError>,
+) -> bool {
+    match post(&mut lock(ring)) {
         Ok(Posted::Queued { .. }) => true,
         Ok(_) => false,
         Err(e) => {
@@ -356,6 +359,9 @@ pub(crate) enum Notifier {
         ring: Mutex<CqRing>,
     },
 }
+
+/// Most completions one `poll_cq` returns (a caller asking for more gets them in turns).
+const MAX_POLL: usize = 4096;
 
 /// Largest CQ ring the daemon grants.
 const MAX_CQ_RING: u32 = 1 << 16;
@@ -402,10 +408,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while a caller held the connection leaves it usable: every call is one
     // request and its whole answer.
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn sges(s: &[engine::Sge]) -> Vec<abi::proto::SgeMsg> {
-    s.iter().map(convert::sge_to_msg).collect()
 }
 
 impl From<convert::ConvertError> for Error {
@@ -929,29 +931,33 @@ impl Backend {
         state: &Notifier,
         max: usize,
     ) -> Result<Vec<WorkCompletion>> {
-        match (self, state) {
-            (Backend::Embedded(rt), _) => {
-                let wcs = rt.lock().poll_cq(cq, max)?;
-                if wcs.is_empty() {
-                    self.relax();
-                }
-                Ok(wcs)
-            }
+        let mut wcs = vec![WorkCompletion::default(); max.min(MAX_POLL)];
+        let n = self.poll_cq_into(cq, state, &mut wcs)?;
+        wcs.truncate(n);
+        Ok(wcs)
+    }
+
+    /// Completions into `out`, as many as wait and fit; returns how many. Allocates
+    /// nothing: on the daemon the completions are read from the CQ's ring in place.
+    pub(crate) fn poll_cq_into(
+        &self,
+        cq: CqHandle,
+        state: &Notifier,
+        out: &mut [WorkCompletion],
+    ) -> Result<usize> {
+        let n = match (self, state) {
+            (Backend::Embedded(rt), _) => rt.lock().poll_cq_into(cq, out)?,
             (Backend::Daemon(d), Notifier::Daemon { ring, .. }) => {
-                let wcs = lock(ring).poll(max).map_err(ring_error)?;
-                if wcs.is_empty() {
-                    self.relax();
-                    return Ok(Vec::new());
-                }
-                let wcs = wcs
-                    .iter()
-                    .map(|m| convert::wc_from_msg(m).map_err(Error::from))
-                    .collect::<Result<Vec<_>>>()?;
-                d.retire(&wcs);
-                Ok(wcs)
+                let n = lock(ring).poll_into(out).map_err(ring_error)?;
+                d.retire(&out[..n]);
+                n
             }
-            (Backend::Daemon(_), Notifier::Embedded(_)) => Err(unsupported("a foreign CQ")),
+            (Backend::Daemon(_), Notifier::Embedded(_)) => return Err(unsupported("a foreign CQ")),
+        };
+        if n == 0 {
+            self.relax();
         }
+        Ok(n)
     }
 
     /// Completions waiting: on the daemon, those in the ring plus those the daemon holds
@@ -1131,19 +1137,15 @@ impl Backend {
         match self {
             Backend::Embedded(rt) => Ok(rt.lock().post_send(qp, wr)?),
             Backend::Daemon(d) => {
-                let req = Request::PostSend {
-                    qp,
-                    wr: convert::send_wr_to_msg(&wr)?,
-                };
                 let signaled = wr.flags.contains(SendFlags::SIGNALED);
                 d.post_counted(qp, signaled, |q| {
                     let ring = q.filter(|q| q.send_ok(&wr, false));
                     if let Some(sq) = ring.and_then(|q| q.sq.as_ref()) {
-                        if ring_post(sq, &req) {
+                        if ring_post(sq, |r| r.post_send(&wr, None)) {
                             return Ok(());
                         }
                     }
-                    Ok(d.c().post(&req)?)
+                    Ok(d.c().post_send(qp, &wr)?)
                 })
             }
         }
@@ -1154,22 +1156,15 @@ impl Backend {
             Backend::Embedded(rt) => Ok(rt.lock().post_send_ud(qp, wr, dest)?),
             Backend::Daemon(d) => {
                 let ah_pd = lock(&d.ah_pds).get(&dest.ah.0).copied();
-                let req = Request::PostSendUd {
-                    qp,
-                    ah: dest.ah.0,
-                    remote_qpn: dest.remote_qpn,
-                    remote_qkey: dest.remote_qkey,
-                    wr: convert::send_wr_to_msg(&wr)?,
-                };
                 let signaled = wr.flags.contains(SendFlags::SIGNALED);
                 d.post_counted(qp, signaled, |q| {
                     let ring = q.filter(|q| Some(q.pd) == ah_pd && q.send_ok(&wr, true));
                     if let Some(sq) = ring.and_then(|q| q.sq.as_ref()) {
-                        if ring_post(sq, &req) {
+                        if ring_post(sq, |r| r.post_send(&wr, Some(&dest))) {
                             return Ok(());
                         }
                     }
-                    Ok(d.c().post(&req)?)
+                    Ok(d.c().post_send_ud(qp, &wr, &dest)?)
                 })
             }
         }
@@ -1196,17 +1191,12 @@ impl Backend {
                     r
                 };
                 let ring = rings.as_ref().filter(|q| q.recv_ok(&wr));
-                let req = Request::PostRecv {
-                    qp,
-                    wr_id: wr.wr_id,
-                    sges: sges(&wr.sg_list),
-                };
                 if let Some(rq) = ring.and_then(|q| q.rq.as_ref()) {
-                    if ring_post(rq, &req) {
+                    if ring_post(rq, |r| r.post_recv(&wr)) {
                         return counted(Ok(()));
                     }
                 }
-                counted(d.c().post(&req).map_err(Error::from))
+                counted(d.c().post_recv(qp, &wr).map_err(Error::from))
             }
         }
     }
@@ -1245,17 +1235,12 @@ impl Backend {
             Backend::Embedded(rt) => Ok(rt.lock().post_srq_recv(srq, wr)?),
             Backend::Daemon(d) => {
                 let ring = lock(&d.srqs).get(&srq.0).cloned();
-                let req = Request::PostSrqRecv {
-                    srq: srq.0,
-                    wr_id: wr.wr_id,
-                    sges: sges(&wr.sg_list),
-                };
                 if let Some(r) = ring.filter(|r| wr.sg_list.len() <= r.max_sge as usize) {
-                    if ring_post(&r.ring, &req) {
+                    if ring_post(&r.ring, |ring| ring.post_recv(&wr)) {
                         return Ok(());
                     }
                 }
-                Ok(d.c().post(&req)?)
+                Ok(d.c().post_srq_recv(srq.0, &wr)?)
             }
         }
     }

@@ -53,6 +53,15 @@ impl Cq {
             .poll_cq(self.inner.handle, &self.inner.notifier, max)
     }
 
+    /// Take completions into `out`, oldest first, as many as wait and fit; returns how many.
+    /// The allocation-free form of [`Cq::poll`], for polling loops.
+    pub fn poll_into(&self, out: &mut [WorkCompletion]) -> Result<usize> {
+        self.inner
+            .dev
+            .backend_ref()
+            .poll_cq_into(self.inner.handle, &self.inner.notifier, out)
+    }
+
     /// Take the oldest completion, if any.
     pub fn poll_one(&self) -> Result<Option<WorkCompletion>> {
         Ok(self.poll(1)?.pop())

@@ -213,6 +213,12 @@ impl RawDevice<'_> {
         self.backend.poll_cq(cq.handle, &cq.notifier, max)
     }
 
+    /// Completions into `out`, oldest first, as many as wait and fit; returns how many.
+    /// Allocates nothing (on the daemon the completions are read from the CQ's ring).
+    pub fn poll_cq_into(&self, cq: &RawCq, out: &mut [WorkCompletion]) -> Result<usize> {
+        self.backend.poll_cq_into(cq.handle, &cq.notifier, out)
+    }
+
     /// Room for `cqe` completions from now on (`ibv_resize_cq`); returns the size the CQ
     /// has now. Refused (EINVAL) while more completions than that wait in it.
     pub fn resize_cq(&self, cq: &RawCq, cqe: u32) -> Result<u32> {

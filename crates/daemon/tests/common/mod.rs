@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
 use abi::client::Client;
-use abi::proto::{QpAttrMsg, QpInitMsg, WcMsg};
+use abi::proto::{QpAttrMsg, QpInitMsg};
+use abi::wqe::Cqe;
 
 /// `ibv_access_flags`.
 pub const LOCAL_WRITE: u32 = 1;
@@ -317,7 +318,7 @@ impl Side {
     }
 
     /// Wait for `n` completions on the side's CQ.
-    pub fn wait(&mut self, n: usize) -> Vec<WcMsg> {
+    pub fn wait(&mut self, n: usize) -> Vec<Cqe> {
         let deadline = Instant::now() + Duration::from_secs(20);
         let mut got = Vec::new();
         while got.len() < n {
