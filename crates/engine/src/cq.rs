@@ -1,8 +1,13 @@
-//! Completion queues and the work completions they hold (`ibv_cq`, `ibv_wc`).
+//! Completion queues and the work completions they hold (`ibv_cq`, `ibv_wc`), and the CQ
+//! verbs (create, resize, destroy, poll, notify).
 
 use std::collections::VecDeque;
 
 use bitflags::bitflags;
+
+use crate::error::VerbsError;
+use crate::memory::Memory;
+use crate::Engine;
 
 /// Handle of a completion queue within one [`crate::Engine`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -249,6 +254,101 @@ impl Cq {
         }
         self.entries.push_back(wc);
         Push::Ok
+    }
+}
+
+impl<M: Memory + ?Sized> Engine<M> {
+    /// A CQ size the device offers: 1..=`max_cqe`.
+    fn check_cqe(&self, cqe: u32) -> Result<(), VerbsError> {
+        let max = self.config.device.max_cqe;
+        if cqe == 0 || cqe > max {
+            return Err(VerbsError::CapExceeded {
+                what: "cqe",
+                requested: cqe,
+                max,
+            });
+        }
+        Ok(())
+    }
+
+    /// `ibv_create_cq` with room for `cqe` completions.
+    pub fn create_cq(&mut self, cqe: u32) -> Result<CqHandle, VerbsError> {
+        self.check_cqe(cqe)?;
+        if self.cqs.len() >= self.config.device.max_cq as usize {
+            return Err(VerbsError::TooMany("completion queues"));
+        }
+        Ok(CqHandle(self.cqs.insert(Cq::new(cqe as usize))))
+    }
+
+    /// `ibv_resize_cq`: room for `cqe` completions from now on (returned: the size it has
+    /// now). Refused while more completions than that wait in it.
+    pub fn resize_cq(&mut self, cq: CqHandle, cqe: u32) -> Result<u32, VerbsError> {
+        self.check_cqe(cqe)?;
+        let c = self.cqs.get_mut(cq.0).ok_or(VerbsError::InvalidCq)?;
+        if c.entries.len() > cqe as usize {
+            return Err(VerbsError::CqTooSmall {
+                requested: cqe,
+                waiting: c.entries.len(),
+            });
+        }
+        c.depth = cqe as usize;
+        Ok(cqe)
+    }
+
+    /// `ibv_destroy_cq`: fails with `Busy` while QPs use it.
+    pub fn destroy_cq(&mut self, cq: CqHandle) -> Result<(), VerbsError> {
+        let c = self.cqs.get(cq.0).ok_or(VerbsError::InvalidCq)?;
+        if c.users > 0 {
+            return Err(VerbsError::Busy("completion queue in use"));
+        }
+        self.cqs.remove(cq.0);
+        Ok(())
+    }
+
+    /// `ibv_poll_cq`: take up to `max` completions, oldest first (a convenience that
+    /// allocates; the data path should use [`Engine::poll_cq_into`]).
+    pub fn poll_cq(&mut self, cq: CqHandle, max: usize) -> Result<Vec<WorkCompletion>, VerbsError> {
+        let c = self.cqs.get_mut(cq.0).ok_or(VerbsError::InvalidCq)?;
+        let n = max.min(c.entries.len());
+        Ok(c.entries.drain(..n).collect())
+    }
+
+    /// `ibv_poll_cq` without allocating: move up to `out.len()` completions, oldest first,
+    /// into `out`; returns how many.
+    pub fn poll_cq_into(
+        &mut self,
+        cq: CqHandle,
+        out: &mut [WorkCompletion],
+    ) -> Result<usize, VerbsError> {
+        let c = self.cqs.get_mut(cq.0).ok_or(VerbsError::InvalidCq)?;
+        let n = out.len().min(c.entries.len());
+        for (slot, wc) in out.iter_mut().zip(c.entries.drain(..n)) {
+            *slot = wc;
+        }
+        Ok(n)
+    }
+
+    /// `ibv_req_notify_cq`: raise one completion event for `cq` when its next completion
+    /// arrives (with `solicited_only`: the next solicited or error completion).
+    pub fn req_notify_cq(&mut self, cq: CqHandle, solicited_only: bool) -> Result<(), VerbsError> {
+        let c = self.cqs.get_mut(cq.0).ok_or(VerbsError::InvalidCq)?;
+        c.armed = Some(solicited_only);
+        Ok(())
+    }
+
+    /// `ibv_get_cq_event` without blocking: the next CQ whose armed notification fired.
+    pub fn get_cq_event(&mut self) -> Option<CqHandle> {
+        self.cq_events.pop_front()
+    }
+
+    /// Completions waiting in a CQ.
+    pub fn cq_len(&self, cq: CqHandle) -> Result<usize, VerbsError> {
+        Ok(self
+            .cqs
+            .get(cq.0)
+            .ok_or(VerbsError::InvalidCq)?
+            .entries
+            .len())
     }
 }
 

@@ -1,10 +1,13 @@
-//! Memory regions and their keys: the checks a NIC makes before every "DMA".
+//! Memory regions and their keys: the checks a NIC makes before every "DMA", and the MR
+//! verbs (`reg_mr`, `dereg_mr`, `query_mr`).
 
-use crate::memory::MemOwner;
+use crate::error::VerbsError;
+use crate::memory::{MemOwner, Memory};
 use crate::pd::PdHandle;
 use crate::qp_attr::AccessFlags;
 use crate::rng::Rng;
 use crate::table::Table;
+use crate::Engine;
 
 /// Handle of a memory region within one [`crate::Engine`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -170,4 +173,67 @@ fn check(
         return Err(KeyError::OutOfBounds);
     }
     Ok(mr.owner)
+}
+
+impl<M: Memory + ?Sized> Engine<M> {
+    /// `ibv_reg_mr`: register `length` bytes at `addr` of `owner`'s memory. Remote write or
+    /// atomic access requires local write (IBA 10.6.3.1).
+    pub fn reg_mr(
+        &mut self,
+        pd: PdHandle,
+        owner: MemOwner,
+        addr: u64,
+        length: u64,
+        access: AccessFlags,
+    ) -> Result<MrKeys, VerbsError> {
+        if self.pds.get(pd.0).is_none() {
+            return Err(VerbsError::InvalidPd);
+        }
+        if !access.is_valid_for_mr() {
+            return Err(VerbsError::InvalidAccess);
+        }
+        if length > self.config.device.max_mr_size || addr.checked_add(length).is_none() {
+            return Err(VerbsError::InvalidLength);
+        }
+        if self.mrs.len() >= self.config.device.max_mr as usize {
+            return Err(VerbsError::TooMany("memory regions"));
+        }
+        let mr = Mr {
+            pd,
+            owner,
+            addr,
+            length,
+            access,
+            lkey: 0,
+            rkey: 0,
+            valid: true,
+        };
+        let keys = self
+            .mrs
+            .insert(&mut self.rng, mr)
+            .ok_or(VerbsError::TooMany("memory regions"))?;
+        if let Some(p) = self.pds.get_mut(pd.0) {
+            p.users += 1;
+        }
+        Ok(keys)
+    }
+
+    /// `ibv_dereg_mr`. Later accesses through its keys fail the key check.
+    pub fn dereg_mr(&mut self, mr: MrHandle) -> Result<(), VerbsError> {
+        let m = self.mrs.remove(mr).ok_or(VerbsError::InvalidMr)?;
+        if let Some(p) = self.pds.get_mut(m.pd.0) {
+            p.users = p.users.saturating_sub(1);
+        }
+        Ok(())
+    }
+
+    /// The keys of a registered MR.
+    pub fn query_mr(&self, mr: MrHandle) -> Result<MrKeys, VerbsError> {
+        let m = self.mrs.get(mr).ok_or(VerbsError::InvalidMr)?;
+        Ok(MrKeys {
+            handle: mr,
+            lkey: m.lkey,
+            rkey: m.rkey,
+        })
+    }
 }

@@ -1,5 +1,6 @@
 //! The queue pair object: its attributes, its two work queues, and the transport state each
-//! NIC function (`req`, `comp`, `resp`) keeps in it.
+//! NIC function (`req`, `comp`, `resp`) keeps in it; and the QP verbs (create, modify, query,
+//! destroy, `post_send`, `post_recv`).
 
 use std::collections::VecDeque;
 use std::net::IpAddr;
@@ -8,12 +9,14 @@ use wire::Psn;
 
 use crate::counters::Counters;
 use crate::cq::CqHandle;
-use crate::memory::MemOwner;
+use crate::device::{EngineConfig, Gid, MAX_INTERNAL_MTU};
+use crate::error::VerbsError;
+use crate::memory::{MemOwner, Memory};
 use crate::pd::PdHandle;
-use crate::qp_attr::{QpAttr, QpCap, QpState, QpType};
+use crate::qp_attr::{PathMtu, QpAttr, QpAttrMask, QpCap, QpState, QpType};
 use crate::time::Instant;
-use crate::wr::{SendFlags, SendOp, SendPayload, Sge};
-use crate::WcStatus;
+use crate::wr::{RecvWr, SendFlags, SendOp, SendPayload, SendWr, Sge};
+use crate::{comp, ctx, qp_attr, req, resp, srq, uc, Ctx, Engine, WcStatus, FIRST_QPN};
 
 /// What `create_qp` needs (`ibv_qp_init_attr`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -278,6 +281,289 @@ pub(crate) fn rnr_timer(code: u8) -> core::time::Duration {
         163_840, 245_760, 327_680, 491_520,
     ];
     core::time::Duration::from_micros(u64::from(US[usize::from(code & 31)]))
+}
+
+impl<M: Memory + ?Sized> Engine<M> {
+    /// `ibv_create_qp`: a QP in RESET. Returns its QP number.
+    pub fn create_qp(&mut self, init: &QpInitAttr) -> Result<u32, VerbsError> {
+        if self.pds.get(init.pd.0).is_none() {
+            return Err(VerbsError::InvalidPd);
+        }
+        if self.cqs.get(init.send_cq.0).is_none() || self.cqs.get(init.recv_cq.0).is_none() {
+            return Err(VerbsError::InvalidCq);
+        }
+        let d = &self.config.device;
+        let cap = init.cap;
+        for (what, requested, max) in [
+            ("max_send_wr", cap.max_send_wr, d.max_qp_wr),
+            ("max_recv_wr", cap.max_recv_wr, d.max_qp_wr),
+            ("max_send_sge", cap.max_send_sge, d.max_sge),
+            ("max_recv_sge", cap.max_recv_sge, d.max_sge),
+            ("max_inline_data", cap.max_inline_data, d.max_inline_data),
+        ] {
+            if requested > max {
+                return Err(VerbsError::CapExceeded {
+                    what,
+                    requested,
+                    max,
+                });
+            }
+        }
+        if self.qps.len() >= d.max_qp as usize {
+            return Err(VerbsError::TooMany("queue pairs"));
+        }
+        // QPNs are 24 bits; skip the special ones and any still in use.
+        let mut qpn = self.next_qpn;
+        while self.qps.contains_key(&qpn) || qpn < FIRST_QPN {
+            qpn = (qpn + 1) & 0xff_ffff;
+        }
+        self.next_qpn = (qpn + 1) & 0xff_ffff;
+        let attr = QpAttr {
+            cap,
+            ..QpAttr::default()
+        };
+        let qp = Qp {
+            qpn,
+            qp_type: init.qp_type,
+            pd: init.pd,
+            send_cq: init.send_cq,
+            recv_cq: init.recv_cq,
+            cap,
+            sq_sig_all: init.sq_sig_all,
+            attr,
+            path: None,
+            sq: VecDeque::new(),
+            rq: VecDeque::new(),
+            req: ReqState::default(),
+            resp: RespState::default(),
+            counters: Counters::default(),
+            ext: Default::default(),
+        };
+        self.qps.insert(qpn, qp);
+        if let Some(p) = self.pds.get_mut(init.pd.0) {
+            p.users += 1;
+        }
+        for cq in [init.send_cq, init.recv_cq] {
+            if let Some(c) = self.cqs.get_mut(cq.0) {
+                c.users += 1;
+            }
+        }
+        Ok(qpn)
+    }
+
+    /// `ibv_destroy_qp`. Its WRs vanish without completions, as in verbs.
+    pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError> {
+        let qp = self.qps.remove(&qpn).ok_or(VerbsError::InvalidQp)?;
+        self.active.remove(&qpn);
+        self.timers.file(qpn, None);
+        // The ACK it still owed its peer leaves on its behalf: the requests it acknowledges
+        // were executed, and the peer would retry them into a QP that is gone.
+        self.parting.extend(resp::parting_ack(&qp));
+        self.mws.release_qp(qpn);
+        if let Some(p) = self.pds.get_mut(qp.pd.0) {
+            p.users = p.users.saturating_sub(1);
+        }
+        for cq in [qp.send_cq, qp.recv_cq] {
+            if let Some(c) = self.cqs.get_mut(cq.0) {
+                c.users = c.users.saturating_sub(1);
+            }
+        }
+        Ok(())
+    }
+
+    /// `ibv_query_qp`: the attributes as last set (with the current state and capacities).
+    pub fn query_qp(&self, qpn: u32) -> Result<QpAttr, VerbsError> {
+        let qp = self.qps.get(&qpn).ok_or(VerbsError::InvalidQp)?;
+        let mut a = qp.attr;
+        a.cap = qp.cap;
+        a.cur_qp_state = a.qp_state;
+        Ok(a)
+    }
+
+    fn limits(&self) -> qp_attr::QpLimits {
+        let d = &self.config.device;
+        qp_attr::QpLimits {
+            max_rd_atomic: d.max_qp_init_rd_atom.min(255) as u8,
+            max_dest_rd_atomic: d.max_qp_rd_atom.min(255) as u8,
+            max_path_mtu: self.config.mtu,
+            port_count: 1,
+            pkey_table_len: 1,
+            gid_table_len: self.gids.len().clamp(1, 0xffff) as u16,
+            alt_path_supported: false,
+        }
+    }
+
+    /// `ibv_modify_qp`: check the transition and attributes against the IBA table
+    /// ([`qp_attr::check_modify`]), then apply them. Entering ERR flushes both queues.
+    pub fn modify_qp(
+        &mut self,
+        qpn: u32,
+        attr: &QpAttr,
+        mask: QpAttrMask,
+    ) -> Result<(), VerbsError> {
+        let limits = self.limits();
+        let qp = self.qps.get(&qpn).ok_or(VerbsError::InvalidQp)?;
+        let current = qp.state();
+        let next = qp_attr::check_modify(qp.qp_type, current, attr, mask, &limits)?;
+        qp_attr::check_sq_drained(current, next, qp.attr.sq_draining)?;
+        let mut merged = qp.attr;
+        merged.apply(attr, mask);
+        // The path is fixed when the QP becomes able to receive (RTR) or when AV changes.
+        // UD has no path: each WR names its destination (an address handle).
+        let path = if !qp.qp_type.is_connected() {
+            None
+        } else if mask.contains(QpAttrMask::AV) || (next == QpState::Rtr && current != QpState::Rtr)
+        {
+            Some(self.path_of(qpn, &merged)?)
+        } else {
+            None
+        };
+        let mut overflowed = Vec::new();
+        {
+            let mut ctx = ctx!(self, Instant::default(), overflowed);
+            let Some(qp) = self.qps.get_mut(&qpn) else {
+                return Err(VerbsError::InvalidQp);
+            };
+            qp.attr = merged;
+            qp.attr.qp_state = next;
+            qp.attr.cur_qp_state = next;
+            if let Some(p) = path {
+                qp.path = Some(p);
+            }
+            if mask.contains(QpAttrMask::RETRY_CNT) {
+                qp.req.retry_left = merged.retry_cnt;
+            }
+            if mask.contains(QpAttrMask::RNR_RETRY) {
+                qp.req.rnr_retry_left = merged.rnr_retry;
+            }
+            if next != current {
+                match next {
+                    QpState::Reset => {
+                        // IBA 10.3.1: RESET empties the work queues without completions.
+                        // An ACK owed for executed requests still leaves (as on destroy).
+                        self.parting.extend(resp::parting_ack(qp));
+                        qp.sq.clear();
+                        qp.rq.clear();
+                        qp.req = ReqState::default();
+                        qp.resp = RespState::default();
+                        qp.path = None;
+                        qp.attr = QpAttr {
+                            cap: qp.cap,
+                            ..QpAttr::default()
+                        };
+                    }
+                    QpState::Rtr => {
+                        qp.resp = RespState {
+                            epsn: Psn::new(merged.rq_psn),
+                            ..RespState::default()
+                        };
+                    }
+                    QpState::Rts if current == QpState::Rtr => {
+                        let psn = Psn::new(merged.sq_psn);
+                        qp.req = ReqState {
+                            next_psn: psn,
+                            psn_hw: psn,
+                            sent_hw: psn,
+                            una: psn,
+                            retry_left: merged.retry_cnt,
+                            rnr_retry_left: merged.rnr_retry,
+                            ..ReqState::default()
+                        };
+                    }
+                    QpState::Err => {
+                        srq::entered_error(qp, &mut ctx);
+                        comp::enter_error(qp, &mut ctx);
+                    }
+                    QpState::Sqd => {
+                        qp.attr.sq_draining = true;
+                        comp::check_drained(qp, &mut ctx);
+                    }
+                    _ => {}
+                }
+            }
+            // The path MTU may change in RTR -> RTS and later: keep the path in step.
+            if let Some(p) = qp.path.as_mut() {
+                p.mtu = segment_size(&self.config, qp.attr.path_mtu, p.internal);
+                p.dest_qpn = qp.attr.dest_qp_num;
+            }
+        }
+        self.active.insert(qpn);
+        self.retime(qpn);
+        self.error_overflowed(overflowed);
+        Ok(())
+    }
+
+    fn path_of(&self, qpn: u32, a: &QpAttr) -> Result<Path, VerbsError> {
+        let sgid = self
+            .gids
+            .get(usize::from(a.ah_attr.sgid_index))
+            .ok_or(VerbsError::InvalidGidIndex(u32::from(a.ah_attr.sgid_index)))?;
+        let src_ip = sgid.to_ip();
+        let dst_ip = Gid(a.ah_attr.dgid).to_ip();
+        if src_ip.is_ipv4() != dst_ip.is_ipv4() {
+            // RoCEv2 cannot mix families: the GRH becomes one IP header.
+            return Err(VerbsError::InvalidGidIndex(u32::from(a.ah_attr.sgid_index)));
+        }
+        let internal = self.config.internal_addresses.contains(&dst_ip);
+        Ok(Path {
+            src_ip,
+            dst_ip,
+            dest_qpn: a.dest_qp_num,
+            mtu: segment_size(&self.config, a.path_mtu, internal),
+            internal,
+            hop_limit: a.ah_attr.hop_limit,
+            traffic_class: a.ah_attr.traffic_class,
+            flow_label: a.ah_attr.flow_label,
+            udp_src_port: self
+                .config
+                .udp_src_port
+                .unwrap_or_else(|| udp_src_port(a.ah_attr.flow_label, qpn, a.dest_qp_num)),
+        })
+    }
+
+    /// `ibv_post_send` of one WR. Checks what verbs checks at post time (state, queue room,
+    /// SGE count, inline size); keys are checked when the WR executes, and their failures
+    /// come back as LOC_PROT_ERR / LOC_LEN_ERR completions.
+    pub fn post_send(&mut self, qpn: u32, wr: SendWr) -> Result<(), VerbsError> {
+        let mut overflowed = Vec::new();
+        let r = {
+            let mut ctx = ctx!(self, Instant::default(), overflowed);
+            let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::InvalidQp)?;
+            uc::check_op(qp.qp_type, &wr.op)?;
+            req::post(qp, &mut ctx, wr)
+        };
+        self.active.insert(qpn);
+        self.retime(qpn);
+        self.error_overflowed(overflowed);
+        r
+    }
+
+    /// `ibv_post_recv` of one WR.
+    pub fn post_recv(&mut self, qpn: u32, wr: RecvWr) -> Result<(), VerbsError> {
+        let mut overflowed = Vec::new();
+        let r = {
+            let mut ctx = ctx!(self, Instant::default(), overflowed);
+            let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::InvalidQp)?;
+            if qp.ext.srq.is_some() {
+                // IBA 10.2.9: a QP with an SRQ has no receive queue of its own.
+                return Err(VerbsError::OpNotSupported);
+            }
+            resp::post_recv(qp, &mut ctx, wr)
+        };
+        self.error_overflowed(overflowed);
+        r
+    }
+}
+
+/// Payload bytes per packet of a connected QP: its path MTU within the port's, or on an
+/// internal path the internal segment size.
+fn segment_size(config: &EngineConfig, path_mtu: PathMtu, internal: bool) -> u32 {
+    let mtu = path_mtu.bytes().min(config.mtu.bytes()) as u32;
+    if internal {
+        config.internal_mtu.clamp(mtu, MAX_INTERNAL_MTU.max(mtu))
+    } else {
+        mtu
+    }
 }
 
 #[cfg(test)]
