@@ -1,6 +1,6 @@
 //! Errors of the verbs calls, each with the errno a libibverbs user would see.
 
-use crate::qp_attr::ModifyError;
+use crate::qp_state::ModifyError;
 
 /// Why a verbs call failed. Failures of work requests once accepted are not errors of the
 /// call: they come back as completions with a [`crate::WcStatus`].

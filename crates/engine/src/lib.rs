@@ -2,8 +2,8 @@
 //!
 //! This crate is what a hardware vendor puts in silicon: the verbs objects (protection
 //! domains, memory regions, completion queues, queue pairs), the IBA QP state machine
-//! ([`qp_attr`]) and the RoCEv2 RC transport, split the way a NIC splits it (one file per
-//! function, as Linux rxe does):
+//! ([`qp_state`], over the QP vocabulary of [`qp_attr`]) and the RoCEv2 RC transport, split
+//! the way a NIC splits it (one file per function, as Linux rxe does):
 //!
 //! - [`pd`], [`mr`], [`cq`], [`qp`]: the verbs objects. Each file holds its object's state and
 //!   its verbs (`alloc_pd` in `pd`, `reg_mr` in `mr`, `poll_cq` in `cq`, `modify_qp` and
@@ -95,6 +95,7 @@ pub mod mr;
 pub mod pd;
 pub mod qp;
 pub mod qp_attr;
+pub mod qp_state;
 pub mod time;
 pub mod wr;
 
@@ -131,9 +132,8 @@ pub use memory::{MemOwner, Memory, MemoryError};
 pub use mr::{MrHandle, MrKeys};
 pub use pd::PdHandle;
 pub use qp::QpInitAttr;
-pub use qp_attr::{
-    AccessFlags, AhAttr, ModifyError, PathMtu, QpAttr, QpAttrMask, QpCap, QpState, QpType,
-};
+pub use qp_attr::{AccessFlags, AhAttr, PathMtu, QpAttr, QpAttrMask, QpCap, QpState, QpType};
+pub use qp_state::ModifyError;
 pub use time::Instant;
 pub use wr::{RecvWr, SendFlags, SendOp, SendPayload, SendWr, Sge};
 

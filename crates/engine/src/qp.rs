@@ -16,7 +16,7 @@ use crate::pd::PdHandle;
 use crate::qp_attr::{PathMtu, QpAttr, QpAttrMask, QpCap, QpState, QpType};
 use crate::time::Instant;
 use crate::wr::{RecvWr, SendFlags, SendOp, SendPayload, SendWr, Sge};
-use crate::{comp, ctx, qp_attr, req, resp, srq, uc, Ctx, Engine, WcStatus, FIRST_QPN};
+use crate::{comp, ctx, qp_state, req, resp, srq, uc, Ctx, Engine, WcStatus, FIRST_QPN};
 
 /// What `create_qp` needs (`ibv_qp_init_attr`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -380,9 +380,9 @@ impl<M: Memory + ?Sized> Engine<M> {
         Ok(a)
     }
 
-    fn limits(&self) -> qp_attr::QpLimits {
+    fn limits(&self) -> qp_state::QpLimits {
         let d = &self.config.device;
-        qp_attr::QpLimits {
+        qp_state::QpLimits {
             max_rd_atomic: d.max_qp_init_rd_atom.min(255) as u8,
             max_dest_rd_atomic: d.max_qp_rd_atom.min(255) as u8,
             max_path_mtu: self.config.mtu,
@@ -394,7 +394,7 @@ impl<M: Memory + ?Sized> Engine<M> {
     }
 
     /// `ibv_modify_qp`: check the transition and attributes against the IBA table
-    /// ([`qp_attr::check_modify`]), then apply them. Entering ERR flushes both queues.
+    /// ([`qp_state::check_modify`]), then apply them. Entering ERR flushes both queues.
     pub fn modify_qp(
         &mut self,
         qpn: u32,
@@ -404,8 +404,8 @@ impl<M: Memory + ?Sized> Engine<M> {
         let limits = self.limits();
         let qp = self.qps.get(&qpn).ok_or(VerbsError::InvalidQp)?;
         let current = qp.state();
-        let next = qp_attr::check_modify(qp.qp_type, current, attr, mask, &limits)?;
-        qp_attr::check_sq_drained(current, next, qp.attr.sq_draining)?;
+        let next = qp_state::check_modify(qp.qp_type, current, attr, mask, &limits)?;
+        qp_state::check_sq_drained(current, next, qp.attr.sq_draining)?;
         let mut merged = qp.attr;
         merged.apply(attr, mask);
         // The path is fixed when the QP becomes able to receive (RTR) or when AV changes.
