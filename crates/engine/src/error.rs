@@ -29,6 +29,10 @@ pub enum VerbsError {
     /// that are unknown.
     #[error("invalid access flags")]
     InvalidAccess,
+    /// A flags argument with bits the verb does not define, or with none where the verb needs
+    /// one (`ibv_rereg_mr`).
+    #[error("invalid flags")]
+    InvalidFlags,
     /// A length or address that is zero where it may not be, wraps, or exceeds a limit.
     #[error("invalid length or address")]
     InvalidLength,
@@ -45,7 +49,8 @@ pub enum VerbsError {
     /// The device has no room for another object of this kind.
     #[error("too many {0}")]
     TooMany(&'static str),
-    /// The object is still used by others (PD with MRs or QPs, CQ with QPs).
+    /// The object is still used by others (PD with MRs or QPs, CQ with QPs, MR with bound
+    /// memory windows when reregistered).
     #[error("resource busy: {0}")]
     Busy(&'static str),
     /// The QP's state does not allow this call (e.g. post_send before RTS).
@@ -122,6 +127,7 @@ impl VerbsError {
             | VerbsError::InvalidGidIndex(_)
             | VerbsError::InvalidPort(_)
             | VerbsError::InvalidAccess
+            | VerbsError::InvalidFlags
             | VerbsError::InvalidLength
             | VerbsError::CapExceeded { .. }
             | VerbsError::CqTooSmall { .. }

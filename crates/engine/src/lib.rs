@@ -62,6 +62,7 @@
 //! | `ibv_query_device` / `_port` / `_gid` | [`Engine::query_device`], [`Engine::query_port`], [`Engine::query_gid`] (RoCEv2 GIDs: `::ffff:a.b.c.d` for IPv4) |
 //! | `ibv_alloc_pd` / `ibv_dealloc_pd` | [`Engine::alloc_pd`], [`Engine::dealloc_pd`] |
 //! | `ibv_reg_mr` / `ibv_dereg_mr` | [`Engine::reg_mr`] (with a [`MemOwner`] token passed back to [`Memory`]), [`Engine::dereg_mr`] |
+//! | `ibv_rereg_mr` | [`Engine::rereg_mr`] ([`ReregFlags`]; the handle and both keys stay) |
 //! | `ibv_create_cq` / `ibv_destroy_cq` / `ibv_poll_cq` | [`Engine::create_cq`], [`Engine::destroy_cq`], [`Engine::poll_cq_into`] (or [`Engine::poll_cq`]) |
 //! | `ibv_req_notify_cq` / `ibv_get_cq_event` | [`Engine::req_notify_cq`], [`Engine::get_cq_event`] |
 //! | `ibv_create_qp` / `ibv_modify_qp` / `ibv_query_qp` / `ibv_destroy_qp` | [`Engine::create_qp`], [`Engine::modify_qp`], [`Engine::query_qp`], [`Engine::destroy_qp`] |
@@ -129,7 +130,7 @@ pub use device::{
 };
 pub use error::VerbsError;
 pub use memory::{MemOwner, Memory, MemoryError};
-pub use mr::{MrHandle, MrKeys};
+pub use mr::{MrHandle, MrKeys, ReregFlags};
 pub use pd::PdHandle;
 pub use qp::QpInitAttr;
 pub use qp_attr::{AccessFlags, AhAttr, PathMtu, QpAttr, QpAttrMask, QpCap, QpState, QpType};

@@ -1,6 +1,8 @@
 //! Memory regions and their keys: the checks a NIC makes before every "DMA", and the MR
 //! verbs (`reg_mr`, `dereg_mr`, `query_mr`).
 
+use bitflags::bitflags;
+
 use crate::error::VerbsError;
 use crate::memory::{MemOwner, Memory};
 use crate::pd::PdHandle;
@@ -22,6 +24,19 @@ pub struct MrKeys {
     pub lkey: u32,
     /// Remote key, for peers' RDMA and ATOMIC operations.
     pub rkey: u32,
+}
+
+bitflags! {
+    /// What [`Engine::rereg_mr`] changes (`enum ibv_rereg_mr_flags`, same bit values).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct ReregFlags: u32 {
+        /// A new translation: `owner`, `addr` and `length` (`IBV_REREG_MR_CHANGE_TRANSLATION`).
+        const CHANGE_TRANSLATION = 1 << 0;
+        /// A new protection domain: `pd` (`IBV_REREG_MR_CHANGE_PD`).
+        const CHANGE_PD = 1 << 1;
+        /// New access flags: `access` (`IBV_REREG_MR_CHANGE_ACCESS`).
+        const CHANGE_ACCESS = 1 << 2;
+    }
 }
 
 /// Low key bits that are random (the rest is the table index), so that a key cannot be
@@ -88,6 +103,10 @@ impl MrTable {
 
     pub(crate) fn get(&self, h: MrHandle) -> Option<&Mr> {
         self.table.get(h.0)
+    }
+
+    pub(crate) fn get_mut(&mut self, h: MrHandle) -> Option<&mut Mr> {
+        self.table.get_mut(h.0)
     }
 
     pub(crate) fn remove(&mut self, h: MrHandle) -> Option<Mr> {
@@ -225,6 +244,81 @@ impl<M: Memory + ?Sized> Engine<M> {
             p.users = p.users.saturating_sub(1);
         }
         Ok(())
+    }
+
+    /// `ibv_rereg_mr`: change what `mr` registers, as a deregistration followed by a
+    /// registration would (IBA vol. 1 ch. 11, Reregister Memory Region), selected by
+    /// `flags`: the translation (`owner`, `addr`, `length`), the PD (`pd`) and the access
+    /// rights (`access`). Arguments `flags` does not select are ignored, except that `access`
+    /// must then be empty, as libibverbs requires.
+    ///
+    /// The handle, the lkey and the rkey stay the same, as Linux rxe keeps them (its
+    /// `rereg_user_mr` changes the MR in place) and mlx5 keeps them where it can: peers
+    /// holding the rkey need no new one, and from now on every access through the keys is
+    /// checked against the new translation, PD and rights. Messages already under way fare
+    /// as after `dereg_mr`. A region invalidated by LOCAL_INV or SEND_WITH_INV stays invalid.
+    ///
+    /// Fails with `InvalidFlags` for no flag or an unknown one, `InvalidMr`, `InvalidPd`,
+    /// `InvalidAccess` (remote write or atomic without local write, IBA 10.6.3.1; or access
+    /// without `CHANGE_ACCESS`), `InvalidLength` as `reg_mr` does, and `Busy` while memory
+    /// windows are bound to the region: their range and rights were checked against the
+    /// registration they were bound to (Linux's core returned EBUSY for an MR in use, and rxe
+    /// refuses to deregister a region with bound windows, IBA 10.6.7.2.6). On failure nothing
+    /// changes.
+    #[allow(clippy::too_many_arguments)] // ibv_rereg_mr's arguments, plus reg_mr's owner token
+    pub fn rereg_mr(
+        &mut self,
+        mr: MrHandle,
+        flags: ReregFlags,
+        pd: PdHandle,
+        owner: MemOwner,
+        addr: u64,
+        length: u64,
+        access: AccessFlags,
+    ) -> Result<MrKeys, VerbsError> {
+        if flags.is_empty() || !ReregFlags::all().contains(flags) {
+            return Err(VerbsError::InvalidFlags);
+        }
+        if !flags.contains(ReregFlags::CHANGE_ACCESS) && !access.is_empty() {
+            return Err(VerbsError::InvalidAccess);
+        }
+        let m = self.mrs.get(mr).ok_or(VerbsError::InvalidMr)?;
+        let old_pd = m.pd;
+        if flags.contains(ReregFlags::CHANGE_PD) && self.pds.get(pd.0).is_none() {
+            return Err(VerbsError::InvalidPd);
+        }
+        if flags.contains(ReregFlags::CHANGE_ACCESS) && !access.is_valid_for_mr() {
+            return Err(VerbsError::InvalidAccess);
+        }
+        if flags.contains(ReregFlags::CHANGE_TRANSLATION)
+            && (length > self.config.device.max_mr_size || addr.checked_add(length).is_none())
+        {
+            return Err(VerbsError::InvalidLength);
+        }
+        if self.mws.any_bound_to(&self.mrs, mr) {
+            return Err(VerbsError::Busy("memory windows are bound to the region"));
+        }
+        let Some(m) = self.mrs.get_mut(mr) else {
+            return Err(VerbsError::InvalidMr);
+        };
+        if flags.contains(ReregFlags::CHANGE_TRANSLATION) {
+            m.owner = owner;
+            m.addr = addr;
+            m.length = length;
+        }
+        if flags.contains(ReregFlags::CHANGE_ACCESS) {
+            m.access = access;
+        }
+        if flags.contains(ReregFlags::CHANGE_PD) && pd != old_pd {
+            m.pd = pd;
+            if let Some(p) = self.pds.get_mut(old_pd.0) {
+                p.users = p.users.saturating_sub(1);
+            }
+            if let Some(p) = self.pds.get_mut(pd.0) {
+                p.users += 1;
+            }
+        }
+        self.query_mr(mr)
     }
 
     /// The keys of a registered MR.

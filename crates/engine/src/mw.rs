@@ -94,6 +94,16 @@ impl MwTable {
         self.table.len()
     }
 
+    /// Whether a bound window still reaches memory through `mr` (one bound to an earlier
+    /// registration of the same slot, or to a region since invalidated, reaches nothing: see
+    /// [`check_remote`]).
+    pub(crate) fn any_bound_to(&self, mrs: &MrTable, mr: MrHandle) -> bool {
+        self.table.iter().any(|w| {
+            w.binding
+                .is_some_and(|b| b.mr == mr && mrs.is_live(mr, b.mr_lkey))
+        })
+    }
+
     /// QP `qpn` is gone: the type 2 windows bound on it become free, so a later QP that
     /// reuses the number cannot reach memory through them.
     pub(crate) fn release_qp(&mut self, qpn: u32) {

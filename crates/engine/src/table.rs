@@ -44,6 +44,11 @@ impl<T> Table<T> {
     }
 
     /// Every object, in index order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
+        self.slots.iter().filter_map(Option::as_ref)
+    }
+
+    /// Every object, in index order.
     pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> {
         self.slots.iter_mut().filter_map(Option::as_mut)
     }
