@@ -89,6 +89,8 @@ pub struct MrInfo {
 #[derive(Debug)]
 pub struct CqRing {
     ring: Ring,
+    /// Completions taken out of the ring by [`CqRing::discard`], served first.
+    held: std::collections::VecDeque<Cqe>,
     /// The device's doorbell: rung after polling when the daemon said completions wait for
     /// room in the ring.
     doorbell: std::sync::Arc<OwnedFd>,
@@ -96,25 +98,23 @@ pub struct CqRing {
 }
 
 impl CqRing {
-    /// Completions waiting in the ring.
+    /// Completions waiting in the ring (and held back by [`CqRing::discard`]).
     pub fn len(&self) -> Result<u32, RingError> {
-        self.ring.len()
+        Ok(self.ring.len()? + self.held.len() as u32)
     }
 
-    /// No completions waiting in the ring.
+    /// No completions waiting.
     pub fn is_empty(&self) -> Result<bool, RingError> {
-        self.ring.is_empty()
+        Ok(self.len()? == 0)
     }
 
     /// Completions into `out`, oldest first, as many as wait and fit; returns how many.
     /// Nothing is allocated. If this freed slots the daemon waits for (more completions
     /// than the ring holds), rings the device's doorbell.
     pub fn poll_into(&mut self, out: &mut [WorkCompletion]) -> Result<usize, RingError> {
-        let mut e = [0u8; wqe::CQE_LEN];
         let mut n = 0;
-        while n < out.len() && self.ring.pop(&mut e)? {
-            // `e` is exactly CQE_LEN bytes: the read cannot fail.
-            let cqe = Cqe::read_from_bytes(&e).unwrap_or_default();
+        while n < out.len() {
+            let Some(cqe) = self.next()? else { break };
             out[n] = cqe
                 .completion()
                 .map_err(|_| RingError::Invalid("a completion with unknown numbers"))?;
@@ -127,6 +127,36 @@ impl CqRing {
             let _ = rustix::io::write(&*self.doorbell, &1u64.to_ne_bytes());
         }
         Ok(n)
+    }
+
+    fn next(&mut self) -> Result<Option<Cqe>, RingError> {
+        if let Some(c) = self.held.pop_front() {
+            return Ok(Some(c));
+        }
+        let mut e = [0u8; wqe::CQE_LEN];
+        if !self.ring.pop(&mut e)? {
+            return Ok(None);
+        }
+        // `e` is exactly CQE_LEN bytes: the read cannot fail.
+        Ok(Some(Cqe::read_from_bytes(&e).unwrap_or_default()))
+    }
+
+    /// Drop the completions of QP number `qpn` delivered so far (after the QP was reset:
+    /// the daemon removed those it still held; these reached the ring before). The others
+    /// are kept, in order, and polled first.
+    pub fn discard(&mut self, qpn: u32) -> Result<(), RingError> {
+        let mut kept = std::collections::VecDeque::new();
+        while let Some(c) = self.next()? {
+            if c.qp_num != qpn {
+                kept.push_back(c);
+            }
+        }
+        self.held = kept;
+        if self.ring.take_backlog() {
+            self.doorbells += 1;
+            let _ = rustix::io::write(&*self.doorbell, &1u64.to_ne_bytes());
+        }
+        Ok(())
     }
 
     /// Doorbells this ring has rung for completions waiting for room.
@@ -418,6 +448,32 @@ impl Client {
         }
     }
 
+    /// `ibv_rereg_mr`: change region `mr`'s translation (`flags` bit 1: to `length` bytes of
+    /// this process at `addr`), PD (bit 2) or access (bit 4) in place; the handle and keys
+    /// stay as the answer says.
+    pub fn rereg_mr(
+        &mut self,
+        mr: u32,
+        flags: u32,
+        pd: u32,
+        addr: u64,
+        length: u64,
+        access: u32,
+    ) -> Result<MrInfo, ClientError> {
+        let req = Request::ReregMr {
+            mr,
+            flags,
+            pd,
+            addr,
+            length,
+            access,
+        };
+        match self.call(&req)? {
+            Response::Mr { handle, lkey, rkey } => Ok(MrInfo { handle, lkey, rkey }),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+
     /// `ibv_dereg_mr`.
     pub fn dereg_mr(&mut self, mr: u32) -> Result<(), ClientError> {
         self.done(&Request::DeregMr { mr })
@@ -496,6 +552,7 @@ impl Client {
         let fd = self.call_for_fd(&Request::AttachCqRing { cq, capacity })?;
         let ring = Ring::open(&fd, Role::Consumer).map_err(|_| ClientError::Unexpected)?;
         Ok(CqRing {
+            held: std::collections::VecDeque::new(),
             ring,
             doorbell,
             doorbells: 0,
@@ -503,7 +560,7 @@ impl Client {
     }
 
     /// Post by request: `req` must be a post ([`Request::PostSend`], [`Request::PostRecv`],
-    /// [`Request::PostSrqRecv`] or [`Request::PostSendUd`]); the daemon answers as the verb.
+    /// or [`Request::PostSrqRecv`]); the daemon answers as the verb.
     pub fn post(&mut self, req: &Request) -> Result<(), ClientError> {
         if req.work_queue().is_none() {
             return Err(ClientError::Unexpected);

@@ -748,6 +748,8 @@ kinds! {
     REG_MR_SHARED = 42,
     /// [`super::Request::ResizeCq`].
     RESIZE_CQ = 43,
+    /// [`super::Request::ReregMr`].
+    REREG_MR = 44,
 }
 
 /// A request from a client. Handles (`pd`, `cq`, `mr`, `qp`) are the connection's own
@@ -819,6 +821,22 @@ pub enum Request {
         access: u32,
         /// Offset in the file of the byte at `addr`.
         offset: u64,
+    },
+    /// `ibv_rereg_mr` (answered with [`Response::Mr`]): change a region's translation (to
+    /// the client's own memory at `addr`), PD or access in place.
+    ReregMr {
+        /// MR handle.
+        mr: u32,
+        /// `IBV_REREG_MR_CHANGE_*` bits (TRANSLATION 1, PD 2, ACCESS 4).
+        flags: u32,
+        /// PD handle (with CHANGE_PD).
+        pd: u32,
+        /// Start address in the client (with CHANGE_TRANSLATION).
+        addr: u64,
+        /// Length in bytes (with CHANGE_TRANSLATION).
+        length: u64,
+        /// `ibv_access_flags` (with CHANGE_ACCESS).
+        access: u32,
     },
     /// `ibv_dereg_mr`.
     DeregMr {
@@ -1145,6 +1163,7 @@ impl Request {
             Request::RegMr { .. } => kind::REG_MR,
             Request::RegMrShared { .. } => kind::REG_MR_SHARED,
             Request::DeregMr { .. } => kind::DEREG_MR,
+            Request::ReregMr { .. } => kind::REREG_MR,
             Request::CreateCq { .. } => kind::CREATE_CQ,
             Request::DestroyCq { .. } => kind::DESTROY_CQ,
             Request::CreateQp(_) => kind::CREATE_QP,
@@ -1194,6 +1213,21 @@ impl Request {
     pub fn encode_body(&self) -> Vec<u8> {
         let mut w = Writer::default();
         match self {
+            Request::ReregMr {
+                mr,
+                flags,
+                pd,
+                addr,
+                length,
+                access,
+            } => {
+                w.u32(*mr)
+                    .u32(*flags)
+                    .u32(*pd)
+                    .u64(*addr)
+                    .u64(*length)
+                    .u32(*access);
+            }
             Request::Hello { version } => {
                 w.u16(*version);
             }
@@ -1345,6 +1379,14 @@ impl Request {
             },
             kind::DEALLOC_PD => Request::DeallocPd { pd: r.u32()? },
             kind::DEREG_MR => Request::DeregMr { mr: r.u32()? },
+            kind::REREG_MR => Request::ReregMr {
+                mr: r.u32()?,
+                flags: r.u32()?,
+                pd: r.u32()?,
+                addr: r.u64()?,
+                length: r.u64()?,
+                access: r.u32()?,
+            },
             kind::DESTROY_CQ => Request::DestroyCq { cq: r.u32()? },
             kind::QUERY_QP => Request::QueryQp { qp: r.u32()? },
             kind::DESTROY_QP => Request::DestroyQp { qp: r.u32()? },
@@ -1900,6 +1942,14 @@ mod tests {
             Request::PostRecv {
                 qp: 4,
                 wqe: vec![1; 64],
+            },
+            Request::ReregMr {
+                mr: 3,
+                flags: 7,
+                pd: 2,
+                addr: 0x7f00_1234_5000,
+                length: 1 << 20,
+                access: 0xf,
             },
             Request::PollCq { cq: 2, max: 16 },
             Request::Stat,

@@ -20,7 +20,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use engine::{
     AccessFlags, AhHandle, CqHandle, MemOwner, MrHandle, MwHandle, MwType, PdHandle, QpAttr,
-    QpAttrMask, QpCap, QpInitAttr, QpState, QpType, SendOp, SendWr, SrqAttr, SrqHandle, VerbsError,
+    QpAttrMask, QpCap, QpInitAttr, QpState, QpType, ReregFlags, SendOp, SendWr, SrqAttr, SrqHandle,
+    VerbsError,
 };
 
 use crate::host::Device;
@@ -429,6 +430,65 @@ impl<'d> Conn<'d> {
 
     /// `ibv_reg_mr` over `addr..addr + length` of this client, reached through `mapped` when
     /// the daemon maps the same bytes (checked by the caller), else with `process_vm_*`.
+    /// `ibv_rereg_mr`: a new translation is this client's memory reached with
+    /// `process_vm_*` (a shared file's registration comes only with `RegMrShared`).
+    fn rereg_mr(
+        &mut self,
+        mr: u32,
+        flags: u32,
+        pd: u32,
+        addr: u64,
+        length: u64,
+        access: u32,
+    ) -> Result<Response, Fail> {
+        let d = self.daemon;
+        let Obj::Mr { dev, h, owner: old } = self.get(mr)? else {
+            return Err(fail(EINVAL, format!("handle {mr} is not an MR")));
+        };
+        let flags =
+            ReregFlags::from_bits(flags).ok_or_else(|| fail(EINVAL, "unknown rereg flags"))?;
+        let access =
+            AccessFlags::from_bits(access).ok_or_else(|| fail(EINVAL, "unknown access flags"))?;
+        let pdh = if flags.contains(ReregFlags::CHANGE_PD) {
+            let (pi, pdh) = self.pd(pd)?;
+            if pi != dev {
+                return Err(fail(EINVAL, "the PD is on another device"));
+            }
+            pdh
+        } else {
+            PdHandle(u32::MAX)
+        };
+        let moves = flags.contains(ReregFlags::CHANGE_TRANSLATION);
+        let owner = if moves {
+            if length == 0 || !memory::range_is_mapped(self.pid, addr, length) {
+                return Err(self.unmapped(format!(
+                    "{addr:#x}+{length} is not mapped read-write in pid {}",
+                    self.pid
+                )));
+            }
+            memory::lock(&d.regions).insert(Region {
+                pid: self.pid,
+                base: addr,
+                len: length,
+                mapped: None,
+            })
+        } else {
+            old
+        };
+        let r = d.devices[dev].with(|e| e.rereg_mr(h, flags, pdh, owner, addr, length, access));
+        if moves {
+            // The engine reaches the region through one owner only: the other goes.
+            memory::lock(&d.regions).remove(if r.is_ok() { old } else { owner });
+        }
+        let keys = r?;
+        self.objs().insert(mr, Obj::Mr { dev, h, owner });
+        Ok(Response::Mr {
+            handle: mr,
+            lkey: keys.lkey,
+            rkey: keys.rkey,
+        })
+    }
+
     fn reg_mr(
         &mut self,
         pd: u32,
@@ -590,6 +650,14 @@ impl<'d> Conn<'d> {
                     .map_err(|e| fail(EINVAL, e.to_string()))?;
                 self.reg_mr(pd, addr, length, access, Some(Arc::new(mapped)))
             }
+            Request::ReregMr {
+                mr,
+                flags,
+                pd,
+                addr,
+                length,
+                access,
+            } => self.rereg_mr(mr, flags, pd, addr, length, access),
             Request::DeregMr { mr } => match self.get(mr)? {
                 Obj::Mr { dev, h, owner } => {
                     d.devices[dev].with(|e| e.dereg_mr(h))?;

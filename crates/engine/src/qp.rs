@@ -488,9 +488,27 @@ impl<M: Memory + ?Sized> Engine<M> {
             }
         }
         self.active.insert(qpn);
+        if next == QpState::Reset && current != QpState::Reset {
+            self.clean_cqs(qpn);
+        }
         self.retime(qpn);
         self.error_overflowed(overflowed);
         Ok(())
+    }
+
+    /// Remove the completions of QP `qpn` that wait in its CQs: a QP that was reset starts
+    /// afresh, and the completions of the WRs it had (flushes, mostly) must not be taken
+    /// for the new WRs' (mlx4 and mlx5 clean the CQs on RESET the same way; pyverbs' tests
+    /// that reset an erred QP and go on rely on it).
+    fn clean_cqs(&mut self, qpn: u32) {
+        let Some(qp) = self.qps.get(&qpn) else {
+            return;
+        };
+        for cq in [qp.send_cq, qp.recv_cq] {
+            if let Some(c) = self.cqs.get_mut(cq.0) {
+                c.entries.retain(|wc| wc.qp_num != qpn);
+            }
+        }
     }
 
     fn path_of(&self, qpn: u32, a: &QpAttr) -> Result<Path, VerbsError> {

@@ -133,14 +133,6 @@ nothing!(
     ibv_unimport_dm,
 );
 
-/// Re-registration is not offered yet: `IBV_REREG_MR_ERR_INPUT` with `errno = EOPNOTSUPP`
-/// (what callers, pyverbs among them, recognize as "unsupported").
-#[no_mangle]
-pub unsafe extern "C" fn ibv_rereg_mr() -> c_int {
-    set_errno(libc::EOPNOTSUPP);
-    -1
-}
-
 /// Fork support: nothing is pinned by a kernel, so fork needs no preparation.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_fork_init() -> c_int {
@@ -221,7 +213,6 @@ pub unsafe extern "C" fn ibv_wc_status_str(status: u32) -> *const c_char {
 }
 
 symver!(
-    ibv_rereg_mr,
     ibv_fork_init,
     ibv_is_fork_initialized,
     ibv_query_qp_data_in_order,

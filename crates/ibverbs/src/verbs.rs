@@ -282,6 +282,84 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     0
 }
 
+/// `IBV_REREG_MR_ERR_INPUT`: the region is still valid and unchanged (every failure here
+/// leaves it so: the device changes a region only when it can change all that was asked).
+const REREG_MR_ERR_INPUT: c_int = -1;
+
+/// `ibv_rereg_mr`: change a region's translation, PD or access in place, keeping its
+/// handle and keys. Fails with `IBV_REREG_MR_ERR_INPUT` and `errno` set.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_rereg_mr(
+    mr: *mut ibv_mr,
+    flags: c_int,
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> c_int {
+    let refuse = |e: c_int| {
+        crate::set_errno(e);
+        REREG_MR_ERR_INPUT
+    };
+    if mr.is_null() {
+        return refuse(libc::EINVAL);
+    }
+    let (Some(flags), Some(access)) = (
+        u32::try_from(flags)
+            .ok()
+            .and_then(engine::ReregFlags::from_bits),
+        u32::try_from(access).ok().and_then(AccessFlags::from_bits),
+    ) else {
+        return refuse(libc::EINVAL);
+    };
+    let moves = flags.contains(engine::ReregFlags::CHANGE_TRANSLATION);
+    // As libibverbs checks before the provider sees the call.
+    if flags.is_empty() || (moves && (addr.is_null() || length == 0)) {
+        return refuse(libc::EINVAL);
+    }
+    let new_pd = flags.contains(engine::ReregFlags::CHANGE_PD);
+    if new_pd && pd.is_null() {
+        return refuse(libc::EINVAL);
+    }
+    // SAFETY: a non-NULL MR comes from reg_mr: a Box<Mr> whose first field it is; the
+    // caller may not use it from another thread during this call (verbs' rule).
+    let m = unsafe { &mut *(mr as *mut Mr) };
+    // SAFETY: its context is ours.
+    let cx = match unsafe { ctx_ok(m.ibv.context) } {
+        Ok(cx) => cx,
+        Err(e) => return refuse(e),
+    };
+    let pd_handle = if new_pd {
+        // SAFETY: a non-NULL PD comes from ibv_alloc_pd.
+        let p = unsafe { &*(pd as *mut Pd) };
+        if p.ibv.context != m.ibv.context {
+            return refuse(libc::EINVAL);
+        }
+        p.handle
+    } else {
+        engine::PdHandle(u32::MAX)
+    };
+    // SAFETY: ibv_rereg_mr's contract with a new translation is ibv_reg_mr's for the new
+    // range.
+    let r = unsafe {
+        cx.raw()
+            .rereg_mr(m.handle, flags, pd_handle, addr as *mut u8, length, access)
+    };
+    match r {
+        Ok(k) => {
+            (m.ibv.lkey, m.ibv.rkey) = (k.lkey, k.rkey);
+            if new_pd {
+                m.ibv.pd = pd;
+            }
+            if moves {
+                (m.ibv.addr, m.ibv.length) = (addr, length);
+            }
+            0
+        }
+        Err(e) => refuse(verr(e)),
+    }
+}
+
 // ---- memory windows (reached through context->ops, as verbs.h's inline calls do) ----
 
 /// `ibv_alloc_mw`: a type 1 or type 2 window in `pd`.
@@ -1413,6 +1491,7 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
 }
 
 symver!(
+    ibv_rereg_mr,
     ibv_create_srq,
     ibv_destroy_srq,
     ibv_modify_srq,

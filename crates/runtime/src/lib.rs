@@ -1282,6 +1282,57 @@ impl<A: Attachment> EngineGuard<'_, A> {
         }
     }
 
+    /// Change a region in place (`ibv_rereg_mr`): with `CHANGE_TRANSLATION` it covers
+    /// `length` bytes at `addr` from now on (the old range is no longer reached once this
+    /// returns), with `CHANGE_PD` it moves to `pd`, with `CHANGE_ACCESS` it gets `access`.
+    /// The handle and keys stay. On failure nothing changes.
+    ///
+    /// # Safety
+    ///
+    /// With `CHANGE_TRANSLATION`, `addr..addr + length` must meet [`Self::reg_mr`]'s
+    /// contract from now until the region is deregistered.
+    #[allow(unsafe_code)]
+    pub unsafe fn rereg_mr(
+        &mut self,
+        mr: MrHandle,
+        flags: engine::ReregFlags,
+        pd: PdHandle,
+        addr: *mut u8,
+        length: usize,
+        access: AccessFlags,
+    ) -> Result<MrKeys, VerbsError> {
+        let old = *self.core.mr_owners.get(&mr).ok_or(VerbsError::InvalidMr)?;
+        let regions = self
+            .core
+            .regions
+            .clone()
+            .ok_or(VerbsError::OpNotSupported)?;
+        let moves = flags.contains(engine::ReregFlags::CHANGE_TRANSLATION);
+        let base = addr as usize;
+        if moves && base.checked_add(length).is_none() {
+            return Err(VerbsError::InvalidLength);
+        }
+        let owner = if moves {
+            memory::lock(&regions).insert(base, length)
+        } else {
+            old
+        };
+        let r = self
+            .core
+            .engine
+            .rereg_mr(mr, flags, pd, owner, base as u64, length as u64, access);
+        if moves {
+            // The engine reaches the region through `owner` only: whichever range it does
+            // not use any more goes.
+            let gone = if r.is_ok() { old } else { owner };
+            memory::lock(&regions).remove(gone);
+            if r.is_ok() {
+                self.core.mr_owners.insert(mr, owner);
+            }
+        }
+        r
+    }
+
     /// What the host attached to this device.
     pub fn attachment(&self) -> &A {
         &self.core.attach

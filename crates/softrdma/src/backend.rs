@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use abi::client::{Client, ClientError, CqRing, Posted, WorkQueueRing};
@@ -185,6 +185,8 @@ pub(crate) struct DaemonDevice {
     srqs: Mutex<HashMap<u32, Arc<SrqRing>>>,
     /// The PD of each of this connection's AHs, by handle (a UD post checks it).
     ah_pds: Mutex<HashMap<u32, u32>>,
+    /// The completion rings of this connection's CQs, by handle (a QP reset cleans them).
+    cq_rings: Mutex<HashMap<u32, Weak<Mutex<CqRing>>>>,
 }
 
 /// Largest work ring the daemon grants.
@@ -195,6 +197,10 @@ const MAX_WORK_RING: u32 = 1 << 13;
 /// anything this cannot vouch for goes by request, where the daemon answers as the verb.
 #[derive(Debug)]
 struct QpRings {
+    /// Its number (completions name it).
+    qpn: u32,
+    /// Handles of its send and receive CQs.
+    cqs: [u32; 2],
     qp_type: QpType,
     pd: u32,
     /// The capabilities asked for (the daemon grants at least these).
@@ -356,7 +362,7 @@ pub(crate) enum Notifier {
     Embedded(Arc<CqNotifier>),
     Daemon {
         channel: OwnedFd,
-        ring: Mutex<CqRing>,
+        ring: Arc<Mutex<CqRing>>,
     },
 }
 
@@ -465,6 +471,7 @@ impl DaemonDevice {
             qps_by_qpn: Mutex::new(HashMap::new()),
             srqs: Mutex::new(HashMap::new()),
             ah_pds: Mutex::new(HashMap::new()),
+            cq_rings: Mutex::new(HashMap::new()),
             client: Mutex::new(client),
             dev: info.index,
             info,
@@ -854,6 +861,42 @@ impl Backend {
         }
     }
 
+    /// Change region `handle` in place (`ibv_rereg_mr`); returns its (lkey, rkey).
+    ///
+    /// # Safety
+    ///
+    /// With `CHANGE_TRANSLATION`, `addr..addr + len` meets [`Backend::reg_mr`]'s contract.
+    #[allow(unsafe_code, clippy::too_many_arguments)]
+    pub(crate) unsafe fn rereg_mr(
+        &self,
+        handle: u32,
+        flags: engine::ReregFlags,
+        pd: PdHandle,
+        addr: *mut u8,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<(u32, u32)> {
+        match self {
+            Backend::Embedded(rt) => {
+                let mr = engine::MrHandle(handle);
+                // SAFETY: forwarded from this function's contract.
+                let k = unsafe { rt.lock().rereg_mr(mr, flags, pd, addr, len, access)? };
+                Ok((k.lkey, k.rkey))
+            }
+            Backend::Daemon(d) => {
+                let m = d.c().rereg_mr(
+                    handle,
+                    flags.bits(),
+                    pd.0,
+                    addr as u64,
+                    len as u64,
+                    access.bits(),
+                )?;
+                Ok((m.lkey, m.rkey))
+            }
+        }
+    }
+
     pub(crate) fn dereg_mr(&self, handle: u32) -> Result<()> {
         match self {
             Backend::Embedded(rt) => Ok(rt.lock().dereg_mr(engine::MrHandle(handle))?),
@@ -901,10 +944,9 @@ impl Backend {
                     .unwrap_or(MAX_CQ_RING);
                 let setup = c.cq_channel(h).and_then(|channel| {
                     let ring = c.attach_cq_ring(h, capacity.min(MAX_CQ_RING), doorbell)?;
-                    Ok(Notifier::Daemon {
-                        channel,
-                        ring: Mutex::new(ring),
-                    })
+                    let ring = Arc::new(Mutex::new(ring));
+                    lock(&d.cq_rings).insert(h, Arc::downgrade(&ring));
+                    Ok(Notifier::Daemon { channel, ring })
                 });
                 match setup {
                     Ok(n) => Ok((CqHandle(h), n)),
@@ -920,7 +962,11 @@ impl Backend {
     pub(crate) fn destroy_cq(&self, cq: CqHandle) -> Result<()> {
         match self {
             Backend::Embedded(rt) => Ok(rt.lock().destroy_cq(cq)?),
-            Backend::Daemon(d) => Ok(d.c().destroy_cq(cq.0)?),
+            Backend::Daemon(d) => {
+                d.c().destroy_cq(cq.0)?;
+                lock(&d.cq_rings).remove(&cq.0);
+                Ok(())
+            }
         }
     }
 
@@ -1071,6 +1117,8 @@ impl Backend {
                 };
                 drop(c);
                 let rings = QpRings {
+                    qpn: q.qpn,
+                    cqs: [init.send_cq.0, init.recv_cq.0],
                     qp_type: init.qp_type,
                     pd: init.pd.0,
                     cap: init.cap,
@@ -1112,8 +1160,16 @@ impl Backend {
                     if let Some(q) = d.qp_rings(qp) {
                         *lock(&q.state) = attr.qp_state;
                         if attr.qp_state == QpState::Reset {
-                            // RESET empties the queues without completions.
+                            // RESET empties the queues without completions, and the daemon
+                            // removed the QP's completions it still held: those already in
+                            // the rings go too.
                             q.rq_outstanding.store(0, Ordering::Relaxed);
+                            for cq in q.cqs {
+                                let ring = lock(&d.cq_rings).get(&cq).and_then(Weak::upgrade);
+                                if let Some(r) = ring {
+                                    lock(&r).discard(q.qpn).map_err(ring_error)?;
+                                }
+                            }
                         }
                         lock(&q.sq_slots).moved(attr.qp_state);
                     }

@@ -190,6 +190,33 @@ impl RawDevice<'_> {
         })
     }
 
+    /// Change a region in place (`ibv_rereg_mr`): `CHANGE_TRANSLATION` makes it cover
+    /// `len` bytes at `addr` (the old range is no longer reached once this returns),
+    /// `CHANGE_PD` moves it to `pd`, `CHANGE_ACCESS` gives it `access`. The handle and keys
+    /// stay (the returned region says so). On failure nothing changed.
+    ///
+    /// # Safety
+    ///
+    /// With `CHANGE_TRANSLATION`, the new range meets [`RawDevice::reg_mr`]'s contract.
+    #[allow(unsafe_code)]
+    pub unsafe fn rereg_mr(
+        &self,
+        mr: MrHandle,
+        flags: engine::ReregFlags,
+        pd: PdHandle,
+        addr: *mut u8,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<RawMr> {
+        // SAFETY: this function's contract is the one Backend::rereg_mr asks for.
+        let (lkey, rkey) = unsafe { self.backend.rereg_mr(mr.0, flags, pd, addr, len, access)? };
+        Ok(RawMr {
+            handle: mr,
+            lkey,
+            rkey,
+        })
+    }
+
     /// Deregister a region (`ibv_dereg_mr`): once this returns `Ok`, the device never touches
     /// its memory again.
     pub fn dereg_mr(&self, mr: MrHandle) -> Result<()> {
