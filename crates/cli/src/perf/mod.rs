@@ -1125,6 +1125,35 @@ fn print_baseline(out: &mut dyn Write, test: Test, s: &Summary, gbits: bool) {
                 ratio(r.avg_bytes_per_sec(), tb)
             );
         }
+        // A message of one packet against a datagram of the same size: the rates compare,
+        // where bytes per second would set payload against whole datagrams.
+        let one_packet: Vec<_> = s
+            .baseline
+            .iter()
+            .filter(|b| test.datagram_len(b.size) == b.dgram)
+            .filter_map(|b| Some((b, s.bw.iter().find(|r| r.size == b.size)?, b.udp_bw?)))
+            .collect();
+        if !one_packet.is_empty() {
+            let _ = writeln!(
+                out,
+                " Message rate (one packet per message) against the UDP stream's datagrams per second:"
+            );
+            let _ = writeln!(
+                out,
+                " #bytes     softrdma[Mmsg/s]  UDP stream[Mdgram/s]  softrdma/UDP"
+            );
+            for (b, r, ub) in one_packet {
+                let dgrams = ub / b.dgram.max(1) as f64 / 1e6;
+                let _ = writeln!(
+                    out,
+                    " {:<10} {:<17.3} {:<21.3} {}",
+                    b.size,
+                    r.mpps(),
+                    dgrams,
+                    ratio(r.mpps(), dgrams)
+                );
+            }
+        }
         let _ = writeln!(
             out,
             " memcpy in this process, of message-size buffers (in cache) and of 64 MiB ones:"
