@@ -1,11 +1,20 @@
 //! The daemon's "DMA": [`engine::Memory`] over the address spaces of client processes.
 //!
-//! Every registered range is recorded under a fresh [`MemOwner`] token together with the pid
-//! of the connection that registered it (from `SO_PEERCRED`, never from the client's word).
-//! Accesses go through `process_vm_readv` / `process_vm_writev` on that pid only, after a
-//! second bounds check against the recorded range; a short transfer (the client unmapped the
-//! memory or died) is a [`MemoryError::Fault`], which the engine reports like a protection
-//! error.
+//! Each connection is bound to the process that connected, once, when it is accepted
+//! ([`ClientProcess::of_peer`]): the daemon opens that process's `/proc/<pid>/mem` and
+//! `/proc/<pid>/maps` and keeps them. An open one stays with the process's address space, not
+//! with its number: once the process exits (or execs) they reach nothing, and a process that
+//! later gets the same pid (pid_max may be 32768: numbers come round fast) is never reached
+//! through them. A pid alone named whichever process held it at each access, so a WRITE to a
+//! client that died before its connection was reclaimed could land in a stranger's memory.
+//!
+//! Every registered range is recorded under a fresh [`MemOwner`] token together with the
+//! process of the connection that registered it. Accesses are `pread` / `pwrite` on that
+//! process's `mem` only, after a second bounds check against the recorded range; a short
+//! transfer (the client unmapped the memory or died) is a [`MemoryError::Fault`], which the
+//! engine reports like a protection error. The kernel writes through `mem` as it does for a
+//! debugger: a page the client made read-only after registering it still takes a remote
+//! WRITE (as pinned pages under a NIC's DMA would; `process_vm_writev` refused it).
 //!
 //! Atomics are a read and a write under the device lock: every access to registered memory
 //! through one device holds that lock, so they are atomic with respect to each other
@@ -19,33 +28,163 @@
 #![allow(unsafe_code)]
 
 use std::collections::HashMap;
-use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use engine::{MemOwner, Memory, MemoryError};
 
 use abi::shm::SharedMemory;
-use nix::sys::uio::{process_vm_readv, process_vm_writev, RemoteIoVec};
-use nix::unistd::Pid;
+
+/// Why a connection could not be bound to the process that made it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BindError {
+    /// The kernel did not name the peer process (`SO_PEERPIDFD`, `SO_PEERCRED`).
+    #[error("cannot identify the peer process: {0}")]
+    Peer(std::io::Error),
+    /// A file of `/proc/<pid>` did not open: the process is gone, or the daemon may not
+    /// reach its memory.
+    #[error("cannot open /proc/{pid}/{file}: {source}")]
+    Open {
+        /// The peer's pid.
+        pid: i32,
+        /// `mem` or `maps`.
+        file: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The process exited before its files were open: they may be another process's.
+    #[error("process {0} exited before its connection was served")]
+    Exited(i32),
+}
+
+/// A client process, as the daemon reaches it: its memory and its list of mappings, opened
+/// while it was known to be the process on the other end of the connection.
+#[derive(Debug)]
+pub struct ClientProcess {
+    /// The pid it had when bound, for messages only: nothing is reached by it.
+    pid: i32,
+    /// `/proc/<pid>/mem`, read and written at the address as offset.
+    mem: OwnedFd,
+    /// `/proc/<pid>/maps`, read again from offset 0 at each look.
+    maps: OwnedFd,
+}
+
+impl ClientProcess {
+    /// The process on the other end of `stream`, which it connected (or, for a socket pair,
+    /// created).
+    pub fn of_peer(stream: &UnixStream) -> Result<ClientProcess, BindError> {
+        use nix::sys::socket::{getsockopt, sockopt::PeerPidfd};
+        // The socket keeps the connecting process itself, not its number: the pidfd names it
+        // even if it has died and its number has been given to another since.
+        let pidfd = getsockopt(stream, PeerPidfd).map_err(|e| BindError::Peer(e.into()))?;
+        let cred =
+            rustix::net::sockopt::socket_peercred(stream).map_err(|e| BindError::Peer(e.into()))?;
+        let pid = cred.pid.as_raw_nonzero().get();
+        let open = |file: &'static str, flags: rustix::fs::OFlags| {
+            rustix::fs::open(
+                format!("/proc/{pid}/{file}"),
+                flags | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .map_err(|e| BindError::Open {
+                pid,
+                file,
+                source: e.into(),
+            })
+        };
+        let mem = open("mem", rustix::fs::OFlags::RDWR)?;
+        let maps = open("maps", rustix::fs::OFlags::RDONLY)?;
+        // Opened by number, so they are the peer's only if the peer still lives now: a living
+        // process has held its number since it was created, so before it connected and all
+        // the while since. Its pidfd turns readable when it exits.
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
+        let ready = poll(&mut fds, PollTimeout::ZERO).map_err(|e| BindError::Peer(e.into()))?;
+        if ready != 0 {
+            return Err(BindError::Exited(pid));
+        }
+        Ok(ClientProcess { pid, mem, maps })
+    }
+
+    /// The pid the process had when it was bound (it is not reached by it).
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Copy `buf.len()` bytes from `addr` in the process.
+    pub fn read(&self, addr: usize, buf: &mut [u8]) -> Result<(), MemoryError> {
+        let fault = MemoryError::Fault {
+            addr: addr as u64,
+            len: buf.len(),
+        };
+        let mut done = 0;
+        while done < buf.len() {
+            // Read 0 bytes: the range is not mapped, or the process is gone.
+            match rustix::io::pread(&self.mem, &mut buf[done..], (addr + done) as u64) {
+                Ok(0) => return Err(fault),
+                Ok(n) => done += n,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(_) => return Err(fault),
+            }
+        }
+        Ok(())
+    }
+
+    /// Copy `data` to `addr` in the process. The kernel copies front to back, so the bytes
+    /// land in address order, the last byte last.
+    pub fn write(&self, addr: usize, data: &[u8]) -> Result<(), MemoryError> {
+        let fault = MemoryError::Fault {
+            addr: addr as u64,
+            len: data.len(),
+        };
+        let mut done = 0;
+        while done < data.len() {
+            match rustix::io::pwrite(&self.mem, &data[done..], (addr + done) as u64) {
+                Ok(0) => return Err(fault),
+                Ok(n) => done += n,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(_) => return Err(fault),
+            }
+        }
+        Ok(())
+    }
+
+    /// The process's `/proc/<pid>/maps` as it is now (empty once it has exited).
+    fn maps(&self) -> std::io::Result<String> {
+        let mut text = Vec::new();
+        let mut chunk = vec![0u8; 64 << 10];
+        loop {
+            match rustix::io::pread(&self.maps, &mut chunk[..], text.len() as u64) {
+                Ok(0) => break,
+                Ok(n) => text.extend_from_slice(&chunk[..n]),
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        String::from_utf8(text).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+    }
+}
 
 /// One registered range in a client process.
 #[derive(Debug, Clone)]
 pub struct Region {
     /// The process whose memory it is.
-    pub pid: i32,
+    pub process: Arc<ClientProcess>,
     /// First byte.
     pub base: u64,
     /// Length in bytes.
     pub len: u64,
     /// The same bytes mapped into the daemon, when the client registered them with their
-    /// file ([`abi::shm`]): accesses are memory copies then, not `process_vm_*` calls.
+    /// file ([`abi::shm`]): accesses are memory copies then, not `pread` / `pwrite`.
     pub mapped: Option<Arc<SharedMemory>>,
 }
 
 /// Where an access lands, once checked against its region.
 struct Hit {
-    pid: i32,
+    process: Arc<ClientProcess>,
     addr: usize,
     /// End of the region (reads ahead stop there).
     region_end: usize,
@@ -95,7 +234,7 @@ impl Regions {
             return Err(fault);
         }
         Ok(Hit {
-            pid: r.pid,
+            process: r.process.clone(),
             addr: usize::try_from(addr).map_err(|_| fault)?,
             region_end: usize::try_from(region_end).map_err(|_| fault)?,
             mapped: r
@@ -115,50 +254,13 @@ pub fn lock(r: &SharedRegions) -> MutexGuard<'_, Regions> {
     r.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Copy `buf.len()` bytes from `addr` in process `pid`.
-pub fn read_remote(pid: i32, addr: usize, buf: &mut [u8]) -> Result<(), MemoryError> {
-    let len = buf.len();
-    if len == 0 {
-        return Ok(());
-    }
-    let fault = MemoryError::Fault {
-        addr: addr as u64,
-        len,
-    };
-    let remote = [RemoteIoVec { base: addr, len }];
-    let mut local = [IoSliceMut::new(buf)];
-    match process_vm_readv(Pid::from_raw(pid), &mut local, &remote) {
-        Ok(n) if n == len => Ok(()),
-        _ => Err(fault),
-    }
-}
-
-/// Copy `data` to `addr` in process `pid`. The kernel copies one iovec front to back, so the
-/// bytes land in address order, the last byte last.
-pub fn write_remote(pid: i32, addr: usize, data: &[u8]) -> Result<(), MemoryError> {
-    let len = data.len();
-    if len == 0 {
-        return Ok(());
-    }
-    let fault = MemoryError::Fault {
-        addr: addr as u64,
-        len,
-    };
-    let remote = [RemoteIoVec { base: addr, len }];
-    let local = [IoSlice::new(data)];
-    match process_vm_writev(Pid::from_raw(pid), &local, &remote) {
-        Ok(n) if n == len => Ok(()),
-        _ => Err(fault),
-    }
-}
-
-/// Whether `addr..addr + len` is mapped readable and writable in process `pid`, by its
+/// Whether `addr..addr + len` is mapped readable and writable in `process`, by its
 /// `/proc/<pid>/maps` (contiguous mappings may cover it together).
-pub fn range_is_mapped(pid: i32, addr: u64, len: u64) -> bool {
+pub fn range_is_mapped(process: &ClientProcess, addr: u64, len: u64) -> bool {
     let Some(end) = addr.checked_add(len) else {
         return false;
     };
-    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+    let Ok(maps) = process.maps() else {
         return false;
     };
     let mut spans: Vec<(u64, u64)> = maps
@@ -194,12 +296,12 @@ pub fn range_is_mapped(pid: i32, addr: u64, len: u64) -> bool {
     len == 0
 }
 
-/// Whether process `pid` has `fd`'s file mapped shared and read-write over all of
+/// Whether `process` has `fd`'s file mapped shared and read-write over all of
 /// `addr..addr + len`, as one mapping, with byte `offset` of the file at `addr` (by its
 /// `/proc/<pid>/maps`): then the daemon's own mapping of that file holds exactly the bytes
 /// the client sees at those addresses.
 pub fn mapping_matches(
-    pid: i32,
+    process: &ClientProcess,
     addr: u64,
     len: u64,
     fd: &impl std::os::fd::AsFd,
@@ -212,7 +314,7 @@ pub fn mapping_matches(
     let Some(end) = addr.checked_add(len) else {
         return false;
     };
-    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+    let Ok(maps) = process.maps() else {
         return false;
     };
     maps.lines().any(|line| {
@@ -268,24 +370,24 @@ unsafe fn copy_last_byte_last(src: &[u8], dst: *mut u8) {
 /// Most bytes one read fetches ahead of what the engine asked for.
 const READ_AHEAD: usize = 256 << 10;
 
-/// Bytes of one client's registered memory fetched ahead in one `process_vm_readv`, valid
-/// while the epoch it was read in lasts.
+/// Bytes of one client's registered memory fetched ahead in one `pread`, valid while the
+/// epoch it was read in lasts.
 #[derive(Debug, Default)]
 struct ReadAhead {
     epoch: u64,
-    pid: i32,
+    process: Option<Arc<ClientProcess>>,
     base: usize,
     data: Vec<u8>,
 }
 
-/// Most bytes gathered into one `process_vm_writev`.
+/// Most bytes gathered into one `pwrite`.
 const WRITE_BEHIND: usize = 1 << 20;
 
 /// Writes to one client's memory that continue each other, gathered to be copied in one
-/// `process_vm_writev` (front to back: address order, last byte last).
+/// `pwrite` (front to back: address order, last byte last).
 #[derive(Debug, Default)]
 struct Gathered {
-    pid: i32,
+    process: Option<Arc<ClientProcess>>,
     base: usize,
     data: Vec<u8>,
 }
@@ -304,15 +406,15 @@ impl WriteBehind {
     /// packet leaves.
     pub fn flush(&self) {
         let mut g = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        if g.data.is_empty() {
+        let Some(process) = g.process.take() else {
             return;
-        }
-        if write_remote(g.pid, g.base, &g.data).is_err() {
+        };
+        if process.write(g.base, &g.data).is_err() {
             // The client unmapped registered memory, or died: its own data is lost (as a
             // NIC's DMA to pages the process gave up), nobody else's.
             self.failed.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(
-                pid = g.pid,
+                pid = process.pid(),
                 addr = g.base,
                 len = g.data.len(),
                 "held-back write failed"
@@ -329,26 +431,34 @@ impl WriteBehind {
 
 /// [`Memory`] over registered client ranges.
 ///
-/// The engine reads a message one packet at a time; each `process_vm_readv` costs far more
-/// in permission checks and page walks than in copying (measured: 70% of a same-host
-/// transfer in the kernel, 3% copying). So a read fetches up to 256 KiB (`READ_AHEAD`) of the
-/// region at once and later reads are served from them, but only within one *epoch*: the
-/// host starts a new one every time it takes the device lock ([`ClientMemory::epoch`]), so
-/// every request, post and packet that arrived before is served from memory read after it
-/// (as a NIC's DMA would be), never from bytes fetched earlier. Writes and atomics drop
-/// what was fetched.
+/// The engine reads a message one packet at a time; each system call into another process's
+/// memory costs far more in permission checks and page walks than in copying (measured with
+/// `process_vm_readv`: 70% of a same-host transfer in the kernel, 3% copying). So a read
+/// fetches up to 256 KiB (`READ_AHEAD`) of the region at once and later reads are served
+/// from them, but only within one *epoch*: the host starts a new one every time it takes the
+/// device lock ([`ClientMemory::epoch`]), so every request, post and packet that arrived
+/// before is served from memory read after it (as a NIC's DMA would be), never from bytes
+/// fetched earlier. Writes and atomics drop what was fetched.
 ///
 /// Writes are gathered the same way: a write that continues the previous one (same client,
-/// next address) joins it, and they land together in one `process_vm_writev` when the host
-/// flushes ([`ClientMemory::write_behind`]), before any completion or packet leaves the
-/// device; a read or atomic, or a write elsewhere, flushes first. The check of the key and
-/// the registered range is made at each write, as before; only the copy is deferred.
+/// next address) joins it, and they land together in one `pwrite` when the host flushes
+/// ([`ClientMemory::write_behind`]), before any completion or packet leaves the device; a
+/// read or atomic, or a write elsewhere, flushes first. The check of the key and the
+/// registered range is made at each write, as before; only the copy is deferred, and only
+/// once the process has been reached in the epoch: the first write to a process since the
+/// device lock was taken is copied at once. A client may die while its connection lives on
+/// (a child holds the socket); its region is still registered, and only a copy finds the
+/// process gone. Copied at once, that fails the request itself (a NAK, an error completion
+/// at the requester) instead of losing the bytes after the ACK; reached in the epoch, the
+/// process lived after the request arrived, as it would have for a NIC's DMA.
 #[derive(Debug)]
 pub struct ClientMemory {
     regions: SharedRegions,
     epoch: Arc<AtomicU64>,
     ahead: ReadAhead,
     behind: WriteBehind,
+    /// The process an access last reached, and the epoch it did in.
+    reached: Option<(u64, Arc<ClientProcess>)>,
 }
 
 impl ClientMemory {
@@ -359,6 +469,7 @@ impl ClientMemory {
             epoch: Arc::new(AtomicU64::new(1)),
             ahead: ReadAhead::default(),
             behind: WriteBehind::default(),
+            reached: None,
         }
     }
 
@@ -371,11 +482,44 @@ impl ClientMemory {
     pub fn epoch(&self) -> Arc<AtomicU64> {
         self.epoch.clone()
     }
+
+    /// Whether an access reached `process` in the current epoch.
+    fn reached_now(&self, process: &Arc<ClientProcess>) -> bool {
+        let epoch = self.epoch.load(Ordering::Acquire);
+        matches!(&self.reached, Some((e, p)) if *e == epoch && Arc::ptr_eq(p, process))
+    }
+
+    /// Note that an access reached `process` in the current epoch.
+    fn reach(&mut self, process: &Arc<ClientProcess>) {
+        if !self.reached_now(process) {
+            self.reached = Some((self.epoch.load(Ordering::Acquire), process.clone()));
+        }
+    }
+
+    /// An atomic's read and write of the 8 bytes at `a`, under the device lock.
+    fn read_modify_write(
+        &mut self,
+        process: &Arc<ClientProcess>,
+        a: usize,
+        op: impl FnOnce(u64) -> Option<u64>,
+    ) -> Result<u64, MemoryError> {
+        let mut w = [0u8; 8];
+        process.read(a, &mut w)?;
+        self.reach(process);
+        let old = u64::from_ne_bytes(w);
+        if let Some(new) = op(old) {
+            process.write(a, &new.to_ne_bytes())?;
+        }
+        Ok(old)
+    }
 }
 
 impl Memory for ClientMemory {
     fn read(&mut self, owner: MemOwner, addr: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
         let hit = lock(&self.regions).check(owner, addr, buf.len())?;
+        if buf.is_empty() {
+            return Ok(());
+        }
         self.behind.flush();
         if let Some((m, off)) = &hit.mapped {
             // SAFETY: `check` put `off + buf.len()` within the region, which the mapping
@@ -386,11 +530,15 @@ impl Memory for ClientMemory {
             };
             return Ok(());
         }
-        let (pid, a, region_end) = (hit.pid, hit.addr, hit.region_end);
+        let (process, a, region_end) = (hit.process, hit.addr, hit.region_end);
         let len = buf.len();
         let epoch = self.epoch.load(Ordering::Acquire);
         let ra = &mut self.ahead;
-        if ra.epoch == epoch && ra.pid == pid && a >= ra.base {
+        let same = ra
+            .process
+            .as_ref()
+            .is_some_and(|p| Arc::ptr_eq(p, &process));
+        if ra.epoch == epoch && same && a >= ra.base {
             if let Some(src) = ra.data.get(a - ra.base..).and_then(|d| d.get(..len)) {
                 buf.copy_from_slice(src);
                 return Ok(());
@@ -400,24 +548,27 @@ impl Memory for ClientMemory {
             // Within the region: registration checked it is mapped.
             let want = region_end.saturating_sub(a).min(READ_AHEAD).max(len);
             ra.data.resize(want, 0);
-            if read_remote(pid, a, &mut ra.data).is_ok() {
-                *ra = ReadAhead {
-                    epoch,
-                    pid,
-                    base: a,
-                    data: std::mem::take(&mut ra.data),
-                };
+            if process.read(a, &mut ra.data).is_ok() {
+                ra.epoch = epoch;
+                ra.process = Some(process.clone());
+                ra.base = a;
                 buf.copy_from_slice(&ra.data[..len]);
+                self.reach(&process);
                 return Ok(());
             }
             // Part of the region is gone: read just what was asked, and fail as that fails.
             ra.epoch = 0;
         }
-        read_remote(pid, a, buf)
+        process.read(a, buf)?;
+        self.reach(&process);
+        Ok(())
     }
 
     fn write(&mut self, owner: MemOwner, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
         let hit = lock(&self.regions).check(owner, addr, data.len())?;
+        if data.is_empty() {
+            return Ok(());
+        }
         self.ahead.epoch = 0;
         if let Some((m, off)) = &hit.mapped {
             // Writes held back for other regions land first: one order for all of them.
@@ -427,29 +578,30 @@ impl Memory for ClientMemory {
             unsafe { copy_last_byte_last(data, m.as_ptr().add(*off)) };
             return Ok(());
         }
-        let (pid, a) = (hit.pid, hit.addr);
+        let (process, a) = (hit.process, hit.addr);
         if data.len() >= WRITE_BEHIND {
             self.behind.flush();
-            return write_remote(pid, a, data);
+            process.write(a, data)?;
+            self.reach(&process);
+            return Ok(());
         }
-        let mut g = self
-            .behind
-            .pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let continues = !g.data.is_empty()
-            && g.pid == pid
+        let pending = self.behind.pending.clone();
+        let mut g = pending.lock().unwrap_or_else(|e| e.into_inner());
+        let continues = g.process.as_ref().is_some_and(|p| Arc::ptr_eq(p, &process))
             && g.base.checked_add(g.data.len()) == Some(a)
             && g.data.len() + data.len() <= WRITE_BEHIND;
         if !continues {
             drop(g);
             self.behind.flush();
-            g = self
-                .behind
-                .pending
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            g.pid = pid;
+            if !self.reached_now(&process) {
+                // Not reached since the device lock was taken: copy now, so that a process
+                // gone since fails this request (see the type's comment).
+                process.write(a, data)?;
+                self.reach(&process);
+                return Ok(());
+            }
+            g = pending.lock().unwrap_or_else(|e| e.into_inner());
+            g.process = Some(process);
             g.base = a;
         }
         g.data.extend_from_slice(data);
@@ -474,14 +626,9 @@ impl Memory for ClientMemory {
                 },
             );
         }
-        let (pid, a) = (hit.pid, hit.addr);
-        let mut w = [0u8; 8];
-        read_remote(pid, a, &mut w)?;
-        let old = u64::from_ne_bytes(w);
-        if old == compare {
-            write_remote(pid, a, &swap.to_ne_bytes())?;
-        }
-        Ok(old)
+        self.read_modify_write(&hit.process, hit.addr, |old| {
+            (old == compare).then_some(swap)
+        })
     }
 
     fn fetch_add(&mut self, owner: MemOwner, addr: u64, add: u64) -> Result<u64, MemoryError> {
@@ -491,12 +638,7 @@ impl Memory for ClientMemory {
         if let Some(word) = mapped_word(&hit) {
             return Ok(word.fetch_add(add, Ordering::AcqRel));
         }
-        let (pid, a) = (hit.pid, hit.addr);
-        let mut w = [0u8; 8];
-        read_remote(pid, a, &mut w)?;
-        let old = u64::from_ne_bytes(w);
-        write_remote(pid, a, &old.wrapping_add(add).to_ne_bytes())?;
-        Ok(old)
+        self.read_modify_write(&hit.process, hit.addr, |old| Some(old.wrapping_add(add)))
     }
 }
 
@@ -518,14 +660,21 @@ fn mapped_word(hit: &Hit) -> Option<&std::sync::atomic::AtomicU64> {
 mod tests {
     use super::*;
 
+    /// This test process, bound as a connection's peer is (a socket pair's peer is its
+    /// creator).
+    fn this_process() -> Arc<ClientProcess> {
+        let (a, _b) = UnixStream::pair().unwrap();
+        Arc::new(ClientProcess::of_peer(&a).unwrap())
+    }
+
     #[test]
     fn reads_ahead_serve_one_epoch_only_and_writes_drop_them() {
-        let pid = std::process::id() as i32;
+        let process = this_process();
         let mut buf = vec![0u8; 8192];
         let base = buf.as_mut_ptr() as u64;
         let regions = SharedRegions::default();
         let owner = lock(&regions).insert(Region {
-            pid,
+            process: process.clone(),
             base,
             len: 8192,
             mapped: None,
@@ -554,6 +703,15 @@ mod tests {
         assert_eq!(std::hint::black_box(&buf)[100..104], [0, 0, 0, 0]);
         behind.flush();
         assert_eq!(&std::hint::black_box(&buf)[100..104], b"abcd");
+        // The first write of an epoch lands at once (so it fails if the process is gone);
+        // the next ones wait for the flush again.
+        epoch.fetch_add(1, Ordering::Release);
+        mem.write(owner, base + 200, b"x").unwrap();
+        mem.write(owner, base + 300, b"y").unwrap();
+        assert_eq!(std::hint::black_box(&buf)[200..=300].first(), Some(&b'x'));
+        assert_eq!(std::hint::black_box(&buf)[300], 0);
+        behind.flush();
+        assert_eq!(std::hint::black_box(&buf)[300], b'y');
         // Reads near the region's end fetch no further than it.
         mem.read(owner, base + 8188, &mut out).unwrap();
         assert!(mem.read(owner, base + 8190, &mut out).is_err());
@@ -562,15 +720,15 @@ mod tests {
 
     #[test]
     fn reaches_registered_ranges_of_a_process_and_nothing_else() {
-        let pid = std::process::id() as i32;
+        let process = this_process();
         let mut buf = vec![0u8; 64];
         let base = buf.as_mut_ptr() as u64;
-        assert!(range_is_mapped(pid, base, 64));
-        assert!(!range_is_mapped(pid, 8, 64));
-        assert!(!range_is_mapped(pid, u64::MAX - 4, 64));
+        assert!(range_is_mapped(&process, base, 64));
+        assert!(!range_is_mapped(&process, 8, 64));
+        assert!(!range_is_mapped(&process, u64::MAX - 4, 64));
         let regions = SharedRegions::default();
         let owner = lock(&regions).insert(Region {
-            pid,
+            process: process.clone(),
             base,
             len: 64,
             mapped: None,

@@ -3,12 +3,12 @@
 //!
 //! A connection's handles are small numbers that index only that connection's table, so a
 //! handle learned from (or guessed about) another client names nothing here. Memory is
-//! registered against the pid the kernel reports for the socket (`SO_PEERCRED`), never a pid
-//! the client claims. A bad header closes the connection (framing is lost); a bad body or a
-//! refused verb gets an error answer. When the connection ends, for whatever reason, every
-//! object it still holds is destroyed: QPs moved to ERR (flushing their queues) and
-//! destroyed, MRs deregistered, CQs destroyed, PDs freed, and the `reclaimed_*` counters
-//! show it.
+//! registered in the process the kernel reports for the socket, bound when the connection is
+//! accepted ([`memory::ClientProcess`]), never a process the client claims. A bad header
+//! closes the connection (framing is lost); a bad body or a refused verb gets an error
+//! answer. When the connection ends, for whatever reason, every object it still holds is
+//! destroyed: QPs moved to ERR (flushing their queues) and destroyed, MRs deregistered, CQs
+//! destroyed, PDs freed, and the `reclaimed_*` counters show it.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -25,7 +25,7 @@ use engine::{
 };
 
 use crate::host::Device;
-use crate::memory::{self, Region, SharedRegions};
+use crate::memory::{self, ClientProcess, Region, SharedRegions};
 use crate::wq::{Handles, Queue, WorkRing};
 use abi::convert::{self, ConvertError};
 use abi::proto::{
@@ -117,7 +117,7 @@ stats! {
     /// Work requests posted by request on the socket (the rest come through work rings).
     posts_by_request,
     /// Registrations of memory the client shared with its file: the daemon maps it and
-    /// copies without `process_vm_*`.
+    /// copies without going through the client's `/proc/<pid>/mem`.
     mapped_registrations,
 }
 
@@ -277,6 +277,8 @@ fn lock_table(t: &Table) -> MutexGuard<'_, HashMap<u32, Obj>> {
 /// One client connection's state.
 struct Conn<'d> {
     daemon: &'d Daemon,
+    /// The process that connected: its memory, whatever happens to its pid.
+    process: Arc<ClientProcess>,
     pid: i32,
     uid: u32,
     greeted: bool,
@@ -428,10 +430,8 @@ impl<'d> Conn<'d> {
         Ok(())
     }
 
-    /// `ibv_reg_mr` over `addr..addr + length` of this client, reached through `mapped` when
-    /// the daemon maps the same bytes (checked by the caller), else with `process_vm_*`.
-    /// `ibv_rereg_mr`: a new translation is this client's memory reached with
-    /// `process_vm_*` (a shared file's registration comes only with `RegMrShared`).
+    /// `ibv_rereg_mr`: a new translation is this client's memory, reached through its
+    /// `/proc/<pid>/mem` (a shared file's registration comes only with `RegMrShared`).
     fn rereg_mr(
         &mut self,
         mr: u32,
@@ -460,14 +460,14 @@ impl<'d> Conn<'d> {
         };
         let moves = flags.contains(ReregFlags::CHANGE_TRANSLATION);
         let owner = if moves {
-            if length == 0 || !memory::range_is_mapped(self.pid, addr, length) {
+            if length == 0 || !memory::range_is_mapped(&self.process, addr, length) {
                 return Err(self.unmapped(format!(
                     "{addr:#x}+{length} is not mapped read-write in pid {}",
                     self.pid
                 )));
             }
             memory::lock(&d.regions).insert(Region {
-                pid: self.pid,
+                process: self.process.clone(),
                 base: addr,
                 len: length,
                 mapped: None,
@@ -489,6 +489,9 @@ impl<'d> Conn<'d> {
         })
     }
 
+    /// `ibv_reg_mr` over `addr..addr + length` of this client, reached through `mapped` when
+    /// the daemon maps the same bytes (checked by the caller), else through the process's
+    /// `/proc/<pid>/mem`.
     fn reg_mr(
         &mut self,
         pd: u32,
@@ -502,7 +505,7 @@ impl<'d> Conn<'d> {
         let (i, pdh) = self.pd(pd)?;
         let access =
             AccessFlags::from_bits(access).ok_or_else(|| fail(EINVAL, "unknown access flags"))?;
-        if length == 0 || !memory::range_is_mapped(self.pid, addr, length) {
+        if length == 0 || !memory::range_is_mapped(&self.process, addr, length) {
             return Err(self.unmapped(format!(
                 "{addr:#x}+{length} is not mapped read-write in pid {}",
                 self.pid
@@ -512,7 +515,7 @@ impl<'d> Conn<'d> {
             d.stats.mapped_registrations.fetch_add(1, Ordering::Relaxed);
         }
         let owner = memory::lock(&d.regions).insert(Region {
-            pid: self.pid,
+            process: self.process.clone(),
             base: addr,
             len: length,
             mapped,
@@ -639,7 +642,8 @@ impl<'d> Conn<'d> {
                     .received_fd
                     .take()
                     .ok_or_else(|| fail(EINVAL, "no file descriptor came with the request"))?;
-                if length == 0 || !memory::mapping_matches(self.pid, addr, length, &fd, offset) {
+                if length == 0 || !memory::mapping_matches(&self.process, addr, length, &fd, offset)
+                {
                     return Err(self.unmapped(format!(
                         "{addr:#x}+{length} is not that file's bytes from {offset} mapped shared \
                          read-write in pid {}",
@@ -1312,10 +1316,14 @@ pub fn serve_connection(daemon: &Daemon, mut stream: UnixStream) {
         .stats
         .connections_accepted
         .fetch_add(1, Ordering::Relaxed);
-    let cred = match rustix::net::sockopt::socket_peercred(&stream) {
-        Ok(c) => c,
+    let bound = rustix::net::sockopt::socket_peercred(&stream)
+        .map_err(|e| memory::BindError::Peer(e.into()))
+        .and_then(|cred| Ok((cred.uid.as_raw(), ClientProcess::of_peer(&stream)?)));
+    let (uid, process) = match bound {
+        Ok(b) => b,
         Err(e) => {
-            tracing::warn!(error = %e, "SO_PEERCRED failed; closing");
+            // Served, it could reach memory only by a number that may be another's by now.
+            tracing::warn!(error = %e, "cannot bind the connection to its process; closing");
             daemon
                 .stats
                 .connections_closed
@@ -1325,8 +1333,9 @@ pub fn serve_connection(daemon: &Daemon, mut stream: UnixStream) {
     };
     let mut conn = Conn {
         daemon,
-        pid: cred.pid.as_raw_nonzero().get(),
-        uid: cred.uid.as_raw(),
+        pid: process.pid(),
+        process: Arc::new(process),
+        uid,
         greeted: false,
         objs: Arc::new(Mutex::new(HashMap::new())),
         next: 0,
