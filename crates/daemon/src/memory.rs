@@ -370,6 +370,9 @@ unsafe fn copy_last_byte_last(src: &[u8], dst: *mut u8) {
 /// Most bytes one read fetches ahead of what the engine asked for.
 const READ_AHEAD: usize = 256 << 10;
 
+/// What a read fetches when it does not continue the previous fetch.
+const FIRST_READ_AHEAD: usize = 16 << 10;
+
 /// Bytes of one client's registered memory fetched ahead in one `pread`, valid while the
 /// epoch it was read in lasts.
 #[derive(Debug, Default)]
@@ -434,11 +437,17 @@ impl WriteBehind {
 /// The engine reads a message one packet at a time; each system call into another process's
 /// memory costs far more in permission checks and page walks than in copying (measured with
 /// `process_vm_readv`: 70% of a same-host transfer in the kernel, 3% copying). So a read
-/// fetches up to 256 KiB (`READ_AHEAD`) of the region at once and later reads are served
-/// from them, but only within one *epoch*: the host starts a new one every time it takes the
-/// device lock ([`ClientMemory::epoch`]), so every request, post and packet that arrived
-/// before is served from memory read after it (as a NIC's DMA would be), never from bytes
-/// fetched earlier. Writes and atomics drop what was fetched.
+/// fetches more of the region than it asks for and later reads are served from those bytes,
+/// but only within one *epoch*: the host starts a new one every time it takes the device
+/// lock ([`ClientMemory::epoch`]), so every request, post and packet that arrived before is
+/// served from memory read after it (as a NIC's DMA would be), never from bytes fetched
+/// earlier. Writes and atomics drop what was fetched.
+///
+/// How much more: 16 KiB (`FIRST_READ_AHEAD`), then twice the last fetch whenever a read
+/// continues it, up to 256 KiB (`READ_AHEAD`). A byte costs too: through
+/// `/proc/<pid>/mem` (a page at a time, through a bounce page) about three times what it
+/// cost `process_vm_readv`, so fetching 256 KiB for a 2-byte READ of a large region took
+/// longer than the rest of the request (`tests/access_cost.rs` has the figures).
 ///
 /// Writes are gathered the same way: a write that continues the previous one (same client,
 /// next address) joins it, and they land together in one `pwrite` when the host flushes
@@ -545,8 +554,16 @@ impl Memory for ClientMemory {
             }
         }
         if len < READ_AHEAD {
-            // Within the region: registration checked it is mapped.
-            let want = region_end.saturating_sub(a).min(READ_AHEAD).max(len);
+            // Within the region: registration checked it is mapped. A run of reads through
+            // the region (a long message) earns a larger fetch each time it runs past one;
+            // the same bytes read again (the same message sent again) do not.
+            let follows = same && a > ra.base && a - ra.base <= ra.data.len();
+            let window = if follows {
+                (2 * ra.data.len()).min(READ_AHEAD)
+            } else {
+                FIRST_READ_AHEAD
+            };
+            let want = region_end.saturating_sub(a).min(window).max(len);
             ra.data.resize(want, 0);
             if process.read(a, &mut ra.data).is_ok() {
                 ra.epoch = epoch;
@@ -715,6 +732,50 @@ mod tests {
         // Reads near the region's end fetch no further than it.
         mem.read(owner, base + 8188, &mut out).unwrap();
         assert!(mem.read(owner, base + 8190, &mut out).is_err());
+        let _ = std::hint::black_box(buf);
+    }
+
+    #[test]
+    fn a_read_fetches_a_little_ahead_and_more_as_a_run_of_reads_continues() {
+        let process = this_process();
+        let mut buf = vec![0u8; 1 << 20];
+        let base = buf.as_mut_ptr() as u64;
+        let regions = SharedRegions::default();
+        let owner = lock(&regions).insert(Region {
+            process,
+            base,
+            len: 1 << 20,
+            mapped: None,
+        });
+        let mut mem = ClientMemory::new(regions);
+        let kib = |k: usize| base + (k << 10) as u64;
+        let mut out = [0u8; 1];
+        // 16 KiB at first: bytes changed behind the device's back are seen past them...
+        mem.read(owner, kib(0), &mut out).unwrap();
+        buf[8 << 10] = 1;
+        buf[100 << 10] = 2;
+        std::hint::black_box(&mut buf);
+        mem.read(owner, kib(8), &mut out).unwrap();
+        assert_eq!(out[0], 0);
+        mem.read(owner, kib(100), &mut out).unwrap();
+        assert_eq!(out[0], 2, "fetched 16 KiB, not the whole 256 KiB");
+        // The same read again in later epochs (a message sent again) is no run: 16 KiB.
+        for _ in 0..2 {
+            mem.epoch().fetch_add(1, Ordering::Release);
+            mem.read(owner, kib(100), &mut out).unwrap();
+        }
+        buf[(100 + 17) << 10] = 5;
+        std::hint::black_box(&mut buf);
+        mem.read(owner, kib(100 + 17), &mut out).unwrap();
+        assert_eq!(out[0], 5, "the same read again fetched 16 KiB, not 32");
+        // ...and a read that runs on past a fetch gets twice as much.
+        mem.epoch().fetch_add(1, Ordering::Release);
+        mem.read(owner, kib(200), &mut out).unwrap();
+        mem.read(owner, kib(216), &mut out).unwrap();
+        buf[(216 + 31) << 10] = 3;
+        std::hint::black_box(&mut buf);
+        mem.read(owner, kib(216 + 31), &mut out).unwrap();
+        assert_eq!(out[0], 0, "the second fetch was 32 KiB");
         let _ = std::hint::black_box(buf);
     }
 
