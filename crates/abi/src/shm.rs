@@ -1,7 +1,7 @@
 //! Registered memory the daemon can map: a client's buffer in a sealed `memfd`, passed with
 //! its registration (SCM_RIGHTS), so the daemon copies to and from it with plain memory
-//! copies instead of `process_vm_readv`/`writev` (which pin and walk every page of every
-//! access, most of a same-host transfer's cost).
+//! copies instead of `pread`/`pwrite` on the client's `/proc/<pid>/mem` (which walk every
+//! page of every access, most of a same-host transfer's cost).
 //!
 //! The client makes one with [`SharedMemory::create`] (the `softrdma` API's `Buffer` does,
 //! for large buffers). The daemon maps the client's file with [`SharedMemory::map_client`]

@@ -4,11 +4,12 @@
 //! addresses (one device per interface, `srxe0`, `srxe1`...), and clients drive it over a
 //! Unix stream socket with the versioned, length-checked messages of the device ABI
 //! ([`abi::proto`], a crate of its own that the library depends on too). The daemon
-//! reaches a client's registered memory with `process_vm_readv` / `process_vm_writev` on that
-//! client's own pid, or through its own mapping of the client's file when the client
-//! registered shared memory with it ([`memory`], [`abi::shm`]), keeps each connection's
-//! objects in a table of its own ([`server`]), and destroys them when the connection ends.
-//! [`abi::client::Client`] is the other end of the socket.
+//! reaches a client's registered memory through the `/proc/<pid>/mem` it opened when the
+//! client connected (bound to that process, not to its pid), or through its own mapping of
+//! the client's file when the client registered shared memory with it ([`memory`],
+//! [`abi::shm`]), keeps each connection's objects in a table of its own ([`server`]), and
+//! destroys them when the connection ends. [`abi::client::Client`] is the other end of the
+//! socket.
 //!
 //! Layers: [`memory`] (client memory as an [`engine::Memory`]), [`host`] (a device: an
 //! engine on the runtime), [`server`] (connections and handle tables), [`wq`] (work rings:
@@ -46,10 +47,11 @@
 //! over the engine's internal path: 32 KiB segments sealed without an ICRC
 //! (`engine::EngineConfig::internal_addresses`), since they never meet a wire.
 //!
-//! Client memory ([`memory::ClientMemory`]) is read ahead (up to 256 KiB per
-//! `process_vm_readv`, valid until the device lock is next taken) and written behind
-//! (continuing writes gathered into one `process_vm_writev`, flushed before any completion
-//! or packet leaves): the fixed cost of those calls, not the copy, dominated a transfer.
+//! Client memory ([`memory::ClientMemory`]) is read ahead (one `pread` of 16 KiB, growing to
+//! 256 KiB as a message runs on, valid until the device lock is next taken) and written
+//! behind (continuing writes gathered into one `pwrite`, flushed before any completion or
+//! packet leaves): a call's fixed cost dominates small accesses, the kernel's page-by-page
+//! copy large ones.
 //! Memory registered with its file ([`abi::proto::Request::RegMrShared`]: a large
 //! `softrdma::Buffer` lives in a sealed memfd) is mapped by the daemon and copied with
 //! plain memory copies instead, its atomics being CPU atomics; the daemon first checks that
