@@ -424,15 +424,18 @@ pub fn decode_send(entry: &[u8]) -> Result<(SendWr, Option<UdDest>), WqeError> {
     };
     let payload = if flags.contains(SendFlags::INLINE) {
         let n = h.inline_len;
-        let end = SEND_WQE_LEN + n as usize;
+        let too_long = WqeError::TooLong {
+            what: "inline bytes",
+            n,
+            len: entry.len(),
+        };
+        // The limit first: the sum below then cannot overflow, whatever the width of usize.
+        if n > MAX_INLINE || h.num_sge != 0 {
+            return Err(too_long);
+        }
         let data = entry
-            .get(SEND_WQE_LEN..end)
-            .filter(|_| n <= MAX_INLINE && h.num_sge == 0)
-            .ok_or(WqeError::TooLong {
-                what: "inline bytes",
-                n,
-                len: entry.len(),
-            })?;
+            .get(SEND_WQE_LEN..SEND_WQE_LEN + n as usize)
+            .ok_or(too_long)?;
         SendPayload::Inline(data.to_vec())
     } else {
         flags.remove(SendFlags::INLINE);
