@@ -411,15 +411,12 @@ impl Client {
         length: u64,
         access: u32,
     ) -> Result<MrInfo, ClientError> {
-        match self.call(&Request::RegMr {
+        self.mr(&Request::RegMr {
             pd,
             addr,
             length,
             access,
-        })? {
-            Response::Mr { handle, lkey, rkey } => Ok(MrInfo { handle, lkey, rkey }),
-            _ => Err(ClientError::Unexpected),
-        }
+        })
     }
 
     /// `ibv_reg_mr` over `length` bytes at `addr` that are a shared mapping of `fd`'s file
@@ -468,7 +465,12 @@ impl Client {
             length,
             access,
         };
-        match self.call(&req)? {
+        self.mr(&req)
+    }
+
+    /// A request answered with a region's handle and keys.
+    fn mr(&mut self, req: &Request) -> Result<MrInfo, ClientError> {
+        match self.call(req)? {
             Response::Mr { handle, lkey, rkey } => Ok(MrInfo { handle, lkey, rkey }),
             _ => Err(ClientError::Unexpected),
         }
