@@ -315,7 +315,13 @@ impl Client {
         }
         let mut hb = [0u8; HEADER_LEN];
         self.stream.read_exact(&mut hb)?;
-        let h = Header::parse(&hb)?;
+        self.answer(&hb, id)
+    }
+
+    /// The answer whose header is `hb` to request `id`: its body read and decoded, a
+    /// refusal made an error.
+    fn answer(&mut self, hb: &[u8; HEADER_LEN], id: u32) -> Result<Response, ClientError> {
+        let h = Header::parse(hb)?;
         let mut body = vec![0u8; h.length as usize];
         self.stream.read_exact(&mut body)?;
         if h.id != id {
@@ -634,14 +640,7 @@ impl Client {
         let mut hb = [0u8; HEADER_LEN];
         let fd = crate::proto::read_with_fd(&self.stream, &mut hb)?
             .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::UnexpectedEof))?;
-        let h = Header::parse(&hb)?;
-        let mut body = vec![0u8; h.length as usize];
-        self.stream.read_exact(&mut body)?;
-        if h.id != id {
-            return Err(ClientError::Unexpected);
-        }
-        match Response::decode(h.kind, &body)? {
-            Response::Error { errno, message } => Err(ClientError::Refused { errno, message }),
+        match self.answer(&hb, id)? {
             Response::Done => fd.ok_or(ClientError::Unexpected),
             _ => Err(ClientError::Unexpected),
         }

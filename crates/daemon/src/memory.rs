@@ -447,7 +447,7 @@ impl WriteBehind {
 /// continues it, up to 256 KiB (`READ_AHEAD`). A byte costs too: through
 /// `/proc/<pid>/mem` (a page at a time, through a bounce page) about three times what it
 /// cost `process_vm_readv`, so fetching 256 KiB for a 2-byte READ of a large region took
-/// longer than the rest of the request (`tests/access_cost.rs` has the figures).
+/// longer than the rest of the request (`examples/access_cost.rs` measures it).
 ///
 /// Writes are gathered the same way: a write that continues the previous one (same client,
 /// next address) joins it, and they land together in one `pwrite` when the host flushes

@@ -4,8 +4,8 @@
 //! daemon now uses the `/proc/<pid>/mem` it opened at connect ([`ClientProcess`]). A pidfd poll
 //! is what checking the process after each `process_vm_*` call would add.
 //!
-//! Ignored (it measures, it checks nothing); run it with
-//! `cargo test -p softrdma-daemon --test access_cost -- --ignored --nocapture`.
+//! A benchmark, not a test (it measures, it checks nothing):
+//! `cargo run --release -p softrdma-daemon --example access_cost`.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::AsFd;
@@ -23,13 +23,9 @@ const SIZES: [usize; 4] = [2, 4 << 10, 64 << 10, 256 << 10];
 /// Rounds of every measurement; the best is kept (the others met a busy core).
 const ROUNDS: usize = 5;
 
-/// The measured process's half (a no-op unless re-executed for it): `LEN` bytes, every page
-/// touched, their address said, and a wait for the end.
-#[test]
-fn role_target() {
-    let Some(path) = std::env::var_os(ROLE) else {
-        return;
-    };
+/// The measured process's half (this program re-executed with `ROLE` set): `LEN` bytes,
+/// every page touched, their address said, and a wait for the end.
+fn role_target(path: std::ffi::OsString) {
     let _s = UnixStream::connect(path).unwrap();
     let mem = vec![1u8; LEN];
     println!("TARGET {}", mem.as_ptr() as u64);
@@ -51,14 +47,14 @@ fn ns_per(n: usize, mut f: impl FnMut()) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
-#[test]
-#[ignore = "a measurement: run it with --ignored --nocapture"]
-fn cost_of_one_access_to_a_clients_memory() {
+fn main() {
+    if let Some(path) = std::env::var_os(ROLE) {
+        return role_target(path);
+    }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("target.sock");
     let l = UnixListener::bind(&path).unwrap();
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "role_target", "--nocapture", "--test-threads=1"])
         .env(ROLE, &path)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
