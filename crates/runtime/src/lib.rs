@@ -1396,6 +1396,20 @@ impl<A: Attachment> EngineGuard<'_, A> {
         }
         self.core.engine.poll_cq(cq, max)
     }
+
+    /// [`Self::poll_cq`] into `out` (as many as wait and fit; returns how many), allocating
+    /// nothing; an empty look drives the device the same way.
+    pub fn poll_cq_into(
+        &mut self,
+        cq: CqHandle,
+        out: &mut [engine::WorkCompletion],
+    ) -> Result<usize, VerbsError> {
+        let n = self.core.engine.poll_cq_into(cq, out)?;
+        if n > 0 || out.is_empty() || self.shared.drive_polling(&mut self.core, false) == 0 {
+            return Ok(n);
+        }
+        self.core.engine.poll_cq_into(cq, out)
+    }
 }
 
 impl<A: Attachment> Deref for EngineGuard<'_, A> {

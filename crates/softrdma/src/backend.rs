@@ -366,9 +366,6 @@ pub(crate) enum Notifier {
     },
 }
 
-/// Most completions one `poll_cq` returns (a caller asking for more gets them in turns).
-const MAX_POLL: usize = 4096;
-
 /// Largest CQ ring the daemon grants.
 const MAX_CQ_RING: u32 = 1 << 16;
 
@@ -977,9 +974,21 @@ impl Backend {
         state: &Notifier,
         max: usize,
     ) -> Result<Vec<WorkCompletion>> {
-        let mut wcs = vec![WorkCompletion::default(); max.min(MAX_POLL)];
-        let n = self.poll_cq_into(cq, state, &mut wcs)?;
-        wcs.truncate(n);
+        // In turns of a small stack buffer: a large `max` with few completions waiting
+        // costs no large zeroed allocation on every poll.
+        let mut wcs = Vec::new();
+        let mut buf = [WorkCompletion::default(); 32];
+        while wcs.len() < max {
+            let want = (max - wcs.len()).min(buf.len());
+            let n = self.take_completions(cq, state, &mut buf[..want])?;
+            wcs.extend_from_slice(&buf[..n]);
+            if n < want {
+                break;
+            }
+        }
+        if wcs.is_empty() {
+            self.relax();
+        }
         Ok(wcs)
     }
 
@@ -991,19 +1000,29 @@ impl Backend {
         state: &Notifier,
         out: &mut [WorkCompletion],
     ) -> Result<usize> {
-        let n = match (self, state) {
-            (Backend::Embedded(rt), _) => rt.lock().poll_cq_into(cq, out)?,
-            (Backend::Daemon(d), Notifier::Daemon { ring, .. }) => {
-                let n = lock(ring).poll_into(out).map_err(ring_error)?;
-                d.retire(&out[..n]);
-                n
-            }
-            (Backend::Daemon(_), Notifier::Embedded(_)) => return Err(unsupported("a foreign CQ")),
-        };
+        let n = self.take_completions(cq, state, out)?;
         if n == 0 {
             self.relax();
         }
         Ok(n)
+    }
+
+    /// Completions into `out`; no yielding when there are none.
+    fn take_completions(
+        &self,
+        cq: CqHandle,
+        state: &Notifier,
+        out: &mut [WorkCompletion],
+    ) -> Result<usize> {
+        match (self, state) {
+            (Backend::Embedded(rt), _) => Ok(rt.lock().poll_cq_into(cq, out)?),
+            (Backend::Daemon(d), Notifier::Daemon { ring, .. }) => {
+                let n = lock(ring).poll_into(out).map_err(ring_error)?;
+                d.retire(&out[..n]);
+                Ok(n)
+            }
+            (Backend::Daemon(_), Notifier::Embedded(_)) => Err(unsupported("a foreign CQ")),
+        }
     }
 
     /// Completions waiting: on the daemon, those in the ring plus those the daemon holds
