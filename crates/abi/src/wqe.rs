@@ -23,7 +23,7 @@
 
 use engine::{
     AccessFlags, AhHandle, MrHandle, MwBind, MwHandle, RecvWr, SendFlags, SendOp, SendPayload,
-    SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    SendWr, Sge, SgeList, UdDest, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
@@ -259,7 +259,7 @@ fn put_sges(sges: &[Sge], out: &mut [u8], at: usize) -> Result<usize, WqeError> 
     Ok(end)
 }
 
-fn take_sges(entry: &[u8], at: usize, n: u32) -> Result<Vec<Sge>, WqeError> {
+fn take_sges(entry: &[u8], at: usize, n: u32) -> Result<SgeList, WqeError> {
     let too_long = WqeError::TooLong {
         what: "SGEs",
         n,
@@ -436,7 +436,7 @@ pub fn decode_send(entry: &[u8]) -> Result<(SendWr, Option<UdDest>), WqeError> {
         let data = entry
             .get(SEND_WQE_LEN..SEND_WQE_LEN + n as usize)
             .ok_or(too_long)?;
-        SendPayload::Inline(data.to_vec())
+        SendPayload::Inline(data.into())
     } else {
         flags.remove(SendFlags::INLINE);
         SendPayload::Sges(take_sges(entry, SEND_WQE_LEN, h.num_sge)?)
@@ -639,10 +639,10 @@ mod tests {
         };
         for op in ops() {
             for payload in [
-                SendPayload::Sges(Vec::new()),
-                SendPayload::Sges(sges(3)),
-                SendPayload::Sges(sges(MAX_SGE as usize)),
-                SendPayload::Inline(vec![0x5a; 17]),
+                SendPayload::Sges(Vec::new().into()),
+                SendPayload::Sges(sges(3).into()),
+                SendPayload::Sges(sges(MAX_SGE as usize).into()),
+                SendPayload::Inline(vec![0x5a; 17].into()),
             ] {
                 for ud in [None, Some(&dest)] {
                     let mut wr = SendWr::new(77, op, Vec::new());

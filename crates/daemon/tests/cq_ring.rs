@@ -63,7 +63,7 @@ fn completions_arrive_in_a_shared_memory_ring() {
                     wr_id: i,
                     op: SendOp::Send,
                     flags: SendFlags::from_bits_truncate(2),
-                    payload: SendPayload::Inline(format!("message {i:02}").into_bytes()),
+                    payload: SendPayload::Inline(format!("message {i:02}").into_bytes().into()),
                 },
             )
             .unwrap();
@@ -108,7 +108,7 @@ fn send_inline(side: &mut common::Side, wr_id: u64) {
                 wr_id,
                 op: SendOp::Send,
                 flags: SendFlags::from_bits_truncate(2),
-                payload: SendPayload::Inline(wr_id.to_le_bytes().to_vec()),
+                payload: SendPayload::Inline(wr_id.to_le_bytes().to_vec().into()),
             },
         )
         .unwrap();

@@ -45,11 +45,14 @@ fn child_process_peer() {
                 wr_id: 1,
                 op: SendOp::Send,
                 flags: SendFlags::from_bits_truncate(SIGNALED),
-                payload: SendPayload::Sges(vec![Sge {
-                    addr: me.buf.addr(),
-                    length: 32,
-                    lkey: me.lkey,
-                }]),
+                payload: SendPayload::Sges(
+                    vec![Sge {
+                        addr: me.buf.addr(),
+                        length: 32,
+                        lkey: me.lkey,
+                    }]
+                    .into(),
+                ),
             },
         )
         .unwrap();
@@ -138,11 +141,14 @@ fn a_client_killed_mid_way_loses_its_resources_and_its_peer_sees_errors() {
         wr_id,
         op,
         flags: SendFlags::from_bits_truncate(SIGNALED),
-        payload: SendPayload::Sges(vec![Sge {
-            addr,
-            length: 21,
-            lkey,
-        }]),
+        payload: SendPayload::Sges(
+            vec![Sge {
+                addr,
+                length: 21,
+                lkey,
+            }]
+            .into(),
+        ),
     };
     let (p0, p1) = (parent.buf.addr(), parent.buf.addr() + 2048);
     let write_op = SendOp::RdmaWrite {

@@ -55,7 +55,7 @@ fn rc_works_over_ipv6() {
                 wr_id: 2,
                 op: SendOp::Send,
                 flags: SendFlags::from_bits_truncate(2),
-                payload: SendPayload::Inline(b"over ipv6".to_vec()),
+                payload: SendPayload::Inline(b"over ipv6".to_vec().into()),
             },
         )
         .unwrap();
@@ -121,11 +121,14 @@ fn another_clients_lkey_is_useless_on_my_qp() {
                 wr_id: 5,
                 op: SendOp::Send,
                 flags: SendFlags::from_bits_truncate(2),
-                payload: SendPayload::Sges(vec![Sge {
-                    addr: b.buf.addr(),
-                    length: 11,
-                    lkey: b.lkey,
-                }]),
+                payload: SendPayload::Sges(
+                    vec![Sge {
+                        addr: b.buf.addr(),
+                        length: 11,
+                        lkey: b.lkey,
+                    }]
+                    .into(),
+                ),
             },
         )
         .unwrap();

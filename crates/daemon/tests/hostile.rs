@@ -275,7 +275,7 @@ fn another_clients_srqs_ahs_windows_channels_and_events_are_out_of_reach() {
         wr_id: 1,
         op: SendOp::Send,
         flags: SendFlags::from_bits_truncate(0),
-        payload: SendPayload::Sges(vec![]),
+        payload: SendPayload::Sges(vec![].into()),
     };
     for h in [srq_a, ah_a, cq_a, qp_a.handle, mw_a] {
         if h == pd_b || h == cq_b {

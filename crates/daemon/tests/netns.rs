@@ -72,11 +72,14 @@ fn wr(wr_id: u64, op: SendOp, me: &Side, at: usize, len: usize) -> SendWr {
         wr_id,
         op,
         flags: SendFlags::from_bits_truncate(SIGNALED),
-        payload: SendPayload::Sges(vec![Sge {
-            addr: me.buf.addr() + at as u64,
-            length: len as u32,
-            lkey: me.lkey,
-        }]),
+        payload: SendPayload::Sges(
+            vec![Sge {
+                addr: me.buf.addr() + at as u64,
+                length: len as u32,
+                lkey: me.lkey,
+            }]
+            .into(),
+        ),
     }
 }
 

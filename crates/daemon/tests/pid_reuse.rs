@@ -243,11 +243,14 @@ fn one(side: &mut Side, op: SendOp, local: usize, len: usize) -> Cqe {
         wr_id: 7,
         op,
         flags: SendFlags::from_bits_truncate(SIGNALED),
-        payload: SendPayload::Sges(vec![Sge {
-            addr: side.buf.addr() + local as u64,
-            length: len as u32,
-            lkey: side.lkey,
-        }]),
+        payload: SendPayload::Sges(
+            vec![Sge {
+                addr: side.buf.addr() + local as u64,
+                length: len as u32,
+                lkey: side.lkey,
+            }]
+            .into(),
+        ),
     };
     side.client.post_send(side.qp, &wr).unwrap();
     side.wait(1).remove(0)

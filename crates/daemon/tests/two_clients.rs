@@ -36,11 +36,14 @@ fn two_clients_exchange_send_write_read_and_atomics_through_one_daemon() {
                 wr_id: 1,
                 op: SendOp::Send,
                 flags: SendFlags::from_bits_truncate(SIGNALED),
-                payload: SendPayload::Sges(vec![Sge {
-                    addr: a.buf.addr(),
-                    length: 3000,
-                    lkey: a.lkey,
-                }]),
+                payload: SendPayload::Sges(
+                    vec![Sge {
+                        addr: a.buf.addr(),
+                        length: 3000,
+                        lkey: a.lkey,
+                    }]
+                    .into(),
+                ),
             },
         )
         .unwrap();
@@ -63,11 +66,14 @@ fn two_clients_exchange_send_write_read_and_atomics_through_one_daemon() {
                     rkey: b.rkey,
                 },
                 flags: SendFlags::from_bits_truncate(SIGNALED),
-                payload: SendPayload::Sges(vec![Sge {
-                    addr: a.buf.addr() + 100,
-                    length: 2500,
-                    lkey: a.lkey,
-                }]),
+                payload: SendPayload::Sges(
+                    vec![Sge {
+                        addr: a.buf.addr() + 100,
+                        length: 2500,
+                        lkey: a.lkey,
+                    }]
+                    .into(),
+                ),
             },
         )
         .unwrap();
@@ -87,11 +93,14 @@ fn two_clients_exchange_send_write_read_and_atomics_through_one_daemon() {
                     rkey: b.rkey,
                 },
                 flags: SendFlags::from_bits_truncate(SIGNALED),
-                payload: SendPayload::Sges(vec![Sge {
-                    addr: a.buf.addr() + 5000,
-                    length: 30,
-                    lkey: a.lkey,
-                }]),
+                payload: SendPayload::Sges(
+                    vec![Sge {
+                        addr: a.buf.addr() + 5000,
+                        length: 30,
+                        lkey: a.lkey,
+                    }]
+                    .into(),
+                ),
             },
         )
         .unwrap();
@@ -108,11 +117,14 @@ fn two_clients_exchange_send_write_read_and_atomics_through_one_daemon() {
         wr_id,
         op,
         flags: SendFlags::from_bits_truncate(SIGNALED),
-        payload: SendPayload::Sges(vec![Sge {
-            addr: result_addr,
-            length: 8,
-            lkey: a_lkey,
-        }]),
+        payload: SendPayload::Sges(
+            vec![Sge {
+                addr: result_addr,
+                length: 8,
+                lkey: a_lkey,
+            }]
+            .into(),
+        ),
     };
     let remote_addr = b.buf.addr() + word as u64;
     a.client
@@ -191,7 +203,7 @@ fn two_clients_exchange_send_write_read_and_atomics_through_one_daemon() {
                 wr_id: 7,
                 op: SendOp::SendWithImm { imm: 0xfeed },
                 flags: SendFlags::from_bits_truncate(SIGNALED),
-                payload: SendPayload::Inline(b"inline hello".to_vec()),
+                payload: SendPayload::Inline(b"inline hello".to_vec().into()),
             },
         )
         .unwrap();
@@ -240,11 +252,14 @@ fn a_remote_write_with_a_wrong_rkey_fails_without_touching_memory() {
                     rkey: b.rkey ^ 0x55,
                 },
                 flags: SendFlags::from_bits_truncate(SIGNALED),
-                payload: SendPayload::Sges(vec![Sge {
-                    addr: a.buf.addr(),
-                    length: 64,
-                    lkey: a.lkey,
-                }]),
+                payload: SendPayload::Sges(
+                    vec![Sge {
+                        addr: a.buf.addr(),
+                        length: 64,
+                        lkey: a.lkey,
+                    }]
+                    .into(),
+                ),
             },
         )
         .unwrap();

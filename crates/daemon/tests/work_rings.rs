@@ -102,7 +102,7 @@ fn recv(side: &Side, wr_id: u64, off: u64) -> Wr {
 
 fn send(side: &Side, wr_id: u64, text: &str) -> Wr {
     let mut wr = SendWr::send(wr_id, Vec::new());
-    wr.payload = SendPayload::Inline(text.as_bytes().to_vec());
+    wr.payload = SendPayload::Inline(text.as_bytes().to_vec().into());
     wr.flags |= SendFlags::INLINE;
     Wr::Send(side.qp, wr)
 }
@@ -428,7 +428,7 @@ fn garbage_and_foreign_wqes_put_the_qp_in_error_and_the_daemon_serves_on() {
     let fd = a.client.work_ring_fd(wq::SQ, qp, 8).unwrap();
     let mut ring = Ring::open(&fd, Role::Producer).unwrap();
     let mut read = SendWr::rdma_read(1, Vec::new(), b.buf.addr(), b.rkey);
-    read.payload = SendPayload::Inline(vec![0; 8]);
+    read.payload = SendPayload::Inline(vec![0; 8].into());
     read.flags |= SendFlags::INLINE;
     let mut e = vec![0u8; wqe::MAX_SEND_ENTRY];
     let n = wqe::encode_send(&read, None, &mut e).unwrap();

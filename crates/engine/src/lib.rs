@@ -115,11 +115,12 @@ mod recv_wqe;
 mod req;
 mod resp;
 mod rng;
+mod sched;
 mod table;
 mod timers;
 mod uc;
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::net::IpAddr;
 
 pub use counters::{Counter, Counters};
@@ -136,7 +137,10 @@ pub use qp::QpInitAttr;
 pub use qp_attr::{AccessFlags, AhAttr, PathMtu, QpAttr, QpAttrMask, QpCap, QpState, QpType};
 pub use qp_state::ModifyError;
 pub use time::Instant;
-pub use wr::{RecvWr, SendFlags, SendOp, SendPayload, SendWr, Sge};
+pub use wr::{
+    InlineData, RecvWr, SendFlags, SendOp, SendPayload, SendWr, Sge, SgeList, INLINE_BYTES,
+    INLINE_SGES,
+};
 
 pub use ah::AhHandle;
 pub use mw::{inc_rkey, MwBind, MwHandle, MwKeys, MwType};
@@ -300,18 +304,18 @@ pub struct Engine<M: Memory + ?Sized = dyn Memory> {
     unacked_events: Vec<AsyncEvent>,
     /// QPs that may have something to send: `poll_transmit` looks only at these, so idle
     /// QPs cost nothing (a QP leaves the set when it has nothing queued at all).
-    active: BTreeSet<u32>,
+    active: sched::Active,
     next_qpn: u32,
     counters: Counters,
     events: VecDeque<AsyncEvent>,
     cq_events: VecDeque<CqHandle>,
-    /// The QP `poll_transmit` served last (round robin among QPs).
-    tx_last: u32,
     /// ACKs that destroyed or reset QPs still owed their peers: sent at the next
     /// `poll_transmit`.
     parting: VecDeque<resp::Parting>,
     /// The QPs' requester timers by deadline.
     timers: timers::Timers,
+    /// The QPs whose timers `handle_timeout` runs, kept between calls for its capacity.
+    due: Vec<u32>,
 }
 
 impl<M: Memory + ?Sized> core::fmt::Debug for Engine<M> {
@@ -377,14 +381,14 @@ impl<M: Memory + ?Sized> Engine<M> {
             ahs: Table::default(),
             port_state: PortState::Active,
             unacked_events: Vec::new(),
-            active: BTreeSet::new(),
+            active: sched::Active::default(),
             next_qpn: FIRST_QPN,
             counters: Counters::default(),
             events: VecDeque::new(),
             cq_events: VecDeque::new(),
-            tx_last: 0,
             parting: VecDeque::new(),
             timers: timers::Timers::default(),
+            due: Vec::new(),
         }
     }
 
@@ -428,7 +432,8 @@ impl<M: Memory + ?Sized> Engine<M> {
     /// Run the timers that are due at `now` (local ACK timeout, RNR wait).
     pub fn handle_timeout(&mut self, now: Instant) {
         let mut overflowed = Vec::new();
-        let due = self.timers.due(now);
+        let mut due = std::mem::take(&mut self.due);
+        self.timers.take_due(now, &mut due);
         {
             let mut ctx = ctx!(self, now, overflowed);
             for &qpn in &due {
@@ -441,9 +446,11 @@ impl<M: Memory + ?Sized> Engine<M> {
                 }
             }
         }
-        for qpn in due {
+        for &qpn in &due {
             self.retime(qpn);
         }
+        due.clear();
+        self.due = due;
         self.error_overflowed(overflowed);
     }
 
@@ -488,33 +495,25 @@ impl<M: Memory + ?Sized> Engine<M> {
         let mut sent_by = None;
         {
             let mut ctx = ctx!(self, now, overflowed);
-            let start = self.tx_last;
-            // Round robin among the active QPs: those after the one served last, then the
-            // rest.
+            // Round robin among the active QPs: each looked at once, the one that sent
+            // goes last.
             let mut found = None;
-            let mut idle = Vec::new();
-            let order = self
-                .active
-                .range(start.saturating_add(1)..)
-                .chain(self.active.range(..=start));
-            for &qpn in order {
+            for _ in 0..self.active.len() {
+                let Some(qpn) = self.active.next() else {
+                    break;
+                };
                 let Some(qp) = self.qps.get_mut(&qpn) else {
-                    idle.push(qpn);
+                    self.active.served(qpn, false);
                     continue;
                 };
                 if let Some(t) = transmit_one(qp, &mut ctx, buf, pass) {
+                    self.active.served(qpn, true);
                     found = Some((qpn, t));
                     break;
                 }
-                if !qp.may_transmit() {
-                    idle.push(qpn);
-                }
-            }
-            for qpn in idle {
-                self.active.remove(&qpn);
+                self.active.served(qpn, qp.may_transmit());
             }
             if let Some((qpn, t)) = found {
-                self.tx_last = qpn;
                 sent_by = Some(qpn);
                 ctx.counters.inc(Counter::TxPackets);
                 ctx.counters.add(Counter::TxBytes, t.len as u64);
@@ -564,7 +563,7 @@ impl<M: Memory + ?Sized> Engine<M> {
     /// driving the engine: its next `poll_transmit` passes send them, so no peer waits for
     /// an ACK that would never leave.
     pub fn flush_acks(&mut self) {
-        for &qpn in &self.active {
+        for &qpn in self.active.iter() {
             if let Some(qp) = self.qps.get_mut(&qpn) {
                 resp::release_ack(qp);
             }

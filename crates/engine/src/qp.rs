@@ -87,8 +87,11 @@ pub(crate) struct SendWqe {
     /// A local error found when the WR was executed; it completes with it once it is oldest.
     pub(crate) local_error: Option<WcStatus>,
     /// Owners of the local SGEs, checked when the WR started (same order as the SGEs).
-    pub(crate) owners: Vec<MemOwner>,
+    pub(crate) owners: Owners,
 }
+
+/// The owners of a WR's SGEs, in place for as many SGEs as a WR holds in place.
+pub(crate) type Owners = smallvec::SmallVec<[MemOwner; crate::INLINE_SGES]>;
 
 impl SendWqe {
     pub(crate) fn sges(&self) -> &[Sge] {
@@ -103,7 +106,7 @@ impl SendWqe {
 #[derive(Debug)]
 pub(crate) struct RecvWqe {
     pub(crate) wr_id: u64,
-    pub(crate) sges: Vec<Sge>,
+    pub(crate) sges: crate::SgeList,
     pub(crate) len: u64,
 }
 
@@ -354,7 +357,7 @@ impl<M: Memory + ?Sized> Engine<M> {
     /// `ibv_destroy_qp`. Its WRs vanish without completions, as in verbs.
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError> {
         let qp = self.qps.remove(&qpn).ok_or(VerbsError::InvalidQp)?;
-        self.active.remove(&qpn);
+        self.active.remove(qpn);
         self.timers.file(qpn, None);
         // The ACK it still owed its peer leaves on its behalf: the requests it acknowledges
         // were executed, and the peer would retry them into a QP that is gone.

@@ -70,7 +70,7 @@ pub(crate) fn post<M: Memory + ?Sized>(
         last_psn: Psn::new(0),
         npkts: 0,
         local_error: None,
-        owners: Vec::new(),
+        owners: crate::qp::Owners::new(),
     };
     if state.flushes_send_queue() {
         // IBA 10.3.1 (Error state): WRs posted now complete with a flush error, in order
@@ -95,7 +95,7 @@ pub(crate) fn validate(
     wqe: &SendWqe,
     pd: PdHandle,
     mrs: &MrTable,
-) -> Result<Vec<MemOwner>, WcStatus> {
+) -> Result<crate::qp::Owners, WcStatus> {
     if wqe.len > u64::from(MAX_MSG_SIZE) {
         return Err(WcStatus::LocLenErr);
     }
@@ -104,7 +104,7 @@ pub(crate) fn validate(
         return Err(WcStatus::LocLenErr);
     }
     let write = wqe.op.is_read_or_atomic();
-    let mut owners = Vec::with_capacity(wqe.sges().len());
+    let mut owners = crate::qp::Owners::with_capacity(wqe.sges().len());
     for sge in wqe.sges() {
         if sge.length == 0 {
             owners.push(MemOwner::default());

@@ -7,14 +7,20 @@
 //! stopped by a path that did not file the QP again): it makes a host look once too early,
 //! and `handle_timeout` files the QP again. It is never later.
 
-use std::collections::{BTreeSet, HashMap};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 
 use crate::Instant;
 
 /// Deadlines by QP, and QPs by deadline.
+///
+/// The order is a heap that keeps its capacity, so filing and clearing a timer once per
+/// message allocates nothing once the device is warm. Filing a QP again leaves its old
+/// entry behind as stale (its deadline is no longer the QP's); stale entries are dropped
+/// when they reach the top, so the top is always a live deadline.
 #[derive(Debug, Default)]
 pub(crate) struct Timers {
-    by_time: BTreeSet<(Instant, u32)>,
+    by_time: BinaryHeap<Reverse<(Instant, u32)>>,
     of_qp: HashMap<u32, Instant>,
 }
 
@@ -23,34 +29,47 @@ impl Timers {
     pub(crate) fn file(&mut self, qpn: u32, deadline: Option<Instant>) {
         match deadline {
             Some(t) => {
-                if let Some(old) = self.of_qp.insert(qpn, t) {
-                    if old == t {
-                        return;
-                    }
-                    self.by_time.remove(&(old, qpn));
+                if self.of_qp.insert(qpn, t) == Some(t) {
+                    return;
                 }
-                self.by_time.insert((t, qpn));
+                self.by_time.push(Reverse((t, qpn)));
             }
             None => {
-                if let Some(old) = self.of_qp.remove(&qpn) {
-                    self.by_time.remove(&(old, qpn));
-                }
+                self.of_qp.remove(&qpn);
             }
         }
+        self.drop_stale();
     }
 
     /// The earliest deadline.
     pub(crate) fn first(&self) -> Option<Instant> {
-        self.by_time.first().map(|&(t, _)| t)
+        self.by_time.peek().map(|&Reverse((t, _))| t)
     }
 
-    /// The QPs with a deadline at or before `now`, earliest first.
-    pub(crate) fn due(&self, now: Instant) -> Vec<u32> {
-        self.by_time
-            .iter()
-            .take_while(|&&(t, _)| t <= now)
-            .map(|&(_, q)| q)
-            .collect()
+    /// Move the QPs with a deadline at or before `now` into `due`, earliest first; they have
+    /// no timer filed any more (the engine files each again once it has run them).
+    pub(crate) fn take_due(&mut self, now: Instant, due: &mut Vec<u32>) {
+        while let Some(&Reverse((t, qpn))) = self.by_time.peek() {
+            if t > now {
+                break;
+            }
+            self.by_time.pop();
+            if self.of_qp.get(&qpn) == Some(&t) {
+                self.of_qp.remove(&qpn);
+                due.push(qpn);
+            }
+        }
+        self.drop_stale();
+    }
+
+    /// Pop entries that are no longer their QP's deadline off the top.
+    fn drop_stale(&mut self) {
+        while let Some(&Reverse((t, qpn))) = self.by_time.peek() {
+            if self.of_qp.get(&qpn) == Some(&t) {
+                break;
+            }
+            self.by_time.pop();
+        }
     }
 
     /// How many QPs have a timer filed.
@@ -80,12 +99,29 @@ mod tests {
         // Refiling moves a QP; it never appears twice.
         t.file(3, Some(at(40)));
         assert_eq!(t.len(), 3);
-        assert_eq!(t.due(at(30)), vec![9, 7]);
+        let mut due = Vec::new();
+        t.take_due(at(30), &mut due);
+        assert_eq!(due, vec![9, 7]);
+        assert_eq!(t.first(), Some(at(40)));
+        t.file(9, Some(at(35)));
         t.file(9, None);
         t.file(9, None);
-        assert_eq!(t.due(at(100)), vec![7, 3]);
-        assert_eq!(t.first(), Some(at(30)));
-        t.file(7, Some(at(30)));
-        assert_eq!(t.len(), 2);
+        t.file(7, Some(at(50)));
+        t.file(7, Some(at(45)));
+        assert_eq!(t.first(), Some(at(40)));
+        due.clear();
+        t.take_due(at(100), &mut due);
+        assert_eq!(due, vec![3, 7]);
+        assert_eq!((t.first(), t.len()), (None, 0));
+    }
+
+    #[test]
+    fn a_timer_filed_and_cleared_each_message_leaves_nothing_behind() {
+        let mut t = Timers::default();
+        for i in 0..1000 {
+            t.file(1, Some(at(10 + i)));
+            t.file(1, None);
+        }
+        assert_eq!((t.first(), t.len(), t.by_time.len()), (None, 0, 0));
     }
 }

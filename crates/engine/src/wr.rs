@@ -1,6 +1,7 @@
 //! Work requests as applications post them (`ibv_send_wr`, `ibv_recv_wr`, `ibv_sge`).
 
 use bitflags::bitflags;
+use smallvec::SmallVec;
 
 use crate::cq::WcOpcode;
 
@@ -149,13 +150,26 @@ impl SendOp {
     }
 }
 
+/// SGEs a work request holds without a heap allocation: posting a WR of up to this many
+/// SGEs allocates nothing (a NIC's WQE has room for a few SGEs in place too).
+pub const INLINE_SGES: usize = 4;
+
+/// Inline-data bytes a work request holds without a heap allocation.
+pub const INLINE_BYTES: usize = 64;
+
+/// A WR's scatter/gather list: [`INLINE_SGES`] entries in place, more on the heap.
+pub type SgeList = SmallVec<[Sge; INLINE_SGES]>;
+
+/// A WR's inline data: [`INLINE_BYTES`] bytes in place, more on the heap.
+pub type InlineData = SmallVec<[u8; INLINE_BYTES]>;
+
 /// Where the bytes of a send come from.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum SendPayload {
     /// Gathered from registered memory when the packets are built (lkeys checked then).
-    Sges(Vec<Sge>),
+    Sges(SgeList),
     /// Copied into the WR at post time (`IBV_SEND_INLINE`): no lkey, at most `max_inline_data`.
-    Inline(Vec<u8>),
+    Inline(InlineData),
 }
 
 impl SendPayload {
@@ -188,27 +202,27 @@ pub struct SendWr {
 
 impl SendWr {
     /// A signaled WR of `op` over `sges`.
-    pub fn new(wr_id: u64, op: SendOp, sges: Vec<Sge>) -> SendWr {
+    pub fn new(wr_id: u64, op: SendOp, sges: impl Into<SgeList>) -> SendWr {
         SendWr {
             wr_id,
             op,
-            payload: SendPayload::Sges(sges),
+            payload: SendPayload::Sges(sges.into()),
             flags: SendFlags::SIGNALED,
         }
     }
 
     /// A signaled SEND over `sges`.
-    pub fn send(wr_id: u64, sges: Vec<Sge>) -> SendWr {
+    pub fn send(wr_id: u64, sges: impl Into<SgeList>) -> SendWr {
         SendWr::new(wr_id, SendOp::Send, sges)
     }
 
     /// A signaled RDMA WRITE of `sges` to `remote_addr` / `rkey`.
-    pub fn rdma_write(wr_id: u64, sges: Vec<Sge>, remote_addr: u64, rkey: u32) -> SendWr {
+    pub fn rdma_write(wr_id: u64, sges: impl Into<SgeList>, remote_addr: u64, rkey: u32) -> SendWr {
         SendWr::new(wr_id, SendOp::RdmaWrite { remote_addr, rkey }, sges)
     }
 
     /// A signaled RDMA READ of `remote_addr` / `rkey` into `sges`.
-    pub fn rdma_read(wr_id: u64, sges: Vec<Sge>, remote_addr: u64, rkey: u32) -> SendWr {
+    pub fn rdma_read(wr_id: u64, sges: impl Into<SgeList>, remote_addr: u64, rkey: u32) -> SendWr {
         SendWr::new(wr_id, SendOp::RdmaRead { remote_addr, rkey }, sges)
     }
 
@@ -219,17 +233,17 @@ impl SendWr {
         rkey: u32,
         bind: crate::mw::MwBind,
     ) -> SendWr {
-        SendWr::new(wr_id, SendOp::BindMw { mw, rkey, bind }, Vec::new())
+        SendWr::new(wr_id, SendOp::BindMw { mw, rkey, bind }, SgeList::new())
     }
 
     /// A signaled local invalidation of `rkey` (a type 2 window, or a region's key).
     pub fn local_inv(wr_id: u64, rkey: u32) -> SendWr {
-        SendWr::new(wr_id, SendOp::LocalInv { rkey }, Vec::new())
+        SendWr::new(wr_id, SendOp::LocalInv { rkey }, SgeList::new())
     }
 
     /// Replace the payload with inline bytes (`IBV_SEND_INLINE`).
-    pub fn inline(mut self, data: Vec<u8>) -> SendWr {
-        self.payload = SendPayload::Inline(data);
+    pub fn inline(mut self, data: impl Into<InlineData>) -> SendWr {
+        self.payload = SendPayload::Inline(data.into());
         self.flags |= SendFlags::INLINE;
         self
     }
@@ -253,12 +267,15 @@ pub struct RecvWr {
     /// Returned in the completion.
     pub wr_id: u64,
     /// Where incoming SEND data is scattered.
-    pub sg_list: Vec<Sge>,
+    pub sg_list: SgeList,
 }
 
 impl RecvWr {
     /// A receive WR over `sg_list`.
-    pub fn new(wr_id: u64, sg_list: Vec<Sge>) -> RecvWr {
-        RecvWr { wr_id, sg_list }
+    pub fn new(wr_id: u64, sg_list: impl Into<SgeList>) -> RecvWr {
+        RecvWr {
+            wr_id,
+            sg_list: sg_list.into(),
+        }
     }
 }

@@ -8,7 +8,7 @@
 
 use core::ffi::{c_int, c_void};
 
-use engine::{QpType, SendFlags, SendOp, SendPayload, SendWr, Sge, UdDest};
+use engine::{InlineData, QpType, SendFlags, SendOp, SendPayload, SendWr, Sge, SgeList, UdDest};
 
 use crate::abi::*;
 use crate::device::ctx;
@@ -270,7 +270,7 @@ impl Batch {
         let wr = SendWr {
             wr_id: qp.ex.wr_id,
             op,
-            payload: SendPayload::Sges(Vec::new()),
+            payload: SendPayload::Sges(SgeList::new()),
             flags,
         };
         self.wrs.push((wr, None));
@@ -295,12 +295,12 @@ impl Batch {
     ///
     /// # Safety
     /// For an inline send, each SGE names readable memory.
-    unsafe fn set_sges(&mut self, sges: Vec<Sge>) {
+    unsafe fn set_sges(&mut self, sges: SgeList) {
         if !self.current_inline() {
             self.set_payload(SendPayload::Sges(sges));
             return;
         }
-        let mut data = Vec::new();
+        let mut data = InlineData::new();
         for g in &sges {
             let addr = g.addr as usize as *const c_void;
             // SAFETY: the caller's contract.
@@ -494,7 +494,7 @@ unsafe extern "C" fn wr_unsupported(q: *mut ibv_qp_ex_tail) {
 }
 
 unsafe extern "C" fn wr_set_sge(q: *mut ibv_qp_ex_tail, lkey: u32, addr: u64, length: u32) {
-    let sges = vec![Sge::new(addr, length, lkey)];
+    let sges = SgeList::from_slice(&[Sge::new(addr, length, lkey)]);
     // SAFETY: the program's extended QP; inline data is its readable memory.
     unsafe { with_batch(q, |_, b| b.set_sges(sges)) }
 }
@@ -525,7 +525,7 @@ unsafe extern "C" fn wr_set_sge_list(q: *mut ibv_qp_ex_tail, n: usize, list: *co
 ///
 /// # Safety
 /// `addr` is readable for `len` bytes when `len > 0`.
-unsafe fn copy_in(addr: *const c_void, len: usize, out: &mut Vec<u8>) -> Result<(), c_int> {
+unsafe fn copy_in(addr: *const c_void, len: usize, out: &mut InlineData) -> Result<(), c_int> {
     if len == 0 {
         return Ok(());
     }
@@ -541,7 +541,7 @@ unsafe extern "C" fn wr_set_inline_data(q: *mut ibv_qp_ex_tail, addr: *mut c_voi
     // SAFETY: the program's extended QP; inline data is the caller's readable memory.
     unsafe {
         with_batch(q, |_, b| {
-            let mut data = Vec::new();
+            let mut data = InlineData::new();
             match copy_in(addr, len, &mut data) {
                 Ok(()) => b.set_payload(SendPayload::Inline(data)),
                 Err(e) => b.fail(e),
@@ -567,7 +567,7 @@ unsafe extern "C" fn wr_set_inline_data_list(
             } else {
                 std::slice::from_raw_parts(list, n)
             };
-            let mut data = Vec::new();
+            let mut data = InlineData::new();
             for d in bufs {
                 if let Err(e) = copy_in(d.addr, d.length, &mut data) {
                     b.fail(e);

@@ -5,9 +5,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Mutex;
 
 use engine::{
-    AccessFlags, AhAttr, AhHandle, MrHandle, MwBind, MwHandle, MwType, PdHandle, QpAttr,
-    QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendPayload, SendWr,
-    Sge, SrqAttr, SrqHandle, UdDest,
+    AccessFlags, AhAttr, AhHandle, InlineData, MrHandle, MwBind, MwHandle, MwType, PdHandle,
+    QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendPayload,
+    SendWr, Sge, SgeList, SrqAttr, SrqHandle, UdDest,
 };
 use softrdma::RawCq;
 
@@ -1097,10 +1097,10 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
 ///
 /// # Safety
 /// `sg` points to `n` SGEs when `n > 0`.
-unsafe fn sges(sg: *const ibv_sge, n: c_int) -> Result<Vec<Sge>, c_int> {
+unsafe fn sges(sg: *const ibv_sge, n: c_int) -> Result<SgeList, c_int> {
     let n = usize::try_from(n).map_err(|_| libc::EINVAL)?;
     if n == 0 {
-        return Ok(Vec::new());
+        return Ok(SgeList::new());
     }
     if sg.is_null() {
         return Err(libc::EINVAL);
@@ -1173,7 +1173,7 @@ unsafe fn send_wr(w: &ibv_send_wr) -> Result<SendWr, c_int> {
     let flags = SendFlags::from_bits_truncate(w.send_flags & 0x7);
     let payload = if w.send_flags & 0x8 != 0 {
         // IBV_SEND_INLINE: the bytes are copied now, no lkey involved.
-        let mut data = Vec::new();
+        let mut data = InlineData::new();
         for s in &list {
             if s.length > 0 {
                 // SAFETY: for inline sends the SGE addresses are the caller's readable memory.

@@ -81,7 +81,7 @@ pub struct RuntimeConfig {
     /// waiting peers pay the delay whenever they were not recognized as waiting (send_lat
     /// through softrdmad: ~100 us a message).
     pub ack_coalesce: Duration,
-    /// Datagrams received per `recvmmsg` call.
+    /// Datagrams received per `recvmmsg` call (1 to 64).
     pub rx_batch: usize,
     /// Port MTU (the largest path MTU a QP may use). The port offers less when the link
     /// under `addr` cannot carry it (see [`crate::link`]).

@@ -12,6 +12,7 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use nix::sys::socket::{self as nsock, ControlMessageOwned, MsgFlags, SockaddrStorage};
+use smallvec::SmallVec;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use wire::{IpRepr, Ipv4, Ipv4Repr, Ipv6, Ipv6Repr, Udp, UdpRepr, ROCEV2_UDP_PORT};
 
@@ -284,6 +285,13 @@ fn udp_port_filter(port: u16) -> [socket2::SockFilter; 5] {
     ]
 }
 
+/// Most datagrams one `recvmmsg` takes ([`crate::RuntimeConfig::rx_batch`] is capped here).
+pub(crate) const MAX_RX_BATCH: usize = 64;
+
+/// A count per receiving socket (a device has one per address family, and a raw socket
+/// where it may): kept on the stack, as every look for packets makes one.
+pub(crate) type PerSocket = SmallVec<[usize; 4]>;
+
 /// The receiving side: a batch of slots, each with headroom for the rebuilt headers.
 pub(crate) struct Rx {
     sock: Arc<Socket>,
@@ -319,7 +327,7 @@ impl Rx {
     /// `raw_port`: `sock` is a raw socket ([`raw_rx_socket`]) and packets to this UDP port
     /// are ours.
     pub(crate) fn new(sock: Arc<Socket>, local: IpAddr, batch: usize, raw_port: Option<u16>) -> Rx {
-        let batch = batch.max(1);
+        let batch = batch.clamp(1, MAX_RX_BATCH);
         let cmsg = if local.is_ipv6() {
             nix::cmsg_space!(libc::in6_pktinfo)
         } else {
@@ -344,33 +352,40 @@ impl Rx {
         self.meta.clear();
         // A raw socket delivers the IP header too: receive from the start of the slot.
         let at = self.payload_offset();
-        let mut iovs: Vec<[IoSliceMut<'_>; 1]> = self
-            .slots
-            .chunks_mut(SLOT)
-            .map(|c| [IoSliceMut::new(&mut c[at..])])
-            .collect();
-        let res = nsock::recvmmsg(
-            self.sock.as_raw_fd(),
-            &mut self.headers,
-            iovs.iter_mut(),
-            MsgFlags::MSG_DONTWAIT,
-            None,
-        );
-        let results = match res {
-            Ok(r) => r,
-            Err(nix::errno::Errno::EAGAIN) => return 0,
-            Err(e) => {
-                tracing::debug!(error = %e, "recvmmsg failed");
-                return 0;
+        // The slots' views live (and die) inside this block: the packets are rebuilt in the
+        // slots after it.
+        let raw = {
+            // An array, not a vector, so that a look for packets allocates nothing.
+            let mut slots = self.slots.chunks_mut(SLOT);
+            let mut iovs: [[IoSliceMut<'_>; 1]; MAX_RX_BATCH] = core::array::from_fn(|_| {
+                [IoSliceMut::new(
+                    slots.next().map_or(&mut [][..], |c| &mut c[at..]),
+                )]
+            });
+            let res = nsock::recvmmsg(
+                self.sock.as_raw_fd(),
+                &mut self.headers,
+                iovs[..self.batch].iter_mut(),
+                MsgFlags::MSG_DONTWAIT,
+                None,
+            );
+            let results = match res {
+                Ok(r) => r,
+                Err(nix::errno::Errno::EAGAIN) => return 0,
+                Err(e) => {
+                    tracing::debug!(error = %e, "recvmmsg failed");
+                    return 0;
+                }
+            };
+            let mut raw = SmallVec::<[_; MAX_RX_BATCH]>::new();
+            for m in results {
+                let truncated = m.flags.contains(MsgFlags::MSG_TRUNC);
+                let src = m.address.and_then(|a| storage_to_socket_addr(&a));
+                let dst = m.cmsgs().ok().and_then(pktinfo_dst);
+                raw.push((m.bytes, truncated, src, dst));
             }
+            raw
         };
-        let mut raw = Vec::with_capacity(self.batch);
-        for m in results {
-            let truncated = m.flags.contains(MsgFlags::MSG_TRUNC);
-            let src = m.address.and_then(|a| storage_to_socket_addr(&a));
-            let dst = m.cmsgs().ok().and_then(pktinfo_dst);
-            raw.push((m.bytes, truncated, src, dst));
-        }
         for (i, (len, truncated, src, dst)) in raw.into_iter().enumerate() {
             self.accept(i, len, truncated, src, dst);
         }

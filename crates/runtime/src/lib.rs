@@ -544,7 +544,10 @@ impl<A: Attachment> Shared<A> {
             self.run_timers_and_send(&mut core, now);
             return work;
         };
-        let n = rx.iter_mut().map(io::Rx::recv_batch).collect::<Vec<_>>();
+        let n = rx
+            .iter_mut()
+            .map(io::Rx::recv_batch)
+            .collect::<io::PerSocket>();
         self.process(&mut core, &rx, &n);
         work + n.iter().sum::<usize>()
     }
@@ -645,7 +648,7 @@ impl<A: Attachment> Shared<A> {
         };
         // A ping-pong's next packet comes alone: look for one (the cheapest look); while
         // packets keep coming, take them a batch at a time.
-        let n: Vec<usize> = rx
+        let n: io::PerSocket = rx
             .iter_mut()
             .map(|side| {
                 let n = if side.streaming {

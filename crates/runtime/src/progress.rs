@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use engine::Instant;
 use nix::sys::time::TimeSpec;
+use smallvec::SmallVec;
 use std::os::fd::AsFd;
 
 use crate::{
@@ -115,7 +116,7 @@ fn wait<A: Attachment>(shared: &Shared<A>, spin: bool) -> (bool, bool) {
         drop(core);
         (watch, Some(Duration::from_nanos(wake.saturating_sub(now))))
     };
-    let mut fds = Vec::with_capacity(1 + shared.socks.len());
+    let mut fds = SmallVec::<[PollFd; 4]>::new();
     fds.push(PollFd::new(shared.doorbell.as_fd(), PollFlags::POLLIN));
     if watch {
         fds.extend(

@@ -250,10 +250,6 @@ impl Qp {
     /// `invalidated_rkey`; a key the peer may not invalidate fails its receive
     /// (`RemInvReqErr`) and this send.
     pub fn send_with_inv(&self, wr_id: u64, sges: &[Sge], rkey: u32) -> Result<()> {
-        self.post_send(SendWr::new(
-            wr_id,
-            SendOp::SendWithInv { rkey },
-            sges.to_vec(),
-        ))
+        self.post_send(SendWr::new(wr_id, SendOp::SendWithInv { rkey }, sges))
     }
 }

@@ -402,7 +402,7 @@ impl Qp {
         remote_qpn: u32,
         qkey: u32,
     ) -> Result<()> {
-        self.post_send_ud(SendWr::send(wr_id, sges.to_vec()), ah, remote_qpn, qkey)
+        self.post_send_ud(SendWr::send(wr_id, sges), ah, remote_qpn, qkey)
     }
 
     /// Post any UD send work request (SEND or SEND with immediate) to `remote_qpn` at `ah`.
@@ -564,31 +564,22 @@ impl Qp {
 
     /// Post a receive of `sges` (scatter list).
     pub fn recv(&self, wr_id: u64, sges: &[Sge]) -> Result<()> {
-        self.post_recv(RecvWr::new(wr_id, sges.to_vec()))
+        self.post_recv(RecvWr::new(wr_id, sges))
     }
 
     /// Post a signaled SEND gathering `sges`.
     pub fn send(&self, wr_id: u64, sges: &[Sge]) -> Result<()> {
-        self.post_send(SendWr::send(wr_id, sges.to_vec()))
+        self.post_send(SendWr::send(wr_id, sges))
     }
 
     /// Post a signaled SEND with immediate data.
     pub fn send_with_imm(&self, wr_id: u64, sges: &[Sge], imm: u32) -> Result<()> {
-        self.post_send(SendWr::new(
-            wr_id,
-            SendOp::SendWithImm { imm },
-            sges.to_vec(),
-        ))
+        self.post_send(SendWr::new(wr_id, SendOp::SendWithImm { imm }, sges))
     }
 
     /// Post a signaled RDMA WRITE of `sges` to `remote`'s address.
     pub fn write(&self, wr_id: u64, sges: &[Sge], remote: &RemoteMr) -> Result<()> {
-        self.post_send(SendWr::rdma_write(
-            wr_id,
-            sges.to_vec(),
-            remote.addr,
-            remote.rkey,
-        ))
+        self.post_send(SendWr::rdma_write(wr_id, sges, remote.addr, remote.rkey))
     }
 
     /// Post a signaled RDMA WRITE with immediate (consumes a receive at the peer).
@@ -604,17 +595,12 @@ impl Qp {
             rkey: remote.rkey,
             imm,
         };
-        self.post_send(SendWr::new(wr_id, op, sges.to_vec()))
+        self.post_send(SendWr::new(wr_id, op, sges))
     }
 
     /// Post a signaled RDMA READ of `remote` into `sges`.
     pub fn read(&self, wr_id: u64, sges: &[Sge], remote: &RemoteMr) -> Result<()> {
-        self.post_send(SendWr::rdma_read(
-            wr_id,
-            sges.to_vec(),
-            remote.addr,
-            remote.rkey,
-        ))
+        self.post_send(SendWr::rdma_read(wr_id, sges, remote.addr, remote.rkey))
     }
 
     /// Post a signaled ATOMIC compare-and-swap on the 8-byte word at `remote.addr`; the

@@ -55,7 +55,7 @@ impl Srq {
 
     /// Post a receive of `sges` (scatter list).
     pub fn recv(&self, wr_id: u64, sges: &[Sge]) -> Result<()> {
-        self.post_recv(RecvWr::new(wr_id, sges.to_vec()))
+        self.post_recv(RecvWr::new(wr_id, sges))
     }
 
     /// Its attributes (`ibv_query_srq`): capacity, SGEs per WR, and the armed limit (0: not
