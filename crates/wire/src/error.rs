@@ -34,6 +34,12 @@ pub enum HeaderKind {
     CnpReserved,
     /// The 4-byte invariant CRC at the end of the packet.
     Icrc,
+    /// The common header of a management datagram (IBA 13.4.3).
+    Mad,
+    /// A connection manager message: the 232 bytes after the MAD header (IBA 12.6).
+    Cm,
+    /// The RDMA IP CM service header at the start of a REQ's private data (IBA Annex A11).
+    CmaHeader,
 }
 
 impl HeaderKind {
@@ -53,6 +59,9 @@ impl HeaderKind {
             HeaderKind::AtomicAckEth => "AtomicAckETH",
             HeaderKind::CnpReserved => "CNP reserved",
             HeaderKind::Icrc => "ICRC",
+            HeaderKind::Mad => "MAD",
+            HeaderKind::Cm => "CM message",
+            HeaderKind::CmaHeader => "IP CM private data header",
         }
     }
 }
@@ -202,6 +211,52 @@ pub enum WireError {
     BadSyndrome {
         /// The syndrome byte.
         value: u8,
+    },
+    /// The MAD base version is not 1 (IBA 13.4.3), so its layout is not the one we know.
+    #[error("MAD base version {version} not supported")]
+    BadMadBaseVersion {
+        /// The base version found.
+        version: u8,
+    },
+    /// The MAD belongs to another management class than the parser's (0x07 for the CM).
+    #[error("MAD of management class {class:#04x}, expected {expected:#04x}")]
+    WrongMgmtClass {
+        /// The class found.
+        class: u8,
+        /// The class the parser reads.
+        expected: u8,
+    },
+    /// The class version is not one the parser speaks (the CM speaks version 2).
+    #[error("MAD class version {version} not supported")]
+    BadClassVersion {
+        /// The class version found.
+        version: u8,
+    },
+    /// The MAD method is not one the class uses for this attribute (CM messages are Sends).
+    #[error("MAD method {method:#04x} not expected")]
+    UnexpectedMadMethod {
+        /// The method byte.
+        method: u8,
+    },
+    /// The attribute ID names no CM message this crate models (LAP, APR, vendor ones).
+    #[error("CM attribute {id:#06x} not supported")]
+    UnsupportedCmAttribute {
+        /// The attribute ID.
+        id: u16,
+    },
+    /// More private data than the message carries (IBA 12.6: each message has a fixed area).
+    #[error("{len} bytes of private data, the message holds {max}")]
+    PrivateDataTooLong {
+        /// Bytes offered.
+        len: usize,
+        /// Bytes the message holds.
+        max: usize,
+    },
+    /// The IP CM header's major version is not 0 (IBA Annex A11.4), or its minor is unknown.
+    #[error("IP CM header version {version:#04x} not supported")]
+    BadCmaVersion {
+        /// The version byte (major in the high nibble).
+        version: u8,
     },
 }
 

@@ -17,6 +17,10 @@
 //! - [`Psn`] does 24-bit sequence arithmetic that stays right across wrap-around.
 //! - [`icrc`] computes and checks the invariant CRC of IBTA Annex A17, and finds the IPv4
 //!   identification a packet's ICRC holds for when a UDP socket hid it.
+//! - [`mad`] is the common header of the management datagrams QP1 exchanges; [`cm`] the
+//!   connection manager's messages in them ([`CmMadRepr`]: REQ, REP, RTU, REJ, MRA, DREQ,
+//!   DREP, SIDR_REQ, SIDR_REP), and [`cma`] the rdma_cm layer on top (service IDs from port
+//!   spaces, the IP addresses at the head of a REQ's private data).
 //! - [`RoceV2Packet::parse`] validates a whole packet from untrusted bytes and returns a
 //!   precise [`WireError`] for every malformed case; [`emit_packet`] and [`PacketLayout`]
 //!   build packets with every length, the pad, the checksums and the ICRC filled in.
@@ -45,6 +49,8 @@ mod bytes;
 pub mod aeth;
 pub mod atomic;
 pub mod bth;
+pub mod cm;
+pub mod cma;
 pub mod datagram;
 pub mod deth;
 pub mod error;
@@ -53,6 +59,7 @@ pub mod ieth;
 pub mod immdt;
 pub mod ipv4;
 pub mod ipv6;
+pub mod mad;
 pub mod opcode;
 pub mod packet;
 pub mod reth;
@@ -64,6 +71,15 @@ pub use atomic::{
     AtomicAckEth, AtomicAckEthRepr, AtomicEth, AtomicEthRepr, ATOMIC_ACK_ETH_LEN, ATOMIC_ETH_LEN,
 };
 pub use bth::{Bth, BthRepr, BTH_LEN, DEFAULT_PKEY};
+pub use cm::{
+    CmAttrId, CmMadRepr, CmMessage, CmMsgRef, CmPathRepr, DreqRepr, IdsRepr, MraRepr, PrivateData,
+    RejRepr, RejectReason, RepRepr, ReqRepr, ServiceType, SidrRepRepr, SidrReqRepr, SidrStatus,
+    CM_ARI_LEN, CM_CLASS_VERSION, CM_MGMT_CLASS, CM_MSG_LEN, CM_PATH_LEN, DREP_PRIVATE_DATA_LEN,
+    DREQ_PRIVATE_DATA_LEN, MRA_PRIVATE_DATA_LEN, REJ_PRIVATE_DATA_LEN, REP_PRIVATE_DATA_LEN,
+    REQ_PRIVATE_DATA_LEN, RTU_PRIVATE_DATA_LEN, SIDR_REP_PRIVATE_DATA_LEN,
+    SIDR_REQ_PRIVATE_DATA_LEN,
+};
+pub use cma::{CmaAddrs, CmaHeader, CmaHeaderRepr, PortSpace, ServiceId, CMA_HEADER_LEN};
 pub use datagram::Datagram;
 pub use deth::{Deth, DethRepr, DETH_LEN};
 pub use error::{HeaderKind, WireError};
@@ -72,6 +88,9 @@ pub use ieth::{Ieth, IethRepr, IETH_LEN};
 pub use immdt::{ImmDt, ImmDtRepr, IMMDT_LEN};
 pub use ipv4::{Ipv4, Ipv4Repr, IPV4_HEADER_LEN};
 pub use ipv6::{Ipv6, Ipv6Repr, IPV6_HEADER_LEN};
+pub use mad::{
+    gsi_transport, MadHeader, MadHeaderRepr, MadMethod, GSI_QKEY, MAD_HEADER_LEN, MAD_LEN,
+};
 pub use opcode::{ExtHeaders, OpKind, Opcode, CNP_RESERVED_LEN};
 pub use packet::{
     emit_packet, pad_for, IpRepr, PacketLayout, RoceV2Packet, TransportPacket, TransportRepr,
