@@ -2,78 +2,12 @@
 //! RoCE packet parses, its ICRC verifies (except the one rxe-badicrc.pcap corrupts), and
 //! re-emitting its headers and payload through our emitter reproduces rxe's bytes exactly.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 
+use common::{ip_packets, is_roce, roce_packets};
 use wire::*;
-
-/// shared/testdata sits beside the repository (../shared from the repo root); the
-/// environment variable SOFTRDMA_TESTDATA overrides it.
-fn testdata(name: &str) -> PathBuf {
-    if let Some(dir) = std::env::var_os("SOFTRDMA_TESTDATA") {
-        return PathBuf::from(dir).join(name);
-    }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    for cand in [
-        root.join("../shared/testdata"),
-        root.join("shared/testdata"),
-        "/work/shared/testdata".into(),
-    ] {
-        if cand.join(name).exists() {
-            return cand.join(name);
-        }
-    }
-    panic!("capture {name} not found: set SOFTRDMA_TESTDATA to the shared/testdata directory");
-}
-
-/// The IP packets (Ethernet payloads of IPv4/IPv6 frames) of a classic pcap file.
-fn ip_packets(name: &str) -> Vec<Vec<u8>> {
-    let data = std::fs::read(testdata(name)).expect("read capture");
-    assert!(data.len() >= 24, "pcap global header");
-    let le = match data[..4] {
-        [0xd4, 0xc3, 0xb2, 0xa1] | [0x4d, 0x3c, 0xb2, 0xa1] => true,
-        [0xa1, 0xb2, 0xc3, 0xd4] | [0xa1, 0xb2, 0x3c, 0x4d] => false,
-        _ => panic!("not a classic pcap file"),
-    };
-    let u32_at = |at: usize| {
-        let b = [data[at], data[at + 1], data[at + 2], data[at + 3]];
-        if le {
-            u32::from_le_bytes(b)
-        } else {
-            u32::from_be_bytes(b)
-        }
-    };
-    assert_eq!(u32_at(20), 1, "linktype Ethernet");
-    let mut out = Vec::new();
-    let mut at = 24;
-    while at + 16 <= data.len() {
-        let incl = u32_at(at + 8) as usize;
-        let frame = &data[at + 16..at + 16 + incl];
-        at += 16 + incl;
-        let ethertype = u16::from_be_bytes([frame[12], frame[13]]);
-        if ethertype == 0x0800 || ethertype == 0x86dd {
-            out.push(frame[14..].to_vec());
-        }
-    }
-    assert_eq!(at, data.len(), "pcap ends on a record boundary");
-    out
-}
-
-/// True when the IP packet is UDP to port 4791.
-fn is_roce(ip: &[u8]) -> bool {
-    match ip[0] >> 4 {
-        4 => ip[9] == 17 && u16::from_be_bytes([ip[22], ip[23]]) == ROCEV2_UDP_PORT,
-        6 => ip[6] == 17 && u16::from_be_bytes([ip[42], ip[43]]) == ROCEV2_UDP_PORT,
-        _ => false,
-    }
-}
-
-fn roce_packets(name: &str) -> Vec<Vec<u8>> {
-    ip_packets(name)
-        .into_iter()
-        .filter(|p| is_roce(p))
-        .collect()
-}
 
 /// Parse, check the ICRC and re-emit one captured packet; returns the parsed packet's
 /// opcode.
