@@ -46,6 +46,13 @@ counters! {
     RxCnp = "rx_cnp",
     /// Dropped: no QP has the destination QPN.
     RxUnknownQp = "rx_unknown_qp",
+    /// A MAD arrived on QP1 and waits for the device's host ([`crate::Engine::poll_mad`]).
+    RxMads = "rx_mads",
+    /// Dropped: a MAD arrived on QP1 while the host had [`crate::gsi`]'s whole queue to
+    /// take.
+    RxGsiOverflow = "rx_gsi_overflow",
+    /// A MAD left from QP1.
+    TxMads = "tx_mads",
     /// Dropped: the QP's state does not accept this packet (RESET, INIT, ERR, or a response
     /// before RTS).
     RxBadQpState = "rx_bad_qp_state",

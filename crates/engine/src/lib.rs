@@ -91,6 +91,7 @@ pub mod counters;
 pub mod cq;
 pub mod device;
 pub mod error;
+pub mod gsi;
 pub mod memory;
 pub mod mr;
 pub mod pd;
@@ -316,6 +317,8 @@ pub struct Engine<M: Memory + ?Sized = dyn Memory> {
     timers: timers::Timers,
     /// The QPs whose timers `handle_timeout` runs, kept between calls for its capacity.
     due: Vec<u32>,
+    /// QP1.
+    gsi: gsi::Gsi,
 }
 
 impl<M: Memory + ?Sized> core::fmt::Debug for Engine<M> {
@@ -389,6 +392,7 @@ impl<M: Memory + ?Sized> Engine<M> {
             parting: VecDeque::new(),
             timers: timers::Timers::default(),
             due: Vec::new(),
+            gsi: gsi::Gsi::default(),
         }
     }
 
@@ -414,7 +418,15 @@ impl<M: Memory + ?Sized> Engine<M> {
         let mut overflowed = Vec::new();
         let touched = {
             let mut ctx = ctx!(self, now, overflowed);
-            recv::handle(&mut ctx, &self.gids, &mut self.qps, packet, internal, ident)
+            recv::handle(
+                &mut ctx,
+                &self.gids,
+                &mut self.qps,
+                &mut self.gsi,
+                packet,
+                internal,
+                ident,
+            )
         };
         if let Some(qpn) = touched {
             self.active.insert(qpn);
@@ -483,8 +495,32 @@ impl<M: Memory + ?Sized> Engine<M> {
             }
             return None;
         }
+        if let Some(t) = self.gsi.transmit(&mut self.counters, buf) {
+            self.counters.inc(Counter::TxPackets);
+            self.counters.add(Counter::TxBytes, t.len as u64);
+            return Some(t);
+        }
         self.transmit_pass(now, buf, Pass::Urgent)
             .or_else(|| self.transmit_pass(now, buf, Pass::DueAcks))
+    }
+
+    /// The oldest MAD received on QP1 (the GSI), for the device's connection manager.
+    pub fn poll_mad(&mut self) -> Option<gsi::Mad> {
+        self.gsi.poll()
+    }
+
+    /// Send a MAD from QP1 at local address `src` to QP `dest_qp` (1 for the connection
+    /// manager) at `dst`; it leaves through [`Engine::poll_transmit`]. Fails with
+    /// `InvalidAh` when `src` is not this port's or the families differ, and `QueueFull`
+    /// when the host queued more than the GSI holds.
+    pub fn send_mad(
+        &mut self,
+        src: IpAddr,
+        dst: IpAddr,
+        dest_qp: u32,
+        mad: &[u8; gsi::MAD_LEN],
+    ) -> Result<(), VerbsError> {
+        self.gsi.send(&self.gids, src, dst, dest_qp, mad)
     }
 
     /// One round-robin pass over the QPs that may have something to send, for the first

@@ -26,6 +26,7 @@ pub(crate) fn handle<M: Memory + ?Sized>(
     ctx: &mut Ctx<'_, M>,
     gids: &[Gid],
     qps: &mut BTreeMap<u32, Qp>,
+    gsi: &mut crate::gsi::Gsi,
     bytes: &[u8],
     internal: bool,
     ipv4_ident: Ipv4IdentPolicy,
@@ -63,6 +64,28 @@ pub(crate) fn handle<M: Memory + ?Sized>(
     if bth.opcode.kind() == OpKind::Cnp {
         // Congestion control is not implemented: a CNP is accepted and ignored.
         ctx.counters.inc(Counter::RxCnp);
+        return None;
+    }
+    if bth.dest_qp == wire::Qpn::GSI {
+        // QP1 is the device's: its MADs go to the host, whatever the QP table holds.
+        if internal {
+            // MADs travel as ordinary packets, never on an internal path.
+            ctx.counters.inc(Counter::RxAddressMismatch);
+            return None;
+        }
+        if !pkey_matches(bth.pkey, wire::DEFAULT_PKEY) {
+            ctx.counters.inc(Counter::RxPkeyMismatch);
+            return None;
+        }
+        ctx.counters.inc(Counter::RxPackets);
+        ctx.counters.add(Counter::RxBytes, bytes.len() as u64);
+        gsi.receive(
+            ctx.counters,
+            pkt.ip.src(),
+            pkt.ip.dst(),
+            &pkt.transport,
+            pkt.payload,
+        );
         return None;
     }
     let Some(qp) = qps.get_mut(&bth.dest_qp.value()) else {

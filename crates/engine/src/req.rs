@@ -122,14 +122,36 @@ pub(crate) fn validate(
 /// socket with `IP_PMTUDISC_DO` sends, so the ICRC computed here is the one received), or
 /// IPv6.
 pub(crate) fn ip_repr(path: &Path) -> IpRepr {
-    match (path.src_ip, path.dst_ip) {
+    ip_header(
+        path.src_ip,
+        path.dst_ip,
+        path.traffic_class,
+        path.flow_label,
+        path.hop_limit,
+    )
+}
+
+/// The IP header of a MAD from QP1: no path, so what Linux rxe sends its MADs with
+/// (traffic class 0, hop limit 64).
+pub(crate) fn gsi_ip_repr(src: IpAddr, dst: IpAddr) -> IpRepr {
+    ip_header(src, dst, 0, 0, 64)
+}
+
+fn ip_header(
+    src: IpAddr,
+    dst: IpAddr,
+    traffic_class: u8,
+    flow_label: u32,
+    hop_limit: u8,
+) -> IpRepr {
+    match (src, dst) {
         (IpAddr::V4(src), IpAddr::V4(dst)) => IpRepr::V4(Ipv4Repr {
             src,
             dst,
-            tos: path.traffic_class,
+            tos: traffic_class,
             ident: 0,
             dont_frag: true,
-            ttl: path.hop_limit,
+            ttl: hop_limit,
             payload_len: 0,
         }),
         (src, dst) => IpRepr::V6(Ipv6Repr {
@@ -141,9 +163,9 @@ pub(crate) fn ip_repr(path: &Path) -> IpRepr {
                 IpAddr::V6(a) => a,
                 IpAddr::V4(a) => a.to_ipv6_mapped(),
             },
-            traffic_class: path.traffic_class,
-            flow_label: path.flow_label & 0xf_ffff,
-            hop_limit: path.hop_limit,
+            traffic_class,
+            flow_label: flow_label & 0xf_ffff,
+            hop_limit,
             payload_len: 0,
         }),
     }

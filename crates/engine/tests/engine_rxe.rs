@@ -646,3 +646,69 @@ fn corrupted_rxe_packets_are_dropped_whatever_the_id_policy() {
         assert_eq!(c.get(Counter::RxPackets), 0, "{policy:?}");
     }
 }
+
+/// The MADs (whole IP packets) one host sent to QP1 in a capture, in order.
+fn mads_from(pcap: &[u8], src: Ipv4Addr) -> Vec<Vec<u8>> {
+    roce_packets(pcap)
+        .into_iter()
+        .filter(|p| {
+            let r = RoceV2Packet::parse_checked(p).unwrap();
+            r.ip.src() == IpAddr::V4(src) && r.transport.bth.dest_qp == wire::Qpn::GSI
+        })
+        .collect()
+}
+
+#[test]
+fn qp1_takes_rxes_cm_mads_and_sends_its_own_as_rxe_does() {
+    let Some(pcap) = capture("rxe-cm-rping.pcap") else {
+        eprintln!("rxe-cm-rping.pcap not found: skipped");
+        return;
+    };
+    for (from, to) in [(REQUESTER, RESPONDER), (RESPONDER, REQUESTER)] {
+        let theirs = mads_from(&pcap, from);
+        assert!(theirs.len() >= 3, "the capture has the CM exchange");
+        let mut config = EngineConfig::new(vec![IpAddr::V4(to)], 1);
+        config.ipv4_ident = Ipv4IdentPolicy::Recover;
+        let mut receiver = Engine::new(config, Box::new(Mem::default()));
+        let mut sender = Engine::new(
+            EngineConfig::new(vec![IpAddr::V4(from)], 1),
+            Box::new(Mem::default()),
+        );
+        let mut buf = vec![0u8; 2048];
+        for (i, rxe) in theirs.iter().enumerate() {
+            // rxe's MAD, as a UDP socket delivers it, reaches the host of the receiver's QP1.
+            receiver.handle_datagram(Instant::default(), &with_ident_hidden(rxe));
+            let got = receiver.poll_mad().expect("a MAD for the host");
+            let pkt = RoceV2Packet::parse_checked(rxe).unwrap();
+            assert_eq!(
+                (got.src, got.dst, got.src_qp),
+                (IpAddr::V4(from), IpAddr::V4(to), 1)
+            );
+            assert_eq!(&got.data[..], pkt.payload);
+            // The same MAD sent by our QP1 is rxe's packet but for the IPv4 ID.
+            sender
+                .send_mad(got.dst, got.src, 1, &got.data)
+                .expect_err("only this port's addresses send");
+            sender
+                .send_mad(IpAddr::V4(from), IpAddr::V4(to), 1, &got.data)
+                .unwrap();
+            let t = sender.poll_transmit(Instant::default(), &mut buf).unwrap();
+            assert_eq!(t.dst, IpAddr::V4(to));
+            assert_same_packet(&buf[..t.len], rxe, &format!("MAD {i} from {from}"));
+        }
+        assert_eq!(receiver.poll_mad(), None);
+        let c = receiver.counters();
+        assert_eq!(c.get(Counter::RxMads), theirs.len() as u64);
+        assert_eq!(sender.counters().get(Counter::TxMads), theirs.len() as u64);
+        // Not a MAD: the wrong Q_Key, or a datagram of another size, is dropped and counted.
+        let mut other_qkey = with_ident_hidden(&theirs[0]);
+        let deth_qkey = 20 + 8 + 12;
+        other_qkey[deth_qkey + 3] ^= 1;
+        let n = other_qkey.len();
+        let icrc = wire::icrc::compute(&other_qkey[..n - 4]).unwrap();
+        other_qkey[n - 4..].copy_from_slice(&wire::icrc::icrc_bytes(icrc));
+        receiver.handle_datagram(Instant::default(), &other_qkey);
+        assert_eq!(receiver.poll_mad(), None);
+        assert_eq!(receiver.counters().get(Counter::RxQkeyMismatch), 1);
+    }
+}
