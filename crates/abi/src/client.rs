@@ -9,13 +9,13 @@ use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
-use engine::{RecvWr, SendWr, UdDest, WorkCompletion};
+use engine::{
+    AccessFlags, AhAttr, AsyncEvent, DeviceAttr, Gid, MwBind, MwType, PortAttr, QpAttr, QpAttrMask,
+    QpInitAttr, RecvWr, ReregFlags, SendWr, SrqAttr, SrqAttrMask, UdDest, WorkCompletion,
+};
 use zerocopy::FromBytes;
 
-use crate::proto::{
-    AhMsg, AsyncEventMsg, DeviceAttrMsg, DeviceInfo, Header, MwBindMsg, PortAttrMsg, ProtoError,
-    QpAttrMsg, QpInitMsg, Request, Response, HEADER_LEN, VERSION,
-};
+use crate::proto::{DeviceInfo, Header, ProtoError, Request, Response, HEADER_LEN, VERSION};
 use crate::ring::{Ring, RingError, Role};
 use crate::wqe::{self, Cqe};
 
@@ -342,7 +342,7 @@ impl Client {
 
     fn handle(&mut self, req: &Request) -> Result<u32, ClientError> {
         match self.call(req)? {
-            Response::Handle(h) => Ok(h),
+            Response::Handle { handle } => Ok(handle),
             _ => Err(ClientError::Unexpected),
         }
     }
@@ -350,31 +350,31 @@ impl Client {
     /// The devices the daemon serves.
     pub fn list_devices(&mut self) -> Result<Vec<DeviceInfo>, ClientError> {
         match self.call(&Request::ListDevices)? {
-            Response::Devices(d) => Ok(d),
+            Response::Devices { devices } => Ok(devices),
             _ => Err(ClientError::Unexpected),
         }
     }
 
     /// `ibv_query_device`.
-    pub fn query_device(&mut self, dev: u32) -> Result<DeviceAttrMsg, ClientError> {
+    pub fn query_device(&mut self, dev: u32) -> Result<DeviceAttr, ClientError> {
         match self.call(&Request::QueryDevice { dev })? {
-            Response::DeviceAttr(a) => Ok(a),
+            Response::DeviceAttr { attr } => Ok(attr),
             _ => Err(ClientError::Unexpected),
         }
     }
 
     /// `ibv_query_port`.
-    pub fn query_port(&mut self, dev: u32, port: u8) -> Result<PortAttrMsg, ClientError> {
+    pub fn query_port(&mut self, dev: u32, port: u8) -> Result<PortAttr, ClientError> {
         match self.call(&Request::QueryPort { dev, port })? {
-            Response::PortAttr(a) => Ok(a),
+            Response::PortAttr { attr } => Ok(attr),
             _ => Err(ClientError::Unexpected),
         }
     }
 
     /// `ibv_query_gid`.
-    pub fn query_gid(&mut self, dev: u32, port: u8, index: u32) -> Result<[u8; 16], ClientError> {
+    pub fn query_gid(&mut self, dev: u32, port: u8, index: u32) -> Result<Gid, ClientError> {
         match self.call(&Request::QueryGid { dev, port, index })? {
-            Response::Gid(g) => Ok(g),
+            Response::Gid { gid } => Ok(gid),
             _ => Err(ClientError::Unexpected),
         }
     }
@@ -403,7 +403,7 @@ impl Client {
         pd: u32,
         addr: *mut u8,
         length: usize,
-        access: u32,
+        access: AccessFlags,
     ) -> Result<MrInfo, ClientError> {
         self.reg_mr_at(pd, addr as u64, length as u64, access)
     }
@@ -415,7 +415,7 @@ impl Client {
         pd: u32,
         addr: u64,
         length: u64,
-        access: u32,
+        access: AccessFlags,
     ) -> Result<MrInfo, ClientError> {
         self.mr(&Request::RegMr {
             pd,
@@ -434,7 +434,7 @@ impl Client {
         pd: u32,
         addr: u64,
         length: u64,
-        access: u32,
+        access: AccessFlags,
         fd: std::os::fd::BorrowedFd<'_>,
         offset: u64,
     ) -> Result<MrInfo, ClientError> {
@@ -451,17 +451,17 @@ impl Client {
         }
     }
 
-    /// `ibv_rereg_mr`: change region `mr`'s translation (`flags` bit 1: to `length` bytes of
-    /// this process at `addr`), PD (bit 2) or access (bit 4) in place; the handle and keys
-    /// stay as the answer says.
+    /// `ibv_rereg_mr`: change region `mr`'s translation (`CHANGE_TRANSLATION`: to `length`
+    /// bytes of this process at `addr`), PD or access in place; the handle and keys stay as
+    /// the answer says.
     pub fn rereg_mr(
         &mut self,
         mr: u32,
-        flags: u32,
+        flags: ReregFlags,
         pd: u32,
         addr: u64,
         length: u64,
-        access: u32,
+        access: AccessFlags,
     ) -> Result<MrInfo, ClientError> {
         let req = Request::ReregMr {
             mr,
@@ -498,22 +498,37 @@ impl Client {
     }
 
     /// `ibv_create_qp`.
-    pub fn create_qp(&mut self, init: QpInitMsg) -> Result<QpInfo, ClientError> {
-        match self.call(&Request::CreateQp(init))? {
+    /// `ibv_create_qp` (its PD and CQs by this connection's handles).
+    pub fn create_qp(&mut self, init: &QpInitAttr) -> Result<QpInfo, ClientError> {
+        self.qp(&Request::CreateQp { init: *init })
+    }
+
+    /// A request answered with a new QP.
+    fn qp(&mut self, req: &Request) -> Result<QpInfo, ClientError> {
+        match self.call(req)? {
             Response::Qp { handle, qpn } => Ok(QpInfo { handle, qpn }),
             _ => Err(ClientError::Unexpected),
         }
     }
 
     /// `ibv_modify_qp`.
-    pub fn modify_qp(&mut self, qp: u32, attr: QpAttrMsg, mask: u32) -> Result<(), ClientError> {
-        self.done(&Request::ModifyQp { qp, mask, attr })
+    pub fn modify_qp(
+        &mut self,
+        qp: u32,
+        attr: &QpAttr,
+        mask: QpAttrMask,
+    ) -> Result<(), ClientError> {
+        self.done(&Request::ModifyQp {
+            qp,
+            mask,
+            attr: *attr,
+        })
     }
 
     /// `ibv_query_qp`.
-    pub fn query_qp(&mut self, qp: u32) -> Result<QpAttrMsg, ClientError> {
+    pub fn query_qp(&mut self, qp: u32) -> Result<QpAttr, ClientError> {
         match self.call(&Request::QueryQp { qp })? {
-            Response::QpAttr(a) => Ok(a),
+            Response::QpAttr { attr } => Ok(attr),
             _ => Err(ClientError::Unexpected),
         }
     }
@@ -542,7 +557,7 @@ impl Client {
     /// `ibv_poll_cq`: up to `max` completions.
     pub fn poll_cq(&mut self, cq: u32, max: u32) -> Result<Vec<Cqe>, ClientError> {
         match self.call(&Request::PollCq { cq, max })? {
-            Response::Completions(c) => Ok(c),
+            Response::Completions { cqes } => Ok(cqes),
             _ => Err(ClientError::Unexpected),
         }
     }
@@ -648,7 +663,7 @@ impl Client {
 
     fn count(&mut self, req: &Request) -> Result<u64, ClientError> {
         match self.call(req)? {
-            Response::Count(n) => Ok(n),
+            Response::Count { n } => Ok(n),
             _ => Err(ClientError::Unexpected),
         }
     }
@@ -669,12 +684,8 @@ impl Client {
     }
 
     /// `ibv_create_srq`; returns the SRQ handle.
-    pub fn create_srq(&mut self, pd: u32, max_wr: u32, max_sge: u32) -> Result<u32, ClientError> {
-        self.handle(&Request::CreateSrq {
-            pd,
-            max_wr,
-            max_sge,
-        })
+    pub fn create_srq(&mut self, pd: u32, attr: &SrqAttr) -> Result<u32, ClientError> {
+        self.handle(&Request::CreateSrq { pd, attr: *attr })
     }
 
     /// `ibv_destroy_srq`.
@@ -690,30 +701,24 @@ impl Client {
         })
     }
 
-    /// `ibv_modify_srq`: `mask` bits MAX_WR (1) and LIMIT (2).
+    /// `ibv_modify_srq`: the fields of `attr` that `mask` selects.
     pub fn modify_srq(
         &mut self,
         srq: u32,
-        mask: u32,
-        max_wr: u32,
-        srq_limit: u32,
+        attr: &SrqAttr,
+        mask: SrqAttrMask,
     ) -> Result<(), ClientError> {
         self.done(&Request::ModifySrq {
             srq,
             mask,
-            max_wr,
-            srq_limit,
+            attr: *attr,
         })
     }
 
-    /// `ibv_query_srq`: (max_wr, max_sge, srq_limit).
-    pub fn query_srq(&mut self, srq: u32) -> Result<(u32, u32, u32), ClientError> {
+    /// `ibv_query_srq`.
+    pub fn query_srq(&mut self, srq: u32) -> Result<SrqAttr, ClientError> {
         match self.call(&Request::QuerySrq { srq })? {
-            Response::SrqAttr {
-                max_wr,
-                max_sge,
-                srq_limit,
-            } => Ok((max_wr, max_sge, srq_limit)),
+            Response::SrqAttr { attr } => Ok(attr),
             _ => Err(ClientError::Unexpected),
         }
     }
@@ -724,16 +729,17 @@ impl Client {
     }
 
     /// `ibv_create_qp` drawing receives from `srq`.
-    pub fn create_qp_with_srq(&mut self, init: QpInitMsg, srq: u32) -> Result<QpInfo, ClientError> {
-        match self.call(&Request::CreateQpWithSrq { init, srq })? {
-            Response::Qp { handle, qpn } => Ok(QpInfo { handle, qpn }),
-            _ => Err(ClientError::Unexpected),
-        }
+    pub fn create_qp_with_srq(
+        &mut self,
+        init: &QpInitAttr,
+        srq: u32,
+    ) -> Result<QpInfo, ClientError> {
+        self.qp(&Request::CreateQpWithSrq { init: *init, srq })
     }
 
     /// `ibv_create_ah`; returns the AH handle.
-    pub fn create_ah(&mut self, pd: u32, ah: AhMsg) -> Result<u32, ClientError> {
-        self.handle(&Request::CreateAh { pd, ah })
+    pub fn create_ah(&mut self, pd: u32, ah: &AhAttr) -> Result<u32, ClientError> {
+        self.handle(&Request::CreateAh { pd, ah: *ah })
     }
 
     /// `ibv_destroy_ah`.
@@ -749,8 +755,8 @@ impl Client {
         })
     }
 
-    /// `ibv_alloc_mw` of type 1 or 2; returns the handle and the window's rkey.
-    pub fn alloc_mw(&mut self, pd: u32, mw_type: u8) -> Result<(u32, u32), ClientError> {
+    /// `ibv_alloc_mw`; returns the handle and the window's rkey.
+    pub fn alloc_mw(&mut self, pd: u32, mw_type: MwType) -> Result<(u32, u32), ClientError> {
         match self.call(&Request::AllocMw { pd, mw_type })? {
             Response::Mw { handle, rkey, .. } => Ok((handle, rkey)),
             _ => Err(ClientError::Unexpected),
@@ -777,7 +783,7 @@ impl Client {
         qp: u32,
         wr_id: u64,
         mw: u32,
-        bind: MwBindMsg,
+        bind: MwBind,
         signaled: bool,
     ) -> Result<u32, ClientError> {
         match self.call(&Request::BindMw {
@@ -793,9 +799,10 @@ impl Client {
     }
 
     /// Take the asynchronous events of this connection's objects, oldest first.
-    pub fn async_events(&mut self) -> Result<Vec<AsyncEventMsg>, ClientError> {
+    /// CQs and SRQs are named by this connection's handles.
+    pub fn async_events(&mut self) -> Result<Vec<AsyncEvent>, ClientError> {
         match self.call(&Request::GetAsyncEvents)? {
-            Response::AsyncEvents(v) => Ok(v),
+            Response::AsyncEvents { events } => Ok(events),
             _ => Err(ClientError::Unexpected),
         }
     }
@@ -822,7 +829,7 @@ impl Client {
     /// The daemon's counters and each device's, by name.
     pub fn stat(&mut self) -> Result<Vec<(String, u64)>, ClientError> {
         match self.call(&Request::Stat)? {
-            Response::Stat(s) => Ok(s),
+            Response::Stat { counters } => Ok(counters),
             _ => Err(ClientError::Unexpected),
         }
     }

@@ -7,8 +7,8 @@
 //! on it; neither depends on the other.
 //!
 //! - [`proto`]: the control protocol over a Unix stream socket (versioned header, requests
-//!   and answers, bounds-checked codecs, descriptor passing with SCM_RIGHTS);
-//! - [`convert`]: engine types ↔ protocol messages;
+//!   and answers each defined once, as a table, descriptor passing with SCM_RIGHTS);
+//! - [`codec`]: the bounds-checked codec of every field type, the engine's types included;
 //! - [`ring`]: single-producer single-consumer rings in a sealed memfd, the data path;
 //! - [`shm`]: shared memory (sealed memfds mapped by both processes);
 //! - [`wqe`]: the fixed-layout work-queue and completion entries of those rings;
@@ -16,11 +16,24 @@
 //!
 //! Everything a peer writes — a message body, a ring index, a ring entry — is untrusted and
 //! checked before use: a bad message is an error, never a panic.
+//!
+//! ## The control protocol is defined once
+//!
+//! Each request and each answer is one row of a table in [`proto`] (its number, its
+//! constant, its variant and typed fields); the enums, the numbers and both codecs are
+//! generated from the rows, and the fields are the engine's own types (`engine::QpAttr`,
+//! `QpInitAttr`, `AhAttr`, `DeviceAttr`, `PortAttr`, `SrqAttr`, `MwBind`, `AsyncEvent`...),
+//! each with one [`codec::Wire`] codec. Neither side converts a message into an engine type:
+//! the client sends what the library's caller gave it, the daemon hands what it decoded to
+//! the engine after replacing the connection's handles with the engine's. Adding a request
+//! is one row in [`proto::Request`]'s table, its handler in the daemon, and its method on
+//! [`client::Client`] (see [`proto`] for the steps); a change to the bytes bumps
+//! [`proto::VERSION`], which both ends check at connect.
 
 #![warn(missing_docs)]
 
 pub mod client;
-pub mod convert;
+pub mod codec;
 pub mod proto;
 pub mod ring;
 pub mod shm;

@@ -14,14 +14,14 @@
 //! Layers: [`memory`] (client memory as an [`engine::Memory`]), [`host`] (a device: an
 //! engine on the runtime), [`server`] (connections and handle tables), [`wq`] (work rings:
 //! validating what clients write). Below them, in [`abi`]: [`abi::proto`] (bytes ↔
-//! messages, no I/O), [`abi::convert`] (engine types ↔ messages), [`abi::ring`]
+//! messages carrying the engine's types, no I/O; one table row per request), [`abi::ring`]
 //! (shared-memory rings over a sealed memfd), [`abi::shm`] (client buffers the daemon maps).
 //!
 //! ## Data path
 //!
 //! Posting: each QP's send and receive queue (and each SRQ) can take its WQEs from a ring in
 //! shared memory ([`abi::proto::Request::AttachWorkRing`], a memfd passed with SCM_RIGHTS): the
-//! client writes the post request as a WQE ([`abi::proto::Request::to_wqe`]) and rings the
+//! client writes the work request as a fixed-layout entry ([`abi::wqe`]) and rings the
 //! device's doorbell ([`abi::proto::Request::Doorbell`], an eventfd) only when the ring's wakeup
 //! word says the progress thread sleeps; while it is busy (and for a short idle spin after,
 //! `--idle-spin-us`) it takes WQEs on its own, so a stream of posts costs no system call.

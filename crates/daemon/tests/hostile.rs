@@ -134,7 +134,11 @@ fn a_client_cannot_use_another_clients_handles() {
         assert_eq!(b.dealloc_pd(h).unwrap_err().errno(), Some(EINVAL));
         assert_eq!(b.destroy_cq(h).unwrap_err().errno(), Some(EINVAL));
         assert_eq!(b.poll_cq(h, 4).unwrap_err().errno(), Some(EINVAL));
-        assert_eq!(b.reg_mr_at(h, 0, 8, 0).unwrap_err().errno(), Some(EINVAL));
+        let none = engine::AccessFlags::empty();
+        assert_eq!(
+            b.reg_mr_at(h, 0, 8, none).unwrap_err().errno(),
+            Some(EINVAL)
+        );
     }
     // b's own objects get b's own handles, which may equal a's numbers and still name b's.
     let pd_b = b.alloc_pd(0).unwrap();
@@ -165,9 +169,10 @@ fn registering_memory_that_is_not_mapped_fails_cleanly() {
         let e = c.reg_mr_at(pd, addr, len, ALL_ACCESS).unwrap_err();
         assert_eq!(e.errno(), Some(EFAULT), "{addr:#x}+{len}: {e}");
     }
-    // Unknown access bits are refused too.
+    // Unknown access bits are refused too (the request does not decode).
+    let unknown = engine::AccessFlags::from_bits_retain(1 << 30);
     assert_eq!(
-        c.reg_mr_at(pd, buf.as_ptr() as u64, 4096, 1 << 30)
+        c.reg_mr_at(pd, buf.as_ptr() as u64, 4096, unknown)
             .unwrap_err()
             .errno(),
         Some(EINVAL)
@@ -235,39 +240,35 @@ fn shared_registrations_need_the_file_really_mapped_at_the_address() {
 
 #[test]
 fn another_clients_srqs_ahs_windows_channels_and_events_are_out_of_reach() {
-    use abi::proto::{AhMsg, QpInitMsg};
-    use engine::{AhHandle, RecvWr, SendFlags, SendOp, SendPayload, SendWr, UdDest};
+    use engine::{
+        AhAttr, AhHandle, AsyncEvent, MwType, QpAttr, QpAttrMask, QpState, RecvWr, SendFlags,
+        SendOp, SendPayload, SendWr, SrqAttr, UdDest,
+    };
     let mut d = Daemon::start();
     let mut a = d.client();
     let mut b = d.client();
     let pd_a = a.alloc_pd(0).unwrap();
     let cq_a = a.create_cq(0, 1).unwrap();
-    let srq_a = a.create_srq(pd_a, 16, 1).unwrap();
+    let srq = SrqAttr {
+        max_wr: 16,
+        max_sge: 1,
+        srq_limit: 0,
+    };
+    let srq_a = a.create_srq(pd_a, &srq).unwrap();
     let ah_a = a
         .create_ah(
             pd_a,
-            AhMsg {
+            &AhAttr {
                 // ::ffff:127.0.0.1, an IPv4 GID like the device's own.
                 dgid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1],
                 hop_limit: 64,
-                ..AhMsg::default()
+                ..AhAttr::default()
             },
         )
         .unwrap();
-    let init = |pd, cq| QpInitMsg {
-        pd,
-        send_cq: cq,
-        recv_cq: cq,
-        qp_type: 2,
-        max_send_wr: 4,
-        max_recv_wr: 4,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-        sq_sig_all: false,
-    };
-    let qp_a = a.create_qp_with_srq(init(pd_a, cq_a), srq_a).unwrap();
-    let (mw_a, _) = a.alloc_mw(pd_a, 2).unwrap();
+    let init = |pd, cq| common::rc_init(pd, cq, 4, 1, 0);
+    let qp_a = a.create_qp_with_srq(&init(pd_a, cq_a), srq_a).unwrap();
+    let (mw_a, _) = a.alloc_mw(pd_a, MwType::Type2).unwrap();
     // b's own PD and CQ exist, so only the foreign SRQ/AH/CQ handles can be what is refused.
     let pd_b = b.alloc_pd(0).unwrap();
     let cq_b = b.create_cq(0, 4).unwrap();
@@ -307,11 +308,14 @@ fn another_clients_srqs_ahs_windows_channels_and_events_are_out_of_reach() {
         assert_eq!(b.cq_channel(h).unwrap_err().errno(), Some(EINVAL));
         assert_eq!(b.dealloc_mw(h).unwrap_err().errno(), Some(EINVAL));
         assert_eq!(b.query_mw(h).unwrap_err().errno(), Some(EINVAL));
-        assert_eq!(b.alloc_mw(h, 2).unwrap_err().errno(), Some(EINVAL));
+        assert_eq!(
+            b.alloc_mw(h, MwType::Type2).unwrap_err().errno(),
+            Some(EINVAL)
+        );
         assert_eq!(b.req_notify_cq(h, false).unwrap_err().errno(), Some(EINVAL));
         assert_eq!(b.cq_len(h).unwrap_err().errno(), Some(EINVAL));
         assert_eq!(
-            b.create_qp_with_srq(init(pd_b, cq_b), h)
+            b.create_qp_with_srq(&init(pd_b, cq_b), h)
                 .unwrap_err()
                 .errno(),
             Some(EINVAL)
@@ -320,26 +324,24 @@ fn another_clients_srqs_ahs_windows_channels_and_events_are_out_of_reach() {
     // a's QP goes to ERR (IBV_QPS_ERR with IBV_QP_STATE): on an SRQ that raises
     // "last WQE reached" for a.
     a.post_srq_recv(srq_a, &RecvWr::new(1, vec![])).unwrap();
-    let init_attr = abi::proto::QpAttrMsg {
-        qp_state: 1,
+    let init_attr = QpAttr {
+        qp_state: QpState::Init,
         port_num: 1,
         ..Default::default()
     };
-    // IBV_QP_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX | IBV_QP_PORT
-    a.modify_qp(qp_a.handle, init_attr, 1 | 8 | 16 | 32)
-        .unwrap();
-    let err = abi::proto::QpAttrMsg {
-        qp_state: 6,
+    let init_mask =
+        QpAttrMask::STATE | QpAttrMask::ACCESS_FLAGS | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT;
+    a.modify_qp(qp_a.handle, &init_attr, init_mask).unwrap();
+    let err = QpAttr {
+        qp_state: QpState::Err,
         ..Default::default()
     };
-    a.modify_qp(qp_a.handle, err, 1).unwrap();
+    a.modify_qp(qp_a.handle, &err, QpAttrMask::STATE).unwrap();
     // b never sees the events of a's objects; a gets its own.
     assert!(b.async_events().unwrap().is_empty());
     let evs = a.async_events().unwrap();
     assert!(
-        evs.iter().any(
-            |e| e.kind == abi::proto::AsyncEventMsg::EV_QP_LAST_WQE_REACHED && e.id == qp_a.qpn
-        ),
+        evs.contains(&AsyncEvent::QpLastWqeReached { qpn: qp_a.qpn }),
         "{evs:?}"
     );
     assert!(a.async_events().unwrap().is_empty(), "taken once");

@@ -109,7 +109,7 @@ fn netns_peer() {
         me.qpn,
         me.rkey,
         me.buf.addr(),
-        port.active_mtu
+        port.active_mtu.bytes()
     ));
     let line = hear();
     let f: Vec<&str> = line.split_whitespace().collect();
@@ -117,7 +117,7 @@ fn netns_peer() {
     let (rkey, raddr) = (f[2].parse::<u32>().unwrap(), f[3].parse::<u64>().unwrap());
     // The path MTU an application picks: the smaller of the two ports' (what `ibv_devinfo`
     // shows as active_mtu on each host).
-    let mtu = port.active_mtu.min(f[4].parse().unwrap());
+    let mtu = (port.active_mtu.bytes() as u32).min(f[4].parse().unwrap());
     me.connect_mtu(gid, qpn, mtu);
 
     if !active {

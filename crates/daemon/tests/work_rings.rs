@@ -9,15 +9,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use abi::client::{Posted, WorkQueueRing};
-use abi::proto::{wq, QpInitMsg, Request};
+use abi::proto::{wq, Request};
 use abi::ring::RingError;
 use abi::ring::{Ring, Role};
 use abi::wqe;
 use common::{connected_pair, Daemon, Side};
 use engine::{AhHandle, RecvWr, SendFlags, SendOp, SendPayload, SendWr, Sge, UdDest};
-
-/// `IBV_QPS_ERR`.
-const QPS_ERR: u32 = 6;
 
 /// A daemon whose progress thread looks for work `spin_us` µs after the last before it
 /// sleeps.
@@ -232,18 +229,7 @@ fn a_busy_daemon_takes_wqes_with_no_doorbell() {
 fn spare_qp(side: &mut Side) -> u32 {
     let qp = side
         .client
-        .create_qp(QpInitMsg {
-            pd: side.pd,
-            send_cq: side.cq,
-            recv_cq: side.cq,
-            qp_type: 2,
-            max_send_wr: 8,
-            max_recv_wr: 8,
-            max_send_sge: 2,
-            max_recv_sge: 2,
-            max_inline_data: 64,
-            sq_sig_all: false,
-        })
+        .create_qp(&common::rc_init(side.pd, side.cq, 8, 2, 64))
         .unwrap()
         .handle;
     to_init(side, qp);
@@ -254,8 +240,8 @@ fn to_init(side: &mut Side, qp: u32) {
     side.client
         .modify_qp(
             qp,
-            abi::proto::QpAttrMsg {
-                qp_state: 1,
+            &engine::QpAttr {
+                qp_state: engine::QpState::Init,
                 port_num: 1,
                 qp_access_flags: common::REMOTE_WRITE,
                 ..Default::default()
@@ -296,7 +282,7 @@ fn check_survived(d: &mut Daemon, a: &mut Side, b: &mut Side, qp: u32, counter: 
     // Any request takes what waits in the rings first: this one finds the lie.
     let st = a.client.query_qp(qp).unwrap().qp_state;
     assert_eq!(d.stat(&format!("srxe0.{counter}")), n);
-    assert_eq!(st, QPS_ERR, "{counter}");
+    assert_eq!(st, engine::QpState::Err, "{counter}");
     assert!(d.alive());
     // The connected pair still moves data, by request and by ring.
     b.client
@@ -513,7 +499,7 @@ fn a_client_that_goes_away_leaves_no_work_ring_behind() {
     let (mut a, mut b) = connected_pair(&d, 4096);
     let (mut sq, _rq) = rings(&mut a);
     let _ = rings(&mut b);
-    let srq = b.client.create_srq(b.pd, 8, 1).unwrap();
+    let srq = b.client.create_srq(b.pd, &srq_attr(8, 1)).unwrap();
     let bell = Arc::new(b.client.doorbell(0).unwrap());
     let _srq_ring = b.client.attach_work_ring(wq::SRQ, srq, 8, bell).unwrap();
     assert_eq!(d.stat("srxe0.live_work_rings"), 5);
@@ -587,4 +573,13 @@ fn a_client_past_the_work_ring_limit_gets_a_clear_error_and_everyone_is_served_o
     assert_eq!((w[0].wr_id, w[0].status), (9, 0));
     assert_eq!(b.buf.read(0, 7), b"by ring");
     assert!(d.alive());
+}
+
+/// An SRQ of `max_wr` WRs of `max_sge` SGEs, its limit not armed.
+fn srq_attr(max_wr: u32, max_sge: u32) -> engine::SrqAttr {
+    engine::SrqAttr {
+        max_wr,
+        max_sge,
+        srq_limit: 0,
+    }
 }

@@ -13,8 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use abi::client::{Client, ClientError, CqRing, Posted, WorkQueueRing};
-use abi::convert;
-use abi::proto::{wq, DeviceInfo, QpInitMsg};
+use abi::proto::{wq, DeviceInfo};
 use engine::{
     AccessFlags, AhAttr, AhHandle, AsyncEvent, CqHandle, DeviceAttr, Gid, MwBind, MwHandle, MwType,
     PdHandle, PortAttr, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags,
@@ -413,15 +412,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-impl From<convert::ConvertError> for Error {
-    fn from(e: convert::ConvertError) -> Error {
-        match e {
-            convert::ConvertError::Unsupported(what) => Error::Unsupported(what),
-            other => Error::BadAnswer(other.to_string()),
-        }
-    }
-}
-
 impl DaemonDevice {
     fn c(&self) -> MutexGuard<'_, Client> {
         lock(&self.client)
@@ -448,12 +438,12 @@ impl DaemonDevice {
 
     /// The daemon's device `info`, through `client` (a connection already made).
     pub(crate) fn on(mut client: Client, info: DeviceInfo) -> Result<DaemonDevice> {
-        let attr = convert::device_attr_from_msg(&client.query_device(info.index)?);
-        let port = convert::port_attr_from_msg(&client.query_port(info.index, 1)?)?;
+        let attr = client.query_device(info.index)?;
+        let port = client.query_port(info.index, 1)?;
         let mut gids = Vec::new();
         for i in 0..port.gid_tbl_len.min(256) {
             match client.query_gid(info.index, 1, i) {
-                Ok(g) => gids.push(Gid(g)),
+                Ok(g) => gids.push(g),
                 Err(ClientError::Refused { .. }) => break,
                 Err(e) => return Err(e.into()),
             }
@@ -845,13 +835,11 @@ impl Backend {
                         pd.0,
                         addr as u64,
                         len as u64,
-                        access.bits(),
+                        access,
                         std::os::fd::AsFd::as_fd(&fd),
                         offset,
                     )?,
-                    None => d
-                        .c()
-                        .reg_mr_at(pd.0, addr as u64, len as u64, access.bits())?,
+                    None => d.c().reg_mr_at(pd.0, addr as u64, len as u64, access)?,
                 };
                 Ok((m.handle, m.lkey, m.rkey))
             }
@@ -881,14 +869,9 @@ impl Backend {
                 Ok((k.lkey, k.rkey))
             }
             Backend::Daemon(d) => {
-                let m = d.c().rereg_mr(
-                    handle,
-                    flags.bits(),
-                    pd.0,
-                    addr as u64,
-                    len as u64,
-                    access.bits(),
-                )?;
+                let m = d
+                    .c()
+                    .rereg_mr(handle, flags, pd.0, addr as u64, len as u64, access)?;
                 Ok((m.lkey, m.rkey))
             }
         }
@@ -1107,22 +1090,10 @@ impl Backend {
                 Ok((qpn, qpn))
             }
             Backend::Daemon(d) => {
-                let m = QpInitMsg {
-                    pd: init.pd.0,
-                    send_cq: init.send_cq.0,
-                    recv_cq: init.recv_cq.0,
-                    qp_type: init.qp_type.to_ibv(),
-                    max_send_wr: init.cap.max_send_wr,
-                    max_recv_wr: init.cap.max_recv_wr,
-                    max_send_sge: init.cap.max_send_sge,
-                    max_recv_sge: init.cap.max_recv_sge,
-                    max_inline_data: init.cap.max_inline_data,
-                    sq_sig_all: init.sq_sig_all,
-                };
                 let mut c = d.c();
                 let q = match srq {
-                    Some(s) => c.create_qp_with_srq(m, s.0)?,
-                    None => c.create_qp(m)?,
+                    Some(s) => c.create_qp_with_srq(init, s.0)?,
+                    None => c.create_qp(init)?,
                 };
                 let sq = d
                     .attach(&mut c, wq::SQ, q.handle, init.cap.max_send_wr)
@@ -1173,8 +1144,7 @@ impl Backend {
         match self {
             Backend::Embedded(rt) => Ok(rt.lock().modify_qp(qp, attr, mask)?),
             Backend::Daemon(d) => {
-                d.c()
-                    .modify_qp(qp, convert::qp_attr_to_msg(attr), mask.bits())?;
+                d.c().modify_qp(qp, attr, mask)?;
                 if mask.contains(QpAttrMask::STATE) {
                     if let Some(q) = d.qp_rings(qp) {
                         *lock(&q.state) = attr.qp_state;
@@ -1201,10 +1171,7 @@ impl Backend {
     pub(crate) fn query_qp(&self, qp: u32) -> Result<QpAttr> {
         match self {
             Backend::Embedded(rt) => Ok(rt.lock().query_qp(qp)?),
-            Backend::Daemon(d) => {
-                let m = d.c().query_qp(qp)?;
-                Ok(convert::qp_attr_from_msg(&m, QpAttrMask::all())?)
-            }
+            Backend::Daemon(d) => Ok(d.c().query_qp(qp)?),
         }
     }
 
@@ -1281,7 +1248,7 @@ impl Backend {
             Backend::Embedded(rt) => Ok(rt.lock().create_srq(pd, attr)?),
             Backend::Daemon(d) => {
                 let mut c = d.c();
-                let h = c.create_srq(pd.0, attr.max_wr, attr.max_sge)?;
+                let h = c.create_srq(pd.0, attr)?;
                 if let Some(ring) = d.attach(&mut c, wq::SRQ, h, attr.max_wr) {
                     let r = SrqRing {
                         max_sge: attr.max_sge,
@@ -1328,24 +1295,14 @@ impl Backend {
     ) -> Result<()> {
         match self {
             Backend::Embedded(rt) => Ok(rt.lock().modify_srq(srq, attr, mask)?),
-            Backend::Daemon(d) => {
-                Ok(d.c()
-                    .modify_srq(srq.0, mask.bits(), attr.max_wr, attr.srq_limit)?)
-            }
+            Backend::Daemon(d) => Ok(d.c().modify_srq(srq.0, attr, mask)?),
         }
     }
 
     pub(crate) fn query_srq(&self, srq: SrqHandle) -> Result<SrqAttr> {
         match self {
             Backend::Embedded(rt) => Ok(rt.lock().query_srq(srq)?),
-            Backend::Daemon(d) => {
-                let (max_wr, max_sge, srq_limit) = d.c().query_srq(srq.0)?;
-                Ok(SrqAttr {
-                    max_wr,
-                    max_sge,
-                    srq_limit,
-                })
-            }
+            Backend::Daemon(d) => Ok(d.c().query_srq(srq.0)?),
         }
     }
 
@@ -1360,7 +1317,7 @@ impl Backend {
         match self {
             Backend::Embedded(rt) => Ok(rt.lock().create_ah(pd, attr)?),
             Backend::Daemon(d) => {
-                let h = d.c().create_ah(pd.0, convert::ah_to_msg(attr))?;
+                let h = d.c().create_ah(pd.0, attr)?;
                 lock(&d.ah_pds).insert(h, pd.0);
                 Ok(AhHandle(h))
             }
@@ -1386,11 +1343,7 @@ impl Backend {
                 Ok((k.handle, k.rkey))
             }
             Backend::Daemon(d) => {
-                let t = match mw_type {
-                    MwType::Type1 => 1,
-                    _ => 2,
-                };
-                let (h, rkey) = d.c().alloc_mw(pd.0, t)?;
+                let (h, rkey) = d.c().alloc_mw(pd.0, mw_type)?;
                 Ok((MwHandle(h), rkey))
             }
         }
@@ -1424,8 +1377,7 @@ impl Backend {
             Backend::Embedded(rt) => Ok(rt.lock().bind_mw(qp, wr_id, mw, bind, signaled)?),
             // A bind is a send queue WR: it takes a slot, and its completion retires WRs.
             Backend::Daemon(d) => d.post_counted(qp, signaled, |_| {
-                Ok(d.c()
-                    .bind_mw(qp, wr_id, mw.0, convert::mw_bind_to_msg(&bind), signaled)?)
+                Ok(d.c().bind_mw(qp, wr_id, mw.0, bind, signaled)?)
             }),
         }
     }
@@ -1437,9 +1389,7 @@ impl Backend {
             Backend::Daemon(d) => {
                 let mut q = lock(&d.events);
                 if q.is_empty() {
-                    for m in d.c().async_events()? {
-                        q.push_back(convert::async_event_from_msg(&m)?);
-                    }
+                    q.extend(d.c().async_events()?);
                 }
                 Ok(q.pop_front())
             }

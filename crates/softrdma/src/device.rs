@@ -234,7 +234,7 @@ impl DeviceBuilder {
         }
         if let Some(m) = self.mtu_set {
             let port = client.query_port(info.index, 1)?;
-            if abi::convert::port_attr_from_msg(&port)?.active_mtu != m {
+            if port.active_mtu != m {
                 return embedded();
             }
         }

@@ -10,19 +10,41 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
 use abi::client::Client;
-use abi::proto::{QpAttrMsg, QpInitMsg};
 use abi::wqe::Cqe;
+use engine::{AccessFlags, AhAttr, CqHandle, PdHandle, QpAttr, QpCap, QpInitAttr, QpState, QpType};
 
-/// `ibv_access_flags`.
-pub const LOCAL_WRITE: u32 = 1;
+/// Local write.
+pub const LOCAL_WRITE: AccessFlags = AccessFlags::LOCAL_WRITE;
 /// Remote write.
-pub const REMOTE_WRITE: u32 = 2;
+pub const REMOTE_WRITE: AccessFlags = AccessFlags::REMOTE_WRITE;
 /// Remote read.
-pub const REMOTE_READ: u32 = 4;
+pub const REMOTE_READ: AccessFlags = AccessFlags::REMOTE_READ;
 /// Remote atomic.
-pub const REMOTE_ATOMIC: u32 = 8;
+pub const REMOTE_ATOMIC: AccessFlags = AccessFlags::REMOTE_ATOMIC;
 /// All of the above.
-pub const ALL_ACCESS: u32 = LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ | REMOTE_ATOMIC;
+pub const ALL_ACCESS: AccessFlags = LOCAL_WRITE
+    .union(REMOTE_WRITE)
+    .union(REMOTE_READ)
+    .union(REMOTE_ATOMIC);
+
+/// An RC QP's creation attributes with `pd` and `cq` (the connection's handles) and `depth`
+/// WRs of `sges` SGEs per queue.
+pub fn rc_init(pd: u32, cq: u32, depth: u32, sges: u32, inline: u32) -> QpInitAttr {
+    QpInitAttr {
+        pd: PdHandle(pd),
+        send_cq: CqHandle(cq),
+        recv_cq: CqHandle(cq),
+        cap: QpCap {
+            max_send_wr: depth,
+            max_recv_wr: depth,
+            max_send_sge: sges,
+            max_recv_sge: sges,
+            max_inline_data: inline,
+        },
+        qp_type: QpType::Rc,
+        sq_sig_all: false,
+    }
+}
 
 /// Counters by name.
 pub struct Stats(pub Vec<(String, u64)>);
@@ -205,21 +227,22 @@ pub struct Side {
 
 /// `ibv_qp_attr_mask` bits.
 pub mod mask {
-    pub const STATE: u32 = 1;
-    pub const ACCESS_FLAGS: u32 = 1 << 3;
-    pub const PKEY_INDEX: u32 = 1 << 4;
-    pub const PORT: u32 = 1 << 5;
-    pub const AV: u32 = 1 << 7;
-    pub const PATH_MTU: u32 = 1 << 8;
-    pub const TIMEOUT: u32 = 1 << 9;
-    pub const RETRY_CNT: u32 = 1 << 10;
-    pub const RNR_RETRY: u32 = 1 << 11;
-    pub const RQ_PSN: u32 = 1 << 12;
-    pub const MAX_QP_RD_ATOMIC: u32 = 1 << 13;
-    pub const MIN_RNR_TIMER: u32 = 1 << 15;
-    pub const SQ_PSN: u32 = 1 << 16;
-    pub const MAX_DEST_RD_ATOMIC: u32 = 1 << 17;
-    pub const DEST_QPN: u32 = 1 << 20;
+    use engine::QpAttrMask as M;
+    pub const STATE: M = M::STATE;
+    pub const ACCESS_FLAGS: M = M::ACCESS_FLAGS;
+    pub const PKEY_INDEX: M = M::PKEY_INDEX;
+    pub const PORT: M = M::PORT;
+    pub const AV: M = M::AV;
+    pub const PATH_MTU: M = M::PATH_MTU;
+    pub const TIMEOUT: M = M::TIMEOUT;
+    pub const RETRY_CNT: M = M::RETRY_CNT;
+    pub const RNR_RETRY: M = M::RNR_RETRY;
+    pub const RQ_PSN: M = M::RQ_PSN;
+    pub const MAX_QP_RD_ATOMIC: M = M::MAX_QP_RD_ATOMIC;
+    pub const MIN_RNR_TIMER: M = M::MIN_RNR_TIMER;
+    pub const SQ_PSN: M = M::SQ_PSN;
+    pub const MAX_DEST_RD_ATOMIC: M = M::MAX_DEST_RD_ATOMIC;
+    pub const DEST_QPN: M = M::DEST_QPN;
 }
 
 impl Side {
@@ -233,25 +256,12 @@ impl Side {
         let mut client = client;
         let pd = client.alloc_pd(dev).unwrap();
         let cq = client.create_cq(dev, 64).unwrap();
-        let qp = client
-            .create_qp(QpInitMsg {
-                pd,
-                send_cq: cq,
-                recv_cq: cq,
-                qp_type: 2,
-                max_send_wr: 32,
-                max_recv_wr: 32,
-                max_send_sge: 4,
-                max_recv_sge: 4,
-                max_inline_data: 64,
-                sq_sig_all: false,
-            })
-            .unwrap();
+        let qp = client.create_qp(&rc_init(pd, cq, 32, 4, 64)).unwrap();
         let mut buf = Buf::new(len);
         // SAFETY: `buf` lives as long as the Side (and so as the connection); it is touched
         // only with volatile accesses.
         let mr = unsafe { client.reg_mr(pd, buf.ptr(), len, ALL_ACCESS) }.unwrap();
-        let gid = client.query_gid(dev, 1, 0).unwrap();
+        let gid = client.query_gid(dev, 1, 0).unwrap().0;
         Side {
             client,
             pd,
@@ -275,43 +285,46 @@ impl Side {
     pub fn connect_mtu(&mut self, gid: [u8; 16], qpn: u32, path_mtu: u32) {
         use mask::*;
         let c = &mut self.client;
-        let init = QpAttrMsg {
-            qp_state: 1,
+        let init = QpAttr {
+            qp_state: QpState::Init,
             port_num: 1,
             qp_access_flags: REMOTE_WRITE | REMOTE_READ | REMOTE_ATOMIC,
-            ..QpAttrMsg::default()
+            ..QpAttr::default()
         };
-        c.modify_qp(self.qp, init, STATE | PKEY_INDEX | PORT | ACCESS_FLAGS)
+        c.modify_qp(self.qp, &init, STATE | PKEY_INDEX | PORT | ACCESS_FLAGS)
             .unwrap();
-        let rtr = QpAttrMsg {
-            qp_state: 2,
-            path_mtu,
+        let rtr = QpAttr {
+            qp_state: QpState::Rtr,
+            path_mtu: wire::Mtu::from_bytes(path_mtu as usize).expect("an IBA MTU"),
             dest_qp_num: qpn,
             rq_psn: 100,
             max_dest_rd_atomic: 4,
             min_rnr_timer: 1,
-            dgid: gid,
-            hop_limit: 64,
-            ..QpAttrMsg::default()
+            ah_attr: AhAttr {
+                dgid: gid,
+                hop_limit: 64,
+                ..AhAttr::default()
+            },
+            ..QpAttr::default()
         };
         c.modify_qp(
             self.qp,
-            rtr,
+            &rtr,
             STATE | AV | PATH_MTU | DEST_QPN | RQ_PSN | MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER,
         )
         .unwrap();
-        let rts = QpAttrMsg {
-            qp_state: 3,
+        let rts = QpAttr {
+            qp_state: QpState::Rts,
             sq_psn: 100,
             timeout: 14,
             retry_cnt: 7,
             rnr_retry: 7,
             max_rd_atomic: 4,
-            ..QpAttrMsg::default()
+            ..QpAttr::default()
         };
         c.modify_qp(
             self.qp,
-            rts,
+            &rts,
             STATE | SQ_PSN | TIMEOUT | RETRY_CNT | RNR_RETRY | MAX_QP_RD_ATOMIC,
         )
         .unwrap();
