@@ -7,7 +7,7 @@
 //!
 //! Everything is little-endian. A `Vec` is a u32 count then its items, a string a u16 length
 //! then UTF-8, an `Option` a byte 0 or 1 then the value, an enum its `ibv_*` number, a set of
-//! flags its `u32` bits; a struct is its fields in the order its [`wire_struct!`] row lists
+//! flags its `u32` bits; a struct is its fields in the order its `wire_struct!` row lists
 //! them. Decoding is strict so that every value has exactly one encoding: a number that
 //! names no enum value, a flag bit the engine does not know, a boolean other than 0 or 1,
 //! bad UTF-8 or a count the remaining bytes cannot hold is a [`ProtoError`], never a panic,
