@@ -563,7 +563,7 @@ impl Client {
     }
 
     /// Deliver `cq`'s completions into a shared-memory ring of `capacity` entries (a power of
-    /// two), polled with no system call ([`CqRing::poll`]); [`Client::poll_cq`] is refused
+    /// two), polled with no system call ([`CqRing::poll_into`]); [`Client::poll_cq`] is refused
     /// on that CQ from then on. `doorbell` is the CQ's device's ([`Client::doorbell`]):
     /// completions that do not fit wait in the daemon until polling frees slots and rings it.
     pub fn attach_cq_ring(
