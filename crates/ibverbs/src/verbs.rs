@@ -9,6 +9,7 @@ use engine::{
     QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendPayload,
     SendWr, Sge, SgeList, SrqAttr, SrqHandle, UdDest,
 };
+use softrdma::raw::{QpHandle, Qpn};
 use softrdma::RawCq;
 
 use crate::abi::*;
@@ -59,8 +60,8 @@ pub(crate) struct Qp {
     pub(crate) ex: ibv_qp_ex_tail,
     pub(crate) extended: bool,
     pub(crate) batch: Mutex<crate::qp_ex::Batch>,
-    pub(crate) handle: u32,
-    qpn: u32,
+    pub(crate) handle: QpHandle,
+    qpn: Qpn,
     sq_sig_all: bool,
 }
 
@@ -225,8 +226,8 @@ unsafe fn reg_mr(pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_int) 
             addr,
             length: len,
             handle: keys.handle.0,
-            lkey: keys.lkey,
-            rkey: keys.rkey,
+            lkey: keys.lkey.value(),
+            rkey: keys.rkey.value(),
         },
         handle: keys.handle,
     });
@@ -347,7 +348,7 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     };
     match r {
         Ok(k) => {
-            (m.ibv.lkey, m.ibv.rkey) = (k.lkey, k.rkey);
+            (m.ibv.lkey, m.ibv.rkey) = (k.lkey.value(), k.rkey.value());
             if new_pd {
                 m.ibv.pd = pd;
             }
@@ -388,7 +389,7 @@ unsafe extern "C" fn alloc_mw(pd: *mut ibv_pd, mw_type: u32) -> *mut ibv_mw {
         ibv: ibv_mw {
             context: p.ibv.context,
             pd,
-            rkey,
+            rkey: rkey.value(),
             handle: h.0,
             mw_type,
         },
@@ -465,7 +466,7 @@ unsafe extern "C" fn bind_mw(qp: *mut ibv_qp, mw: *mut ibv_mw, bind: *mut ibv_mw
     let signaled = b.send_flags & IBV_SEND_SIGNALED != 0;
     match cx.raw().bind_mw(q.handle, b.wr_id, w.handle, mb, signaled) {
         Ok(rkey) => {
-            w.ibv.rkey = rkey;
+            w.ibv.rkey = rkey.value();
             0
         }
         Err(e) => verr(e),
@@ -863,8 +864,8 @@ pub(crate) unsafe fn create_qp(
             send_cq: ia.send_cq,
             recv_cq: ia.recv_cq,
             srq: ia.srq,
-            handle: created.handle,
-            qp_num: created.qpn,
+            handle: created.handle.0,
+            qp_num: created.qpn.value(),
             state: QpState::Reset.to_ibv(),
             qp_type: qp_type_of(qp_type),
             mutex: [0; 5],
@@ -879,7 +880,7 @@ pub(crate) unsafe fn create_qp(
         sq_sig_all: ia.sq_sig_all != 0,
     });
     let qp = Box::into_raw(qp);
-    register(cx, Kind::Qp, created.qpn, qp as usize);
+    register(cx, Kind::Qp, created.qpn.value(), qp as usize);
     qp as *mut ibv_qp
 }
 
@@ -1087,7 +1088,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     if let Err(e) = cx.raw().destroy_qp(q.handle) {
         return verr(e);
     }
-    unregister(cx, Kind::Qp, q.qpn);
+    unregister(cx, Kind::Qp, q.qpn.value());
     // SAFETY: made by Box::into_raw in ibv_create_qp; the caller gives it up.
     drop(unsafe { Box::from_raw(qp as *mut Qp) });
     0

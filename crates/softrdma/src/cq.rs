@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use engine::{CqHandle, WcStatus, WorkCompletion};
 
-use crate::backend::Notifier;
 use crate::device::Device;
+use crate::provider::ProviderCq;
 use crate::{Error, Result};
 
 /// A completion queue (`ibv_cq`). Cheap to clone; destroyed when the last clone and every QP
@@ -20,46 +20,44 @@ pub struct Cq {
 #[derive(Debug)]
 pub(crate) struct CqInner {
     pub(crate) dev: Device,
-    pub(crate) handle: CqHandle,
-    notifier: Arc<Notifier>,
+    /// The provider's CQ: shared with an `async` waiter, which keeps its descriptor.
+    cq: Arc<dyn ProviderCq>,
 }
 
 impl Drop for CqInner {
     fn drop(&mut self) {
         // QPs hold their CQs, so nothing uses this one any more.
-        if let Err(e) = self.dev.backend_ref().destroy_cq(self.handle) {
+        if let Err(e) = self.dev.provider().destroy_cq(self.cq.handle()) {
             tracing::warn!(error = %e, "destroy_cq failed");
         }
     }
 }
 
 impl Cq {
-    pub(crate) fn new(dev: Device, handle: CqHandle, notifier: Notifier) -> Cq {
+    pub(crate) fn new(dev: Device, cq: Box<dyn ProviderCq>) -> Cq {
         Cq {
             inner: Arc::new(CqInner {
                 dev,
-                handle,
-                notifier: Arc::new(notifier),
+                cq: Arc::from(cq),
             }),
         }
+    }
+
+    /// Its handle (what QPs name it by).
+    pub(crate) fn handle(&self) -> CqHandle {
+        self.inner.cq.handle()
     }
 
     /// Take up to `max` completions, oldest first (`ibv_poll_cq`); never blocks (on the
     /// daemon backend it reads the CQ's ring in shared memory, with no system call).
     pub fn poll(&self, max: usize) -> Result<Vec<WorkCompletion>> {
-        self.inner
-            .dev
-            .backend_ref()
-            .poll_cq(self.inner.handle, &self.inner.notifier, max)
+        self.inner.dev.provider().poll_cq(&*self.inner.cq, max)
     }
 
     /// Take completions into `out`, oldest first, as many as wait and fit; returns how many.
     /// The allocation-free form of [`Cq::poll`], for polling loops.
     pub fn poll_into(&self, out: &mut [WorkCompletion]) -> Result<usize> {
-        self.inner
-            .dev
-            .backend_ref()
-            .poll_cq_into(self.inner.handle, &self.inner.notifier, out)
+        self.inner.dev.provider().poll_cq_into(&*self.inner.cq, out)
     }
 
     /// Take the oldest completion, if any.
@@ -70,18 +68,12 @@ impl Cq {
     /// Give the CQ room for `cqe` completions (`ibv_resize_cq`); returns the size it has
     /// now. Refused (EINVAL) while more completions than that wait in it.
     pub fn resize(&self, cqe: u32) -> Result<u32> {
-        self.inner
-            .dev
-            .backend_ref()
-            .resize_cq(self.inner.handle, &self.inner.notifier, cqe)
+        self.inner.cq.resize(cqe)
     }
 
     /// Completions waiting.
     pub fn len(&self) -> Result<usize> {
-        self.inner
-            .dev
-            .backend_ref()
-            .cq_len(self.inner.handle, &self.inner.notifier)
+        self.inner.cq.len()
     }
 
     /// No completions waiting.
@@ -117,10 +109,7 @@ impl Cq {
             };
             // Sleeps until the CQ has a completion (embedded: receiving packets on this
             // thread meanwhile; daemon: on the CQ's completion channel).
-            self.inner
-                .dev
-                .backend_ref()
-                .wait_cq(self.inner.handle, &self.inner.notifier, left)?;
+            self.inner.cq.wait(left)?;
         }
     }
 
@@ -139,21 +128,18 @@ impl Cq {
     /// Request a notification for the next completion (`ibv_req_notify_cq`): the descriptor
     /// of [`AsFd`] becomes readable. For callers with their own event loop.
     pub fn req_notify(&self) -> Result<()> {
-        self.inner
-            .dev
-            .backend_ref()
-            .arm_cq(self.inner.handle, false)
+        self.inner.cq.arm(false)
     }
 
     /// Request a notification for the next solicited or error completion only
     /// (`ibv_req_notify_cq` with `solicited_only`).
     pub fn req_notify_solicited(&self) -> Result<()> {
-        self.inner.dev.backend_ref().arm_cq(self.inner.handle, true)
+        self.inner.cq.arm(true)
     }
 
     /// Consume a notification (`ibv_get_cq_event` + ack); true if there was one.
     pub fn clear_notification(&self) -> bool {
-        self.inner.notifier.clear()
+        self.inner.cq.clear_event()
     }
 
     /// Wait asynchronously until at least one completion is there, then take up to `max`.
@@ -161,8 +147,8 @@ impl Cq {
     pub async fn wait_async(&self, max: usize) -> Result<Vec<WorkCompletion>> {
         use tokio::io::unix::AsyncFd;
         use tokio::io::Interest;
-        let fd = NotifierFd(self.inner.notifier.clone());
-        // SAFETY: `NotifierFd` holds the notifier (and so its eventfd) alive for as long as the
+        let fd = NotifierFd(self.inner.cq.clone());
+        // SAFETY: `NotifierFd` holds the CQ (and so its eventfd) alive for as long as the
         // AsyncFd lives, and always reports that same descriptor.
         #[allow(unsafe_code)]
         let afd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }
@@ -208,16 +194,16 @@ impl AsFd for Cq {
     /// The notification descriptor: readable after [`Cq::req_notify`] once a completion is
     /// there.
     fn as_fd(&self) -> BorrowedFd<'_> {
-        self.inner.notifier.as_fd()
+        self.inner.cq.event_fd()
     }
 }
 
 #[cfg(feature = "tokio")]
-struct NotifierFd(Arc<Notifier>);
+struct NotifierFd(Arc<dyn ProviderCq>);
 
 #[cfg(feature = "tokio")]
 impl std::os::fd::AsRawFd for NotifierFd {
     fn as_raw_fd(&self) -> std::os::fd::RawFd {
-        self.0.as_fd().as_raw_fd()
+        self.0.event_fd().as_raw_fd()
     }
 }

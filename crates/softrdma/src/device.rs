@@ -10,8 +10,11 @@ use engine::qp_attr::Mtu;
 use engine::{AsyncEvent, Counters, DeviceAttr, Gid, PortAttr};
 use runtime::{Runtime, RuntimeConfig, RxPath, SrcPortPolicy};
 
-use crate::backend::{self, Backend, BackendKind, DaemonConfig, DaemonDevice, Probe};
 use crate::cq::Cq;
+use crate::provider::daemon::Daemon;
+use crate::provider::embedded::Embedded;
+use crate::provider::locate::{self, DaemonConfig, Probe};
+use crate::provider::{self, BackendKind, Provider};
 use crate::qp::Pd;
 use crate::{Error, Result};
 
@@ -26,7 +29,8 @@ pub struct Device {
 
 #[derive(Debug)]
 pub(crate) struct DeviceInner {
-    pub(crate) backend: Backend,
+    /// The device's operations, chosen once at open.
+    pub(crate) provider: Box<dyn Provider>,
     /// How long a waiting thread polls its CQ before it sleeps.
     pub(crate) wait_spin: Duration,
 }
@@ -207,7 +211,7 @@ impl DeviceBuilder {
                 return Err(Error::Config(format!(
                     "{e} configures an embedded device and {d} the daemon: choose one with \
                      DeviceBuilder::backend or {}",
-                    backend::BACKEND_ENV
+                    provider::BACKEND_ENV
                 )))
             }
             (Some(_), None) => return embedded(),
@@ -220,13 +224,13 @@ impl DeviceBuilder {
             return daemon();
         };
         let socket = self.daemon.socket_path();
-        let (mut client, devices) = match backend::probe(&socket)? {
+        let (mut client, devices) = match locate::probe(&socket)? {
             Probe::Nobody => return embedded(),
             Probe::Answers { client, devices } => (client, devices),
         };
         // A daemon that does not serve this address, or not on the port or with the MTU
         // asked for, cannot give what was asked; an embedded device can.
-        let Some(info) = backend::serving(devices, Some(addr)) else {
+        let Some(info) = locate::serving(devices, Some(addr)) else {
             return embedded();
         };
         if self.port_set.is_some_and(|p| p != info.port) {
@@ -250,7 +254,7 @@ impl DeviceBuilder {
     /// device on this address.
     pub fn open(self) -> Result<Device> {
         let choice = self.choose()?;
-        let backend = match choice.kind {
+        let provider: Box<dyn Provider> = match choice.kind {
             BackendKind::Embedded => {
                 if self.addr.is_none() {
                     return Err(Error::Config(format!(
@@ -258,7 +262,7 @@ impl DeviceBuilder {
                         DEVICE_ENV
                     )));
                 }
-                Backend::Embedded(Runtime::start(self.config)?)
+                Box::new(Embedded::new(Runtime::start(self.config)?))
             }
             BackendKind::Daemon => {
                 if let Some(opt) = self.embedded_only.first() {
@@ -266,11 +270,10 @@ impl DeviceBuilder {
                         "option {opt} configures an embedded device; softrdmad has its own"
                     )));
                 }
-                let d = match choice.found {
-                    Some((client, info)) => DaemonDevice::on(client, info)?,
-                    None => DaemonDevice::open(self.addr, &self.daemon)?,
+                let b = match choice.found {
+                    Some((client, info)) => Daemon::on(client, info)?,
+                    None => Daemon::open(self.addr, &self.daemon)?,
                 };
-                let b = Backend::Daemon(Box::new(d));
                 if let Some(p) = self.port_set {
                     if p != b.local_addr().port() {
                         return Err(Error::Config(format!(
@@ -289,12 +292,12 @@ impl DeviceBuilder {
                         )));
                     }
                 }
-                b
+                Box::new(b)
             }
         };
         Ok(Device {
             inner: Arc::new(DeviceInner {
-                backend,
+                provider,
                 wait_spin: self.wait_spin,
             }),
         })
@@ -367,70 +370,71 @@ impl Device {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
-    pub(crate) fn backend_ref(&self) -> &Backend {
-        &self.inner.backend
+    /// The device's operations.
+    pub(crate) fn provider(&self) -> &dyn Provider {
+        &*self.inner.provider
     }
 
     /// Which backend this device runs on.
     pub fn backend(&self) -> BackendKind {
-        self.inner.backend.kind()
+        self.provider().kind()
     }
 
     /// The address and UDP port the device receives on.
     pub fn local_addr(&self) -> SocketAddr {
-        self.inner.backend.local_addr()
+        self.provider().local_addr()
     }
 
     /// Device attributes (`ibv_query_device`; on the daemon backend, read when the device
     /// was opened).
     pub fn query_device(&self) -> DeviceAttr {
-        self.inner.backend.query_device()
+        self.provider().query_device()
     }
 
     /// Attributes of port 1, the only port (`ibv_query_port`).
     pub fn query_port(&self) -> Result<PortAttr> {
-        self.inner.backend.query_port()
+        self.provider().query_port()
     }
 
     /// The GID at `index` of port 1 (`ibv_query_gid`): index 0 is the device's address.
     pub fn gid(&self, index: u32) -> Result<Gid> {
-        self.inner.backend.gid(index)
+        self.provider().gid(index)
     }
 
     /// Every GID of port 1, in table order.
     pub fn gids(&self) -> Vec<Gid> {
-        self.inner.backend.gids()
+        self.provider().gids()
     }
 
     /// Device-wide counters of the engine (packets, bytes, and every drop reason); on the
     /// daemon backend those of the daemon's device, which every client of it shares (the
     /// daemon's own counters are in [`Device::counter_values`]).
     pub fn counters(&self) -> Result<Counters> {
-        self.inner.backend.counters()
+        self.provider().counters()
     }
 
     /// Device-wide counters by name, on either backend (on the daemon: the daemon's device,
     /// which every process using it shares).
     pub fn counter_values(&self) -> Result<Vec<(String, u64)>> {
-        self.inner.backend.counter_values()
+        self.provider().counter_values()
     }
 
     /// A new protection domain (`ibv_alloc_pd`).
     pub fn alloc_pd(&self) -> Result<Pd> {
-        let h = self.inner.backend.alloc_pd()?;
+        let h = self.provider().alloc_pd()?;
         Ok(Pd::new(self.clone(), h))
     }
 
     /// A completion queue with room for `depth` completions (`ibv_create_cq`).
     pub fn create_cq(&self, depth: u32) -> Result<Cq> {
-        let (h, notifier) = self.inner.backend.create_cq(depth)?;
-        Ok(Cq::new(self.clone(), h, notifier))
+        let cq = self.provider().create_cq(depth)?;
+        Ok(Cq::new(self.clone(), cq))
     }
 
     /// The next asynchronous event (`ibv_get_async_event` without blocking). On the daemon
     /// backend this asks the daemon, and a failed request is an error.
     pub fn async_event(&self) -> Result<Option<AsyncEvent>> {
-        self.inner.backend.async_event()
+        self.provider().async_event()
     }
 
     /// Wait for the next asynchronous event, at most `timeout` (`None`: no limit). Sleeps on
@@ -451,7 +455,7 @@ impl Device {
                 }
                 None => None,
             };
-            self.inner.backend.wait_async_event(left)?;
+            self.provider().wait_async_event(left)?;
         }
     }
 
@@ -461,10 +465,7 @@ impl Device {
     /// signalled by every event of the daemon's devices (one of another process's objects
     /// makes a spurious wakeup); read 8 bytes from it to clear it.
     pub fn async_event_fd(&self) -> BorrowedFd<'_> {
-        match &self.inner.backend {
-            Backend::Embedded(rt) => rt.async_event_fd(),
-            Backend::Daemon(d) => d.event_channel(),
-        }
+        self.provider().async_event_fd()
     }
 
     /// Drive the device from the calling thread once, for loops that poll memory rather
@@ -473,19 +474,13 @@ impl Device {
     /// this returns 0, after giving the core to the daemon when the host has few (as an
     /// empty [`crate::Cq::poll`] does; see `SOFTRDMA_POLL_YIELD` in the crate docs).
     pub fn poll_progress(&self) -> usize {
-        match &self.inner.backend {
-            Backend::Embedded(rt) => rt.poll_progress(),
-            Backend::Daemon(_) => {
-                self.inner.backend.relax();
-                0
-            }
-        }
+        self.provider().poll_progress()
     }
 
     /// The embedded runtime underneath, for what this API does not cover (raw verbs on the
     /// engine, socket counters, packet capture); `None` on the daemon backend.
     pub fn try_runtime(&self) -> Option<&Runtime> {
-        self.inner.backend.runtime()
+        self.provider().runtime()
     }
 
     /// The embedded runtime underneath (see [`Device::try_runtime`]).
@@ -495,7 +490,7 @@ impl Device {
     /// On a daemon-backend device, which has no runtime in this process: callers that may
     /// get one (any program that honours `SOFTRDMA_BACKEND`) use [`Device::try_runtime`].
     pub fn runtime(&self) -> &Runtime {
-        match self.inner.backend.runtime() {
+        match self.provider().runtime() {
             Some(rt) => rt,
             None => panic!(
                 "Device::runtime() on a softrdmad-backed device: there is no runtime in this \
@@ -506,9 +501,6 @@ impl Device {
 
     /// On the daemon backend: the daemon's device name and pid.
     pub fn daemon_info(&self) -> Option<(String, u32)> {
-        match &self.inner.backend {
-            Backend::Daemon(d) => Some((d.name().to_string(), d.daemon_pid())),
-            Backend::Embedded(_) => None,
-        }
+        self.provider().daemon_info()
     }
 }

@@ -30,8 +30,11 @@
 //! - **Daemon** ([`BackendKind::Daemon`]): the host daemon `softrdmad` (crate
 //!   `softrdma-daemon`) runs the engine for every process of the host and owns UDP 4791;
 //!   this process drives it over the daemon's Unix control socket, and the daemon reaches
-//!   registered memory with `process_vm_readv` / `process_vm_writev`. Every verb (posting
-//!   and polling too) is one request on the socket.
+//!   registered memory with `process_vm_readv` / `process_vm_writev`. Control verbs are
+//!   requests on the socket; posts and completions go through rings in shared memory.
+//!
+//! Each is a provider of one interface (rdma-core's `verbs_context_ops` habit), chosen
+//! once when the device is opened: no verb asks which backend it runs on.
 //!
 //! Which one a device uses — an explicit choice first, then the daemon if one answers,
 //! else an embedded device:
@@ -78,9 +81,11 @@
 //! daemon's device counters by name), the options that configure an embedded engine
 //! ([`DeviceBuilder::remote_port`], `src_port_policy`, `rx_path`, `busy_poll`, `rng_seed`,
 //! and a `port` or `mtu` other than the daemon's: [`Error::Config`]), the raw runtime
-//! ([`Device::try_runtime`] is `None`). Refusals by the daemon are [`Error::Daemon`] with
-//! the errno libibverbs would give (not a [`VerbsError`]). Asynchronous events reach only
-//! the connection (device) owning their QP, CQ or SRQ.
+//! ([`Device::try_runtime`] is `None`). A verb the daemon refuses fails as on an embedded
+//! device: [`Error::Verbs`] when the daemon's engine refused it with a [`VerbsError`] whose
+//! text names it completely, else [`Error::Daemon`] with the errno libibverbs would give;
+//! [`Error::errno`] is the same on both. Asynchronous events reach only the connection
+//! (device) owning their QP, CQ or SRQ.
 //!
 //! Polling a CQ on the daemon reads its ring in shared memory, with no system call. Another
 //! process's thread (the daemon's) produces what a polling thread waits for, so on a host
@@ -156,35 +161,34 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
-mod backend;
 mod cq;
 mod device;
 pub mod handshake;
 mod mr;
 mod mw;
+mod provider;
 mod qp;
 pub mod raw;
 mod ud;
 
-pub use backend::{
-    BackendKind, BACKEND_ENV, DAEMON_ARGS_ENV, DAEMON_BIN_ENV, SOCKET_ENV, SPAWN_ENV,
-};
 pub use cq::Cq;
 pub use device::{Device, DeviceBuilder, DEVICE_ENV};
 pub use handshake::{Endpoint, HandshakeError, RemoteMr};
 pub use mr::{Buffer, MemoryRegion, RawMemoryRegion, RegisterableBuffer};
 pub use mw::MemoryWindow;
+pub use provider::locate::{DAEMON_ARGS_ENV, DAEMON_BIN_ENV, SOCKET_ENV, SPAWN_ENV};
+pub use provider::{BackendKind, Lkey, QpHandle, Qpn, Rkey, BACKEND_ENV};
 pub use qp::{ConnectOptions, Pd, Qp, QpBuilder, DEFAULT_QKEY};
 pub use raw::{RawCq, RawDevice, RawMr, RawQp};
 pub use ud::{AddressHandle, Srq};
 
 pub use engine::qp_attr::Mtu;
-pub use engine::MwType;
 pub use engine::{
     AccessFlags, AhAttr, AsyncEvent, Counter, Counters, DeviceAttr, Gid, PortAttr, QpAttr,
     QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendPayload, SendWr, Sge,
     SrqAttr, SrqAttrMask, VerbsError, WcFlags, WcOpcode, WcStatus, WorkCompletion, GRH_LEN,
 };
+pub use engine::{ModifyError, MwType};
 pub use runtime::{RuntimeConfig, RuntimeError, RxPath, SrcPortPolicy};
 
 /// Everything that can go wrong in this API.
@@ -193,8 +197,9 @@ pub use runtime::{RuntimeConfig, RuntimeError, RxPath, SrcPortPolicy};
 pub enum Error {
     /// The device (its socket or progress thread) failed.
     #[error(transparent)]
-    Runtime(#[from] RuntimeError),
-    /// A verb was refused (bad handle, limits, wrong QP state...).
+    Runtime(RuntimeError),
+    /// A verb was refused (bad handle, limits, wrong QP state...), on either backend: a
+    /// daemon's refusal for one of these is this too.
     #[error(transparent)]
     Verbs(#[from] VerbsError),
     /// An I/O error outside the device (the handshake's TCP stream, a wait).
@@ -214,10 +219,10 @@ pub enum Error {
         /// Its status.
         status: WcStatus,
     },
-    /// The host daemon's connection failed, or the daemon refused a request (its errno and
-    /// reason).
+    /// The host daemon's connection failed, or the daemon refused a request for a reason
+    /// that is not a [`VerbsError`] (its errno and reason).
     #[error(transparent)]
-    Daemon(#[from] abi::client::ClientError),
+    Daemon(abi::client::ClientError),
     /// No daemon answers on the control socket, and none could be started.
     #[error("no softrdmad on {}: {reason}", socket.display())]
     NoDaemon {
@@ -247,11 +252,22 @@ pub enum Error {
     },
 }
 
+impl From<RuntimeError> for Error {
+    /// A verb the embedded runtime refused is [`Error::Verbs`], as on the daemon.
+    fn from(e: RuntimeError) -> Error {
+        match e {
+            RuntimeError::Verbs(v) => Error::Verbs(v),
+            other => Error::Runtime(other),
+        }
+    }
+}
+
 impl Error {
-    /// The errno a libibverbs user would get for this error: a verb's own, the daemon's
-    /// (which sends the one libibverbs returns), an I/O error's, and the closest fit for
-    /// the rest (EOPNOTSUPP for what the backend does not offer, ENODEV for a missing
-    /// daemon, ETIMEDOUT, EINVAL, EIO).
+    /// The errno a libibverbs user would get for this error, whichever backend failed: the
+    /// one mapping the drop-in `libibverbs.so.1` uses. A verb's own, the daemon's (which
+    /// sends the one libibverbs returns), an I/O error's, and the closest fit for the rest
+    /// (EOPNOTSUPP for what the backend does not offer, ENODEV for a missing daemon,
+    /// ETIMEDOUT, EINVAL, EIO).
     pub fn errno(&self) -> i32 {
         const EIO: i32 = 5;
         const ENODEV: i32 = 19;

@@ -5,11 +5,10 @@
 use std::alloc::Layout;
 use std::ops::{Bound, RangeBounds};
 
-use engine::{AccessFlags, Sge};
-
-use crate::backend::Backend;
+use engine::{AccessFlags, MrHandle, Sge};
 
 use crate::handshake::RemoteMr;
+use crate::provider::RawMr;
 use crate::qp::Pd;
 use crate::{Error, Result};
 
@@ -298,19 +297,12 @@ impl<B: RegisterableBuffer> std::fmt::Debug for MemoryRegion<B> {
     }
 }
 
-/// A region's handle (the engine's, or the daemon connection's) and keys.
-#[derive(Debug, Clone, Copy)]
-struct Keys {
-    handle: u32,
-    lkey: u32,
-    rkey: u32,
-}
-
 /// A registered region over memory the crate does not own ([`Pd::register_raw`]); it is
 /// deregistered when dropped.
 pub struct RawMemoryRegion {
     pd: Pd,
-    keys: Keys,
+    /// Its handle (the engine's, or the daemon connection's) and keys.
+    keys: RawMr,
     addr: usize,
     len: usize,
     access: AccessFlags,
@@ -322,8 +314,8 @@ impl std::fmt::Debug for RawMemoryRegion {
         f.debug_struct("MemoryRegion")
             .field("addr", &format_args!("{:#x}", self.addr))
             .field("len", &self.len)
-            .field("lkey", &format_args!("{:#x}", self.keys.lkey))
-            .field("rkey", &format_args!("{:#x}", self.keys.rkey))
+            .field("lkey", &format_args!("{:#x}", self.lkey()))
+            .field("rkey", &format_args!("{:#x}", self.rkey()))
             .field("access", &self.access)
             .finish()
     }
@@ -360,14 +352,14 @@ impl RawMemoryRegion {
         access: AccessFlags,
     ) -> Result<RawMemoryRegion> {
         // SAFETY: forwarded from the caller's contract (valid until deregistered).
-        let (handle, lkey, rkey) = unsafe {
+        let keys = unsafe {
             pd.device()
-                .backend_ref()
+                .provider()
                 .reg_mr(pd.handle(), addr, len, access)?
         };
         Ok(RawMemoryRegion {
             pd: pd.clone(),
-            keys: Keys { handle, lkey, rkey },
+            keys,
             addr: addr as usize,
             len,
             access,
@@ -382,25 +374,25 @@ impl RawMemoryRegion {
             self.registered = false;
             self.pd
                 .device()
-                .backend_ref()
+                .provider()
                 .dereg_mr_for_good(self.keys.handle);
         }
     }
 
     /// What the backend names the region by (the engine's handle, or the daemon
     /// connection's).
-    pub(crate) fn handle(&self) -> u32 {
+    pub(crate) fn handle(&self) -> MrHandle {
         self.keys.handle
     }
 
     /// Local key, for SGEs.
     pub fn lkey(&self) -> u32 {
-        self.keys.lkey
+        self.keys.lkey.value()
     }
 
     /// Remote key, for peers' RDMA and ATOMIC operations.
     pub fn rkey(&self) -> u32 {
-        self.keys.rkey
+        self.keys.rkey.value()
     }
 
     /// The virtual address of the first byte (what SGEs and peers name).
@@ -436,7 +428,7 @@ impl RawMemoryRegion {
             len,
             size: self.len,
         })?;
-        Ok(Sge::new(self.addr() + off as u64, len32, self.keys.lkey))
+        Ok(Sge::new(self.addr() + off as u64, len32, self.lkey()))
     }
 
     /// What a peer needs to reach `range` of this region (address, length, rkey).
@@ -445,7 +437,7 @@ impl RawMemoryRegion {
         Ok(RemoteMr {
             addr: self.addr() + off as u64,
             len: len as u64,
-            rkey: self.keys.rkey,
+            rkey: self.rkey(),
         })
     }
 }
@@ -477,17 +469,22 @@ impl<B: RegisterableBuffer> MemoryRegion<B> {
     /// On the daemon backend the device cannot be locked out: `f` sees a copy of the bytes
     /// taken just before (see the crate docs, "Safety of registered memory").
     pub fn with<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
-        match self.raw.pd.device().backend_ref() {
-            Backend::Embedded(rt) => {
-                let _guard = rt.lock();
-                // SAFETY: the region owns the bytes (alive, fixed address); holding the
-                // device lock excludes every device access, and the application can only
-                // reach them through this region's methods, which take the same lock.
+        self.with_range(0, self.raw.len, f)
+    }
+
+    /// Run `f` on `len` bytes at `off` (in bounds) as [`MemoryRegion::with`] does.
+    fn with_range<R>(&self, off: usize, len: usize, f: impl FnOnce(&[u8]) -> R) -> R {
+        match self.raw.pd.device().provider().lock_out() {
+            Some(_guard) => {
+                // SAFETY: in bounds (the callers check) of bytes the region owns (alive,
+                // fixed address); holding the device lock excludes every device access, and
+                // the application can only reach them through this region's methods, which
+                // take the same lock.
                 let s =
-                    unsafe { std::slice::from_raw_parts(self.raw.addr as *const u8, self.raw.len) };
+                    unsafe { std::slice::from_raw_parts((self.raw.addr + off) as *const u8, len) };
                 f(s)
             }
-            Backend::Daemon(_) => f(&self.snapshot(0, self.raw.len)),
+            None => f(&self.snapshot(off, len)),
         }
     }
 
@@ -497,16 +494,15 @@ impl<B: RegisterableBuffer> MemoryRegion<B> {
     /// On the daemon backend `f` works on a copy, and the bytes it changed are written back
     /// afterwards (bytes it left alone keep whatever the device wrote meanwhile).
     pub fn with_mut<R>(&mut self, f: impl FnOnce(&mut [u8]) -> R) -> R {
-        match self.raw.pd.device().backend_ref() {
-            Backend::Embedded(rt) => {
-                let _guard = rt.lock();
+        match self.raw.pd.device().provider().lock_out() {
+            Some(_guard) => {
                 // SAFETY: as in `with`; `&mut self` makes this the only application access.
                 let s = unsafe {
                     std::slice::from_raw_parts_mut(self.raw.addr as *mut u8, self.raw.len)
                 };
                 f(s)
             }
-            Backend::Daemon(_) => {
+            None => {
                 let before = self.snapshot(0, self.raw.len);
                 let mut work = before.clone();
                 let r = f(&mut work);
@@ -544,10 +540,7 @@ impl<B: RegisterableBuffer> MemoryRegion<B> {
     /// Copy `out.len()` bytes at `offset` out of the region.
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         let (off, len) = range_of(offset..offset.saturating_add(out.len()), self.raw.len)?;
-        match self.raw.pd.device().backend_ref() {
-            Backend::Embedded(_) => self.with(|s| out.copy_from_slice(&s[off..off + len])),
-            Backend::Daemon(_) => out.copy_from_slice(&self.snapshot(off, len)),
-        }
+        self.with_range(off, len, |s| out.copy_from_slice(s));
         Ok(())
     }
 
@@ -556,9 +549,8 @@ impl<B: RegisterableBuffer> MemoryRegion<B> {
     /// device accesses (on the daemon backend it is not: see the crate docs).
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
         let (off, len) = range_of(offset..offset.saturating_add(data.len()), self.raw.len)?;
-        match self.raw.pd.device().backend_ref() {
-            Backend::Embedded(rt) => {
-                let _guard = rt.lock();
+        match self.raw.pd.device().provider().lock_out() {
+            Some(_guard) => {
                 // SAFETY: in bounds (checked above) of memory the region owns; the device
                 // lock excludes device accesses and every other application access through
                 // this region (all take the lock), so this raw copy races with nothing.
@@ -570,7 +562,7 @@ impl<B: RegisterableBuffer> MemoryRegion<B> {
                     )
                 };
             }
-            Backend::Daemon(_) => self.store(off, data),
+            None => self.store(off, data),
         }
         Ok(())
     }

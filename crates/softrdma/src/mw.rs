@@ -55,15 +55,12 @@ pub struct MemoryWindow {
 impl Pd {
     /// A new, unbound memory window of `mw_type` in this PD (`ibv_alloc_mw`).
     pub fn alloc_mw(&self, mw_type: MwType) -> Result<MemoryWindow> {
-        let (handle, rkey) = self
-            .device()
-            .backend_ref()
-            .alloc_mw(self.handle(), mw_type)?;
+        let (handle, rkey) = self.device().provider().alloc_mw(self.handle(), mw_type)?;
         Ok(MemoryWindow {
             pd: self.clone(),
             handle,
             mw_type,
-            posted_rkey: Mutex::new(rkey),
+            posted_rkey: Mutex::new(rkey.value()),
         })
     }
 }
@@ -82,28 +79,22 @@ impl MemoryWindow {
     /// The window's rkey as the device sees it now: the key of its latest executed bind
     /// (binds still queued behind other work requests have not changed it yet).
     pub fn rkey(&self) -> Result<u32> {
-        Ok(self.pd.device().backend_ref().query_mw(self.handle)?.0)
+        Ok(self.pd.device().provider().query_mw(self.handle)?.0.value())
     }
 
     /// Whether the window is bound now (false before its first bind, after a type 1 unbind,
     /// and after a type 2 window was invalidated).
     pub fn is_bound(&self) -> Result<bool> {
-        Ok(self.pd.device().backend_ref().query_mw(self.handle)?.1)
+        Ok(self.pd.device().provider().query_mw(self.handle)?.1)
     }
 }
 
 impl Drop for MemoryWindow {
     fn drop(&mut self) {
-        if let Err(e) = self.pd.device().backend_ref().dealloc_mw(self.handle) {
+        if let Err(e) = self.pd.device().provider().dealloc_mw(self.handle) {
             tracing::warn!(error = %e, "dealloc_mw failed");
         }
     }
-}
-
-/// The handle of `mr` a bind names (the backend's: the engine's, or the daemon
-/// connection's, which the daemon turns into its engine's).
-fn mr_handle(mr: &RawMemoryRegion) -> MrHandle {
-    MrHandle(mr.handle())
 }
 
 /// Refuse a window or region of another device before naming it by handle: handles are
@@ -154,7 +145,7 @@ impl Qp {
             return Err(Error::Verbs(VerbsError::InvalidMw));
         }
         same_device(self, mw, Some(mr))?;
-        describe(mr, mr_handle(mr), range, access)
+        describe(mr, mr.handle(), range, access)
     }
 
     /// Bind type 1 window `mw` to `range` (byte offsets into `mr`) with the remote rights
@@ -177,13 +168,12 @@ impl Qp {
         access: AccessFlags,
     ) -> Result<RemoteMr> {
         let (bind, mut remote) = self.prepare_bind(mw, MwType::Type1, mr, range, access)?;
-        remote.rkey = self.pd().device().backend_ref().bind_mw(
-            self.handle(),
-            wr_id,
-            mw.handle,
-            bind,
-            true,
-        )?;
+        remote.rkey = self
+            .pd()
+            .device()
+            .provider()
+            .bind_mw(self.handle(), wr_id, mw.handle, bind, true)?
+            .value();
         Ok(remote)
     }
 
@@ -198,10 +188,12 @@ impl Qp {
             length: 0,
             access: AccessFlags::empty(),
         };
-        self.pd()
+        Ok(self
+            .pd()
             .device()
-            .backend_ref()
-            .bind_mw(self.handle(), wr_id, mw.handle, bind, true)
+            .provider()
+            .bind_mw(self.handle(), wr_id, mw.handle, bind, true)?
+            .value())
     }
 
     /// Bind type 2 window `mw` to `range` (byte offsets into `mr`) with the remote rights

@@ -14,6 +14,7 @@ use crate::cq::Cq;
 use crate::device::Device;
 use crate::handshake::{Endpoint, RemoteMr};
 use crate::mr::{MemoryRegion, RawMemoryRegion, RegisterableBuffer};
+use crate::provider::{Provider, QpHandle, RawQp};
 use crate::ud::{AddressHandle, Srq};
 use crate::{Error, Result};
 
@@ -32,7 +33,7 @@ struct PdInner {
 
 impl Drop for PdInner {
     fn drop(&mut self) {
-        if let Err(e) = self.dev.backend_ref().dealloc_pd(self.handle) {
+        if let Err(e) = self.dev.provider().dealloc_pd(self.handle) {
             tracing::warn!(error = %e, "dealloc_pd failed");
         }
     }
@@ -224,16 +225,16 @@ impl QpBuilder {
         }
         let init = QpInitAttr {
             pd: self.pd.handle(),
-            send_cq: self.send_cq.inner.handle,
-            recv_cq: self.recv_cq.inner.handle,
+            send_cq: self.send_cq.handle(),
+            recv_cq: self.recv_cq.handle(),
             cap: self.cap,
             qp_type: self.qp_type,
             sq_sig_all: self.sq_sig_all,
         };
-        let (handle, qpn) = self
+        let raw = self
             .pd
             .device()
-            .backend_ref()
+            .provider()
             .create_qp(&init, self.srq.as_ref().map(|s| s.inner.handle))?;
         let qp = Qp {
             inner: Arc::new(QpInner {
@@ -241,9 +242,8 @@ impl QpBuilder {
                 _send_cq: self.send_cq,
                 _recv_cq: self.recv_cq,
                 _srq: self.srq,
-                handle,
-                qpn,
-                psn: initial_psn(qpn),
+                raw,
+                psn: initial_psn(raw.qpn.value()),
             }),
         };
         if self.qp_type == QpType::Ud {
@@ -333,16 +333,14 @@ struct QpInner {
     _send_cq: Cq,
     _recv_cq: Cq,
     _srq: Option<Srq>,
-    /// What the backend names the QP by: the QPN (embedded) or the daemon connection's
-    /// handle.
-    handle: u32,
-    qpn: u32,
+    /// Its handle (what the provider names it by) and number.
+    raw: RawQp,
     psn: u32,
 }
 
 impl Drop for QpInner {
     fn drop(&mut self) {
-        if let Err(e) = self.pd.device().backend_ref().destroy_qp(self.handle) {
+        if let Err(e) = self.pd.device().provider().destroy_qp(self.raw.handle) {
             tracing::warn!(error = %e, "destroy_qp failed");
         }
     }
@@ -357,13 +355,13 @@ fn smaller(a: Mtu, b: Mtu) -> Mtu {
 }
 
 impl Qp {
-    fn backend(&self) -> &crate::backend::Backend {
-        self.inner.pd.device().backend_ref()
+    fn provider(&self) -> &dyn Provider {
+        self.inner.pd.device().provider()
     }
 
-    /// What the backend names this QP by.
-    pub(crate) fn handle(&self) -> u32 {
-        self.inner.handle
+    /// What the provider names this QP by.
+    pub(crate) fn handle(&self) -> QpHandle {
+        self.inner.raw.handle
     }
 
     /// RESET → INIT (P_Key index, port, Q_Key) → RTR → RTS (first PSN) for a UD QP.
@@ -421,12 +419,12 @@ impl Qp {
             remote_qpn,
             remote_qkey: qkey,
         };
-        self.backend().post_send_ud(self.inner.handle, wr, dest)
+        self.provider().post_send_ud(self.handle(), wr, dest)
     }
 
     /// The QP number.
     pub fn qpn(&self) -> u32 {
-        self.inner.qpn
+        self.inner.raw.qpn.value()
     }
 
     /// The PSN this QP starts sending with (what the peer's `rq_psn` must be).
@@ -441,7 +439,7 @@ impl Qp {
 
     /// Current attributes (`ibv_query_qp`).
     pub fn query(&self) -> Result<QpAttr> {
-        self.backend().query_qp(self.inner.handle)
+        self.provider().query_qp(self.handle())
     }
 
     /// Current state.
@@ -451,14 +449,14 @@ impl Qp {
 
     /// Raw `ibv_modify_qp`: the attributes `mask` selects, checked against the IBA table.
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
-        self.backend().modify_qp(self.inner.handle, attr, mask)
+        self.provider().modify_qp(self.handle(), attr, mask)
     }
 
     /// What the peer needs to connect to this QP (with `mr` advertised if given).
     pub fn endpoint(&self, mr: Option<RemoteMr>) -> Result<Endpoint> {
         let dev = self.inner.pd.device();
         Ok(Endpoint {
-            qpn: self.inner.qpn,
+            qpn: self.qpn(),
             psn: self.inner.psn,
             gid: dev.gid(0)?,
             mtu: dev.query_port()?.active_mtu,
@@ -554,12 +552,12 @@ impl Qp {
     /// of it, or of a later signaled WR, has been polled (on the embedded device already
     /// once it is acknowledged): signal now and then.
     pub fn post_send(&self, wr: SendWr) -> Result<()> {
-        self.backend().post_send(self.inner.handle, wr)
+        self.provider().post_send(self.handle(), wr)
     }
 
     /// Post a receive work request (`ibv_post_recv`).
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
-        self.backend().post_recv(self.inner.handle, wr)
+        self.provider().post_recv(self.handle(), wr)
     }
 
     /// Post a receive of `sges` (scatter list).

@@ -4,7 +4,10 @@
 //! destroys them on drop. A C ABI cannot work that way: the C program owns every object and
 //! names it by a pointer, so the layer underneath needs plain handles it creates and destroys
 //! on request. [`RawDevice`] (from [`Device::raw`]) is that layer: one call per verb, on
-//! either backend (embedded engine or `softrdmad`), with the engine's handle newtypes.
+//! either backend (embedded engine or `softrdmad`), with the engine's handle newtypes, a
+//! [`QpHandle`] for a QP (not its [`Qpn`]), and [`Lkey`] / [`Rkey`] for the keys. Every
+//! failure is one [`crate::Error`], the same on both backends; [`crate::Error::errno`]
+//! gives the errno libibverbs would.
 //!
 //! Nothing here checks that a handle belongs to the caller's objects beyond what the device
 //! itself checks (a stale or foreign handle is a [`crate::VerbsError`] or a daemon refusal,
@@ -21,7 +24,9 @@ use engine::{
     SrqAttrMask, WorkCompletion,
 };
 
-use crate::backend::{Backend, BackendKind, Notifier};
+pub use crate::provider::{Lkey, QpHandle, Qpn, RawMr, RawQp, Rkey};
+use crate::provider::{Provider, ProviderCq};
+use crate::BackendKind;
 
 use crate::device::Device;
 use crate::{Error, Result};
@@ -34,29 +39,7 @@ pub use engine::{
 /// device: cheap to make for every call.
 #[derive(Debug, Clone, Copy)]
 pub struct RawDevice<'a> {
-    backend: &'a Backend,
-}
-
-/// A registered memory region's handle and keys (`ibv_mr`'s `handle`, `lkey`, `rkey`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RawMr {
-    /// Names the region in [`RawDevice::dereg_mr`].
-    pub handle: MrHandle,
-    /// Local key, for SGEs of this process's work requests.
-    pub lkey: u32,
-    /// Remote key, for peers' RDMA operations.
-    pub rkey: u32,
-}
-
-/// A queue pair's handle and number. On the embedded backend they are equal; on the daemon
-/// the handle is the connection's name for the QP and the QPN is the one on the wire (and in
-/// completions and asynchronous events).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RawQp {
-    /// Names the QP in the QP verbs of [`RawDevice`].
-    pub handle: u32,
-    /// The QP number peers address.
-    pub qpn: u32,
+    provider: &'a dyn Provider,
 }
 
 /// A completion queue: its handle plus what polling and waiting need (the embedded
@@ -64,26 +47,25 @@ pub struct RawQp {
 /// it does not destroy the CQ: call [`RawDevice::destroy_cq`] first.
 #[derive(Debug)]
 pub struct RawCq {
-    handle: CqHandle,
-    notifier: Notifier,
+    cq: Box<dyn ProviderCq>,
 }
 
 impl RawCq {
     /// The CQ's handle (`ibv_cq.handle`; what [`AsyncEvent::CqErr`] names).
     pub fn handle(&self) -> CqHandle {
-        self.handle
+        self.cq.handle()
     }
 
     /// The CQ's completion descriptor: readable after [`RawDevice::arm_cq`] once a
     /// completion arrives (an `ibv_comp_channel` fd can be a duplicate of it). Read it, or
     /// call [`RawCq::clear_event`], to consume the notification.
     pub fn event_fd(&self) -> BorrowedFd<'_> {
-        self.notifier.as_fd()
+        self.cq.event_fd()
     }
 
     /// Consume a pending completion notification without blocking; true if there was one.
     pub fn clear_event(&self) -> bool {
-        self.notifier.clear()
+        self.cq.clear_event()
     }
 }
 
@@ -139,7 +121,7 @@ impl Device {
     /// The handle-level verbs of this device, for FFI layers (see [`crate::raw`]).
     pub fn raw(&self) -> RawDevice<'_> {
         RawDevice {
-            backend: self.backend_ref(),
+            provider: self.provider(),
         }
     }
 }
@@ -147,17 +129,17 @@ impl Device {
 impl RawDevice<'_> {
     /// Which backend the device runs on.
     pub fn kind(&self) -> BackendKind {
-        self.backend.kind()
+        self.provider.kind()
     }
 
     /// A new protection domain (`ibv_alloc_pd`).
     pub fn alloc_pd(&self) -> Result<PdHandle> {
-        self.backend.alloc_pd()
+        self.provider.alloc_pd()
     }
 
     /// Free a protection domain (`ibv_dealloc_pd`); refused while objects use it.
     pub fn dealloc_pd(&self, pd: PdHandle) -> Result<()> {
-        self.backend.dealloc_pd(pd)
+        self.provider.dealloc_pd(pd)
     }
 
     /// Register `len` bytes at `addr` in `pd` (`ibv_reg_mr`).
@@ -181,13 +163,8 @@ impl RawDevice<'_> {
         len: usize,
         access: AccessFlags,
     ) -> Result<RawMr> {
-        // SAFETY: this function's contract is the one Backend::reg_mr asks for.
-        let (handle, lkey, rkey) = unsafe { self.backend.reg_mr(pd, addr, len, access)? };
-        Ok(RawMr {
-            handle: MrHandle(handle),
-            lkey,
-            rkey,
-        })
+        // SAFETY: this function's contract is the one Provider::reg_mr asks for.
+        unsafe { self.provider.reg_mr(pd, addr, len, access) }
     }
 
     /// Change a region in place (`ibv_rereg_mr`): `CHANGE_TRANSLATION` makes it cover
@@ -208,174 +185,169 @@ impl RawDevice<'_> {
         len: usize,
         access: AccessFlags,
     ) -> Result<RawMr> {
-        // SAFETY: this function's contract is the one Backend::rereg_mr asks for.
-        let (lkey, rkey) = unsafe { self.backend.rereg_mr(mr.0, flags, pd, addr, len, access)? };
-        Ok(RawMr {
-            handle: mr,
-            lkey,
-            rkey,
-        })
+        // SAFETY: this function's contract is the one Provider::rereg_mr asks for.
+        unsafe { self.provider.rereg_mr(mr, flags, pd, addr, len, access) }
     }
 
     /// Deregister a region (`ibv_dereg_mr`): once this returns `Ok`, the device never touches
     /// its memory again.
     pub fn dereg_mr(&self, mr: MrHandle) -> Result<()> {
-        self.backend.dereg_mr(mr.0)
+        self.provider.dereg_mr(mr)
     }
 
     /// A completion queue with room for `depth` completions (`ibv_create_cq`).
     pub fn create_cq(&self, depth: u32) -> Result<RawCq> {
-        let (handle, notifier) = self.backend.create_cq(depth)?;
-        Ok(RawCq { handle, notifier })
+        Ok(RawCq {
+            cq: self.provider.create_cq(depth)?,
+        })
     }
 
     /// Destroy a CQ (`ibv_destroy_cq`); refused while QPs use it. Drop the [`RawCq`] after.
     pub fn destroy_cq(&self, cq: &RawCq) -> Result<()> {
-        self.backend.destroy_cq(cq.handle)
+        self.provider.destroy_cq(cq.handle())
     }
 
     /// Up to `max` completions, oldest first (`ibv_poll_cq`); never blocks (on the daemon it
     /// reads the CQ's shared-memory ring with no system call).
     pub fn poll_cq(&self, cq: &RawCq, max: usize) -> Result<Vec<WorkCompletion>> {
-        self.backend.poll_cq(cq.handle, &cq.notifier, max)
+        self.provider.poll_cq(&*cq.cq, max)
     }
 
     /// Completions into `out`, oldest first, as many as wait and fit; returns how many.
     /// Allocates nothing (on the daemon the completions are read from the CQ's ring).
     pub fn poll_cq_into(&self, cq: &RawCq, out: &mut [WorkCompletion]) -> Result<usize> {
-        self.backend.poll_cq_into(cq.handle, &cq.notifier, out)
+        self.provider.poll_cq_into(&*cq.cq, out)
     }
 
     /// Room for `cqe` completions from now on (`ibv_resize_cq`); returns the size the CQ
     /// has now. Refused (EINVAL) while more completions than that wait in it.
     pub fn resize_cq(&self, cq: &RawCq, cqe: u32) -> Result<u32> {
-        self.backend.resize_cq(cq.handle, &cq.notifier, cqe)
+        cq.cq.resize(cqe)
     }
 
     /// Completions waiting in the CQ.
     pub fn cq_len(&self, cq: &RawCq) -> Result<usize> {
-        self.backend.cq_len(cq.handle, &cq.notifier)
+        cq.cq.len()
     }
 
     /// Ask for one notification on [`RawCq::event_fd`] at the next completion
     /// (`ibv_req_notify_cq`; `solicited_only`: only for solicited ones and errors).
     pub fn arm_cq(&self, cq: &RawCq, solicited_only: bool) -> Result<()> {
-        self.backend.arm_cq(cq.handle, solicited_only)
+        cq.cq.arm(solicited_only)
     }
 
     /// Sleep until the CQ has a completion or `timeout` passes (arms the CQ on the daemon
     /// backend, so a CQ whose events a program consumes may see an extra one).
     pub fn wait_cq(&self, cq: &RawCq, timeout: Option<Duration>) -> Result<()> {
-        self.backend.wait_cq(cq.handle, &cq.notifier, timeout)
+        cq.cq.wait(timeout)
     }
 
     /// A new QP in RESET (`ibv_create_qp`), fed by `srq` if given.
     pub fn create_qp(&self, init: &QpInitAttr, srq: Option<SrqHandle>) -> Result<RawQp> {
-        let (handle, qpn) = self.backend.create_qp(init, srq)?;
-        Ok(RawQp { handle, qpn })
+        self.provider.create_qp(init, srq)
     }
 
     /// Destroy a QP (`ibv_destroy_qp`).
-    pub fn destroy_qp(&self, qp: u32) -> Result<()> {
-        self.backend.destroy_qp(qp)
+    pub fn destroy_qp(&self, qp: QpHandle) -> Result<()> {
+        self.provider.destroy_qp(qp)
     }
 
     /// Change the QP's attributes named by `mask` (`ibv_modify_qp`).
-    pub fn modify_qp(&self, qp: u32, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
-        self.backend.modify_qp(qp, attr, mask)
+    pub fn modify_qp(&self, qp: QpHandle, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        self.provider.modify_qp(qp, attr, mask)
     }
 
     /// Every attribute of the QP (`ibv_query_qp`).
-    pub fn query_qp(&self, qp: u32) -> Result<QpAttr> {
-        self.backend.query_qp(qp)
+    pub fn query_qp(&self, qp: QpHandle) -> Result<QpAttr> {
+        self.provider.query_qp(qp)
     }
 
     /// Post one send work request on a connected QP (`ibv_post_send`).
-    pub fn post_send(&self, qp: u32, wr: SendWr) -> Result<()> {
-        self.backend.post_send(qp, wr)
+    pub fn post_send(&self, qp: QpHandle, wr: SendWr) -> Result<()> {
+        self.provider.post_send(qp, wr)
     }
 
     /// Post one send work request on a UD QP to `dest` (`ibv_post_send` with `wr.ud`).
-    pub fn post_send_ud(&self, qp: u32, wr: SendWr, dest: UdDest) -> Result<()> {
-        self.backend.post_send_ud(qp, wr, dest)
+    pub fn post_send_ud(&self, qp: QpHandle, wr: SendWr, dest: UdDest) -> Result<()> {
+        self.provider.post_send_ud(qp, wr, dest)
     }
 
     /// Post one receive work request (`ibv_post_recv`).
-    pub fn post_recv(&self, qp: u32, wr: RecvWr) -> Result<()> {
-        self.backend.post_recv(qp, wr)
+    pub fn post_recv(&self, qp: QpHandle, wr: RecvWr) -> Result<()> {
+        self.provider.post_recv(qp, wr)
     }
 
     /// A shared receive queue (`ibv_create_srq`).
     pub fn create_srq(&self, pd: PdHandle, attr: &SrqAttr) -> Result<SrqHandle> {
-        self.backend.create_srq(pd, attr)
+        self.provider.create_srq(pd, attr)
     }
 
     /// Destroy an SRQ (`ibv_destroy_srq`).
     pub fn destroy_srq(&self, srq: SrqHandle) -> Result<()> {
-        self.backend.destroy_srq(srq)
+        self.provider.destroy_srq(srq)
     }
 
     /// Post one receive work request to an SRQ (`ibv_post_srq_recv`).
     pub fn post_srq_recv(&self, srq: SrqHandle, wr: RecvWr) -> Result<()> {
-        self.backend.post_srq_recv(srq, wr)
+        self.provider.post_srq_recv(srq, wr)
     }
 
     /// Resize an SRQ or arm its limit (`ibv_modify_srq`).
     pub fn modify_srq(&self, srq: SrqHandle, attr: &SrqAttr, mask: SrqAttrMask) -> Result<()> {
-        self.backend.modify_srq(srq, attr, mask)
+        self.provider.modify_srq(srq, attr, mask)
     }
 
     /// An SRQ's size and limit (`ibv_query_srq`).
     pub fn query_srq(&self, srq: SrqHandle) -> Result<SrqAttr> {
-        self.backend.query_srq(srq)
+        self.provider.query_srq(srq)
     }
 
     /// An address handle for UD sends (`ibv_create_ah`).
     pub fn create_ah(&self, pd: PdHandle, attr: &AhAttr) -> Result<AhHandle> {
-        self.backend.create_ah(pd, attr)
+        self.provider.create_ah(pd, attr)
     }
 
     /// Destroy an address handle (`ibv_destroy_ah`).
     pub fn destroy_ah(&self, ah: AhHandle) -> Result<()> {
-        self.backend.destroy_ah(ah)
+        self.provider.destroy_ah(ah)
     }
 
     /// A memory window (`ibv_alloc_mw`); returns its handle and first rkey.
-    pub fn alloc_mw(&self, pd: PdHandle, mw_type: MwType) -> Result<(MwHandle, u32)> {
-        self.backend.alloc_mw(pd, mw_type)
+    pub fn alloc_mw(&self, pd: PdHandle, mw_type: MwType) -> Result<(MwHandle, Rkey)> {
+        self.provider.alloc_mw(pd, mw_type)
     }
 
     /// Free a memory window (`ibv_dealloc_mw`).
     pub fn dealloc_mw(&self, mw: MwHandle) -> Result<()> {
-        self.backend.dealloc_mw(mw)
+        self.provider.dealloc_mw(mw)
     }
 
     /// A window's current rkey and whether it is bound.
-    pub fn query_mw(&self, mw: MwHandle) -> Result<(u32, bool)> {
-        self.backend.query_mw(mw)
+    pub fn query_mw(&self, mw: MwHandle) -> Result<(Rkey, bool)> {
+        self.provider.query_mw(mw)
     }
 
     /// Bind a type 1 window through QP `qp` (`ibv_bind_mw`); returns the rkey it will have.
     pub fn bind_mw(
         &self,
-        qp: u32,
+        qp: QpHandle,
         wr_id: u64,
         mw: MwHandle,
         bind: MwBind,
         signaled: bool,
-    ) -> Result<u32> {
-        self.backend.bind_mw(qp, wr_id, mw, bind, signaled)
+    ) -> Result<Rkey> {
+        self.provider.bind_mw(qp, wr_id, mw, bind, signaled)
     }
 
     /// The next asynchronous event, without blocking (`ibv_get_async_event` on a
     /// non-blocking `async_fd`). Events name QPs by QPN, CQs and SRQs by handle.
     pub fn async_event(&self) -> Result<Option<AsyncEvent>> {
-        self.backend.async_event()
+        self.provider.async_event()
     }
 
     /// Sleep until an asynchronous event may be there, at most `timeout` (wakeups can be
     /// spurious: take events with [`RawDevice::async_event`]).
     pub fn wait_async_event(&self, timeout: Option<Duration>) -> Result<()> {
-        self.backend.wait_async_event(timeout)
+        self.provider.wait_async_event(timeout)
     }
 }

@@ -22,7 +22,7 @@ pub(crate) struct SrqInner {
 
 impl Drop for SrqInner {
     fn drop(&mut self) {
-        if let Err(e) = self.pd.device().backend_ref().destroy_srq(self.handle) {
+        if let Err(e) = self.pd.device().provider().destroy_srq(self.handle) {
             tracing::warn!(error = %e, "destroy_srq failed");
         }
     }
@@ -35,7 +35,7 @@ impl Srq {
             max_sge,
             srq_limit: 0,
         };
-        let handle = pd.device().backend_ref().create_srq(pd.handle(), &attr)?;
+        let handle = pd.device().provider().create_srq(pd.handle(), &attr)?;
         Ok(Srq {
             inner: Arc::new(SrqInner {
                 pd: pd.clone(),
@@ -49,7 +49,7 @@ impl Srq {
         self.inner
             .pd
             .device()
-            .backend_ref()
+            .provider()
             .post_srq_recv(self.inner.handle, wr)
     }
 
@@ -64,7 +64,7 @@ impl Srq {
         self.inner
             .pd
             .device()
-            .backend_ref()
+            .provider()
             .query_srq(self.inner.handle)
     }
 
@@ -87,17 +87,13 @@ impl Srq {
         self.inner
             .pd
             .device()
-            .backend_ref()
+            .provider()
             .modify_srq(self.inner.handle, attr, mask)
     }
 
     /// Receive WRs waiting.
     pub fn len(&self) -> Result<usize> {
-        self.inner
-            .pd
-            .device()
-            .backend_ref()
-            .srq_len(self.inner.handle)
+        self.inner.pd.device().provider().srq_len(self.inner.handle)
     }
 
     /// No receive WRs waiting.
@@ -120,7 +116,7 @@ pub struct AddressHandle {
 
 impl Drop for AddressHandle {
     fn drop(&mut self) {
-        if let Err(e) = self.pd.device().backend_ref().destroy_ah(self.handle) {
+        if let Err(e) = self.pd.device().provider().destroy_ah(self.handle) {
             tracing::warn!(error = %e, "destroy_ah failed");
         }
     }
@@ -128,7 +124,7 @@ impl Drop for AddressHandle {
 
 impl AddressHandle {
     pub(crate) fn new(pd: &Pd, attr: &AhAttr) -> Result<AddressHandle> {
-        let handle = pd.device().backend_ref().create_ah(pd.handle(), attr)?;
+        let handle = pd.device().provider().create_ah(pd.handle(), attr)?;
         Ok(AddressHandle {
             pd: pd.clone(),
             handle,

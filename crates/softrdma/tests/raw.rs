@@ -8,7 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::open_pair_on;
-use softrdma::raw::{PdHandle, QpInitAttr, SrqHandle};
+use softrdma::raw::{PdHandle, QpHandle, QpInitAttr, SrqHandle};
 use softrdma::{
     AccessFlags, AhAttr, Device, QpAttr, QpAttrMask, QpCap, QpState, QpType, RawCq, RawMr, RawQp,
     RecvWr, SendOp, SendWr, Sge, SrqAttr, SrqAttrMask, WcOpcode, WcStatus, WorkCompletion,
@@ -109,7 +109,7 @@ fn connect(s: &Side, peer: &Side) {
     let rtr = QpAttr {
         qp_state: QpState::Rtr,
         path_mtu: s.dev.query_port().unwrap().active_mtu,
-        dest_qp_num: peer.qp.qpn,
+        dest_qp_num: peer.qp.qpn.value(),
         rq_psn: 100,
         max_dest_rd_atomic: 1,
         min_rnr_timer: 1,
@@ -190,12 +190,12 @@ on_both_backends! {
 
         // SEND into a posted receive; the receiver's CQ was armed, so its descriptor fires.
         let rb = bs.dev.raw();
-        let recv = RecvWr::new(7, vec![Sge::new(bs.ptr as u64, 64, bs.mr.lkey)]);
+        let recv = RecvWr::new(7, vec![Sge::new(bs.ptr as u64, 64, bs.mr.lkey.value())]);
         rb.post_recv(bs.qp.handle, recv).unwrap();
         rb.arm_cq(&bs.cq, false).unwrap();
         a.put(0, b"hello raw");
         let ra = a.dev.raw();
-        let send = SendWr::new(1, SendOp::Send, vec![Sge::new(a.ptr as u64, 9, a.mr.lkey)]);
+        let send = SendWr::new(1, SendOp::Send, vec![Sge::new(a.ptr as u64, 9, a.mr.lkey.value())]);
         ra.post_send(a.qp.handle, send).unwrap();
         let wc = next_completion(&a);
         assert_eq!((wc.wr_id, wc.status), (1, WcStatus::Success));
@@ -203,7 +203,7 @@ on_both_backends! {
         let wc = next_completion(&bs);
         assert_eq!((wc.wr_id, wc.status, wc.opcode), (7, WcStatus::Success, WcOpcode::Recv));
         assert_eq!(wc.byte_len, 9);
-        assert_eq!(wc.qp_num, bs.qp.qpn);
+        assert_eq!(wc.qp_num, bs.qp.qpn.value());
         assert_eq!(bs.bytes(0, 9), b"hello raw");
 
         // RDMA WRITE to b's rkey, at offset 100.
@@ -212,9 +212,9 @@ on_both_backends! {
             2,
             SendOp::RdmaWrite {
                 remote_addr: bs.ptr as u64 + 100,
-                rkey: bs.mr.rkey,
+                rkey: bs.mr.rkey.value(),
             },
-            vec![Sge::new(a.ptr as u64 + 16, 7, a.mr.lkey)],
+            vec![Sge::new(a.ptr as u64 + 16, 7, a.mr.lkey.value())],
         );
         ra.post_send(a.qp.handle, write).unwrap();
         let wc = next_completion(&a);
@@ -231,8 +231,8 @@ on_both_backends! {
         let pd = raw.alloc_pd().unwrap();
         raw.dealloc_pd(pd).unwrap();
         assert!(raw.dealloc_pd(pd).is_err());
-        assert!(raw.query_qp(0xdead).is_err());
-        assert!(raw.destroy_qp(0xdead).is_err());
+        assert!(raw.query_qp(QpHandle(0xdead)).is_err());
+        assert!(raw.destroy_qp(QpHandle(0xdead)).is_err());
         assert!(raw.async_event().unwrap().is_none());
     }
 
@@ -245,7 +245,7 @@ on_both_backends! {
         connect(&bs, &a);
         let rb = bs.dev.raw();
         for i in 0..4u64 {
-            let sge = Sge::new(bs.ptr as u64 + i * 64, 64, bs.mr.lkey);
+            let sge = Sge::new(bs.ptr as u64 + i * 64, 64, bs.mr.lkey.value());
             rb.post_srq_recv(srq, RecvWr::new(i, vec![sge])).unwrap();
         }
         let limit = SrqAttr {
@@ -255,7 +255,7 @@ on_both_backends! {
         rb.modify_srq(srq, &limit, SrqAttrMask::LIMIT).unwrap();
         let ra = a.dev.raw();
         for i in 0..2u64 {
-            let send = SendWr::new(i, SendOp::Send, vec![Sge::new(a.ptr as u64, 8, a.mr.lkey)]);
+            let send = SendWr::new(i, SendOp::Send, vec![Sge::new(a.ptr as u64, 8, a.mr.lkey.value())]);
             ra.post_send(a.qp.handle, send).unwrap();
             assert_eq!(next_completion(&a).status, WcStatus::Success);
             assert_eq!(next_completion(&bs).status, WcStatus::Success);

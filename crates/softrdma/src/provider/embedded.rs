@@ -1,0 +1,306 @@
+//! The embedded provider: the engine hosted by a [`Runtime`] in this process, on its own
+//! UDP socket. Every verb is the engine's, under the runtime's lock; a QP's handle is its
+//! number.
+
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::Arc;
+use std::time::Duration;
+
+use engine::{
+    AccessFlags, AhAttr, AhHandle, AsyncEvent, CqHandle, DeviceAttr, Gid, MrHandle, MwBind,
+    MwHandle, MwType, PdHandle, PortAttr, QpAttr, QpAttrMask, QpInitAttr, RecvWr, ReregFlags,
+    SendWr, SrqAttr, SrqAttrMask, SrqHandle, UdDest, WorkCompletion,
+};
+use runtime::{CqNotifier, EngineGuard, Runtime};
+
+use super::{BackendKind, Lkey, Provider, ProviderCq, QpHandle, Qpn, RawMr, RawQp, Rkey};
+use crate::Result;
+
+/// The embedded engine of one open device.
+#[derive(Debug)]
+pub(crate) struct Embedded {
+    /// Shared with the device's CQs, which poll and wait through it.
+    rt: Arc<Runtime>,
+}
+
+impl Embedded {
+    /// The provider over a started runtime.
+    pub(crate) fn new(rt: Runtime) -> Embedded {
+        Embedded { rt: Arc::new(rt) }
+    }
+}
+
+/// The engine names its QPs by number: that number is the handle.
+fn qpn(qp: QpHandle) -> u32 {
+    qp.0
+}
+
+/// A region's keys as the engine hands them out.
+fn raw_mr(k: engine::MrKeys) -> RawMr {
+    RawMr {
+        handle: k.handle,
+        lkey: Lkey(k.lkey),
+        rkey: Rkey(k.rkey),
+    }
+}
+
+impl Provider for Embedded {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Embedded
+    }
+
+    fn runtime(&self) -> Option<&Runtime> {
+        Some(&self.rt)
+    }
+
+    fn lock_out(&self) -> Option<EngineGuard<'_>> {
+        Some(self.rt.lock())
+    }
+
+    fn local_addr(&self) -> SocketAddr {
+        self.rt.local_addr()
+    }
+
+    fn query_device(&self) -> DeviceAttr {
+        self.rt.lock().query_device()
+    }
+
+    fn query_port(&self) -> Result<PortAttr> {
+        Ok(self.rt.lock().query_port(1)?)
+    }
+
+    fn gid(&self, index: u32) -> Result<Gid> {
+        Ok(self.rt.lock().query_gid(1, index)?)
+    }
+
+    fn gids(&self) -> Vec<Gid> {
+        let e = self.rt.lock();
+        (0..).map_while(|i| e.query_gid(1, i).ok()).collect()
+    }
+
+    fn counters(&self) -> Result<engine::Counters> {
+        Ok(self.rt.lock().counters().clone())
+    }
+
+    fn counter_values(&self) -> Result<Vec<(String, u64)>> {
+        Ok(self
+            .rt
+            .lock()
+            .counters()
+            .iter()
+            .map(|(c, n)| (c.name().to_string(), n))
+            .collect())
+    }
+
+    fn poll_progress(&self) -> usize {
+        self.rt.poll_progress()
+    }
+
+    fn async_event(&self) -> Result<Option<AsyncEvent>> {
+        Ok(self.rt.get_async_event())
+    }
+
+    fn wait_async_event(&self, timeout: Option<Duration>) -> Result<()> {
+        Ok(runtime::wait_readable(self.rt.async_event_fd(), timeout)?)
+    }
+
+    fn async_event_fd(&self) -> BorrowedFd<'_> {
+        self.rt.async_event_fd()
+    }
+
+    fn alloc_pd(&self) -> Result<PdHandle> {
+        Ok(self.rt.lock().alloc_pd()?)
+    }
+
+    fn dealloc_pd(&self, pd: PdHandle) -> Result<()> {
+        Ok(self.rt.lock().dealloc_pd(pd)?)
+    }
+
+    #[allow(unsafe_code)]
+    unsafe fn reg_mr(
+        &self,
+        pd: PdHandle,
+        addr: *mut u8,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<RawMr> {
+        // SAFETY: forwarded from this function's contract.
+        let k = unsafe { self.rt.lock().reg_mr(pd, addr, len, access)? };
+        Ok(raw_mr(k))
+    }
+
+    #[allow(unsafe_code)]
+    unsafe fn rereg_mr(
+        &self,
+        mr: MrHandle,
+        flags: ReregFlags,
+        pd: PdHandle,
+        addr: *mut u8,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<RawMr> {
+        // SAFETY: forwarded from this function's contract.
+        let k = unsafe { self.rt.lock().rereg_mr(mr, flags, pd, addr, len, access)? };
+        Ok(raw_mr(k))
+    }
+
+    fn dereg_mr(&self, mr: MrHandle) -> Result<()> {
+        Ok(self.rt.lock().dereg_mr(mr)?)
+    }
+
+    fn create_cq(&self, depth: u32) -> Result<Box<dyn ProviderCq>> {
+        let handle = self.rt.lock().create_cq(depth)?;
+        match self.rt.cq_notifier(handle) {
+            Ok(notifier) => Ok(Box::new(EmbeddedCq {
+                rt: self.rt.clone(),
+                handle,
+                notifier,
+            })),
+            Err(e) => {
+                let _ = self.rt.lock().destroy_cq(handle);
+                Err(e.into())
+            }
+        }
+    }
+
+    fn destroy_cq(&self, cq: CqHandle) -> Result<()> {
+        Ok(self.rt.lock().destroy_cq(cq)?)
+    }
+
+    fn create_qp(&self, init: &QpInitAttr, srq: Option<SrqHandle>) -> Result<RawQp> {
+        let qpn = match srq {
+            Some(s) => self.rt.lock().create_qp_with_srq(init, s)?,
+            None => self.rt.lock().create_qp(init)?,
+        };
+        Ok(RawQp {
+            handle: QpHandle(qpn),
+            qpn: Qpn::new(qpn),
+        })
+    }
+
+    fn destroy_qp(&self, qp: QpHandle) -> Result<()> {
+        Ok(self.rt.lock().destroy_qp(qpn(qp))?)
+    }
+
+    fn modify_qp(&self, qp: QpHandle, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        Ok(self.rt.lock().modify_qp(qpn(qp), attr, mask)?)
+    }
+
+    fn query_qp(&self, qp: QpHandle) -> Result<QpAttr> {
+        Ok(self.rt.lock().query_qp(qpn(qp))?)
+    }
+
+    fn post_send(&self, qp: QpHandle, wr: SendWr) -> Result<()> {
+        Ok(self.rt.lock().post_send(qpn(qp), wr)?)
+    }
+
+    fn post_send_ud(&self, qp: QpHandle, wr: SendWr, dest: UdDest) -> Result<()> {
+        Ok(self.rt.lock().post_send_ud(qpn(qp), wr, dest)?)
+    }
+
+    fn post_recv(&self, qp: QpHandle, wr: RecvWr) -> Result<()> {
+        Ok(self.rt.lock().post_recv(qpn(qp), wr)?)
+    }
+
+    fn create_srq(&self, pd: PdHandle, attr: &SrqAttr) -> Result<SrqHandle> {
+        Ok(self.rt.lock().create_srq(pd, attr)?)
+    }
+
+    fn destroy_srq(&self, srq: SrqHandle) -> Result<()> {
+        Ok(self.rt.lock().destroy_srq(srq)?)
+    }
+
+    fn post_srq_recv(&self, srq: SrqHandle, wr: RecvWr) -> Result<()> {
+        Ok(self.rt.lock().post_srq_recv(srq, wr)?)
+    }
+
+    fn modify_srq(&self, srq: SrqHandle, attr: &SrqAttr, mask: SrqAttrMask) -> Result<()> {
+        Ok(self.rt.lock().modify_srq(srq, attr, mask)?)
+    }
+
+    fn query_srq(&self, srq: SrqHandle) -> Result<SrqAttr> {
+        Ok(self.rt.lock().query_srq(srq)?)
+    }
+
+    fn srq_len(&self, srq: SrqHandle) -> Result<usize> {
+        Ok(self.rt.lock().srq_len(srq)?)
+    }
+
+    fn create_ah(&self, pd: PdHandle, attr: &AhAttr) -> Result<AhHandle> {
+        Ok(self.rt.lock().create_ah(pd, attr)?)
+    }
+
+    fn destroy_ah(&self, ah: AhHandle) -> Result<()> {
+        Ok(self.rt.lock().destroy_ah(ah)?)
+    }
+
+    fn alloc_mw(&self, pd: PdHandle, mw_type: MwType) -> Result<(MwHandle, Rkey)> {
+        let k = self.rt.lock().alloc_mw(pd, mw_type)?;
+        Ok((k.handle, Rkey(k.rkey)))
+    }
+
+    fn dealloc_mw(&self, mw: MwHandle) -> Result<()> {
+        Ok(self.rt.lock().dealloc_mw(mw)?)
+    }
+
+    fn query_mw(&self, mw: MwHandle) -> Result<(Rkey, bool)> {
+        let (rkey, bound) = self.rt.lock().query_mw(mw)?;
+        Ok((Rkey(rkey), bound))
+    }
+
+    fn bind_mw(
+        &self,
+        qp: QpHandle,
+        wr_id: u64,
+        mw: MwHandle,
+        bind: MwBind,
+        signaled: bool,
+    ) -> Result<Rkey> {
+        let rkey = self.rt.lock().bind_mw(qpn(qp), wr_id, mw, bind, signaled)?;
+        Ok(Rkey(rkey))
+    }
+}
+
+/// A CQ of the embedded engine, with the runtime's notifier for it.
+#[derive(Debug)]
+struct EmbeddedCq {
+    rt: Arc<Runtime>,
+    handle: CqHandle,
+    notifier: Arc<CqNotifier>,
+}
+
+impl ProviderCq for EmbeddedCq {
+    fn handle(&self) -> CqHandle {
+        self.handle
+    }
+
+    fn take(&self, out: &mut [WorkCompletion]) -> Result<usize> {
+        Ok(self.rt.lock().poll_cq_into(self.handle, out)?)
+    }
+
+    fn len(&self) -> Result<usize> {
+        Ok(self.rt.lock().cq_len(self.handle)?)
+    }
+
+    fn resize(&self, cqe: u32) -> Result<u32> {
+        Ok(self.rt.lock().resize_cq(self.handle, cqe)?)
+    }
+
+    fn arm(&self, solicited_only: bool) -> Result<()> {
+        Ok(self.rt.arm_cq_with(self.handle, solicited_only)?)
+    }
+
+    fn wait(&self, timeout: Option<Duration>) -> Result<()> {
+        self.rt.wait_cq(self.handle, timeout)?;
+        Ok(())
+    }
+
+    fn event_fd(&self) -> BorrowedFd<'_> {
+        self.notifier.as_fd()
+    }
+
+    fn clear_event(&self) -> bool {
+        self.notifier.clear()
+    }
+}

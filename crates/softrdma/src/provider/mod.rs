@@ -1,0 +1,398 @@
+//! The provider interface: what a soft RNIC under this API can do, as one table of
+//! operations (rdma-core's `verbs_context_ops` habit), filled once when a device is opened.
+//! Two providers implement it: the embedded engine ([`embedded::Embedded`], a
+//! [`runtime::Runtime`] in this process) and the host daemon `softrdmad`
+//! ([`daemon::Daemon`], reached over its control socket with [`abi::client::Client`], posting
+//! and polling through rings in shared memory). Nothing above this module asks which one
+//! it has, except to say so ([`BackendKind`]).
+//!
+//! Both providers fail with the one [`Error`] type, and the same failure with the same
+//! variant: a verb the device refuses is [`Error::Verbs`] whichever engine refused it (a
+//! refusal the daemon sends for one of its engine's verbs errors is turned back into it),
+//! and [`Error::errno`] is the one errno mapping every caller uses.
+//!
+//! Objects are named by the engine's handle newtypes; a QP by a [`QpHandle`], which is not
+//! its [`Qpn`] (the embedded engine happens to name its QPs by number, the daemon by the
+//! connection's handle).
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::os::fd::BorrowedFd;
+use std::time::Duration;
+
+use engine::{
+    AccessFlags, AhAttr, AhHandle, AsyncEvent, CqHandle, DeviceAttr, Gid, MrHandle, MwBind,
+    MwHandle, MwType, PdHandle, PortAttr, QpAttr, QpAttrMask, QpInitAttr, RecvWr, ReregFlags,
+    SendWr, SrqAttr, SrqAttrMask, SrqHandle, UdDest, WorkCompletion,
+};
+use runtime::{EngineGuard, Runtime};
+
+use crate::{Error, Result};
+
+pub(crate) mod daemon;
+pub(crate) mod embedded;
+pub(crate) mod locate;
+
+pub use wire::types::{Qpn, Rkey};
+
+/// Which soft RNIC a [`crate::Device`] runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BackendKind {
+    /// An engine inside this process, on its own UDP socket (one process per address and
+    /// port).
+    Embedded,
+    /// The host daemon `softrdmad`, shared by every process of the host.
+    Daemon,
+}
+
+/// Environment variable choosing the backend: `embedded` or `daemon`.
+pub const BACKEND_ENV: &str = "SOFTRDMA_BACKEND";
+
+impl BackendKind {
+    /// The backend `$SOFTRDMA_BACKEND` names, if set; an unknown value is an error.
+    pub fn from_env() -> Result<Option<BackendKind>> {
+        match std::env::var(BACKEND_ENV) {
+            Err(_) => Ok(None),
+            Ok(v) => BackendKind::parse(&v),
+        }
+    }
+
+    /// A backend name as `$SOFTRDMA_BACKEND` holds it (any case, blanks around it ignored;
+    /// empty: not set).
+    fn parse(v: &str) -> Result<Option<BackendKind>> {
+        match v.trim().to_ascii_lowercase().as_str() {
+            "" => Ok(None),
+            "embedded" => Ok(Some(BackendKind::Embedded)),
+            "daemon" => Ok(Some(BackendKind::Daemon)),
+            _ => Err(Error::Config(format!(
+                "{BACKEND_ENV}={v}: expected `embedded` or `daemon`"
+            ))),
+        }
+    }
+}
+
+/// What a provider names a queue pair by in its QP verbs: the embedded engine's QP number,
+/// or the daemon connection's handle for it. Not a [`Qpn`]: peers, completions and
+/// asynchronous events name a QP by its number, which only the embedded device also uses
+/// as its handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct QpHandle(pub u32);
+
+/// A 32-bit local key: names a memory region in the SGEs of this process's work requests
+/// (never on the wire, unlike an [`Rkey`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Lkey(pub u32);
+
+impl Lkey {
+    /// The 32-bit value (what an SGE carries).
+    #[inline]
+    pub const fn value(self) -> u32 {
+        self.0
+    }
+}
+
+impl fmt::Display for Lkey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#010x}", self.0)
+    }
+}
+
+/// A registered memory region's handle and keys (`ibv_mr`'s `handle`, `lkey`, `rkey`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawMr {
+    /// Names the region in [`crate::RawDevice::dereg_mr`].
+    pub handle: MrHandle,
+    /// Local key, for SGEs of this process's work requests.
+    pub lkey: Lkey,
+    /// Remote key, for peers' RDMA operations.
+    pub rkey: Rkey,
+}
+
+/// A queue pair's handle and number (see [`QpHandle`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawQp {
+    /// Names the QP in the QP verbs of [`crate::RawDevice`].
+    pub handle: QpHandle,
+    /// The QP number peers address (and completions and asynchronous events name).
+    pub qpn: Qpn,
+}
+
+/// The operations of one open device, implemented once per backend. Every verb of the API
+/// goes through it; a CQ's own operations go through the [`ProviderCq`] it made.
+pub(crate) trait Provider: Send + Sync + fmt::Debug {
+    /// Which backend this is.
+    fn kind(&self) -> BackendKind;
+
+    /// The embedded runtime, if this provider is one.
+    fn runtime(&self) -> Option<&Runtime> {
+        None
+    }
+
+    /// The daemon's device name and pid, if this provider is the daemon's.
+    fn daemon_info(&self) -> Option<(String, u32)> {
+        None
+    }
+
+    /// Lock the device out of registered memory, if it can be: the embedded engine touches
+    /// memory only under its lock; a daemon writes it whenever it likes (`None`).
+    fn lock_out(&self) -> Option<EngineGuard<'_>>;
+
+    /// The address and UDP port the device receives on.
+    fn local_addr(&self) -> SocketAddr;
+    /// `ibv_query_device`.
+    fn query_device(&self) -> DeviceAttr;
+    /// `ibv_query_port` of port 1.
+    fn query_port(&self) -> Result<PortAttr>;
+    /// `ibv_query_gid` of port 1.
+    fn gid(&self, index: u32) -> Result<Gid>;
+    /// Every GID of port 1, in table order.
+    fn gids(&self) -> Vec<Gid>;
+    /// The engine's counters.
+    fn counters(&self) -> Result<engine::Counters>;
+    /// Device counters by name.
+    fn counter_values(&self) -> Result<Vec<(String, u64)>>;
+    /// Drive the device once from this thread (for loops that watch memory); returns the
+    /// packets handled.
+    fn poll_progress(&self) -> usize;
+
+    /// The next asynchronous event, without blocking.
+    fn async_event(&self) -> Result<Option<AsyncEvent>>;
+    /// Sleep until an asynchronous event may be there, at most `timeout`.
+    fn wait_async_event(&self, timeout: Option<Duration>) -> Result<()>;
+    /// Readable when an asynchronous event may be waiting.
+    fn async_event_fd(&self) -> BorrowedFd<'_>;
+
+    /// `ibv_alloc_pd`.
+    fn alloc_pd(&self) -> Result<PdHandle>;
+    /// `ibv_dealloc_pd`.
+    fn dealloc_pd(&self, pd: PdHandle) -> Result<()>;
+
+    /// Register `len` bytes at `addr` (`ibv_reg_mr`).
+    ///
+    /// # Safety
+    ///
+    /// `addr..addr + len` stays valid until [`Provider::dereg_mr`] succeeds, and is reached
+    /// by the application only in ways the device's own accesses cannot invalidate.
+    #[allow(unsafe_code)]
+    unsafe fn reg_mr(
+        &self,
+        pd: PdHandle,
+        addr: *mut u8,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<RawMr>;
+
+    /// Change region `mr` in place (`ibv_rereg_mr`).
+    ///
+    /// # Safety
+    ///
+    /// With `CHANGE_TRANSLATION`, `addr..addr + len` meets [`Provider::reg_mr`]'s contract.
+    #[allow(unsafe_code, clippy::too_many_arguments)]
+    unsafe fn rereg_mr(
+        &self,
+        mr: MrHandle,
+        flags: ReregFlags,
+        pd: PdHandle,
+        addr: *mut u8,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<RawMr>;
+
+    /// `ibv_dereg_mr`: once `Ok`, the device never touches the memory again.
+    fn dereg_mr(&self, mr: MrHandle) -> Result<()>;
+
+    /// Deregister, and make sure the device can no longer reach the memory even if that
+    /// fails (the daemon's connection ends then; see its provider).
+    fn dereg_mr_for_good(&self, mr: MrHandle) {
+        if let Err(e) = self.dereg_mr(mr) {
+            tracing::warn!(error = %e, "dereg_mr failed");
+        }
+    }
+
+    /// `ibv_create_cq`: the CQ, with what polling and waiting on it need.
+    fn create_cq(&self, depth: u32) -> Result<Box<dyn ProviderCq>>;
+    /// `ibv_destroy_cq`.
+    fn destroy_cq(&self, cq: CqHandle) -> Result<()>;
+
+    /// `ibv_create_qp` (in RESET), fed by `srq` if given.
+    fn create_qp(&self, init: &QpInitAttr, srq: Option<SrqHandle>) -> Result<RawQp>;
+    /// `ibv_destroy_qp`.
+    fn destroy_qp(&self, qp: QpHandle) -> Result<()>;
+    /// `ibv_modify_qp`.
+    fn modify_qp(&self, qp: QpHandle, attr: &QpAttr, mask: QpAttrMask) -> Result<()>;
+    /// `ibv_query_qp`.
+    fn query_qp(&self, qp: QpHandle) -> Result<QpAttr>;
+    /// `ibv_post_send` on a connected QP. A full send queue is `VerbsError::QueueFull`.
+    fn post_send(&self, qp: QpHandle, wr: SendWr) -> Result<()>;
+    /// `ibv_post_send` on a UD QP, to `dest`.
+    fn post_send_ud(&self, qp: QpHandle, wr: SendWr, dest: UdDest) -> Result<()>;
+    /// `ibv_post_recv`. A full receive queue is `VerbsError::QueueFull`.
+    fn post_recv(&self, qp: QpHandle, wr: RecvWr) -> Result<()>;
+
+    /// `ibv_create_srq`.
+    fn create_srq(&self, pd: PdHandle, attr: &SrqAttr) -> Result<SrqHandle>;
+    /// `ibv_destroy_srq`.
+    fn destroy_srq(&self, srq: SrqHandle) -> Result<()>;
+    /// `ibv_post_srq_recv`.
+    fn post_srq_recv(&self, srq: SrqHandle, wr: RecvWr) -> Result<()>;
+    /// `ibv_modify_srq`.
+    fn modify_srq(&self, srq: SrqHandle, attr: &SrqAttr, mask: SrqAttrMask) -> Result<()>;
+    /// `ibv_query_srq`.
+    fn query_srq(&self, srq: SrqHandle) -> Result<SrqAttr>;
+    /// Receive WRs waiting in an SRQ.
+    fn srq_len(&self, srq: SrqHandle) -> Result<usize>;
+
+    /// `ibv_create_ah`.
+    fn create_ah(&self, pd: PdHandle, attr: &AhAttr) -> Result<AhHandle>;
+    /// `ibv_destroy_ah`.
+    fn destroy_ah(&self, ah: AhHandle) -> Result<()>;
+
+    /// `ibv_alloc_mw`: the window's handle and first rkey.
+    fn alloc_mw(&self, pd: PdHandle, mw_type: MwType) -> Result<(MwHandle, Rkey)>;
+    /// `ibv_dealloc_mw`.
+    fn dealloc_mw(&self, mw: MwHandle) -> Result<()>;
+    /// The window's current rkey and whether it is bound.
+    fn query_mw(&self, mw: MwHandle) -> Result<(Rkey, bool)>;
+    /// Post the bind verb of a type 1 window on QP `qp` (`ibv_bind_mw`); returns the rkey it
+    /// will have.
+    fn bind_mw(
+        &self,
+        qp: QpHandle,
+        wr_id: u64,
+        mw: MwHandle,
+        bind: MwBind,
+        signaled: bool,
+    ) -> Result<Rkey>;
+}
+
+/// A completion queue as its provider made it: its handle, and what polling and waiting on
+/// it need (the embedded runtime's notifier; the daemon's shared-memory ring and completion
+/// eventfd). Chosen with the provider, so a CQ is never asked of a backend it is not from.
+pub(crate) trait ProviderCq: Send + Sync + fmt::Debug {
+    /// Its handle (what QPs and asynchronous events name it by).
+    fn handle(&self) -> CqHandle;
+    /// Completions into `out`, as many as wait and fit; returns how many. Allocates
+    /// nothing, and does not give the core away when there are none.
+    fn take(&self, out: &mut [WorkCompletion]) -> Result<usize>;
+    /// Completions waiting.
+    fn len(&self) -> Result<usize>;
+    /// `ibv_resize_cq`: room for `cqe` completions; returns the size the CQ has now.
+    /// Refused (`CqTooSmall`, EINVAL) while more completions wait than that.
+    fn resize(&self, cqe: u32) -> Result<u32>;
+    /// `ibv_req_notify_cq`: one notification on [`ProviderCq::event_fd`] at the next
+    /// completion (`solicited_only`: the next solicited or error one).
+    fn arm(&self, solicited_only: bool) -> Result<()>;
+    /// Sleep until the CQ has a completion or `timeout` passes.
+    fn wait(&self, timeout: Option<Duration>) -> Result<()>;
+    /// The notification descriptor: readable after [`ProviderCq::arm`] once a completion
+    /// is there.
+    fn event_fd(&self) -> BorrowedFd<'_>;
+    /// Consume a pending notification; true if there was one.
+    fn clear_event(&self) -> bool;
+}
+
+impl dyn Provider + '_ {
+    /// Called by a thread that looked (at a CQ, at memory) and found nothing, before it
+    /// looks again: see [`relax`].
+    pub(crate) fn relax(&self) {
+        relax(self.kind());
+    }
+
+    /// Up to `max` completions of `cq`, oldest first.
+    pub(crate) fn poll_cq(&self, cq: &dyn ProviderCq, max: usize) -> Result<Vec<WorkCompletion>> {
+        // In turns of a small stack buffer: a large `max` with few completions waiting
+        // costs no large zeroed allocation on every poll.
+        let mut wcs = Vec::new();
+        let mut buf = [WorkCompletion::default(); 32];
+        while wcs.len() < max {
+            let want = (max - wcs.len()).min(buf.len());
+            let n = cq.take(&mut buf[..want])?;
+            wcs.extend_from_slice(&buf[..n]);
+            if n < want {
+                break;
+            }
+        }
+        if wcs.is_empty() {
+            self.relax();
+        }
+        Ok(wcs)
+    }
+
+    /// Completions of `cq` into `out`, as many as wait and fit; returns how many. Allocates
+    /// nothing.
+    pub(crate) fn poll_cq_into(
+        &self,
+        cq: &dyn ProviderCq,
+        out: &mut [WorkCompletion],
+    ) -> Result<usize> {
+        let n = cq.take(out)?;
+        if n == 0 {
+            self.relax();
+        }
+        Ok(n)
+    }
+}
+
+/// Called by a thread that looked and found nothing, before it looks again. On the daemon
+/// the completion it waits for is produced by the daemon's progress thread: with fewer cores
+/// than spinning threads (two busy-polling processes and the daemon on a 2-CPU host), that
+/// thread would wait for a time slice (milliseconds) unless the pollers give the core away
+/// at each empty look.
+pub(crate) fn relax(kind: BackendKind) {
+    if yields_when_idle(kind) {
+        std::thread::yield_now();
+    }
+}
+
+/// Whether a thread that looked for work and found none gives its core away ([`relax`]):
+/// `SOFTRDMA_POLL_YIELD=1` on either backend, `0` never; by default on the daemon when this
+/// process may use fewer than four CPUs.
+fn yields_when_idle(kind: BackendKind) -> bool {
+    static FORCED: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    static FEW_CPUS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let forced = *FORCED.get_or_init(|| {
+        match std::env::var("SOFTRDMA_POLL_YIELD")
+            .as_deref()
+            .map(str::trim)
+        {
+            Ok("1") => Some(true),
+            Ok("0") => Some(false),
+            _ => None,
+        }
+    });
+    forced.unwrap_or_else(|| {
+        // Read once: the count comes from cgroup files, several system calls each time.
+        kind == BackendKind::Daemon
+            && *FEW_CPUS
+                .get_or_init(|| std::thread::available_parallelism().map_or(true, |n| n.get() < 4))
+    })
+}
+
+/// Lock `m`, poisoned or not: a panic while a caller held it leaves what it guards usable
+/// (every call is one request and its whole answer, or one ring operation).
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_names_parse_and_anything_else_is_a_config_error() {
+        assert_eq!(BackendKind::parse("").unwrap(), None);
+        assert_eq!(
+            BackendKind::parse(" Daemon\n").unwrap(),
+            Some(BackendKind::Daemon)
+        );
+        assert_eq!(
+            BackendKind::parse("embedded").unwrap(),
+            Some(BackendKind::Embedded)
+        );
+        assert!(matches!(
+            BackendKind::parse("kernel"),
+            Err(Error::Config(_))
+        ));
+    }
+}
