@@ -138,6 +138,7 @@ pub use qp::QpInitAttr;
 pub use qp_attr::{AccessFlags, AhAttr, PathMtu, QpAttr, QpAttrMask, QpCap, QpState, QpType};
 pub use qp_state::ModifyError;
 pub use time::Instant;
+pub use uc::check_op as check_send_op;
 pub use wr::{
     InlineData, RecvWr, SendFlags, SendOp, SendPayload, SendWr, Sge, SgeList, INLINE_BYTES,
     INLINE_SGES,

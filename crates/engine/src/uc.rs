@@ -20,8 +20,9 @@ use crate::wr::{SendFlags, SendOp};
 use crate::{local, recv_wqe, Ctx, WcStatus};
 
 /// The operations each QP type accepts in `post_send` (IBA 9.8.3 / table of valid opcodes):
-/// UC has no READ, ATOMIC or SEND with invalidate; UD goes through `post_send_ud`.
-pub(crate) fn check_op(qp_type: QpType, op: &SendOp) -> Result<(), VerbsError> {
+/// UC has no READ, ATOMIC or SEND with invalidate; UD goes through `post_send_ud`. Public
+/// for hosts that check a WR before handing it over (the daemon's work rings).
+pub fn check_op(qp_type: QpType, op: &SendOp) -> Result<(), VerbsError> {
     let ok = match qp_type {
         QpType::Rc => true,
         QpType::Uc => matches!(

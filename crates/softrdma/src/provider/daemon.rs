@@ -165,19 +165,10 @@ impl QpRings {
     /// Whether `wr` passes every check the engine makes at post time, so that a WQE in the
     /// ring is taken exactly as the verb would have taken it.
     fn send_ok(&self, wr: &SendWr, ud: bool) -> bool {
-        let op_ok = match (self.qp_type, ud) {
-            (QpType::Rc, false) => true,
-            (QpType::Uc, false) => matches!(
-                wr.op,
-                SendOp::Send
-                    | SendOp::SendWithImm { .. }
-                    | SendOp::RdmaWrite { .. }
-                    | SendOp::RdmaWriteWithImm { .. }
-                    | SendOp::BindMw { .. }
-                    | SendOp::LocalInv { .. }
-            ),
-            (QpType::Ud, true) => matches!(wr.op, SendOp::Send | SendOp::SendWithImm { .. }),
-            _ => false,
+        let op_ok = if ud {
+            self.qp_type == QpType::Ud && matches!(wr.op, SendOp::Send | SendOp::SendWithImm { .. })
+        } else {
+            engine::check_send_op(self.qp_type, &wr.op).is_ok()
         };
         let payload_ok = match &wr.payload {
             SendPayload::Sges(s) => s.len() <= self.cap.max_send_sge as usize,
@@ -896,15 +887,7 @@ impl From<ClientError> for Error {
 /// the same errno.
 fn verbs_refusal(errno: i32, message: &str) -> Option<VerbsError> {
     use engine::ModifyError;
-    const STATES: [QpState; 7] = [
-        QpState::Reset,
-        QpState::Init,
-        QpState::Rtr,
-        QpState::Rts,
-        QpState::Sqd,
-        QpState::Sqe,
-        QpState::Err,
-    ];
+    const STATES: [QpState; 7] = QpState::ALL;
     let plain = [
         VerbsError::InvalidPd,
         VerbsError::InvalidCq,
