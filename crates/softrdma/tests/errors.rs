@@ -7,7 +7,7 @@
 #[macro_use]
 mod common;
 
-use common::{all_access, open_on};
+use common::{all_access, connect, open_on, open_pair_on, Side, WAIT};
 use softrdma::raw::QpHandle;
 use softrdma::{Buffer, Error, QpAttr, QpAttrMask, QpState, SendWr, VerbsError};
 
@@ -34,6 +34,50 @@ on_both_backends! {
         }
         assert_verbs(qp.recv(2, &[mr.sge(..).unwrap()]), VerbsError::QueueFull);
         assert_eq!(VerbsError::QueueFull.errno(), ENOMEM);
+    }
+
+    fn a_full_shared_receive_queue_is_queue_full_and_enomem(backend: BackendKind) {
+        let dev = open_on(backend, "127.0.0.1");
+        let pd = dev.alloc_pd().unwrap();
+        // Not a power of two: the daemon's ring for it has room for one WR more.
+        let srq = pd.create_srq(3, 1).unwrap();
+        let mr = pd.register(Buffer::zeroed(64), all_access()).unwrap();
+        for i in 0..3 {
+            srq.recv(i, &[mr.sge(..).unwrap()]).unwrap();
+        }
+        assert_verbs(srq.recv(3, &[mr.sge(..).unwrap()]), VerbsError::QueueFull);
+        assert_eq!(srq.len().unwrap(), 3);
+    }
+
+    fn a_polled_receive_frees_its_slot_of_a_full_shared_receive_queue(backend: BackendKind) {
+        let (da, db) = open_pair_on(backend, "127.0.0.1", "127.0.0.2");
+        let (pa, pb) = (da.alloc_pd().unwrap(), db.alloc_pd().unwrap());
+        let (ca, cb) = (da.create_cq(16).unwrap(), db.create_cq(16).unwrap());
+        let srq = pb.create_srq(2, 1).unwrap();
+        let a = Side {
+            qp: pa.qp_builder(&ca, &ca).build().unwrap(),
+            mr: pa.register(Buffer::zeroed(64), all_access()).unwrap(),
+            dev: da,
+            pd: pa,
+            cq: ca,
+        };
+        let b = Side {
+            qp: pb.qp_builder(&cb, &cb).srq(&srq).build().unwrap(),
+            mr: pb.register(Buffer::zeroed(64), all_access()).unwrap(),
+            dev: db,
+            pd: pb,
+            cq: cb,
+        };
+        connect(&a, &b);
+        for i in 0..2 {
+            srq.recv(i, &[b.mr.sge(..).unwrap()]).unwrap();
+        }
+        assert_verbs(srq.recv(2, &[b.mr.sge(..).unwrap()]), VerbsError::QueueFull);
+        a.qp.send(10, &[a.mr.sge(..8).unwrap()]).unwrap();
+        a.cq.wait_ok(WAIT).unwrap();
+        assert_eq!(b.cq.wait_ok(WAIT).unwrap().wr_id, 0);
+        srq.recv(3, &[b.mr.sge(..).unwrap()]).unwrap();
+        assert_verbs(srq.recv(4, &[b.mr.sge(..).unwrap()]), VerbsError::QueueFull);
     }
 
     fn a_send_before_rts_is_refused_for_the_qp_state(backend: BackendKind) {

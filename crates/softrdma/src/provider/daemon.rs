@@ -88,6 +88,8 @@ struct QpRings {
     /// receive queue (`ENOMEM`). Like a hardware RQ's, a slot is free again once the
     /// completion of its WR has been polled.
     rq_outstanding: AtomicU32,
+    /// The SRQ feeding its receives, if any (its receive completions free SRQ slots).
+    srq: Option<Arc<SrqRing>>,
     /// Every send WR is signaled (`sq_sig_all`).
     sq_sig_all: bool,
     /// Send WRs posted and not yet seen retired by this process's `poll_cq` (a QP with a
@@ -185,11 +187,37 @@ impl QpRings {
     }
 }
 
-/// A daemon SRQ's ring and its SGE limit.
+/// A daemon SRQ's ring, its limits, and its receive WRs outstanding.
 #[derive(Debug)]
 struct SrqRing {
     max_sge: u32,
+    /// Its capacity (`ibv_modify_srq` may change it).
+    max_wr: AtomicU32,
+    /// Receive WRs posted and not yet seen completed by this process's `poll_cq`, for the
+    /// reason of `QpRings::rq_outstanding`: a WR in the ring is not in the daemon's SRQ
+    /// yet, and one the daemon cannot take from the ring would be lost rather than refused.
+    outstanding: AtomicU32,
     ring: Mutex<WorkQueueRing>,
+}
+
+impl SrqRing {
+    /// Take a slot for one more receive WR; false if every slot is taken.
+    fn reserve(&self) -> bool {
+        let max = self.max_wr.load(Ordering::Relaxed);
+        self.outstanding
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// Free a slot (a receive completion was polled, or a reserved post failed).
+    fn release(&self) {
+        // Saturating: completions of WRs posted before this process counted are not counted.
+        let _ = self
+            .outstanding
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    }
 }
 
 /// Write a WR into `ring` with `post`; false if it must go by request instead (full, too
@@ -290,10 +318,17 @@ impl DaemonDevice {
                 continue;
             };
             if matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
-                // Saturating: completions of WRs posted before a RESET are not counted.
-                let _ = q
-                    .rq_outstanding
-                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+                match &q.srq {
+                    Some(srq) => srq.release(),
+                    // Saturating: completions of WRs posted before a RESET are not counted.
+                    None => {
+                        let _ = q.rq_outstanding.fetch_update(
+                            Ordering::Relaxed,
+                            Ordering::Relaxed,
+                            |n| n.checked_sub(1),
+                        );
+                    }
+                }
             } else {
                 lock(&q.sq_slots).completed(wc.status == WcStatus::Success);
             }
@@ -600,6 +635,7 @@ impl Provider for Daemon {
             sq,
             rq,
             rq_outstanding: AtomicU32::new(0),
+            srq: srq.and_then(|s| lock(&d.srqs).get(&s.0).cloned()),
             sq_sig_all: init.sq_sig_all,
             sq_slots: Mutex::new(SendSlots::default()),
         };
@@ -707,6 +743,8 @@ impl Provider for Daemon {
         if let Some(ring) = d.attach(&mut c, wq::SRQ, h, attr.max_wr) {
             let r = SrqRing {
                 max_sge: attr.max_sge,
+                max_wr: AtomicU32::new(attr.max_wr),
+                outstanding: AtomicU32::new(0),
                 ring: Mutex::new(ring),
             };
             lock(&d.srqs).insert(h, Arc::new(r));
@@ -721,17 +759,32 @@ impl Provider for Daemon {
     }
 
     fn post_srq_recv(&self, srq: SrqHandle, wr: RecvWr) -> Result<()> {
-        let ring = lock(&self.dev.srqs).get(&srq.0).cloned();
-        if let Some(r) = ring.filter(|r| wr.sg_list.len() <= r.max_sge as usize) {
-            if ring_post(&r.ring, |ring| ring.post_recv(&wr)) {
-                return Ok(());
-            }
+        let Some(r) = lock(&self.dev.srqs).get(&srq.0).cloned() else {
+            // No ring: by request, where the daemon's engine refuses exactly.
+            return Ok(self.dev.c().post_srq_recv(srq.0, &wr)?);
+        };
+        if !r.reserve() {
+            return Err(Error::Verbs(VerbsError::QueueFull));
         }
-        Ok(self.dev.c().post_srq_recv(srq.0, &wr)?)
+        if wr.sg_list.len() <= r.max_sge as usize && ring_post(&r.ring, |ring| ring.post_recv(&wr))
+        {
+            return Ok(());
+        }
+        let posted = self.dev.c().post_srq_recv(srq.0, &wr);
+        if posted.is_err() {
+            r.release();
+        }
+        Ok(posted?)
     }
 
     fn modify_srq(&self, srq: SrqHandle, attr: &SrqAttr, mask: SrqAttrMask) -> Result<()> {
-        Ok(self.dev.c().modify_srq(srq.0, attr, mask)?)
+        self.dev.c().modify_srq(srq.0, attr, mask)?;
+        if mask.contains(SrqAttrMask::MAX_WR) {
+            if let Some(r) = lock(&self.dev.srqs).get(&srq.0) {
+                r.max_wr.store(attr.max_wr, Ordering::Relaxed);
+            }
+        }
+        Ok(())
     }
 
     fn query_srq(&self, srq: SrqHandle) -> Result<SrqAttr> {
@@ -887,7 +940,6 @@ impl From<ClientError> for Error {
 /// the same errno.
 fn verbs_refusal(errno: i32, message: &str) -> Option<VerbsError> {
     use engine::ModifyError;
-    const STATES: [QpState; 7] = QpState::ALL;
     let plain = [
         VerbsError::InvalidPd,
         VerbsError::InvalidCq,
@@ -903,9 +955,9 @@ fn verbs_refusal(errno: i32, message: &str) -> Option<VerbsError> {
         VerbsError::InvalidAh,
         VerbsError::QpTypeNotSupported,
     ];
-    let in_state = STATES.into_iter().map(VerbsError::InvalidState);
-    let transitions = STATES.into_iter().flat_map(|from| {
-        STATES
+    let in_state = QpState::ALL.into_iter().map(VerbsError::InvalidState);
+    let transitions = QpState::ALL.into_iter().flat_map(|from| {
+        QpState::ALL
             .into_iter()
             .map(move |to| VerbsError::Modify(ModifyError::InvalidTransition { from, to }))
     });
