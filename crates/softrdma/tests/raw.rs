@@ -273,3 +273,22 @@ on_both_backends! {
         rb.dealloc_pd(bs.pd).unwrap();
     }
 }
+
+/// A C program may close a device without destroying its CQs: the CQ it keeps must not keep
+/// the device (here its engine, thread and UDP port) open.
+#[test]
+fn a_cq_left_behind_does_not_keep_its_closed_device_open() {
+    let port = 20000 + ((std::process::id().wrapping_mul(23) + 7000) % 12000) as u16;
+    let open = || {
+        Device::builder("127.0.0.1".parse().unwrap())
+            .backend(softrdma::BackendKind::Embedded)
+            .port(port)
+            .open()
+            .expect("the port is free")
+    };
+    let dev = open();
+    let cq = dev.raw().create_cq(4).unwrap();
+    drop(dev);
+    let again = open();
+    drop((cq, again));
+}

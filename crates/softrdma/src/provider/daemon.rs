@@ -23,7 +23,9 @@ use engine::{
 use runtime::EngineGuard;
 
 use super::locate::{self, DaemonConfig};
-use super::{lock, BackendKind, Lkey, Provider, ProviderCq, QpHandle, Qpn, RawMr, RawQp, Rkey};
+use super::{
+    device_closed, lock, BackendKind, Lkey, Provider, ProviderCq, QpHandle, Qpn, RawMr, RawQp, Rkey,
+};
 use crate::{Error, Result};
 
 /// The daemon provider of one open device.
@@ -582,7 +584,7 @@ impl Provider for Daemon {
             let ring = Arc::new(Mutex::new(ring));
             lock(&d.cq_rings).insert(h, Arc::downgrade(&ring));
             Ok(DaemonCq {
-                dev: d.clone(),
+                dev: Arc::downgrade(d),
                 handle: CqHandle(h),
                 channel,
                 ring,
@@ -842,14 +844,21 @@ impl Provider for Daemon {
 /// shared-memory ring the daemon delivers its completions into (polled with no system call).
 #[derive(Debug)]
 struct DaemonCq {
-    /// The connection, for the requests a CQ makes and the slots its completions retire.
-    dev: Arc<DaemonDevice>,
+    /// The connection, for the requests a CQ makes and the slots its completions retire
+    /// (weak: a CQ a C program leaves behind does not keep the connection, and so every
+    /// object of it in the daemon, after the device closed).
+    dev: Weak<DaemonDevice>,
     handle: CqHandle,
     channel: OwnedFd,
     ring: Arc<Mutex<CqRing>>,
 }
 
 impl DaemonCq {
+    /// The connection, while the device is open.
+    fn dev(&self) -> Result<Arc<DaemonDevice>> {
+        self.dev.upgrade().ok_or_else(device_closed)
+    }
+
     /// Completions waiting in the ring.
     fn ring_len(&self) -> Result<usize> {
         Ok(lock(&self.ring).len().map_err(ring_error)? as usize)
@@ -863,13 +872,15 @@ impl ProviderCq for DaemonCq {
 
     fn take(&self, out: &mut [WorkCompletion]) -> Result<usize> {
         let n = lock(&self.ring).poll_into(out).map_err(ring_error)?;
-        self.dev.retire(&out[..n]);
+        if n > 0 {
+            self.dev()?.retire(&out[..n]);
+        }
         Ok(n)
     }
 
     /// Those in the ring plus those the daemon holds until the ring has room.
     fn len(&self) -> Result<usize> {
-        let held = usize::try_from(self.dev.c().cq_len(self.handle.0)?).unwrap_or(usize::MAX);
+        let held = usize::try_from(self.dev()?.c().cq_len(self.handle.0)?).unwrap_or(usize::MAX);
         Ok(held.saturating_add(self.ring_len()?))
     }
 
@@ -884,12 +895,15 @@ impl ProviderCq for DaemonCq {
             }
             .into());
         }
-        let n = self.dev.c().resize_cq(self.handle.0, cqe)?;
+        let n = self.dev()?.c().resize_cq(self.handle.0, cqe)?;
         Ok(u32::try_from(n).unwrap_or(cqe))
     }
 
     fn arm(&self, solicited_only: bool) -> Result<()> {
-        Ok(self.dev.c().req_notify_cq(self.handle.0, solicited_only)?)
+        Ok(self
+            .dev()?
+            .c()
+            .req_notify_cq(self.handle.0, solicited_only)?)
     }
 
     fn wait(&self, timeout: Option<Duration>) -> Result<()> {

@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use engine::{
@@ -14,13 +14,16 @@ use engine::{
 };
 use runtime::{CqNotifier, EngineGuard, Runtime};
 
-use super::{BackendKind, Lkey, Provider, ProviderCq, QpHandle, Qpn, RawMr, RawQp, Rkey};
+use super::{
+    device_closed, BackendKind, Lkey, Provider, ProviderCq, QpHandle, Qpn, RawMr, RawQp, Rkey,
+};
 use crate::Result;
 
 /// The embedded engine of one open device.
 #[derive(Debug)]
 pub(crate) struct Embedded {
-    /// Shared with the device's CQs, which poll and wait through it.
+    /// Its CQs poll and wait through it (with a weak reference: a CQ a C program leaves
+    /// behind does not keep the engine, its thread and its socket, after the device closed).
     rt: Arc<Runtime>,
 }
 
@@ -153,7 +156,7 @@ impl Provider for Embedded {
         let handle = self.rt.lock().create_cq(depth)?;
         match self.rt.cq_notifier(handle) {
             Ok(notifier) => Ok(Box::new(EmbeddedCq {
-                rt: self.rt.clone(),
+                rt: Arc::downgrade(&self.rt),
                 handle,
                 notifier,
             })),
@@ -265,9 +268,16 @@ impl Provider for Embedded {
 /// A CQ of the embedded engine, with the runtime's notifier for it.
 #[derive(Debug)]
 struct EmbeddedCq {
-    rt: Arc<Runtime>,
+    rt: Weak<Runtime>,
     handle: CqHandle,
     notifier: Arc<CqNotifier>,
+}
+
+impl EmbeddedCq {
+    /// The runtime, while the device is open.
+    fn rt(&self) -> Result<Arc<Runtime>> {
+        self.rt.upgrade().ok_or_else(device_closed)
+    }
 }
 
 impl ProviderCq for EmbeddedCq {
@@ -276,23 +286,23 @@ impl ProviderCq for EmbeddedCq {
     }
 
     fn take(&self, out: &mut [WorkCompletion]) -> Result<usize> {
-        Ok(self.rt.lock().poll_cq_into(self.handle, out)?)
+        Ok(self.rt()?.lock().poll_cq_into(self.handle, out)?)
     }
 
     fn len(&self) -> Result<usize> {
-        Ok(self.rt.lock().cq_len(self.handle)?)
+        Ok(self.rt()?.lock().cq_len(self.handle)?)
     }
 
     fn resize(&self, cqe: u32) -> Result<u32> {
-        Ok(self.rt.lock().resize_cq(self.handle, cqe)?)
+        Ok(self.rt()?.lock().resize_cq(self.handle, cqe)?)
     }
 
     fn arm(&self, solicited_only: bool) -> Result<()> {
-        Ok(self.rt.arm_cq_with(self.handle, solicited_only)?)
+        Ok(self.rt()?.arm_cq_with(self.handle, solicited_only)?)
     }
 
     fn wait(&self, timeout: Option<Duration>) -> Result<()> {
-        self.rt.wait_cq(self.handle, timeout)?;
+        self.rt()?.wait_cq(self.handle, timeout)?;
         Ok(())
     }
 

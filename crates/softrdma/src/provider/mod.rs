@@ -369,6 +369,14 @@ fn yields_when_idle(kind: BackendKind) -> bool {
     })
 }
 
+/// The error of a CQ whose device was closed (only a CQ a C program kept can be asked):
+/// ENOTCONN.
+fn device_closed() -> Error {
+    Error::Io(std::io::Error::from_raw_os_error(
+        rustix::io::Errno::NOTCONN.raw_os_error(),
+    ))
+}
+
 /// Lock `m`, poisoned or not: a panic while a caller held it leaves what it guards usable
 /// (every call is one request and its whole answer, or one ring operation).
 pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
