@@ -80,6 +80,21 @@ on_both_backends! {
         assert_verbs(srq.recv(4, &[b.mr.sge(..).unwrap()]), VerbsError::QueueFull);
     }
 
+    fn more_sges_than_the_qp_takes_are_too_many_sges(backend: BackendKind) {
+        let dev = open_on(backend, "127.0.0.1");
+        let pd = dev.alloc_pd().unwrap();
+        let cq = dev.create_cq(16).unwrap();
+        let qp = pd.qp_builder(&cq, &cq).max_recv_sge(2).build().unwrap();
+        let granted = qp.query().unwrap().cap.max_recv_sge;
+        let mr = pd.register(Buffer::zeroed(64), all_access()).unwrap();
+        let sges = vec![mr.sge(..8).unwrap(); granted as usize + 1];
+        let want = VerbsError::TooManySge {
+            sges: sges.len(),
+            max: granted,
+        };
+        assert_verbs(qp.recv(1, &sges), want);
+    }
+
     fn a_send_before_rts_is_refused_for_the_qp_state(backend: BackendKind) {
         let dev = open_on(backend, "127.0.0.1");
         let pd = dev.alloc_pd().unwrap();

@@ -948,10 +948,10 @@ impl From<ClientError> for Error {
 }
 
 /// The verbs error a daemon refusal stands for, if it is one the engine returns with this
-/// errno and text. Only errors whose text names them completely are recognised: those
-/// without data, a wrong QP state and a QP transition that does not exist. Those carrying
-/// a limit or a reason (`CapExceeded`, `TooManySge`, `Busy`...) stay daemon refusals, with
-/// the same errno.
+/// errno and text. A candidate is rebuilt from what the text can name (no data, QP states,
+/// the numbers in it) and must render to the very text: errors that carry a reason or a
+/// name (`Busy`, `TooMany`, `CapExceeded`...) cannot be rebuilt and stay daemon refusals,
+/// with the same errno.
 fn verbs_refusal(errno: i32, message: &str) -> Option<VerbsError> {
     use engine::ModifyError;
     let plain = [
@@ -970,16 +970,53 @@ fn verbs_refusal(errno: i32, message: &str) -> Option<VerbsError> {
         VerbsError::QpTypeNotSupported,
     ];
     let in_state = QpState::ALL.into_iter().map(VerbsError::InvalidState);
-    let transitions = QpState::ALL.into_iter().flat_map(|from| {
-        QpState::ALL
-            .into_iter()
-            .map(move |to| VerbsError::Modify(ModifyError::InvalidTransition { from, to }))
+    let state_pairs = QpState::ALL
+        .into_iter()
+        .flat_map(|a| QpState::ALL.into_iter().map(move |b| (a, b)));
+    let modify = state_pairs.flat_map(|(a, b)| {
+        [
+            ModifyError::InvalidTransition { from: a, to: b },
+            ModifyError::CurStateMismatch {
+                actual: a,
+                claimed: b,
+            },
+        ]
+        .map(VerbsError::Modify)
     });
     plain
         .into_iter()
         .chain(in_state)
-        .chain(transitions)
+        .chain(modify)
+        .chain(with_numbers(message))
         .find(|v| v.errno() == errno && v.to_string() == message)
+}
+
+/// The verbs errors whose fields are the numbers in `message` (in the order their text
+/// names them), for [`verbs_refusal`] to check against the text.
+fn with_numbers(message: &str) -> Vec<VerbsError> {
+    let n: Vec<u64> = message
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    let (Some(&a), b) = (n.first(), n.get(1).copied()) else {
+        return Vec::new();
+    };
+    let mut v = Vec::new();
+    if let Ok(i) = u32::try_from(a) {
+        v.push(VerbsError::InvalidGidIndex(i));
+    }
+    if let Ok(p) = u8::try_from(a) {
+        v.push(VerbsError::InvalidPort(p));
+    }
+    if let (Ok(first), Some(Ok(max))) = (usize::try_from(a), b.map(u32::try_from)) {
+        v.push(VerbsError::TooManySge { sges: first, max });
+        v.push(VerbsError::InlineTooLarge { len: first, max });
+        v.push(VerbsError::CqTooSmall {
+            requested: max,
+            waiting: first,
+        });
+    }
+    v
 }
 
 #[cfg(test)]
@@ -1000,6 +1037,13 @@ mod tests {
                 from: QpState::Reset,
                 to: QpState::Rts,
             }),
+            VerbsError::TooManySge { sges: 5, max: 4 },
+            VerbsError::InlineTooLarge { len: 300, max: 64 },
+            VerbsError::CqTooSmall {
+                requested: 2,
+                waiting: 9,
+            },
+            VerbsError::InvalidGidIndex(3),
         ] {
             let e = Error::from(refused(v));
             assert!(matches!(e, Error::Verbs(got) if got == v), "{e:?}");
