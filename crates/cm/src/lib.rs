@@ -12,7 +12,9 @@
 //! to the engine (as rdma_cm does with `rdma_init_qp_attr` and `ibv_modify_qp`):
 //! - passive side, on [`Event::ConnectRequest`]: the REQ carries the peer's QPN, starting
 //!   PSN, path and MTU; move the QP to INIT then RTR before [`Cm::accept`], and to RTS on
-//!   [`Event::Established`] (the RTU);
+//!   [`Event::Established`] (the RTU) — or to RTS before [`Cm::accept`] already, as Linux's
+//!   rdma_cm (`cma_accept_ib`) and softrdma's runtime do, so a lost RTU does not hold up
+//!   the QP;
 //! - active side, on [`Event::Established`] with the REP: move the QP to RTR then RTS before
 //!   the next [`Cm::poll_transmit`] (the RTU is already queued, and the peer may send as soon
 //!   as it has it);

@@ -3,6 +3,7 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
+use cm::CmConfig;
 use engine::DeviceAttr;
 use wire::Mtu;
 
@@ -90,6 +91,10 @@ pub struct RuntimeConfig {
     pub device: DeviceAttr,
     /// Seed of the key generator; `None` draws one from the OS (keys must be unpredictable).
     pub rng_seed: Option<u64>,
+    /// The connection manager's timeouts and retries. A `local_ca_guid` of 0 takes the
+    /// device's node GUID (or one made from its address); the first communication ID and
+    /// the transaction ID prefix are always drawn at random.
+    pub cm: CmConfig,
 }
 
 impl RuntimeConfig {
@@ -123,6 +128,7 @@ impl RuntimeConfig {
             mtu: Mtu::Mtu4096,
             device: DeviceAttr::default(),
             rng_seed: None,
+            cm: CmConfig::default(),
         }
     }
 }

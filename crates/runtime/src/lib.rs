@@ -46,6 +46,15 @@
 //! leave packets waiting until each lease ran out: when that is seen twice in a short time,
 //! CQ polls stop taking the socket for a while ([`Runtime::poll_progress`] always does).
 //!
+//! ## Connection manager
+//!
+//! Each device hosts the connection manager of its port ([`rdma_cm`]): the engine serves
+//! QP1, every pass that runs the engine also feeds the CM the MADs QP1 received and sends
+//! what it answers, and the CM's timers join the engine's. Consumers listen, connect,
+//! accept, reject and disconnect through the [`EngineGuard`] (`cm_*`), get [`CmEvent`]s on a
+//! [`CmChannel`], and the runtime moves their QPs through INIT, RTR, RTS and ERR as the
+//! kernel's rdma_cm does for its users.
+//!
 //! Completions are announced per CQ through an `eventfd` ([`CqNotifier`]), armed with
 //! [`Runtime::arm_cq`] like `ibv_req_notify_cq`: usable for blocking waits, in an epoll set, or
 //! by an async runtime. Asynchronous events (`ibv_get_async_event`) are queued by the runtime
@@ -123,6 +132,7 @@ mod io;
 pub mod link;
 mod memory;
 mod progress;
+pub mod rdma_cm;
 
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
@@ -145,6 +155,8 @@ pub use attach::{Attachment, Plain};
 pub use capture::Capture;
 pub use config::{RuntimeConfig, RxPath, SrcPortPolicy};
 pub use io::IoCounters;
+pub use rdma_cm::{CmChannel, CmConfig, CmCounters, CmEvent, CommId, ConnParam, ConnectRequest};
+pub use wire::{PortSpace, RejectReason, ServiceId};
 
 /// Why a runtime could not start or an operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -176,6 +188,16 @@ pub enum RuntimeError {
     /// The engine refused a verb.
     #[error(transparent)]
     Verbs(#[from] VerbsError),
+    /// The connection manager refused a call (unknown connection, wrong state, private
+    /// data too long...).
+    #[error(transparent)]
+    Cm(#[from] cm::CmError),
+    /// The device has no address of the peer's family to connect from.
+    #[error("no local address to reach {peer}")]
+    NoLocalAddress {
+        /// The peer asked for.
+        peer: IpAddr,
+    },
 }
 
 fn io_err(what: &'static str) -> impl FnOnce(nix::errno::Errno) -> RuntimeError {
@@ -188,19 +210,22 @@ fn io_err(what: &'static str) -> impl FnOnce(nix::errno::Errno) -> RuntimeError 
 /// The engine as a runtime hosts it: over memory that may move between threads.
 pub type SendEngine = Engine<dyn Memory + Send>;
 
-/// An `eventfd` that announces completions on one CQ (the completion channel of
-/// `ibv_req_notify_cq`): readable once after each [`Runtime::arm_cq`] that found or later saw a
-/// completion.
+/// An `eventfd` that announces something to a waiter: completions on one CQ (the
+/// completion channel of `ibv_req_notify_cq`: readable once after each [`Runtime::arm_cq`]
+/// that found or later saw a completion), or events queued on a [`CmChannel`].
 #[derive(Debug)]
-pub struct CqNotifier {
+pub struct Notifier {
     fd: EventFd,
 }
 
-impl CqNotifier {
-    fn new() -> Result<CqNotifier, RuntimeError> {
+/// The notifier of one CQ (see [`Runtime::cq_notifier`]).
+pub type CqNotifier = Notifier;
+
+impl Notifier {
+    fn new() -> Result<Notifier, RuntimeError> {
         let fd = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
             .map_err(io_err("eventfd"))?;
-        Ok(CqNotifier { fd })
+        Ok(Notifier { fd })
     }
 
     fn signal(&self) {
@@ -224,7 +249,7 @@ impl CqNotifier {
     }
 }
 
-impl AsFd for CqNotifier {
+impl AsFd for Notifier {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
@@ -265,6 +290,8 @@ struct Core<A> {
     local_free: Vec<Vec<u8>>,
     /// Where every sent and received packet is recorded, if anywhere.
     capture: Option<Arc<Capture>>,
+    /// The port's connection manager, fed from QP1.
+    cm: rdma_cm::CmHost,
 }
 
 /// A packet one of the device's QPs sent another.
@@ -322,6 +349,9 @@ impl<A: Attachment> Core<A> {
         // writes the host held back land first.
         self.attach.flush();
         self.attach.deliver(&mut self.engine);
+        // The CM first: the QPs it moves to RTS may send at once, and its MADs leave in
+        // this pass.
+        self.cm.pump(&mut self.engine, now);
         while let Some(t) = self.engine.poll_transmit(now, &mut self.txbuf) {
             self.route(net, t);
         }
@@ -365,6 +395,29 @@ impl<A: Attachment> Core<A> {
             return;
         }
         send_one(&mut self.tx, self.capture.as_deref(), pkt, t.dst);
+    }
+
+    /// When the engine or the connection manager next has a timer due.
+    fn poll_timeout(&self) -> Option<Instant> {
+        match (self.engine.poll_timeout(), self.cm.poll_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Run the engine's and the connection manager's timers that are due at `now`;
+    /// whether any was.
+    fn run_due_timers(&mut self, now: Instant) -> bool {
+        let due = |t: Option<Instant>| t.is_some_and(|t| t <= now);
+        let engine = due(self.engine.poll_timeout());
+        if engine {
+            self.engine.handle_timeout(now);
+        }
+        let cm = due(self.cm.poll_timeout());
+        if cm {
+            self.cm.handle_timeout(now);
+        }
+        engine || cm
     }
 
     /// Signal armed CQs that have completions and queue async events for their owners
@@ -590,17 +643,13 @@ impl<A: Attachment> Shared<A> {
             counters.rx_dropped += side.counters.rx_dropped;
         }
         core.rx_counters = counters;
-        if core.engine.poll_timeout().is_some_and(|t| t <= now) {
-            core.engine.handle_timeout(now);
-        }
+        core.run_due_timers(now);
         self.after_change(core, now);
     }
 
     /// Run the engine's timers if due, send what is due, signal waiters.
     fn run_timers_and_send(&self, core: &mut Core<A>, now: Instant) {
-        if core.engine.poll_timeout().is_some_and(|t| t <= now) {
-            core.engine.handle_timeout(now);
-        }
+        core.run_due_timers(now);
         self.after_change(core, now);
     }
 
@@ -611,10 +660,7 @@ impl<A: Attachment> Shared<A> {
     fn after_change(&self, core: &mut Core<A>, now: Instant) {
         core.pump(&self.net, now);
         core.notify(&self.async_fd);
-        let mut next = core
-            .engine
-            .poll_timeout()
-            .map_or(u64::MAX, Instant::as_nanos);
+        let mut next = core.poll_timeout().map_or(u64::MAX, Instant::as_nanos);
         if !core.local_rx.is_empty() {
             next = 0;
         }
@@ -638,8 +684,7 @@ impl<A: Attachment> Shared<A> {
             self.renew_lease(now);
         }
         // ACKs that fell due since the last pass go now, before this thread looks again.
-        if core.engine.poll_timeout().is_some_and(|t| t <= now) {
-            core.engine.handle_timeout(now);
+        if core.run_due_timers(now) {
             self.after_change(core, now);
         }
         let Ok(mut rx) = self.rx.try_lock() else {
@@ -663,8 +708,7 @@ impl<A: Attachment> Shared<A> {
         let total = n.iter().sum();
         if total > 0 {
             self.process(core, &rx, &n);
-        } else if core.engine.poll_timeout().is_some_and(|t| t <= now) {
-            core.engine.handle_timeout(now);
+        } else if core.run_due_timers(now) {
             self.after_change(core, now);
         }
         total
@@ -874,6 +918,11 @@ impl<A: Attachment> Runtime<A> {
             ec.udp_src_port = Some(port);
         }
         let engine = Engine::with_memory(ec, mem);
+        // Keys and CM IDs from one seed when a test fixes it, else fresh randomness.
+        let cm_seed = config
+            .rng_seed
+            .map_or_else(random_seed, |s| s ^ 0x636d_5f73_6565_6421);
+        let cm = rdma_cm::CmHost::new(config.cm, &addrs, config.device.node_guid, cm_seed);
         let tx = io::Tx::new(udp, remote_port, config.src_port_policy, port);
         // Internal segments are larger than any wire packet.
         let txlen = if config.internal_paths {
@@ -895,6 +944,7 @@ impl<A: Attachment> Runtime<A> {
             local_rx: VecDeque::new(),
             local_free: Vec::new(),
             capture: Capture::from_env(),
+            cm,
         };
         let flags = EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC;
         // A device's packets to its own addresses come back to it only when its peers'
@@ -1101,6 +1151,12 @@ impl<A: Attachment> Runtime<A> {
     /// (`None` stops). Runtimes started with `SOFTRDMA_CAPTURE` set already record.
     pub fn set_capture(&self, capture: Option<Arc<Capture>>) {
         self.shared.lock().capture = capture;
+    }
+
+    /// What the device's connection manager counted (MADs received, sent, resent, dropped
+    /// by reason).
+    pub fn cm_counters(&self) -> CmCounters {
+        self.shared.lock().cm.counters().clone()
     }
 
     /// Counters of the socket layer and of the routes that bypass it.

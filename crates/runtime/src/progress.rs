@@ -106,7 +106,7 @@ fn wait<A: Attachment>(shared: &Shared<A>, spin: bool) -> (bool, bool) {
         }
         let now = shared.now().as_nanos();
         let next = core.as_ref().map_or(u64::MAX, |c| {
-            c.engine.poll_timeout().map_or(u64::MAX, Instant::as_nanos)
+            c.poll_timeout().map_or(u64::MAX, Instant::as_nanos)
         });
         // Wake now and then even with no timer: then a verb arming a far timer (a
         // retransmission timeout of milliseconds) needs no doorbell and no context switch.

@@ -1,0 +1,946 @@
+//! The device's connection manager, hosted: what the kernel's rdma_cm does for its users,
+//! over the sans-IO [`cm::Cm`].
+//!
+//! Every runtime owns one [`cm::Cm`] for its port. Wherever the runtime runs the engine (the
+//! progress thread, a polling or waiting application thread, a verb's guard being dropped),
+//! it also pumps the CM: MADs the engine received on QP1 go to [`cm::Cm::handle_mad`], what
+//! the CM has to send goes to [`engine::Engine::send_mad`] (from the local address the
+//! peer's MADs arrive on, or the device's first address of the peer's family), and the CM's
+//! timers join the engine's in the progress thread's wait.
+//!
+//! ## Who does what
+//! Consumers (the Rust API, the daemon for its clients) call [`EngineGuard::cm_listen`],
+//! [`EngineGuard::cm_connect`], [`EngineGuard::cm_accept`], [`EngineGuard::cm_reject`] and
+//! [`EngineGuard::cm_disconnect`], and take [`CmEvent`]s from a [`CmChannel`] (an `eventfd`
+//! readable while events wait, like `rdma_event_channel`). The consumer creates the QP; the
+//! runtime moves it through its states, as the kernel's rdma_cm does for librdmacm users
+//! (`cma_modify_qp_rtr`/`_rts`/`_err`), so no consumer repeats that logic:
+//! - connect: a QP in RESET goes to INIT (a QP in INIT stays as the consumer set it up);
+//!   on the REP the QP goes to RTR and RTS (peer's QPN, PSN and GID, the REQ's path MTU)
+//!   before the RTU leaves, then [`CmEvent::Established`] is delivered;
+//! - accept: RESET → INIT, then RTR and RTS from the REQ, before the REP leaves (Linux's
+//!   `cma_accept_ib` does both before `ib_send_cm_rep`: the QP may answer the active side's
+//!   first packets even if the RTU is lost); the RTU brings [`CmEvent::Established`];
+//! - disconnect: the QP goes to ERR first (its outstanding WRs flush, as `rdma_disconnect`
+//!   does), then the DREQ leaves; a DREQ received moves the QP to ERR too (the kernel leaves
+//!   that to the user's `rdma_disconnect`: here a QP whose peer is gone is flushed at once);
+//! - a REJ, a timeout or a failed transition move the QP to ERR.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cm::{Cm, CmError, Event, State};
+use engine::{AccessFlags, AhAttr, Gid, Instant, QpAttr, QpAttrMask, QpState, VerbsError};
+use wire::{
+    CmPathRepr, CmaAddrs, CmaHeaderRepr, Mtu, PrivateData, Psn, Qpn, RejectReason, RepRepr,
+    ReqRepr, ServiceId, ServiceType, SidrRepRepr, SidrStatus, CMA_HEADER_LEN, MAD_LEN,
+};
+
+pub use cm::{CmConfig, CommId, Counters as CmCounters};
+
+use crate::{lock_leaf, Attachment, EngineGuard, Notifier, RuntimeError, SendEngine};
+
+/// What a side of a connection asks for (`struct rdma_conn_param`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConnParam {
+    /// Private data for the peer: at most 56 bytes in a REQ (after rdma_cm's 36-byte IP
+    /// header), 196 in a REP, 148 in a REJ, 220 in a DREQ.
+    pub private_data: Vec<u8>,
+    /// READ/ATOMIC requests this side accepts outstanding from the peer.
+    pub responder_resources: u8,
+    /// READ/ATOMIC requests this side may have outstanding at the peer.
+    pub initiator_depth: u8,
+    /// Transport retries after a timeout or NAK (3 bits; the REQ's applies to both sides).
+    pub retry_count: u8,
+    /// RNR retries (3 bits, 7 = infinite); each side announces what the other may use.
+    pub rnr_retry_count: u8,
+    /// Local ACK timeout (`4.096 µs × 2^ack_timeout`), carried in the REQ's path: both
+    /// sides use the active side's.
+    pub ack_timeout: u8,
+    /// RNR NAK timer code this side's responder advertises.
+    pub min_rnr_timer: u8,
+    /// The active side's rdma_cm port (the IP CM header's source port); 0 picks an
+    /// ephemeral one, as an unbound `rdma_cm_id` gets.
+    pub src_port: u16,
+}
+
+impl Default for ConnParam {
+    /// No private data, the project's connection defaults (`softrdma::ConnectOptions`):
+    /// 16 READ/ATOMIC each way, 7 retries of each kind, ACK timeout 14 (67 ms), RNR timer
+    /// 12 (0.64 ms).
+    fn default() -> Self {
+        ConnParam {
+            private_data: Vec::new(),
+            responder_resources: 16,
+            initiator_depth: 16,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            ack_timeout: 14,
+            min_rnr_timer: 12,
+            src_port: 0,
+        }
+    }
+}
+
+impl ConnParam {
+    /// The defaults with `private_data`.
+    pub fn with_private_data(private_data: &[u8]) -> ConnParam {
+        ConnParam {
+            private_data: private_data.to_vec(),
+            ..ConnParam::default()
+        }
+    }
+}
+
+/// A peer's request to connect, as a listener sees it (`RDMA_CM_EVENT_CONNECT_REQUEST`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConnectRequest {
+    /// The new connection: answer with [`EngineGuard::cm_accept`] or
+    /// [`EngineGuard::cm_reject`].
+    pub id: CommId,
+    /// The service asked for.
+    pub service_id: ServiceId,
+    /// The peer's address.
+    pub peer: IpAddr,
+    /// The peer's rdma_cm port (from the IP CM header; 0 without one).
+    pub peer_port: u16,
+    /// The local address the request came to.
+    pub local: IpAddr,
+    /// The peer's QP number.
+    pub remote_qpn: u32,
+    /// READ/ATOMIC requests the peer accepts outstanding (cap for our initiator depth).
+    pub responder_resources: u8,
+    /// READ/ATOMIC requests the peer may have outstanding (cap for our responder resources).
+    pub initiator_depth: u8,
+    /// The peer's private data, the IP CM header removed (as rdma_cm hands it to users).
+    pub private_data: Vec<u8>,
+}
+
+/// What happened to a connection (`struct rdma_cm_event`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CmEvent {
+    /// A peer asks to connect to a service the channel listens on.
+    ConnectRequest(Box<ConnectRequest>),
+    /// The connection is up and its QP in RTS (`RDMA_CM_EVENT_ESTABLISHED`).
+    Established {
+        /// The connection.
+        id: CommId,
+        /// The REP's private data on the active side (all 196 bytes, as rdma_cm delivers
+        /// them); empty on the passive side.
+        private_data: Vec<u8>,
+    },
+    /// The peer (or its CM, when nothing listens) rejected the request; the QP is in ERR
+    /// (`RDMA_CM_EVENT_REJECTED`).
+    Rejected {
+        /// The connection, now gone.
+        id: CommId,
+        /// Why (IBA 12.6.7.2): 8, invalid service ID, when nothing listens; 28 when the
+        /// peer's consumer said no.
+        reason: RejectReason,
+        /// The REJ's private data (148 bytes).
+        private_data: Vec<u8>,
+    },
+    /// The peer never answered, however often the CM resent (`RDMA_CM_EVENT_UNREACHABLE`);
+    /// the QP is in ERR.
+    Unreachable {
+        /// The connection, now gone.
+        id: CommId,
+    },
+    /// The REP arrived but the QP could not be moved to RTR/RTS with it
+    /// (`RDMA_CM_EVENT_CONNECT_ERROR`); the QP is in ERR and the connection is being closed.
+    ConnectError {
+        /// The connection.
+        id: CommId,
+        /// What the engine refused.
+        error: VerbsError,
+    },
+    /// The connection is closed, by either side; the QP is in ERR, its WRs flushed
+    /// (`RDMA_CM_EVENT_DISCONNECTED`).
+    Disconnected {
+        /// The connection, now gone.
+        id: CommId,
+    },
+}
+
+impl CmEvent {
+    /// The connection the event is about.
+    pub fn id(&self) -> CommId {
+        match self {
+            CmEvent::ConnectRequest(r) => r.id,
+            CmEvent::Established { id, .. }
+            | CmEvent::Rejected { id, .. }
+            | CmEvent::Unreachable { id }
+            | CmEvent::ConnectError { id, .. }
+            | CmEvent::Disconnected { id } => *id,
+        }
+    }
+}
+
+/// Where a consumer's CM events arrive (`rdma_event_channel`): a queue and an `eventfd`
+/// that is readable while the queue holds events. Clones share the channel.
+#[derive(Debug, Clone)]
+pub struct CmChannel(Arc<ChannelInner>);
+
+#[derive(Debug)]
+struct ChannelInner {
+    notifier: Notifier,
+    /// A leaf lock; the notifier is set and cleared under it, so the fd is readable
+    /// exactly while events wait.
+    queue: Mutex<VecDeque<CmEvent>>,
+}
+
+impl CmChannel {
+    /// A channel with no event.
+    pub fn new() -> Result<CmChannel, RuntimeError> {
+        Ok(CmChannel(Arc::new(ChannelInner {
+            notifier: Notifier::new()?,
+            queue: Mutex::new(VecDeque::new()),
+        })))
+    }
+
+    fn push(&self, ev: CmEvent) {
+        tracing::debug!(event = ?ev, "cm event");
+        let mut q = lock_leaf(&self.0.queue);
+        q.push_back(ev);
+        self.0.notifier.signal();
+    }
+
+    /// The oldest event, if any (`rdma_get_cm_event` without blocking).
+    pub fn get_event(&self) -> Option<CmEvent> {
+        let mut q = lock_leaf(&self.0.queue);
+        let ev = q.pop_front();
+        if q.is_empty() {
+            self.0.notifier.clear();
+        }
+        ev
+    }
+
+    /// The oldest event, waiting up to `timeout` (`None`: no limit) for one.
+    pub fn wait_event(&self, timeout: Option<Duration>) -> Result<Option<CmEvent>, RuntimeError> {
+        let deadline = timeout.map(|t| std::time::Instant::now() + t);
+        loop {
+            if let Some(ev) = self.get_event() {
+                return Ok(Some(ev));
+            }
+            let left = match deadline {
+                Some(d) => match d.checked_duration_since(std::time::Instant::now()) {
+                    Some(left) if !left.is_zero() => Some(left),
+                    _ => return Ok(None),
+                },
+                None => None,
+            };
+            crate::wait_readable(self.as_fd(), left)?;
+        }
+    }
+
+    fn same(&self, other: &CmChannel) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl AsFd for CmChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.notifier.as_fd()
+    }
+}
+
+/// One connection the runtime hosts for a consumer.
+#[derive(Debug)]
+struct Conn {
+    channel: CmChannel,
+    /// The consumer's QP; `None` on the passive side until it accepts.
+    qpn: Option<u32>,
+    local: IpAddr,
+    peer: IpAddr,
+    /// Our starting PSN.
+    psn: Psn,
+    /// The path MTU the REQ carries (active side).
+    mtu: Mtu,
+    param: ConnParam,
+    /// The REQ, on the passive side until the consumer answers it.
+    req: Option<Box<ReqRepr>>,
+}
+
+/// The CM of one device and the connections its consumers made through it.
+#[derive(Debug)]
+pub(crate) struct CmHost {
+    cm: Cm,
+    /// The device's addresses, GID order.
+    addrs: Vec<IpAddr>,
+    listeners: HashMap<ServiceId, CmChannel>,
+    conns: HashMap<CommId, Conn>,
+    /// The local address each peer talks to (its MADs arrived there, or we connected from
+    /// it): what we send that peer leaves from it.
+    local_for: HashMap<IpAddr, IpAddr>,
+    /// splitmix64 state for starting PSNs and ephemeral ports.
+    rng: u64,
+    /// MADs the GSI could not queue (the CM resends what expects an answer).
+    pub(crate) tx_dropped: u64,
+}
+
+/// rdma_cm's IP port spaces carry the IP CM header in the REQ's private data.
+fn is_rdma_cm(service_id: ServiceId) -> bool {
+    service_id.rdma_cm_parts().is_some()
+}
+
+impl CmHost {
+    /// A CM for a device with `addrs`; `seed` draws the communication IDs, transaction
+    /// IDs and PSNs, so they differ across restarts (IBA 12.9.8.1 stale connections).
+    pub(crate) fn new(mut config: CmConfig, addrs: &[IpAddr], node_guid: u64, seed: u64) -> Self {
+        let mut rng = seed;
+        if config.local_ca_guid == 0 {
+            config.local_ca_guid = if node_guid != 0 {
+                node_guid
+            } else {
+                guid_of(addrs[0])
+            };
+        }
+        config.first_comm_id = splitmix(&mut rng) as u32;
+        config.tid_prefix = splitmix(&mut rng) as u32;
+        CmHost {
+            cm: Cm::new(config),
+            addrs: addrs.to_vec(),
+            listeners: HashMap::new(),
+            conns: HashMap::new(),
+            local_for: HashMap::new(),
+            rng,
+            tx_dropped: 0,
+        }
+    }
+
+    /// What the CM counted.
+    pub(crate) fn counters(&self) -> &CmCounters {
+        self.cm.counters()
+    }
+
+    /// When [`CmHost::handle_timeout`] next has something to do.
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        self.cm.poll_timeout()
+    }
+
+    /// Run the CM's due timers (resends, time-outs, time-wait ends).
+    pub(crate) fn handle_timeout(&mut self, now: Instant) {
+        self.cm.handle_timeout(now);
+    }
+
+    /// Feed the CM the MADs the engine received, apply what it reports to the QPs and the
+    /// consumers, and queue what it sends on QP1.
+    pub(crate) fn pump(&mut self, engine: &mut SendEngine, now: Instant) {
+        while let Some(m) = engine.poll_mad() {
+            // Answers to this peer leave from the address it talks to.
+            self.local_for.insert(m.src, m.dst);
+            self.cm.handle_mad(now, m.src, &m.data);
+        }
+        // Events before transmissions: on the active side the QP must be in RTS before the
+        // RTU (queued with the Established event) reaches the peer.
+        while let Some(ev) = self.cm.poll_event() {
+            self.on_event(engine, now, ev);
+        }
+        let mut buf = [0u8; MAD_LEN];
+        while let Some(t) = self.cm.poll_transmit(now, &mut buf) {
+            let Some(src) = self.local_addr_for(t.dst) else {
+                tracing::warn!(dst = %t.dst, "no local address for a CM peer");
+                self.tx_dropped += 1;
+                continue;
+            };
+            // The GSI sends to the peer's QP1 (the CM's redirect is not supported).
+            if let Err(e) = engine.send_mad(src, t.dst, Qpn::GSI.value(), &buf) {
+                // As a MAD lost on the wire: what expects an answer is resent on timeout.
+                tracing::debug!(error = %e, dst = %t.dst, "MAD not queued");
+                self.tx_dropped += 1;
+            }
+        }
+    }
+
+    fn local_addr_for(&self, peer: IpAddr) -> Option<IpAddr> {
+        self.local_for.get(&peer).copied().or_else(|| {
+            self.addrs
+                .iter()
+                .copied()
+                .find(|a| a.is_ipv4() == peer.is_ipv4())
+        })
+    }
+
+    fn sgid_index(&self, local: IpAddr) -> u8 {
+        self.addrs
+            .iter()
+            .position(|&a| a == local)
+            .and_then(|i| u8::try_from(i).ok())
+            .unwrap_or(0)
+    }
+
+    fn on_event(&mut self, engine: &mut SendEngine, now: Instant, ev: Event) {
+        match ev {
+            Event::ConnectRequest { id, peer, req } => self.on_connect_request(id, peer, req),
+            Event::Established { id, reply } => {
+                let Some(channel) = self.conns.get(&id).map(|c| c.channel.clone()) else {
+                    return;
+                };
+                let private_data = match reply {
+                    // Active: the REP names the peer's QP; RTR and RTS before the RTU goes.
+                    Some(rep) => {
+                        if let Err(error) = self.ready_active(engine, id, &rep) {
+                            if let Some(qpn) = self.conns.get(&id).and_then(|c| c.qpn) {
+                                to_err(engine, qpn);
+                            }
+                            channel.push(CmEvent::ConnectError { id, error });
+                            // The RTU is already queued; close the connection right after.
+                            let _ = self.cm.disconnect(now, id, &[]);
+                            return;
+                        }
+                        rep.private_data.as_bytes().to_vec()
+                    }
+                    None => Vec::new(),
+                };
+                channel.push(CmEvent::Established { id, private_data });
+            }
+            Event::Rejected { id, rej } => {
+                if let Some(c) = self.end(engine, id) {
+                    c.channel.push(CmEvent::Rejected {
+                        id,
+                        reason: rej.reason,
+                        private_data: rej.private_data.as_bytes().to_vec(),
+                    });
+                }
+            }
+            Event::TimedOut { id } => {
+                if let Some(c) = self.end(engine, id) {
+                    c.channel.push(CmEvent::Unreachable { id });
+                }
+            }
+            Event::Disconnected { id } => {
+                if let Some(c) = self.end(engine, id) {
+                    c.channel.push(CmEvent::Disconnected { id });
+                }
+            }
+            Event::SidrRequest { id, req, .. } => {
+                // UD services through the CM are not hosted yet: say so rather than let
+                // the peer time out.
+                let rep = SidrRepRepr {
+                    status: SidrStatus::UNSUPPORTED,
+                    service_id: req.service_id,
+                    ..SidrRepRepr::default()
+                };
+                let _ = self.cm.sidr_reply(id, rep);
+            }
+            // No SIDR request is ever started here (and later kinds are not hosted yet).
+            _ => {}
+        }
+    }
+
+    /// A connection ends: its QP goes to ERR and its entry away.
+    fn end(&mut self, engine: &mut SendEngine, id: CommId) -> Option<Conn> {
+        let c = self.conns.remove(&id)?;
+        if let Some(qpn) = c.qpn {
+            to_err(engine, qpn);
+        }
+        Some(c)
+    }
+
+    fn on_connect_request(&mut self, id: CommId, peer: IpAddr, req: Box<ReqRepr>) {
+        let Some(channel) = self.listeners.get(&req.service_id).cloned() else {
+            // The CM only reports requests for services it listens on.
+            return;
+        };
+        if req.transport_service_type != ServiceType::Rc {
+            // Only RC connections are hosted so far.
+            let _ = self
+                .cm
+                .reject(id, RejectReason::INVALID_TRANSPORT_TYPE, &[]);
+            return;
+        }
+        let pd = req.private_data.as_bytes();
+        let (peer_port, private_data) = match CmaHeaderRepr::parse_bytes(pd) {
+            Ok(h) if is_rdma_cm(req.service_id) => (h.src_port, pd[CMA_HEADER_LEN..].to_vec()),
+            _ => (0, pd.to_vec()),
+        };
+        let local = self.local_addr_for(peer).unwrap_or(self.addrs[0]);
+        let event = ConnectRequest {
+            id,
+            service_id: req.service_id,
+            peer,
+            peer_port,
+            local,
+            remote_qpn: req.local_qpn.value(),
+            responder_resources: req.responder_resources,
+            initiator_depth: req.initiator_depth,
+            private_data,
+        };
+        self.conns.insert(
+            id,
+            Conn {
+                channel: channel.clone(),
+                qpn: None,
+                local,
+                peer,
+                psn: Psn::new(0),
+                mtu: req.mtu().unwrap_or(Mtu::Mtu256),
+                param: ConnParam::default(),
+                req: Some(req),
+            },
+        );
+        channel.push(CmEvent::ConnectRequest(Box::new(event)));
+    }
+
+    /// Active side, REP in hand: RTR and RTS with the peer's QPN and PSN.
+    fn ready_active(
+        &self,
+        engine: &mut SendEngine,
+        id: CommId,
+        rep: &RepRepr,
+    ) -> Result<(), VerbsError> {
+        let c = &self.conns[&id];
+        let qpn = c.qpn.ok_or(VerbsError::InvalidQp)?;
+        let path = Path {
+            local: c.local,
+            peer: c.peer,
+            sgid_index: self.sgid_index(c.local),
+            mtu: c.mtu,
+        };
+        // Kernel cm_rep_handler: the REP's responder resources bound our initiator depth,
+        // its initiator depth our responder resources.
+        let rtr = Rtr {
+            dest_qpn: rep.local_qpn.value(),
+            rq_psn: rep.starting_psn.value(),
+            max_dest_rd_atomic: rep.initiator_depth.min(c.param.responder_resources),
+            min_rnr_timer: c.param.min_rnr_timer,
+        };
+        let rts = Rts {
+            sq_psn: c.psn.value(),
+            timeout: c.param.ack_timeout,
+            retry_cnt: c.param.retry_count,
+            rnr_retry: rep.rnr_retry_count,
+            max_rd_atomic: rep.responder_resources.min(c.param.initiator_depth),
+        };
+        to_rts(engine, qpn, &path, &rtr, &rts)
+    }
+
+    fn listen(&mut self, channel: &CmChannel, service_id: ServiceId) -> Result<(), CmError> {
+        self.cm.listen(service_id)?;
+        self.listeners.insert(service_id, channel.clone());
+        Ok(())
+    }
+
+    fn unlisten(&mut self, channel: &CmChannel, service_id: ServiceId) {
+        if self
+            .listeners
+            .get(&service_id)
+            .is_some_and(|c| c.same(channel))
+        {
+            self.listeners.remove(&service_id);
+            self.cm.unlisten(service_id);
+        }
+    }
+
+    fn connect(
+        &mut self,
+        engine: &mut SendEngine,
+        now: Instant,
+        channel: &CmChannel,
+        qpn: u32,
+        (peer, service_id): (IpAddr, ServiceId),
+        param: &ConnParam,
+    ) -> Result<CommId, RuntimeError> {
+        let local = self
+            .addrs
+            .iter()
+            .copied()
+            .find(|a| a.is_ipv4() == peer.is_ipv4())
+            .ok_or(RuntimeError::NoLocalAddress { peer })?;
+        // Checked before the QP changes: a REQ that cannot be built leaves it as it was.
+        let private_data = self.req_private_data(local, peer, service_id, param)?;
+        to_init(engine, qpn, param)?;
+        let mtu = engine.query_port(1)?.active_mtu;
+        let psn = Psn::new(splitmix(&mut self.rng) as u32);
+        // The fields Linux's rdma_cm sets for RoCE (see wire's capture tests): LIDs
+        // permissive, GIDs from the IP addresses, hop limit 64, P_Key default.
+        let req = ReqRepr {
+            service_id,
+            local_qpn: Qpn::new(qpn),
+            responder_resources: param.responder_resources,
+            initiator_depth: param.initiator_depth,
+            transport_service_type: ServiceType::Rc,
+            starting_psn: psn,
+            retry_count: param.retry_count.min(7),
+            pkey: wire::DEFAULT_PKEY,
+            path_mtu: mtu.to_ibv(),
+            rnr_retry_count: param.rnr_retry_count.min(7),
+            primary_path: CmPathRepr {
+                local_lid: 0xffff,
+                remote_lid: 0xffff,
+                local_gid: Gid::from_ip(local).0,
+                remote_gid: Gid::from_ip(peer).0,
+                hop_limit: 64,
+                local_ack_timeout: param.ack_timeout.min(31),
+                ..CmPathRepr::default()
+            },
+            private_data,
+            ..ReqRepr::default()
+        };
+        let id = self.cm.connect(now, peer, req);
+        self.local_for.insert(peer, local);
+        self.conns.insert(
+            id,
+            Conn {
+                channel: channel.clone(),
+                qpn: Some(qpn),
+                local,
+                peer,
+                psn,
+                mtu,
+                param: param.clone(),
+                req: None,
+            },
+        );
+        Ok(id)
+    }
+
+    /// rdma_cm's REQ private data: the IP CM header (both addresses, our port), then the
+    /// consumer's bytes (`cma_format_hdr`); other service IDs carry the bytes alone.
+    fn req_private_data(
+        &mut self,
+        local: IpAddr,
+        peer: IpAddr,
+        service_id: ServiceId,
+        param: &ConnParam,
+    ) -> Result<PrivateData<{ wire::cm::REQ_PRIVATE_DATA_LEN }>, CmError> {
+        if !is_rdma_cm(service_id) {
+            return Ok(PrivateData::from_slice(&param.private_data)?);
+        }
+        let mut pd = vec![0u8; CMA_HEADER_LEN];
+        let src_port = match param.src_port {
+            // Linux's default ephemeral range, 32768..=60999.
+            0 => 32768 + (splitmix(&mut self.rng) % 28232) as u16,
+            p => p,
+        };
+        let addrs = CmaAddrs::new(local, peer).expect("both of the same family");
+        CmaHeaderRepr { src_port, addrs }.emit(&mut pd)?;
+        pd.extend_from_slice(&param.private_data);
+        Ok(PrivateData::from_slice(&pd).map_err(|e| match e {
+            // Say how much the consumer may send, not the whole area.
+            wire::WireError::PrivateDataTooLong { max, .. } => {
+                wire::WireError::PrivateDataTooLong {
+                    len: param.private_data.len(),
+                    max: max - CMA_HEADER_LEN,
+                }
+            }
+            e => e,
+        })?)
+    }
+
+    fn accept(
+        &mut self,
+        engine: &mut SendEngine,
+        now: Instant,
+        id: CommId,
+        qpn: u32,
+        param: &ConnParam,
+    ) -> Result<(), RuntimeError> {
+        let state = self.cm.state(id).ok_or(CmError::UnknownId(id))?;
+        let c = self.conns.get(&id).ok_or(CmError::UnknownId(id))?;
+        let req = match (&c.req, state) {
+            (Some(req), State::ReqRcvd | State::MraSent) => req.clone(),
+            _ => {
+                let op = "accept";
+                return Err(CmError::WrongState { id, state, op }.into());
+            }
+        };
+        let private_data = PrivateData::from_slice(&param.private_data).map_err(CmError::from)?;
+        let port_mtu = engine.query_port(1)?.active_mtu;
+        let path = Path {
+            local: c.local,
+            peer: c.peer,
+            sgid_index: self.sgid_index(c.local),
+            mtu: req.mtu().map_or(port_mtu, |m| m.min(port_mtu)),
+        };
+        let responder_resources = param.responder_resources.min(req.initiator_depth);
+        let initiator_depth = param.initiator_depth.min(req.responder_resources);
+        let psn = Psn::new(splitmix(&mut self.rng) as u32);
+        let rtr = Rtr {
+            dest_qpn: req.local_qpn.value(),
+            rq_psn: req.starting_psn.value(),
+            max_dest_rd_atomic: responder_resources,
+            min_rnr_timer: param.min_rnr_timer,
+        };
+        // The REQ's retry counts and ACK timeout are the connection's (kernel
+        // cm_format_paths_from_req / cm_req_handler).
+        let rts = Rts {
+            sq_psn: psn.value(),
+            timeout: req.primary_path.local_ack_timeout,
+            retry_cnt: req.retry_count,
+            rnr_retry: req.rnr_retry_count,
+            max_rd_atomic: initiator_depth,
+        };
+        let mut init_param = param.clone();
+        init_param.responder_resources = responder_resources;
+        to_init(engine, qpn, &init_param)?;
+        to_rts(engine, qpn, &path, &rtr, &rts)?;
+        let rep = RepRepr {
+            local_qpn: Qpn::new(qpn),
+            starting_psn: psn,
+            responder_resources,
+            initiator_depth,
+            // rxe's local CA ACK delay (what Linux sends from rxe, see wire's captures)
+            target_ack_delay: 15,
+            rnr_retry_count: param.rnr_retry_count.min(7),
+            private_data,
+            ..RepRepr::default()
+        };
+        self.cm.accept(now, id, rep)?;
+        let c = self.conns.get_mut(&id).expect("looked up above");
+        c.qpn = Some(qpn);
+        c.psn = psn;
+        c.mtu = path.mtu;
+        c.param = param.clone();
+        c.req = None;
+        Ok(())
+    }
+
+    fn reject(&mut self, id: CommId, private_data: &[u8]) -> Result<(), CmError> {
+        self.cm
+            .reject(id, RejectReason::CONSUMER_DEFINED, private_data)?;
+        self.conns.remove(&id);
+        Ok(())
+    }
+
+    fn disconnect(
+        &mut self,
+        engine: &mut SendEngine,
+        now: Instant,
+        id: CommId,
+        private_data: &[u8],
+    ) -> Result<(), CmError> {
+        let state = self.cm.state(id).ok_or(CmError::UnknownId(id))?;
+        if state != State::Established {
+            let op = "disconnect";
+            return Err(CmError::WrongState { id, state, op });
+        }
+        // rdma_disconnect: flush the QP first, then tell the peer.
+        if let Some(qpn) = self.conns.get(&id).and_then(|c| c.qpn) {
+            to_err(engine, qpn);
+        }
+        self.cm.disconnect(now, id, private_data)
+    }
+}
+
+/// Where a connected QP's packets go.
+struct Path {
+    local: IpAddr,
+    peer: IpAddr,
+    sgid_index: u8,
+    mtu: Mtu,
+}
+
+/// The RTR attributes the CM exchange decided.
+struct Rtr {
+    dest_qpn: u32,
+    rq_psn: u32,
+    max_dest_rd_atomic: u8,
+    min_rnr_timer: u8,
+}
+
+/// The RTS attributes the CM exchange decided.
+struct Rts {
+    sq_psn: u32,
+    timeout: u8,
+    retry_cnt: u8,
+    rnr_retry: u8,
+    max_rd_atomic: u8,
+}
+
+/// RESET → INIT as `ib_cm_init_qp_attr` sets it up: remote WRITE, and READ and ATOMIC
+/// when the QP answers any; a QP already in INIT is left as its consumer set it up.
+fn to_init(engine: &mut SendEngine, qpn: u32, param: &ConnParam) -> Result<(), VerbsError> {
+    match engine.query_qp(qpn)?.qp_state {
+        QpState::Init => Ok(()),
+        QpState::Reset => {
+            let mut access = AccessFlags::REMOTE_WRITE;
+            if param.responder_resources > 0 {
+                access |= AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
+            }
+            let attr = QpAttr {
+                qp_state: QpState::Init,
+                pkey_index: 0,
+                port_num: 1,
+                qp_access_flags: access,
+                ..QpAttr::default()
+            };
+            let mask = QpAttrMask::STATE
+                | QpAttrMask::PKEY_INDEX
+                | QpAttrMask::PORT
+                | QpAttrMask::ACCESS_FLAGS;
+            engine.modify_qp(qpn, &attr, mask)
+        }
+        other => Err(VerbsError::InvalidState(other)),
+    }
+}
+
+/// INIT → RTR → RTS along `path`.
+fn to_rts(
+    engine: &mut SendEngine,
+    qpn: u32,
+    path: &Path,
+    rtr: &Rtr,
+    rts: &Rts,
+) -> Result<(), VerbsError> {
+    debug_assert_eq!(path.local.is_ipv4(), path.peer.is_ipv4());
+    let attr = QpAttr {
+        qp_state: QpState::Rtr,
+        path_mtu: path.mtu,
+        dest_qp_num: rtr.dest_qpn,
+        rq_psn: rtr.rq_psn & 0xff_ffff,
+        max_dest_rd_atomic: rtr.max_dest_rd_atomic,
+        min_rnr_timer: rtr.min_rnr_timer,
+        ah_attr: AhAttr {
+            dgid: Gid::from_ip(path.peer).0,
+            sgid_index: path.sgid_index,
+            ..AhAttr::default()
+        },
+        ..QpAttr::default()
+    };
+    engine.modify_qp(
+        qpn,
+        &attr,
+        QpAttrMask::STATE
+            | QpAttrMask::AV
+            | QpAttrMask::PATH_MTU
+            | QpAttrMask::DEST_QPN
+            | QpAttrMask::RQ_PSN
+            | QpAttrMask::MAX_DEST_RD_ATOMIC
+            | QpAttrMask::MIN_RNR_TIMER,
+    )?;
+    let attr = QpAttr {
+        qp_state: QpState::Rts,
+        sq_psn: rts.sq_psn & 0xff_ffff,
+        timeout: rts.timeout,
+        retry_cnt: rts.retry_cnt.min(7),
+        rnr_retry: rts.rnr_retry.min(7),
+        max_rd_atomic: rts.max_rd_atomic,
+        ..QpAttr::default()
+    };
+    engine.modify_qp(
+        qpn,
+        &attr,
+        QpAttrMask::STATE
+            | QpAttrMask::SQ_PSN
+            | QpAttrMask::TIMEOUT
+            | QpAttrMask::RETRY_CNT
+            | QpAttrMask::RNR_RETRY
+            | QpAttrMask::MAX_QP_RD_ATOMIC,
+    )
+}
+
+/// Move a QP to ERR (its WRs flush); a QP already gone or in ERR is fine.
+fn to_err(engine: &mut SendEngine, qpn: u32) {
+    let attr = QpAttr {
+        qp_state: QpState::Err,
+        ..QpAttr::default()
+    };
+    if let Err(e) = engine.modify_qp(qpn, &attr, QpAttrMask::STATE) {
+        tracing::debug!(qpn, error = %e, "QP not moved to ERR");
+    }
+}
+
+/// splitmix64: a well-mixed 64-bit value per call.
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A CA GUID for a device configured without a node GUID: a locally administered EUI-64
+/// from its first address, so devices on distinct addresses differ.
+fn guid_of(addr: IpAddr) -> u64 {
+    let bits = match addr {
+        IpAddr::V4(a) => u64::from(u32::from(a)),
+        IpAddr::V6(a) => {
+            let o = a.octets();
+            u64::from_be_bytes(o[8..].try_into().expect("8 bytes")) & 0xffff_ffff_ffff
+        }
+    };
+    0x0200_0000_0000_0000 | bits
+}
+
+impl<A: Attachment> EngineGuard<'_, A> {
+    /// Deliver connection requests for `service_id` (e.g. `ServiceId::rdma_cm(PortSpace::TCP,
+    /// port)`) to `channel` (`rdma_listen`).
+    pub fn cm_listen(
+        &mut self,
+        channel: &CmChannel,
+        service_id: ServiceId,
+    ) -> Result<(), RuntimeError> {
+        Ok(self.core.cm.listen(channel, service_id)?)
+    }
+
+    /// Stop `channel`'s listening on `service_id`; connections made stay.
+    pub fn cm_unlisten(&mut self, channel: &CmChannel, service_id: ServiceId) {
+        self.core.cm.unlisten(channel, service_id);
+    }
+
+    /// Connect RC QP `qpn` (in RESET or INIT) to the service `service_id` at `peer`
+    /// (`rdma_connect`): the REQ carries the QP's number, a fresh starting PSN, the port's
+    /// MTU and `param`. Events for the connection arrive on `channel`: [`CmEvent::Established`]
+    /// with the QP in RTS, or [`CmEvent::Rejected`] / [`CmEvent::Unreachable`].
+    pub fn cm_connect(
+        &mut self,
+        channel: &CmChannel,
+        qpn: u32,
+        peer: IpAddr,
+        service_id: ServiceId,
+        param: &ConnParam,
+    ) -> Result<CommId, RuntimeError> {
+        let now = self.shared.now();
+        self.dirty = true;
+        let core = &mut *self.core;
+        core.cm.connect(
+            &mut core.engine,
+            now,
+            channel,
+            qpn,
+            (peer, service_id),
+            param,
+        )
+    }
+
+    /// Accept connection request `id` with RC QP `qpn` (in RESET or INIT) (`rdma_accept`):
+    /// the QP goes to RTR and RTS with the peer's parameters and the REP leaves;
+    /// [`CmEvent::Established`] follows when the RTU arrives. On failure the request is still
+    /// there to reject.
+    pub fn cm_accept(
+        &mut self,
+        id: CommId,
+        qpn: u32,
+        param: &ConnParam,
+    ) -> Result<(), RuntimeError> {
+        let now = self.shared.now();
+        self.dirty = true;
+        let core = &mut *self.core;
+        core.cm.accept(&mut core.engine, now, id, qpn, param)
+    }
+
+    /// Reject connection request `id` with `private_data` (`rdma_reject`: REJ reason 28,
+    /// consumer defined).
+    pub fn cm_reject(&mut self, id: CommId, private_data: &[u8]) -> Result<(), RuntimeError> {
+        self.dirty = true;
+        Ok(self.core.cm.reject(id, private_data)?)
+    }
+
+    /// Close established connection `id` (`rdma_disconnect`): its QP goes to ERR, the DREQ
+    /// leaves, and [`CmEvent::Disconnected`] follows when the peer answers (or gives up).
+    pub fn cm_disconnect(&mut self, id: CommId, private_data: &[u8]) -> Result<(), RuntimeError> {
+        let now = self.shared.now();
+        self.dirty = true;
+        let core = &mut *self.core;
+        Ok(core
+            .cm
+            .disconnect(&mut core.engine, now, id, private_data)?)
+    }
+}

@@ -1,0 +1,367 @@
+//! RC connections set up and torn down by the runtime's connection manager alone: two
+//! devices on 127.0.0.1 and 127.0.0.2 over real UDP, no out-of-band exchange. Only the order
+//! of events is checked, never how long anything took (waits have a generous limit so a
+//! broken build fails instead of hanging).
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use engine::{
+    AccessFlags, CqHandle, MrKeys, PdHandle, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendWr,
+    Sge, WcOpcode, WcStatus, WorkCompletion,
+};
+use runtime::{
+    CmChannel, CmConfig, CmEvent, ConnParam, PortSpace, RejectReason, Runtime, RuntimeConfig,
+    ServiceId,
+};
+
+const SERVICE: ServiceId = ServiceId::rdma_cm(PortSpace::TCP, 7471);
+
+/// Longest wait for anything: a hang guard, not a timing assertion.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+const BUF: usize = 4096;
+
+/// One device with a PD, a CQ, a registered buffer and a CM event channel.
+struct Device {
+    rt: Runtime,
+    pd: PdHandle,
+    cq: CqHandle,
+    /// Registered with `mr`; only read while holding the engine lock (see `reg_mr`).
+    buf: Vec<u8>,
+    mr: MrKeys,
+    channel: CmChannel,
+}
+
+impl Device {
+    /// A device on `ip` at `port` (0: the OS picks) with connection manager `cm`.
+    fn open(ip: &str, port: u16, cm: CmConfig) -> Device {
+        let mut config = RuntimeConfig::new(ip.parse().unwrap());
+        config.port = port;
+        config.remote_port = 0;
+        config.cm = cm;
+        let rt = Runtime::start(config).expect("start a device");
+        let mut buf = vec![0u8; BUF];
+        let (pd, cq, mr) = {
+            let mut g = rt.lock();
+            let pd = g.alloc_pd().unwrap();
+            let cq = g.create_cq(64).unwrap();
+            let access =
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+            // SAFETY: `buf` is neither moved (a Vec's heap block stays put) nor freed before the
+            // runtime is dropped (fields drop in order: `rt` first), and the test reads it only
+            // under the engine lock.
+            let mr = unsafe { g.reg_mr(pd, buf.as_mut_ptr(), BUF, access) }.unwrap();
+            (pd, cq, mr)
+        };
+        let channel = CmChannel::new().unwrap();
+        Device {
+            rt,
+            pd,
+            cq,
+            buf,
+            mr,
+            channel,
+        }
+    }
+
+    fn ip(&self) -> IpAddr {
+        self.rt.local_addr().ip()
+    }
+
+    /// A new RC QP in RESET: the connection manager moves it from here.
+    fn qp(&self) -> u32 {
+        let cap = QpCap {
+            max_send_wr: 16,
+            max_recv_wr: 16,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        self.rt
+            .lock()
+            .create_qp(&QpInitAttr {
+                pd: self.pd,
+                send_cq: self.cq,
+                recv_cq: self.cq,
+                cap,
+                qp_type: QpType::Rc,
+                sq_sig_all: false,
+            })
+            .unwrap()
+    }
+
+    fn state(&self, qpn: u32) -> QpState {
+        self.rt.lock().query_qp(qpn).unwrap().qp_state
+    }
+
+    fn sge(&self, offset: usize, len: usize) -> Sge {
+        Sge {
+            addr: self.buf.as_ptr() as u64 + offset as u64,
+            length: len as u32,
+            lkey: self.mr.lkey,
+        }
+    }
+
+    /// Write `bytes` at `offset` of the registered buffer.
+    fn fill(&mut self, offset: usize, bytes: &[u8]) {
+        let _g = self.rt.lock();
+        self.buf[offset..offset + bytes.len()].copy_from_slice(bytes);
+    }
+
+    /// The registered buffer's bytes at `offset`.
+    fn read(&self, offset: usize, len: usize) -> Vec<u8> {
+        let _g = self.rt.lock();
+        self.buf[offset..offset + len].to_vec()
+    }
+
+    fn event(&self) -> CmEvent {
+        self.channel
+            .wait_event(Some(PATIENCE))
+            .unwrap()
+            .expect("a CM event")
+    }
+
+    fn completion(&self) -> WorkCompletion {
+        assert!(
+            self.rt.wait_cq(self.cq, Some(PATIENCE)).unwrap(),
+            "a completion"
+        );
+        self.rt.lock().poll_cq(self.cq, 1).unwrap()[0]
+    }
+}
+
+/// A connection manager that resends after about half a second (2^17 × 4.096 µs), so a lost
+/// MAD costs little.
+fn quick_cm() -> CmConfig {
+    CmConfig {
+        local_cm_response_timeout: 17,
+        remote_cm_response_timeout: 17,
+        max_cm_retries: 5,
+        ..CmConfig::default()
+    }
+}
+
+/// Devices on 127.0.0.1 and 127.0.0.2, each sending to the other's port.
+fn pair() -> (Device, Device) {
+    let a = Device::open("127.0.0.1", 0, quick_cm());
+    let b = Device::open("127.0.0.2", 0, quick_cm());
+    a.rt.set_remote_port(b.rt.local_addr().port());
+    b.rt.set_remote_port(a.rt.local_addr().port());
+    (a, b)
+}
+
+/// `b` listens, `a` connects with `hello`, `b` accepts with `reply`: returns (a's QP, a's
+/// connection, b's QP, b's connection, the REP's private data as `a` got it).
+fn connect(a: &Device, b: &Device, hello: &[u8], reply: &[u8]) -> Connected {
+    b.rt.lock().cm_listen(&b.channel, SERVICE).unwrap();
+    let a_qp = a.qp();
+    let a_id =
+        a.rt.lock()
+            .cm_connect(
+                &a.channel,
+                a_qp,
+                b.ip(),
+                SERVICE,
+                &ConnParam::with_private_data(hello),
+            )
+            .unwrap();
+    let CmEvent::ConnectRequest(req) = b.event() else {
+        panic!("the listener gets the request first")
+    };
+    assert_eq!(req.service_id, SERVICE);
+    assert_eq!(req.peer, a.ip());
+    assert_eq!(req.local, b.ip());
+    assert_eq!(req.remote_qpn, a_qp);
+    assert_eq!(&req.private_data[..hello.len()], hello);
+    let b_qp = b.qp();
+    b.rt.lock()
+        .cm_accept(req.id, b_qp, &ConnParam::with_private_data(reply))
+        .unwrap();
+    // The accept left the QP in RTS (as Linux's rdma_accept does): a receive posted now is
+    // there before the connector, which waits for its Established event, can send.
+    assert_eq!(b.state(b_qp), QpState::Rts);
+    b.rt.lock()
+        .post_recv(b_qp, RecvWr::new(1, &[b.sge(0, 64)][..]))
+        .unwrap();
+    let CmEvent::Established { id, private_data } = a.event() else {
+        panic!("the connector is established by the REP")
+    };
+    assert_eq!(id, a_id);
+    let CmEvent::Established { id: b_id, .. } = b.event() else {
+        panic!("the listener is established by the RTU")
+    };
+    assert_eq!(b_id, req.id);
+    Connected {
+        a_qp,
+        a_id,
+        b_qp,
+        b_id,
+        rep_data: private_data,
+    }
+}
+
+struct Connected {
+    a_qp: u32,
+    a_id: runtime::CommId,
+    b_qp: u32,
+    b_id: runtime::CommId,
+    rep_data: Vec<u8>,
+}
+
+#[test]
+fn a_connection_made_through_the_cm_alone_carries_a_send_and_an_rdma_write() {
+    let (mut a, b) = pair();
+    // The listener advertises its buffer in the REP's private data, as rping does.
+    let mut advert = [0u8; 12];
+    advert[..8].copy_from_slice(&(b.buf.as_ptr() as u64).to_be_bytes());
+    advert[8..].copy_from_slice(&b.mr.rkey.to_be_bytes());
+    let c = connect(&a, &b, b"hello from a", &advert);
+    assert_eq!(&c.rep_data[..12], &advert, "the REP's private data arrives");
+    assert_eq!(a.state(c.a_qp), QpState::Rts);
+    assert_eq!(b.state(c.b_qp), QpState::Rts);
+
+    a.fill(0, b"a SEND over a CM connection");
+    a.rt.lock()
+        .post_send(c.a_qp, SendWr::send(10, &[a.sge(0, 27)][..]))
+        .unwrap();
+    let sent = a.completion();
+    assert_eq!((sent.wr_id, sent.status), (10, WcStatus::Success));
+    let got = b.completion();
+    assert_eq!(
+        (got.wr_id, got.status, got.byte_len),
+        (1, WcStatus::Success, 27)
+    );
+    assert_eq!(b.read(0, 27), b"a SEND over a CM connection");
+
+    let addr = u64::from_be_bytes(c.rep_data[..8].try_into().unwrap());
+    let rkey = u32::from_be_bytes(c.rep_data[8..12].try_into().unwrap());
+    a.fill(100, b"an RDMA WRITE");
+    a.rt.lock()
+        .post_send(
+            c.a_qp,
+            SendWr::rdma_write(11, &[a.sge(100, 13)][..], addr + 1000, rkey),
+        )
+        .unwrap();
+    let wrote = a.completion();
+    assert_eq!(
+        (wrote.wr_id, wrote.status, wrote.opcode),
+        (11, WcStatus::Success, WcOpcode::RdmaWrite)
+    );
+    assert_eq!(b.read(1000, 13), b"an RDMA WRITE");
+}
+
+#[test]
+fn a_connect_to_a_port_nobody_listens_on_is_rejected_and_its_qp_errored() {
+    let (a, b) = pair();
+    let qp = a.qp();
+    let nobody = ServiceId::rdma_cm(PortSpace::TCP, 9);
+    let id =
+        a.rt.lock()
+            .cm_connect(&a.channel, qp, b.ip(), nobody, &ConnParam::default())
+            .unwrap();
+    match a.event() {
+        CmEvent::Rejected {
+            id: rid, reason, ..
+        } => {
+            assert_eq!(rid, id);
+            // As Linux answers a REQ for a service nobody listens on.
+            assert_eq!(reason, RejectReason::INVALID_SERVICE_ID);
+        }
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+    assert_eq!(a.state(qp), QpState::Err);
+    assert!(
+        b.channel.get_event().is_none(),
+        "nobody listens: nothing for b"
+    );
+}
+
+#[test]
+fn a_listener_that_rejects_sends_its_private_data_to_the_connector() {
+    let (a, b) = pair();
+    b.rt.lock().cm_listen(&b.channel, SERVICE).unwrap();
+    let qp = a.qp();
+    let id =
+        a.rt.lock()
+            .cm_connect(&a.channel, qp, b.ip(), SERVICE, &ConnParam::default())
+            .unwrap();
+    let CmEvent::ConnectRequest(req) = b.event() else {
+        panic!("no request")
+    };
+    b.rt.lock().cm_reject(req.id, b"go away").unwrap();
+    match a.event() {
+        CmEvent::Rejected {
+            id: rid,
+            reason,
+            private_data,
+        } => {
+            assert_eq!(rid, id);
+            assert_eq!(reason, RejectReason::CONSUMER_DEFINED);
+            assert_eq!(&private_data[..7], b"go away");
+        }
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+    assert_eq!(a.state(qp), QpState::Err);
+}
+
+#[test]
+fn a_disconnect_flushes_both_qps_and_both_sides_see_it() {
+    let (a, b) = pair();
+    let c = connect(&a, &b, b"", b"");
+    // Outstanding receives on both sides: they flush when the QPs go to ERR.
+    a.rt.lock()
+        .post_recv(c.a_qp, RecvWr::new(20, &[a.sge(0, 64)][..]))
+        .unwrap();
+    b.rt.lock()
+        .post_recv(c.b_qp, RecvWr::new(21, &[b.sge(0, 64)][..]))
+        .unwrap();
+
+    a.rt.lock().cm_disconnect(c.a_id, b"bye").unwrap();
+    assert_eq!(a.event(), CmEvent::Disconnected { id: c.a_id });
+    assert_eq!(b.event(), CmEvent::Disconnected { id: c.b_id });
+    assert_eq!(a.state(c.a_qp), QpState::Err);
+    assert_eq!(b.state(c.b_qp), QpState::Err);
+    let fa = a.completion();
+    assert_eq!((fa.wr_id, fa.status), (20, WcStatus::WrFlushErr));
+    // b still had the receive `connect` posted, then this one
+    for wr_id in [1, 21] {
+        let fb = b.completion();
+        assert_eq!((fb.wr_id, fb.status), (wr_id, WcStatus::WrFlushErr));
+    }
+    // A second disconnect has nothing to close.
+    assert!(a.rt.lock().cm_disconnect(c.a_id, b"").is_err());
+}
+
+#[test]
+fn a_request_lost_on_the_way_is_resent_and_the_connection_comes_up() {
+    let (a, b) = pair();
+    let b_port = b.rt.local_addr().port();
+    // b goes away: the REQ finds no socket at b's address and is lost.
+    drop(b);
+    let a_qp = a.qp();
+    let a_id =
+        a.rt.lock()
+            .cm_connect(&a.channel, a_qp, "127.0.0.2".parse().unwrap(), SERVICE, &{
+                ConnParam::with_private_data(b"again")
+            })
+            .unwrap();
+    assert_eq!(a.rt.cm_counters().sent, 1, "the REQ left");
+    // b comes back on the same port and listens before the CM resends (about half a
+    // second later).
+    let b = Device::open("127.0.0.2", b_port, quick_cm());
+    b.rt.set_remote_port(a.rt.local_addr().port());
+    b.rt.lock().cm_listen(&b.channel, SERVICE).unwrap();
+    let CmEvent::ConnectRequest(req) = b.event() else {
+        panic!("the resent REQ arrives")
+    };
+    assert_eq!(&req.private_data[..5], b"again");
+    assert!(a.rt.cm_counters().retransmitted >= 1);
+    let b_qp = b.qp();
+    b.rt.lock()
+        .cm_accept(req.id, b_qp, &ConnParam::default())
+        .unwrap();
+    assert!(matches!(a.event(), CmEvent::Established { id, .. } if id == a_id));
+    assert!(matches!(b.event(), CmEvent::Established { id, .. } if id == req.id));
+    assert_eq!(a.state(a_qp), QpState::Rts);
+}
