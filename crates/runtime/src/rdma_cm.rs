@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cm::{Cm, CmError, Event, State};
-use engine::{AccessFlags, AhAttr, Gid, Instant, QpAttr, QpAttrMask, QpState, VerbsError};
+use engine::{AccessFlags, AhAttr, Gid, Instant, QpAttr, QpAttrMask, QpState, QpType, VerbsError};
 use wire::{
     CmPathRepr, CmaAddrs, CmaHeaderRepr, Mtu, PrivateData, Psn, Qpn, RejectReason, RepRepr,
     ReqRepr, ServiceId, ServiceType, SidrRepRepr, SidrStatus, CMA_HEADER_LEN, MAD_LEN,
@@ -284,6 +284,9 @@ pub(crate) struct CmHost {
     pub(crate) tx_dropped: u64,
 }
 
+/// Peers whose local address is remembered (see `CmHost::local_for`).
+const MAX_PEERS: usize = 4096;
+
 /// rdma_cm's IP port spaces carry the IP CM header in the REQ's private data.
 fn is_rdma_cm(service_id: ServiceId) -> bool {
     service_id.rdma_cm_parts().is_some()
@@ -333,7 +336,12 @@ impl CmHost {
     /// consumers, and queue what it sends on QP1.
     pub(crate) fn pump(&mut self, engine: &mut SendEngine, now: Instant) {
         while let Some(m) = engine.poll_mad() {
-            // Answers to this peer leave from the address it talks to.
+            // Answers to this peer leave from the address it talks to. Senders are not
+            // authenticated: a flood from many addresses must not grow this without bound
+            // (forgotten peers are answered from the first address of their family).
+            if self.local_for.len() >= MAX_PEERS && !self.local_for.contains_key(&m.src) {
+                self.local_for.clear();
+            }
             self.local_for.insert(m.src, m.dst);
             self.cm.handle_mad(now, m.src, &m.data);
         }
@@ -771,11 +779,7 @@ fn to_init(engine: &mut SendEngine, qpn: u32, param: &ConnParam) -> Result<(), V
                 qp_access_flags: access,
                 ..QpAttr::default()
             };
-            let mask = QpAttrMask::STATE
-                | QpAttrMask::PKEY_INDEX
-                | QpAttrMask::PORT
-                | QpAttrMask::ACCESS_FLAGS;
-            engine.modify_qp(qpn, &attr, mask)
+            engine.modify_qp(qpn, &attr, rc_required(QpState::Reset, QpState::Init))
         }
         other => Err(VerbsError::InvalidState(other)),
     }
@@ -804,17 +808,7 @@ fn to_rts(
         },
         ..QpAttr::default()
     };
-    engine.modify_qp(
-        qpn,
-        &attr,
-        QpAttrMask::STATE
-            | QpAttrMask::AV
-            | QpAttrMask::PATH_MTU
-            | QpAttrMask::DEST_QPN
-            | QpAttrMask::RQ_PSN
-            | QpAttrMask::MAX_DEST_RD_ATOMIC
-            | QpAttrMask::MIN_RNR_TIMER,
-    )?;
+    engine.modify_qp(qpn, &attr, rc_required(QpState::Init, QpState::Rtr))?;
     let attr = QpAttr {
         qp_state: QpState::Rts,
         sq_psn: rts.sq_psn & 0xff_ffff,
@@ -824,16 +818,15 @@ fn to_rts(
         max_rd_atomic: rts.max_rd_atomic,
         ..QpAttr::default()
     };
-    engine.modify_qp(
-        qpn,
-        &attr,
-        QpAttrMask::STATE
-            | QpAttrMask::SQ_PSN
-            | QpAttrMask::TIMEOUT
-            | QpAttrMask::RETRY_CNT
-            | QpAttrMask::RNR_RETRY
-            | QpAttrMask::MAX_QP_RD_ATOMIC,
-    )
+    engine.modify_qp(qpn, &attr, rc_required(QpState::Rtr, QpState::Rts))
+}
+
+/// The attributes an RC QP's `from → to` transition requires (IBA 11.2.5, the engine's
+/// table), with the state: exactly what the CM sets.
+fn rc_required(from: QpState, to: QpState) -> QpAttrMask {
+    let rule = engine::qp_state::transition_rule(QpType::Rc, from, to)
+        .expect("the CM's transitions are in the IBA table");
+    rule.required | QpAttrMask::STATE
 }
 
 /// Move a QP to ERR (its WRs flush); a QP already gone or in ERR is fine.
