@@ -25,6 +25,15 @@
 //!   does), then the DREQ leaves; a DREQ received moves the QP to ERR too (the kernel leaves
 //!   that to the user's `rdma_disconnect`: here a QP whose peer is gone is flushed at once);
 //! - a REJ, a timeout or a failed transition move the QP to ERR.
+//!
+//! ## Whose PSN is whose
+//! A REQ's or REP's starting PSN is the first PSN its *sender* expects to receive: the
+//! peer starts sending from it. That is how Linux's CM reads both (`ib_send_cm_req` keeps
+//! the REQ's PSN as the active side's `rq_psn`, `cm_req_handler` makes it the passive
+//! side's `sq_psn`, and the REP the other way round), as the kernel-to-kernel captures in
+//! `shared/testdata/rxe-cm-*.pcap` show: the active side's first SEND carries the REP's
+//! PSN. Reading them the other way works between two softrdma devices and fails against
+//! anything else (kernel rxe answers our first SEND as a duplicate).
 
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
@@ -258,7 +267,7 @@ struct Conn {
     qpn: Option<u32>,
     local: IpAddr,
     peer: IpAddr,
-    /// Our starting PSN.
+    /// The PSN this side announced in its REQ or REP: the first it expects to receive.
     psn: Psn,
     /// The path MTU the REQ carries (active side).
     mtu: Mtu,
@@ -515,12 +524,12 @@ impl CmHost {
         // its initiator depth our responder resources.
         let rtr = Rtr {
             dest_qpn: rep.local_qpn.value(),
-            rq_psn: rep.starting_psn.value(),
+            rq_psn: c.psn.value(),
             max_dest_rd_atomic: rep.initiator_depth.min(c.param.responder_resources),
             min_rnr_timer: c.param.min_rnr_timer,
         };
         let rts = Rts {
-            sq_psn: c.psn.value(),
+            sq_psn: rep.starting_psn.value(),
             timeout: c.param.ack_timeout,
             retry_cnt: c.param.retry_count,
             rnr_retry: rep.rnr_retry_count,
@@ -672,14 +681,14 @@ impl CmHost {
         let psn = Psn::new(splitmix(&mut self.rng) as u32);
         let rtr = Rtr {
             dest_qpn: req.local_qpn.value(),
-            rq_psn: req.starting_psn.value(),
+            rq_psn: psn.value(),
             max_dest_rd_atomic: responder_resources,
             min_rnr_timer: param.min_rnr_timer,
         };
         // The REQ's retry counts and ACK timeout are the connection's (kernel
         // cm_format_paths_from_req / cm_req_handler).
         let rts = Rts {
-            sq_psn: psn.value(),
+            sq_psn: req.starting_psn.value(),
             timeout: req.primary_path.local_ack_timeout,
             retry_cnt: req.retry_count,
             rnr_retry: req.rnr_retry_count,
@@ -935,5 +944,129 @@ impl<A: Attachment> EngineGuard<'_, A> {
         Ok(core
             .cm
             .disconnect(&mut core.engine, now, id, private_data)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::{ProcessMemory, SharedRegions};
+    use engine::{Engine, EngineConfig, QpCap, QpInitAttr};
+    use wire::{CmMadRepr, CmMessage, PortSpace};
+
+    /// One device, sans IO: an engine, its CM host, a channel and an RC QP in RESET.
+    struct Side {
+        engine: SendEngine,
+        host: CmHost,
+        channel: CmChannel,
+        qpn: u32,
+    }
+
+    fn side(ip: IpAddr, seed: u64) -> Side {
+        let mem = Box::new(ProcessMemory::new(SharedRegions::default()));
+        let mut engine: SendEngine = Engine::with_memory(EngineConfig::new(vec![ip], seed), mem);
+        let pd = engine.alloc_pd().unwrap();
+        let cq = engine.create_cq(16).unwrap();
+        let qpn = engine
+            .create_qp(&QpInitAttr {
+                pd,
+                send_cq: cq,
+                recv_cq: cq,
+                cap: QpCap {
+                    max_send_wr: 4,
+                    max_recv_wr: 4,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
+                },
+                qp_type: QpType::Rc,
+                sq_sig_all: false,
+            })
+            .unwrap();
+        Side {
+            engine,
+            host: CmHost::new(CmConfig::default(), &[ip], 0, seed),
+            channel: CmChannel::new().unwrap(),
+            qpn,
+        }
+    }
+
+    /// Bytes before a GSI packet's MAD: IPv4, UDP, BTH, DETH.
+    const MAD_AT: usize = 20 + 8 + 12 + 8;
+
+    /// Pump both sides and carry every packet across until both are quiet; returns the CM
+    /// MADs that crossed, in order.
+    fn shuttle(a: &mut Side, b: &mut Side) -> Vec<CmMessage> {
+        let now = Instant::from_nanos(0);
+        let mut buf = vec![0u8; 9000];
+        let mut mads = Vec::new();
+        for _ in 0..16 {
+            let mut moved = false;
+            for a_sends in [true, false] {
+                let (from, to) = if a_sends {
+                    (&mut *a, &mut *b)
+                } else {
+                    (&mut *b, &mut *a)
+                };
+                from.host.pump(&mut from.engine, now);
+                while let Some(t) = from.engine.poll_transmit(now, &mut buf) {
+                    moved = true;
+                    let pkt = &buf[..t.len];
+                    if let Some(m) = pkt.get(MAD_AT..MAD_AT + MAD_LEN) {
+                        if let Ok(m) = CmMadRepr::parse(m) {
+                            mads.push(m.message);
+                        }
+                    }
+                    to.engine.handle_datagram(now, pkt);
+                }
+            }
+            if !moved {
+                return mads;
+            }
+        }
+        panic!("the exchange never settles");
+    }
+
+    #[test]
+    fn each_side_sends_from_the_psn_its_peer_announced_as_linux_reads_them() {
+        let (ip_a, ip_b): (IpAddr, IpAddr) = ([10, 0, 0, 1].into(), [10, 0, 0, 2].into());
+        let (mut a, mut b) = (side(ip_a, 1), side(ip_b, 2));
+        let service = ServiceId::rdma_cm(PortSpace::TCP, 7174);
+        b.host.listen(&b.channel, service).unwrap();
+        let now = Instant::from_nanos(0);
+        a.host
+            .connect(
+                &mut a.engine,
+                now,
+                &a.channel,
+                a.qpn,
+                (ip_b, service),
+                &ConnParam::default(),
+            )
+            .unwrap();
+        let mut mads = shuttle(&mut a, &mut b);
+        let Some(CmEvent::ConnectRequest(req)) = b.channel.get_event() else {
+            panic!("no connect request")
+        };
+        b.host
+            .accept(&mut b.engine, now, req.id, b.qpn, &ConnParam::default())
+            .unwrap();
+        mads.extend(shuttle(&mut a, &mut b));
+        let names: Vec<_> = mads.iter().map(|m| m.name()).collect();
+        assert_eq!(names, ["REQ", "REP", "RTU"]);
+        let (CmMessage::Req(req), CmMessage::Rep(rep)) = (mads[0], mads[1]) else {
+            unreachable!("checked above")
+        };
+        let qa = a.engine.query_qp(a.qpn).unwrap();
+        let qb = b.engine.query_qp(b.qpn).unwrap();
+        assert_eq!((qa.qp_state, qb.qp_state), (QpState::Rts, QpState::Rts));
+        // The REQ's PSN is the active side's to receive, the passive side's to send from
+        // (kernel rxe, which reads it so, answered the other reading as a duplicate).
+        assert_eq!(qa.rq_psn, req.starting_psn.value());
+        assert_eq!(qb.sq_psn, req.starting_psn.value());
+        assert_eq!(qb.rq_psn, rep.starting_psn.value());
+        assert_eq!(qa.sq_psn, rep.starting_psn.value());
+        assert_eq!(qa.dest_qp_num, b.qpn);
+        assert_eq!(qb.dest_qp_num, a.qpn);
     }
 }
