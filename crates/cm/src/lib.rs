@@ -430,8 +430,9 @@ impl Cm {
         Ok(())
     }
 
-    /// Reject a connection request (or, on the active side, a REP) with `reason` and
-    /// `private_data`; the connection is gone.
+    /// Reject a connection request with `reason` and `private_data`, or give up a connection
+    /// this side requested or accepted before it is established (as Linux's
+    /// `ib_destroy_cm_id` does in those states); the connection is gone.
     pub fn reject(
         &mut self,
         id: CommId,
@@ -440,15 +441,25 @@ impl Cm {
     ) -> Result<(), CmError> {
         self.expect_state(
             id,
-            &[State::ReqRcvd, State::MraSent, State::ReqSent],
+            &[
+                State::ReqRcvd,
+                State::MraSent,
+                State::ReqSent,
+                State::RepSent,
+            ],
             "reject",
         )?;
         let private_data = PrivateData::from_slice(private_data)?;
         let c = self.remove(id).expect("checked above");
-        let message_rejected = if c.state == State::ReqSent {
-            CmMsgRef::Rep
+        // Linux's cm_format_rej: a REQ received is what is rejected; otherwise "other".
+        let message_rejected = match c.state {
+            State::ReqRcvd | State::MraSent => CmMsgRef::Req,
+            _ => CmMsgRef::Other,
+        };
+        let ari = if reason == RejectReason::TIMEOUT {
+            self.timeout_ari()
         } else {
-            CmMsgRef::Req
+            RejRepr::default()
         };
         let rej = RejRepr {
             local_comm_id: id.0,
@@ -456,10 +467,23 @@ impl Cm {
             message_rejected,
             reason,
             private_data,
-            ..RejRepr::default()
+            ..ari
         };
         self.send(c.peer, c.tid, CmMessage::Rej(rej));
         Ok(())
+    }
+
+    /// A REJ whose additional information is this CA's GUID, as a REJ with reason Timeout
+    /// carries it (IBA 12.6.7.2; Linux finds the connection a REJ names by no ID of its own
+    /// through it).
+    fn timeout_ari(&self) -> RejRepr {
+        let mut ari = [0u8; wire::cm::CM_ARI_LEN];
+        ari[..8].copy_from_slice(&self.config.local_ca_guid.to_be_bytes());
+        RejRepr {
+            reject_info_len: 8,
+            ari: PrivateData(ari),
+            ..RejRepr::default()
+        }
     }
 
     /// Tell the peer its REQ needs more time than its timeout: it waits `service_timeout`
@@ -686,7 +710,18 @@ impl Cm {
     }
 
     fn on_rej(&mut self, src: IpAddr, rej: RejRepr) {
-        let Some(id) = self.lookup(src, rej.remote_comm_id, None) else {
+        let id = if rej.remote_comm_id == 0 {
+            // The peer gave up on its REQ before it learnt our ID: only its own names the
+            // connection (Linux finds it the same way, by the peer's ID and CA GUID).
+            let found = self.by_remote.get(&(src, rej.local_comm_id)).copied();
+            if found.is_none() {
+                self.count_drop(DropReason::UnknownCommId);
+            }
+            found
+        } else {
+            self.lookup(src, rej.remote_comm_id, None)
+        };
+        let Some(id) = id else {
             return;
         };
         match self.conns[&id].state {
@@ -842,7 +877,7 @@ impl Cm {
                                 CmMsgRef::Rep
                             },
                             reason: RejectReason::TIMEOUT,
-                            ..RejRepr::default()
+                            ..self.timeout_ari()
                         };
                         self.send(c.peer, c.tid, CmMessage::Rej(rej));
                     }

@@ -453,6 +453,39 @@ fn the_consumer_rejects_with_private_data() {
 }
 
 #[test]
+fn either_side_can_give_up_a_connection_before_it_is_established() {
+    // The active side gives up while its REQ waits for an answer.
+    let mut p = Pair::new();
+    let (a_id, b_id) = request(&mut p);
+    p.a.reject(a_id, RejectReason::TIMEOUT, b"").unwrap();
+    p.flush();
+    let Some(Event::Rejected { id, rej }) = p.b.poll_event() else {
+        panic!("expected a reject")
+    };
+    assert_eq!((id, rej.reason), (b_id, RejectReason::TIMEOUT));
+    // as Linux's cm_format_rej: nothing the peer sent is rejected, so "other"; and a
+    // timeout REJ carries the sender's CA GUID, by which Linux finds the connection
+    assert_eq!(rej.message_rejected, wire::CmMsgRef::Other);
+    assert_eq!(rej.reject_info_len, 8);
+    assert_eq!(rej.ari.as_bytes()[..8], 0x100u64.to_be_bytes());
+    assert_eq!((p.a.state(a_id), p.b.state(b_id)), (None, None));
+
+    // The passive side gives up after its REP, before the RTU (lost here).
+    let mut p = Pair::new();
+    p.lose = Box::new(|from_a, name, _| from_a && name == "RTU");
+    let (a_id, b_id) = request(&mut p);
+    p.b.accept(p.now, b_id, rep()).unwrap();
+    p.flush();
+    assert!(established(&mut p.a).is_some());
+    assert_eq!(p.b.state(b_id), Some(State::RepSent));
+    p.b.reject(b_id, RejectReason::CONSUMER_DEFINED, b"")
+        .unwrap();
+    p.flush();
+    assert!(matches!(p.a.poll_event(), Some(Event::Rejected { id, .. }) if id == a_id));
+    assert_eq!((p.a.state(a_id), p.b.state(b_id)), (None, None));
+}
+
+#[test]
 fn a_lost_drep_is_answered_again_from_time_wait() {
     let mut p = Pair::new();
     p.lose = Box::new(|from_a, name, n| !from_a && name == "DREP" && n == 0);
