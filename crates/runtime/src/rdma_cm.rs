@@ -726,6 +726,30 @@ impl CmHost {
         Ok(())
     }
 
+    /// Let go of connection `id` (`rdma_destroy_id`): its QP goes to ERR and is never
+    /// touched again, the peer is told as Linux's `cm_destroy_id` tells it (DREQ when
+    /// established, REJ before), and no further event is delivered for it.
+    fn destroy(
+        &mut self,
+        engine: &mut SendEngine,
+        now: Instant,
+        id: CommId,
+    ) -> Result<(), CmError> {
+        let c = self.conns.remove(&id).ok_or(CmError::UnknownId(id))?;
+        if let Some(qpn) = c.qpn {
+            to_err(engine, qpn);
+        }
+        match self.cm.state(id) {
+            Some(State::Established) => self.cm.disconnect(now, id, &[]),
+            Some(State::ReqSent) => self.cm.reject(id, RejectReason::TIMEOUT, &[]),
+            Some(State::ReqRcvd | State::MraSent | State::RepSent) => {
+                self.cm.reject(id, RejectReason::CONSUMER_DEFINED, &[])
+            }
+            // Closing or closed already: the CM finishes on its own.
+            _ => Ok(()),
+        }
+    }
+
     fn disconnect(
         &mut self,
         engine: &mut SendEngine,
@@ -944,6 +968,18 @@ impl<A: Attachment> EngineGuard<'_, A> {
         Ok(core
             .cm
             .disconnect(&mut core.engine, now, id, private_data)?)
+    }
+
+    /// Let go of connection `id` (`rdma_destroy_id`), in whatever state it is: its QP goes
+    /// to ERR and the runtime never touches it again, the peer is told (a DREQ, or a REJ
+    /// before the connection is up), and no further event for `id` is delivered. Call it
+    /// before destroying the QP: QP numbers are reused, and a connection still holding one
+    /// would move its next owner to ERR on a late DREQ or REJ.
+    pub fn cm_destroy_id(&mut self, id: CommId) -> Result<(), RuntimeError> {
+        let now = self.shared.now();
+        self.dirty = true;
+        let core = &mut *self.core;
+        Ok(core.cm.destroy(&mut core.engine, now, id)?)
     }
 }
 

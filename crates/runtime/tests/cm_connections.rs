@@ -365,3 +365,47 @@ fn a_request_lost_on_the_way_is_resent_and_the_connection_comes_up() {
     assert!(matches!(b.event(), CmEvent::Established { id, .. } if id == req.id));
     assert_eq!(a.state(a_qp), QpState::Rts);
 }
+
+#[test]
+fn a_connection_let_go_of_is_closed_at_the_peer_and_reports_nothing_more() {
+    let (a, b) = pair();
+    let c = connect(&a, &b, b"", b"");
+    a.rt.lock().cm_destroy_id(c.a_id).unwrap();
+    assert_eq!(a.state(c.a_qp), QpState::Err);
+    assert_eq!(b.event(), CmEvent::Disconnected { id: c.b_id });
+    assert_eq!(b.state(c.b_qp), QpState::Err);
+    // The QP is the consumer's again, to destroy; the connection is gone.
+    a.rt.lock().destroy_qp(c.a_qp).unwrap();
+    assert!(a.rt.lock().cm_destroy_id(c.a_id).is_err());
+}
+
+#[test]
+fn a_request_let_go_of_before_the_answer_is_rejected_at_the_listener() {
+    let (a, b) = pair();
+    b.rt.lock().cm_listen(&b.channel, SERVICE).unwrap();
+    let qp = a.qp();
+    let id =
+        a.rt.lock()
+            .cm_connect(&a.channel, qp, b.ip(), SERVICE, &ConnParam::default())
+            .unwrap();
+    let CmEvent::ConnectRequest(req) = b.event() else {
+        panic!("no request")
+    };
+    a.rt.lock().cm_destroy_id(id).unwrap();
+    match b.event() {
+        CmEvent::Rejected { id, reason, .. } => {
+            assert_eq!(id, req.id);
+            // as Linux's cm_destroy_id tells the peer of a REQ it gives up
+            assert_eq!(reason, RejectReason::TIMEOUT);
+        }
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+    // The request is gone: accepting it now fails and leaves the QP alone.
+    let b_qp = b.qp();
+    assert!(b
+        .rt
+        .lock()
+        .cm_accept(req.id, b_qp, &ConnParam::default())
+        .is_err());
+    assert_eq!(b.state(b_qp), QpState::Reset);
+}
