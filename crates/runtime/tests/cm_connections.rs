@@ -11,8 +11,8 @@ use engine::{
     Sge, WcOpcode, WcStatus, WorkCompletion,
 };
 use runtime::{
-    CmChannel, CmConfig, CmEvent, ConnParam, PortSpace, RejectReason, Runtime, RuntimeConfig,
-    ServiceId,
+    CmChannel, CmConfig, CmEvent, ConnParam, ConnectRequest, PortSpace, RejectReason, Runtime,
+    RuntimeConfig, ServiceId,
 };
 
 const SERVICE: ServiceId = ServiceId::rdma_cm(PortSpace::TCP, 7471);
@@ -151,9 +151,9 @@ fn pair() -> (Device, Device) {
     (a, b)
 }
 
-/// `b` listens, `a` connects with `hello`, `b` accepts with `reply`: returns (a's QP, a's
-/// connection, b's QP, b's connection, the REP's private data as `a` got it).
-fn connect(a: &Device, b: &Device, hello: &[u8], reply: &[u8]) -> Connected {
+/// `b` listens, `a` connects a new QP with `hello`: returns a's QP, a's connection and the
+/// request as `b` got it.
+fn request(a: &Device, b: &Device, hello: &[u8]) -> (u32, runtime::CommId, Box<ConnectRequest>) {
     b.rt.lock().cm_listen(&b.channel, SERVICE).unwrap();
     let a_qp = a.qp();
     let a_id =
@@ -169,6 +169,13 @@ fn connect(a: &Device, b: &Device, hello: &[u8], reply: &[u8]) -> Connected {
     let CmEvent::ConnectRequest(req) = b.event() else {
         panic!("the listener gets the request first")
     };
+    (a_qp, a_id, req)
+}
+
+/// `b` listens, `a` connects with `hello`, `b` accepts with `reply`: returns (a's QP, a's
+/// connection, b's QP, b's connection, the REP's private data as `a` got it).
+fn connect(a: &Device, b: &Device, hello: &[u8], reply: &[u8]) -> Connected {
+    let (a_qp, a_id, req) = request(a, b, hello);
     assert_eq!(req.service_id, SERVICE);
     assert_eq!(req.peer, a.ip());
     assert_eq!(req.local, b.ip());
@@ -280,15 +287,7 @@ fn a_connect_to_a_port_nobody_listens_on_is_rejected_and_its_qp_errored() {
 #[test]
 fn a_listener_that_rejects_sends_its_private_data_to_the_connector() {
     let (a, b) = pair();
-    b.rt.lock().cm_listen(&b.channel, SERVICE).unwrap();
-    let qp = a.qp();
-    let id =
-        a.rt.lock()
-            .cm_connect(&a.channel, qp, b.ip(), SERVICE, &ConnParam::default())
-            .unwrap();
-    let CmEvent::ConnectRequest(req) = b.event() else {
-        panic!("no request")
-    };
+    let (qp, id, req) = request(&a, &b, b"");
     b.rt.lock().cm_reject(req.id, b"go away").unwrap();
     match a.event() {
         CmEvent::Rejected {
@@ -382,16 +381,9 @@ fn a_connection_let_go_of_is_closed_at_the_peer_and_reports_nothing_more() {
 #[test]
 fn a_request_let_go_of_before_the_answer_is_rejected_at_the_listener() {
     let (a, b) = pair();
-    b.rt.lock().cm_listen(&b.channel, SERVICE).unwrap();
-    let qp = a.qp();
-    let id =
-        a.rt.lock()
-            .cm_connect(&a.channel, qp, b.ip(), SERVICE, &ConnParam::default())
-            .unwrap();
-    let CmEvent::ConnectRequest(req) = b.event() else {
-        panic!("no request")
-    };
+    let (qp, id, req) = request(&a, &b, b"");
     a.rt.lock().cm_destroy_id(id).unwrap();
+    assert_eq!(a.state(qp), QpState::Err);
     match b.event() {
         CmEvent::Rejected { id, reason, .. } => {
             assert_eq!(id, req.id);
