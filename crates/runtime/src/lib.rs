@@ -1156,7 +1156,7 @@ impl<A: Attachment> Runtime<A> {
     /// What the device's connection manager counted (MADs received, sent, resent, dropped
     /// by reason).
     pub fn cm_counters(&self) -> CmCounters {
-        self.shared.lock().cm.counters().clone()
+        self.shared.lock().cm.counters()
     }
 
     /// Counters of the socket layer and of the routes that bypass it.

@@ -48,9 +48,20 @@ use wire::{
     ReqRepr, ServiceId, ServiceType, SidrRepRepr, SidrStatus, CMA_HEADER_LEN, MAD_LEN,
 };
 
-pub use cm::{CmConfig, CommId, Counters as CmCounters};
+pub use cm::{CmConfig, CommId};
 
 use crate::{lock_leaf, Attachment, EngineGuard, Notifier, RuntimeError, SendEngine};
+
+/// What a device's connection manager counted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CmCounters {
+    /// The CM's own: MADs received, sent, resent, answered again, dropped by reason.
+    pub cm: cm::Counters,
+    /// MADs the CM sent that QP1 could not queue (its send queue full, or no local address
+    /// of the peer's family); lost as on a wire, what expects an answer is resent.
+    pub tx_not_queued: u64,
+}
 
 /// What a side of a connection asks for (`struct rdma_conn_param`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -290,7 +301,9 @@ pub(crate) struct CmHost {
     /// splitmix64 state for starting PSNs and ephemeral ports.
     rng: u64,
     /// MADs the GSI could not queue (the CM resends what expects an answer).
-    pub(crate) tx_dropped: u64,
+    tx_not_queued: u64,
+    /// Where the CM writes a MAD to send (kept: every pass looks, most find nothing).
+    txbuf: [u8; MAD_LEN],
 }
 
 /// Peers whose local address is remembered (see `CmHost::local_for`).
@@ -322,13 +335,17 @@ impl CmHost {
             conns: HashMap::new(),
             local_for: HashMap::new(),
             rng,
-            tx_dropped: 0,
+            tx_not_queued: 0,
+            txbuf: [0; MAD_LEN],
         }
     }
 
-    /// What the CM counted.
-    pub(crate) fn counters(&self) -> &CmCounters {
-        self.cm.counters()
+    /// What the CM and its host counted.
+    pub(crate) fn counters(&self) -> CmCounters {
+        CmCounters {
+            cm: self.cm.counters().clone(),
+            tx_not_queued: self.tx_not_queued,
+        }
     }
 
     /// When [`CmHost::handle_timeout`] next has something to do.
@@ -359,18 +376,17 @@ impl CmHost {
         while let Some(ev) = self.cm.poll_event() {
             self.on_event(engine, now, ev);
         }
-        let mut buf = [0u8; MAD_LEN];
-        while let Some(t) = self.cm.poll_transmit(now, &mut buf) {
+        while let Some(t) = self.cm.poll_transmit(now, &mut self.txbuf) {
             let Some(src) = self.local_addr_for(t.dst) else {
                 tracing::warn!(dst = %t.dst, "no local address for a CM peer");
-                self.tx_dropped += 1;
+                self.tx_not_queued += 1;
                 continue;
             };
             // The GSI sends to the peer's QP1 (the CM's redirect is not supported).
-            if let Err(e) = engine.send_mad(src, t.dst, Qpn::GSI.value(), &buf) {
+            if let Err(e) = engine.send_mad(src, t.dst, Qpn::GSI.value(), &self.txbuf) {
                 // As a MAD lost on the wire: what expects an answer is resent on timeout.
                 tracing::debug!(error = %e, dst = %t.dst, "MAD not queued");
-                self.tx_dropped += 1;
+                self.tx_not_queued += 1;
             }
         }
     }

@@ -345,7 +345,7 @@ fn a_request_lost_on_the_way_is_resent_and_the_connection_comes_up() {
                 ConnParam::with_private_data(b"again")
             })
             .unwrap();
-    assert_eq!(a.rt.cm_counters().sent, 1, "the REQ left");
+    assert_eq!(a.rt.cm_counters().cm.sent, 1, "the REQ left");
     // b comes back on the same port and listens before the CM resends (about half a
     // second later).
     let b = Device::open("127.0.0.2", b_port, quick_cm());
@@ -355,7 +355,7 @@ fn a_request_lost_on_the_way_is_resent_and_the_connection_comes_up() {
         panic!("the resent REQ arrives")
     };
     assert_eq!(&req.private_data[..5], b"again");
-    assert!(a.rt.cm_counters().retransmitted >= 1);
+    assert!(a.rt.cm_counters().cm.retransmitted >= 1);
     let b_qp = b.qp();
     b.rt.lock()
         .cm_accept(req.id, b_qp, &ConnParam::default())
