@@ -37,5 +37,8 @@ echo "== cargo fmt"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo clippy -p softrdma --features tokio --all-targets --locked -- -D warnings
 echo "== cargo test"
 cargo test --workspace --locked
+echo "== cargo test (softrdma's async API, feature tokio)"
+cargo test -p softrdma --features tokio --locked --test cm --test waits

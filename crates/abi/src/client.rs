@@ -5,14 +5,17 @@
 //! created it: when the client is dropped (or its process dies) the daemon destroys them all.
 
 use std::io::{Read, Write};
+use std::net::IpAddr;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
+use cm::{CmEvent, CommId, ConnParam};
 use engine::{
     AccessFlags, AhAttr, AsyncEvent, DeviceAttr, Gid, MwBind, MwType, PortAttr, QpAttr, QpAttrMask,
     QpInitAttr, RecvWr, ReregFlags, SendWr, SrqAttr, SrqAttrMask, UdDest, WorkCompletion,
 };
+use wire::ServiceId;
 use zerocopy::FromBytes;
 
 use crate::proto::{DeviceInfo, Header, ProtoError, Request, Response, HEADER_LEN, VERSION};
@@ -648,6 +651,14 @@ impl Client {
 
     /// Send `req` and take the descriptor its `Done` answer carries (SCM_RIGHTS).
     fn call_for_fd(&mut self, req: &Request) -> Result<OwnedFd, ClientError> {
+        match self.call_with_fd(req)? {
+            (Response::Done, Some(fd)) => Ok(fd),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+
+    /// Send `req`; its answer, and the descriptor it carries if any (SCM_RIGHTS).
+    fn call_with_fd(&mut self, req: &Request) -> Result<(Response, Option<OwnedFd>), ClientError> {
         self.next_id = self.next_id.wrapping_add(1);
         let id = self.next_id;
         self.stream.write_all(&req.encode(id))?;
@@ -655,10 +666,115 @@ impl Client {
         let mut hb = [0u8; HEADER_LEN];
         let fd = crate::proto::read_with_fd(&self.stream, &mut hb)?
             .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::UnexpectedEof))?;
-        match self.answer(&hb, id)? {
-            Response::Done => fd.ok_or(ClientError::Unexpected),
+        Ok((self.answer(&hb, id)?, fd))
+    }
+
+    /// A connection-manager channel on device `dev`: its handle, and an eventfd readable
+    /// while it holds events ([`Client::cm_get_event`] takes them).
+    pub fn cm_channel(&mut self, dev: u32) -> Result<(u32, OwnedFd), ClientError> {
+        match self.call_with_fd(&Request::CmChannel { dev })? {
+            (Response::Handle { handle }, Some(fd)) => Ok((handle, fd)),
             _ => Err(ClientError::Unexpected),
         }
+    }
+
+    /// `rdma_listen`: connection requests for `service_id` arrive on `channel`.
+    pub fn cm_listen(&mut self, channel: u32, service_id: ServiceId) -> Result<(), ClientError> {
+        self.done(&Request::CmListen {
+            channel,
+            service_id,
+        })
+    }
+
+    /// Stop listening on `service_id`.
+    pub fn cm_unlisten(&mut self, channel: u32, service_id: ServiceId) -> Result<(), ClientError> {
+        self.done(&Request::CmUnlisten {
+            channel,
+            service_id,
+        })
+    }
+
+    /// `rdma_connect` with QP `qp` (a handle) to `service_id` at `peer`.
+    pub fn cm_connect(
+        &mut self,
+        channel: u32,
+        qp: u32,
+        peer: IpAddr,
+        service_id: ServiceId,
+        param: &ConnParam,
+    ) -> Result<CommId, ClientError> {
+        match self.call(&Request::CmConnect {
+            channel,
+            qp,
+            peer,
+            service_id,
+            param: param.clone(),
+        })? {
+            Response::CmId { id } => Ok(id),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+
+    /// `rdma_accept` of request `id` with QP `qp` (a handle).
+    pub fn cm_accept(
+        &mut self,
+        channel: u32,
+        id: CommId,
+        qp: u32,
+        param: &ConnParam,
+    ) -> Result<(), ClientError> {
+        self.done(&Request::CmAccept {
+            channel,
+            id,
+            qp,
+            param: param.clone(),
+        })
+    }
+
+    /// `rdma_reject` of request `id`.
+    pub fn cm_reject(
+        &mut self,
+        channel: u32,
+        id: CommId,
+        private_data: &[u8],
+    ) -> Result<(), ClientError> {
+        self.done(&Request::CmReject {
+            channel,
+            id,
+            private_data: private_data.to_vec(),
+        })
+    }
+
+    /// `rdma_disconnect` of connection `id`.
+    pub fn cm_disconnect(
+        &mut self,
+        channel: u32,
+        id: CommId,
+        private_data: &[u8],
+    ) -> Result<(), ClientError> {
+        self.done(&Request::CmDisconnect {
+            channel,
+            id,
+            private_data: private_data.to_vec(),
+        })
+    }
+
+    /// `rdma_destroy_id` of connection `id` (in any state; one already gone is fine).
+    pub fn cm_destroy_id(&mut self, channel: u32, id: CommId) -> Result<(), ClientError> {
+        self.done(&Request::CmDestroyId { channel, id })
+    }
+
+    /// The oldest event of `channel`, if any.
+    pub fn cm_get_event(&mut self, channel: u32) -> Result<Option<CmEvent>, ClientError> {
+        match self.call(&Request::CmGetEvent { channel })? {
+            Response::CmEvent { event } => Ok(event),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+
+    /// Close `channel`, destroying the connections it still holds.
+    pub fn cm_destroy_channel(&mut self, channel: u32) -> Result<(), ClientError> {
+        self.done(&Request::CmDestroyChannel { channel })
     }
 
     fn count(&mut self, req: &Request) -> Result<u64, ClientError> {

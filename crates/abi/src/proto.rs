@@ -50,14 +50,19 @@ use engine::{
     QpInitAttr, ReregFlags, SrqAttr, SrqAttrMask,
 };
 
+use std::net::IpAddr;
+
+use cm::{CmEvent, CommId, ConnParam};
+use wire::ServiceId;
+
 pub use crate::codec::{Reader, Wire, Writer};
 use crate::wqe::Cqe;
 
 /// First four bytes of every message: `"SRDM"`.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"SRDM");
-/// The protocol version this crate speaks (4: messages are generated from their tables and
-/// carry the engine's types whole).
-pub const VERSION: u16 = 4;
+/// The protocol version this crate speaks (5: the connection manager's requests and
+/// events; 4: messages are generated from their tables and carry the engine's types whole).
+pub const VERSION: u16 = 5;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 16;
 /// Largest body accepted (inline data and completion batches fit easily).
@@ -582,6 +587,88 @@ messages! {
             /// Access rights (with `CHANGE_ACCESS`).
             access: AccessFlags,
         },
+        /// A connection-manager channel (`rdma_event_channel`) on device `dev` (answered with
+        /// [`Response::Handle`]): the answer carries an eventfd (SCM_RIGHTS) readable while
+        /// the channel holds events ([`Request::CmGetEvent`] takes them).
+        45 CM_CHANNEL => CmChannel {
+            /// Device index.
+            dev: u32,
+        },
+        /// Deliver connection requests for `service_id` to `channel` (`rdma_listen`).
+        46 CM_LISTEN => CmListen {
+            /// Channel handle.
+            channel: u32,
+            /// The service (port space and port).
+            service_id: ServiceId,
+        },
+        /// Stop listening on `service_id`.
+        47 CM_UNLISTEN => CmUnlisten {
+            /// Channel handle.
+            channel: u32,
+            /// The service.
+            service_id: ServiceId,
+        },
+        /// Connect RC QP `qp` to `service_id` at `peer` (`rdma_connect`; answered with
+        /// [`Response::CmId`]); its events arrive on `channel`.
+        48 CM_CONNECT => CmConnect {
+            /// Channel handle.
+            channel: u32,
+            /// QP handle (in RESET or INIT).
+            qp: u32,
+            /// The peer's address.
+            peer: IpAddr,
+            /// The service.
+            service_id: ServiceId,
+            /// What this side asks for.
+            param: ConnParam,
+        },
+        /// Accept connection request `id` with RC QP `qp` (`rdma_accept`).
+        49 CM_ACCEPT => CmAccept {
+            /// The channel holding the connection.
+            channel: u32,
+            /// The request's connection.
+            id: CommId,
+            /// QP handle (in RESET or INIT).
+            qp: u32,
+            /// What this side asks for.
+            param: ConnParam,
+        },
+        /// Reject connection request `id` (`rdma_reject`).
+        50 CM_REJECT => CmReject {
+            /// The channel holding the connection.
+            channel: u32,
+            /// The request's connection.
+            id: CommId,
+            /// For the peer (at most 148 bytes).
+            private_data: Vec<u8>,
+        },
+        /// Close connection `id` (`rdma_disconnect`).
+        51 CM_DISCONNECT => CmDisconnect {
+            /// The channel holding the connection.
+            channel: u32,
+            /// The connection.
+            id: CommId,
+            /// For the peer (at most 220 bytes).
+            private_data: Vec<u8>,
+        },
+        /// Let go of connection `id` in whatever state (`rdma_destroy_id`).
+        52 CM_DESTROY_ID => CmDestroyId {
+            /// The channel holding the connection.
+            channel: u32,
+            /// The connection.
+            id: CommId,
+        },
+        /// The oldest event of `channel`, if any (answered with [`Response::CmEvent`]).
+        53 CM_GET_EVENT => CmGetEvent {
+            /// Channel handle.
+            channel: u32,
+        },
+        /// Close `channel`: it stops listening, and connections whose events it received
+        /// stay until destroyed.
+        54 CM_DESTROY_CHANNEL => CmDestroyChannel {
+            /// Channel handle.
+            channel: u32,
+        },
     }
 }
 
@@ -679,6 +766,16 @@ messages! {
         15 SRQ_ATTR => SrqAttr {
             /// The SRQ's attributes.
             attr: SrqAttr,
+        },
+        /// A connection ([`Request::CmConnect`]).
+        16 CM_ID => CmId {
+            /// Its local communication ID.
+            id: CommId,
+        },
+        /// Answer to [`Request::CmGetEvent`].
+        17 CM_EVENT => CmEvent {
+            /// The oldest event, if any.
+            event: Option<CmEvent>,
         },
         /// The request failed: an errno as libibverbs would return it, and why.
         255 ERROR => Error {
@@ -868,7 +965,50 @@ mod tests {
     }
 
     fn sample_requests() -> Vec<Request> {
+        let mut param = ConnParam::with_private_data(b"hi");
+        param.retry_count = 3;
+        param.src_port = 40_000;
+        let peer = IpAddr::from([10, 0, 0, 2]);
+        let service_id = ServiceId(0x0106_0000_0000_1d4f);
         vec![
+            Request::CmChannel { dev: 0 },
+            Request::CmListen {
+                channel: 1,
+                service_id,
+            },
+            Request::CmUnlisten {
+                channel: 1,
+                service_id,
+            },
+            Request::CmConnect {
+                channel: 1,
+                qp: 3,
+                peer,
+                service_id,
+                param: param.clone(),
+            },
+            Request::CmAccept {
+                channel: 1,
+                id: CommId(9),
+                qp: 4,
+                param,
+            },
+            Request::CmReject {
+                channel: 1,
+                id: CommId(9),
+                private_data: vec![1, 2, 3],
+            },
+            Request::CmDisconnect {
+                channel: 1,
+                id: CommId(9),
+                private_data: vec![],
+            },
+            Request::CmDestroyId {
+                channel: 1,
+                id: CommId(9),
+            },
+            Request::CmGetEvent { channel: 1 },
+            Request::CmDestroyChannel { channel: 1 },
             Request::Hello { version: VERSION },
             Request::ListDevices,
             Request::QueryGid {
@@ -1016,7 +1156,7 @@ mod tests {
             44
         );
         // Unused numbers name nothing (28 was retired in version 3).
-        for k in [0, 28, 45, 0x7777] {
+        for k in [0, 28, 55, 0x7777] {
             assert_eq!(Request::decode(k, &[]), Err(ProtoError::UnknownKind(k)));
         }
     }
@@ -1037,7 +1177,45 @@ mod tests {
             1 << 31,
         );
         port.pkey_tbl_len = 2;
-        let rs = vec![
+        let request = cm::ConnectRequest {
+            id: CommId(5),
+            service_id: ServiceId(0x0106_0000_0000_1d4f),
+            peer: IpAddr::from([10, 0, 0, 1]),
+            peer_port: 41_000,
+            local: IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
+            remote_qpn: 0x11,
+            responder_resources: 4,
+            initiator_depth: 2,
+            private_data: b"req".to_vec(),
+        };
+        let cm_events = [
+            CmEvent::ConnectRequest(Box::new(request)),
+            CmEvent::Established {
+                id: CommId(5),
+                private_data: vec![7; 196],
+            },
+            CmEvent::Rejected {
+                id: CommId(5),
+                reason: wire::RejectReason(28),
+                private_data: vec![],
+            },
+            CmEvent::Unreachable { id: CommId(6) },
+            CmEvent::ConnectError {
+                id: CommId(6),
+                errno: 22,
+            },
+            CmEvent::Disconnected { id: CommId(6) },
+        ];
+        let mut rs = vec![
+            Response::CmId { id: CommId(1) },
+            Response::CmEvent { event: None },
+        ];
+        rs.extend(
+            cm_events
+                .into_iter()
+                .map(|e| Response::CmEvent { event: Some(e) }),
+        );
+        rs.extend([
             Response::Error {
                 errno: 22,
                 message: "nope".into(),
@@ -1091,7 +1269,7 @@ mod tests {
                     srq_limit: 4,
                 },
             },
-        ];
+        ]);
         for r in rs {
             let bytes = r.encode(kind::STAT, 5);
             let (h, body) = split_message(&bytes).unwrap().unwrap();

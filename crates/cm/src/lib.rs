@@ -40,6 +40,9 @@ use core::time::Duration;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::IpAddr;
 
+mod consumer;
+
+pub use consumer::{CmEvent, ConnParam, ConnectRequest};
 pub use engine::Instant;
 use wire::{
     CmMadRepr, CmMessage, CmMsgRef, DreqRepr, IdsRepr, MraRepr, PrivateData, RejRepr, RejectReason,
@@ -185,6 +188,20 @@ pub enum CmError {
     /// The message could not be built (private data too long, buffer too small).
     #[error(transparent)]
     Wire(#[from] WireError),
+}
+
+impl CmError {
+    /// The errno librdmacm returns for it: an unknown ID or a call in the wrong state is
+    /// `EINVAL`, a service with a listener already `EADDRINUSE`, private data too long
+    /// `EINVAL`.
+    pub fn errno(&self) -> i32 {
+        const EINVAL: i32 = 22;
+        const EADDRINUSE: i32 = 98;
+        match self {
+            CmError::AlreadyListening(_) => EADDRINUSE,
+            CmError::UnknownId(_) | CmError::WrongState { .. } | CmError::Wire(_) => EINVAL,
+        }
+    }
 }
 
 /// Where a connection is in IBA 12.9's state diagram.

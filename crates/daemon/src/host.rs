@@ -205,6 +205,14 @@ impl Device {
         f(&mut g)
     }
 
+    /// Run `f` with the device's runtime locked, for its connection manager's calls (after
+    /// taking what waits in the work rings, so that a connection sees every earlier post).
+    pub fn cm<R>(&self, f: impl FnOnce(&mut runtime::EngineGuard<'_, Rings>) -> R) -> R {
+        let mut g = self.rt.lock();
+        g.take_work();
+        f(&mut g)
+    }
+
     /// Run `f` on the engine under the device lock, for reads that change nothing (after
     /// taking what waits in the work rings, so that a read sees every earlier post).
     pub fn read<R>(&self, f: impl FnOnce(&SendEngine) -> R) -> R {

@@ -46,6 +46,9 @@ const MAX_WORK_RING_ENTRIES: u32 = 1 << 13;
 /// are a host-wide budget (`vm.max_map_count`) no client may spend for the others.
 const MAX_WORK_RINGS_PER_CONNECTION: usize = 4096;
 
+/// Most connection-manager channels one connection may hold.
+const MAX_CM_CHANNELS_PER_CONNECTION: usize = 1024;
+
 /// Most objects one connection may hold (the engine's own limits apply too).
 const MAX_OBJECTS_PER_CONNECTION: usize = 1 << 16;
 
@@ -115,6 +118,9 @@ stats! {
     /// Registrations of memory the client shared with its file: the daemon maps it and
     /// copies without going through the client's `/proc/<pid>/mem`.
     mapped_registrations,
+    /// Connection-manager connections destroyed because their channel closed or their
+    /// client went away before destroying them (peers are told).
+    reclaimed_cm_ids,
 }
 
 /// The daemon: its devices, the registered client memory, its counters.
@@ -195,6 +201,7 @@ impl From<runtime::RuntimeError> for Fail {
     fn from(e: runtime::RuntimeError) -> Fail {
         match e {
             runtime::RuntimeError::Verbs(v) => v.into(),
+            runtime::RuntimeError::Cm(c) => fail(c.errno(), c.to_string()),
             other => fail(ENOMEM, other.to_string()),
         }
     }
@@ -276,6 +283,17 @@ struct Conn<'d> {
     event_channel: Option<Arc<nix::sys::eventfd::EventFd>>,
     /// Work rings this connection holds.
     work_rings: usize,
+    /// This connection's connection-manager channels, by handle (numbered apart from the
+    /// objects: work rings never name them).
+    cm_channels: HashMap<u32, CmChan>,
+    next_cm: u32,
+}
+
+/// A client's connection-manager channel on one device. The device's runtime knows which
+/// connections report to it, and refuses this channel any other (another client's).
+struct CmChan {
+    dev: usize,
+    ch: runtime::CmChannel,
 }
 
 impl<'d> Conn<'d> {
@@ -525,6 +543,22 @@ impl<'d> Conn<'d> {
             .unmapped_registrations
             .fetch_add(1, Ordering::Relaxed);
         fail(EFAULT, message)
+    }
+
+    fn cm_chan(&self, h: u32) -> Result<&CmChan, Fail> {
+        self.cm_channels
+            .get(&h)
+            .ok_or_else(|| fail(EINVAL, format!("no CM channel {h} on this connection")))
+    }
+
+    /// Let go of everything channel `c` holds: its listens end, its connections are
+    /// destroyed (their QPs to ERR, peers told), and the counters show how many.
+    fn close_cm_channel(&self, c: &CmChan) {
+        let n = self.daemon.devices[c.dev].cm(|g| g.cm_close_channel(&c.ch));
+        self.daemon
+            .stats
+            .reclaimed_cm_ids
+            .fetch_add(n as u64, Ordering::Relaxed);
     }
 
     fn room(&self) -> Result<(), Fail> {
@@ -973,6 +1007,115 @@ impl<'d> Conn<'d> {
                 self.pending_fd = Some(dup);
                 Ok(Response::Done)
             }
+            Request::CmChannel { dev } => {
+                let (i, _) = self.device(dev)?;
+                if self.cm_channels.len() >= MAX_CM_CHANNELS_PER_CONNECTION {
+                    return Err(fail(ENOMEM, "too many CM channels on this connection"));
+                }
+                let ch = runtime::CmChannel::new()?;
+                let fd = ch
+                    .as_fd()
+                    .try_clone_to_owned()
+                    .map_err(|e| fail(ENOMEM, e.to_string()))?;
+                let handle = loop {
+                    self.next_cm = self.next_cm.wrapping_add(1).max(1);
+                    if !self.cm_channels.contains_key(&self.next_cm) {
+                        break self.next_cm;
+                    }
+                };
+                self.cm_channels.insert(handle, CmChan { dev: i, ch });
+                self.pending_fd = Some(fd);
+                Ok(Response::Handle { handle })
+            }
+            Request::CmListen {
+                channel,
+                service_id,
+            } => {
+                let c = self.cm_chan(channel)?;
+                d.devices[c.dev].cm(|g| g.cm_listen(&c.ch, service_id))?;
+                Ok(Response::Done)
+            }
+            Request::CmUnlisten {
+                channel,
+                service_id,
+            } => {
+                let c = self.cm_chan(channel)?;
+                d.devices[c.dev].cm(|g| g.cm_unlisten(&c.ch, service_id));
+                Ok(Response::Done)
+            }
+            Request::CmConnect {
+                channel,
+                qp,
+                peer,
+                service_id,
+                param,
+            } => {
+                let (qdev, qpn) = self.qp(qp)?;
+                let c = self.cm_chan(channel)?;
+                if qdev != c.dev {
+                    return Err(fail(EINVAL, "the QP is on another device than the channel"));
+                }
+                let id =
+                    d.devices[c.dev].cm(|g| g.cm_connect(&c.ch, qpn, peer, service_id, &param))?;
+                Ok(Response::CmId { id })
+            }
+            Request::CmAccept {
+                channel,
+                id,
+                qp,
+                param,
+            } => {
+                let (qdev, qpn) = self.qp(qp)?;
+                let c = self.cm_chan(channel)?;
+                if qdev != c.dev {
+                    return Err(fail(EINVAL, "the QP is on another device than the channel"));
+                }
+                d.devices[c.dev].cm(|g| g.cm_accept(&c.ch, id, qpn, &param))?;
+                Ok(Response::Done)
+            }
+            Request::CmReject {
+                channel,
+                id,
+                private_data,
+            } => {
+                let c = self.cm_chan(channel)?;
+                d.devices[c.dev].cm(|g| g.cm_reject(&c.ch, id, &private_data))?;
+                Ok(Response::Done)
+            }
+            Request::CmDisconnect {
+                channel,
+                id,
+                private_data,
+            } => {
+                let c = self.cm_chan(channel)?;
+                d.devices[c.dev].cm(|g| g.cm_disconnect(&c.ch, id, &private_data))?;
+                Ok(Response::Done)
+            }
+            Request::CmDestroyId { channel, id } => {
+                let c = self.cm_chan(channel)?;
+                match d.devices[c.dev].cm(|g| g.cm_destroy_id(&c.ch, id)) {
+                    // Ended on its own (rejected, unreachable) or never this channel's:
+                    // there is nothing to let go of, and that is no error to rdma_destroy_id.
+                    Ok(()) | Err(runtime::RuntimeError::Cm(runtime::CmError::UnknownId(_))) => {
+                        Ok(Response::Done)
+                    }
+                    Err(e) => Err(e.into()),
+                }
+            }
+            Request::CmGetEvent { channel } => {
+                let c = self.cm_chan(channel)?;
+                Ok(Response::CmEvent {
+                    event: c.ch.get_event(),
+                })
+            }
+            Request::CmDestroyChannel { channel } => {
+                let c = self
+                    .cm_channels
+                    .remove(&channel)
+                    .ok_or_else(|| fail(EINVAL, format!("no CM channel {channel}")))?;
+                self.close_cm_channel(&c);
+                Ok(Response::Done)
+            }
             Request::GetAsyncEvents => {
                 let mut out = Vec::new();
                 for (i, dev) in d.devices.iter().enumerate() {
@@ -1061,6 +1204,11 @@ impl<'d> Conn<'d> {
     /// Destroy everything the connection still holds: QPs first (flushed through ERR), then
     /// MRs, CQs and PDs, the order the engine's references require.
     fn reclaim(&mut self) {
+        // Connections first: each lets go of its QP before the QP is destroyed (a late
+        // DREQ or REJ must not reach the QP's next owner), and peers are told.
+        for (_, c) in std::mem::take(&mut self.cm_channels) {
+            self.close_cm_channel(&c);
+        }
         if self.objs().is_empty() {
             return;
         }
@@ -1289,6 +1437,8 @@ pub fn serve_connection(daemon: &Daemon, mut stream: UnixStream) {
         received_fd: None,
         event_channel: None,
         work_rings: 0,
+        cm_channels: HashMap::new(),
+        next_cm: 0,
     };
     tracing::info!(pid = conn.pid, uid = conn.uid, "client connected");
     match message_loop(&mut conn, &mut stream) {

@@ -256,7 +256,7 @@ fn client(local: IpAddr, server: IpAddr, port: u16, count: u32, size: usize) -> 
             String::from_utf8_lossy(&text[..size - 1])
         );
     }
-    d.rt.lock().cm_disconnect(id, &[])?;
+    d.rt.lock().cm_disconnect(&d.channel, id, &[])?;
     match d.event()? {
         CmEvent::Disconnected { .. } => {}
         other => return Err(format!("expected the disconnection, got {other:?}").into()),
@@ -313,7 +313,7 @@ fn server(local: IpAddr, port: u16) -> Result<u32> {
     let mut param = ConnParam::default();
     param.responder_resources = 1;
     param.initiator_depth = 1;
-    d.rt.lock().cm_accept(req.id, qp, &param)?;
+    d.rt.lock().cm_accept(&d.channel, req.id, qp, &param)?;
     d.post_recv(qp)?;
     match d.event()? {
         CmEvent::Established { .. } => println!("rping: established (QP {qp:#x})"),

@@ -153,6 +153,7 @@ use nix::sys::time::TimeSpec;
 
 pub use attach::{Attachment, Plain};
 pub use capture::Capture;
+pub use cm::CmError;
 pub use config::{RuntimeConfig, RxPath, SrcPortPolicy};
 pub use io::IoCounters;
 pub use rdma_cm::{CmChannel, CmConfig, CmCounters, CmEvent, CommId, ConnParam, ConnectRequest};

@@ -48,7 +48,7 @@ use wire::{
     ReqRepr, ServiceId, ServiceType, SidrRepRepr, SidrStatus, CMA_HEADER_LEN, MAD_LEN,
 };
 
-pub use cm::{CmConfig, CommId};
+pub use cm::{CmConfig, CmEvent, CommId, ConnParam, ConnectRequest};
 
 use crate::{lock_leaf, Attachment, EngineGuard, Notifier, RuntimeError, SendEngine};
 
@@ -61,145 +61,6 @@ pub struct CmCounters {
     /// MADs the CM sent that QP1 could not queue (its send queue full, or no local address
     /// of the peer's family); lost as on a wire, what expects an answer is resent.
     pub tx_not_queued: u64,
-}
-
-/// What a side of a connection asks for (`struct rdma_conn_param`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ConnParam {
-    /// Private data for the peer: at most 56 bytes in a REQ (after rdma_cm's 36-byte IP
-    /// header), 196 in a REP, 148 in a REJ, 220 in a DREQ.
-    pub private_data: Vec<u8>,
-    /// READ/ATOMIC requests this side accepts outstanding from the peer.
-    pub responder_resources: u8,
-    /// READ/ATOMIC requests this side may have outstanding at the peer.
-    pub initiator_depth: u8,
-    /// Transport retries after a timeout or NAK (3 bits; the REQ's applies to both sides).
-    pub retry_count: u8,
-    /// RNR retries (3 bits, 7 = infinite); each side announces what the other may use.
-    pub rnr_retry_count: u8,
-    /// Local ACK timeout (`4.096 µs × 2^ack_timeout`), carried in the REQ's path: both
-    /// sides use the active side's.
-    pub ack_timeout: u8,
-    /// RNR NAK timer code this side's responder advertises.
-    pub min_rnr_timer: u8,
-    /// The active side's rdma_cm port (the IP CM header's source port); 0 picks an
-    /// ephemeral one, as an unbound `rdma_cm_id` gets.
-    pub src_port: u16,
-}
-
-impl Default for ConnParam {
-    /// No private data, the project's connection defaults (`softrdma::ConnectOptions`):
-    /// 16 READ/ATOMIC each way, 7 retries of each kind, ACK timeout 14 (67 ms), RNR timer
-    /// 12 (0.64 ms).
-    fn default() -> Self {
-        ConnParam {
-            private_data: Vec::new(),
-            responder_resources: 16,
-            initiator_depth: 16,
-            retry_count: 7,
-            rnr_retry_count: 7,
-            ack_timeout: 14,
-            min_rnr_timer: 12,
-            src_port: 0,
-        }
-    }
-}
-
-impl ConnParam {
-    /// The defaults with `private_data`.
-    pub fn with_private_data(private_data: &[u8]) -> ConnParam {
-        ConnParam {
-            private_data: private_data.to_vec(),
-            ..ConnParam::default()
-        }
-    }
-}
-
-/// A peer's request to connect, as a listener sees it (`RDMA_CM_EVENT_CONNECT_REQUEST`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ConnectRequest {
-    /// The new connection: answer with [`EngineGuard::cm_accept`] or
-    /// [`EngineGuard::cm_reject`].
-    pub id: CommId,
-    /// The service asked for.
-    pub service_id: ServiceId,
-    /// The peer's address.
-    pub peer: IpAddr,
-    /// The peer's rdma_cm port (from the IP CM header; 0 without one).
-    pub peer_port: u16,
-    /// The local address the request came to.
-    pub local: IpAddr,
-    /// The peer's QP number.
-    pub remote_qpn: u32,
-    /// READ/ATOMIC requests the peer accepts outstanding (cap for our initiator depth).
-    pub responder_resources: u8,
-    /// READ/ATOMIC requests the peer may have outstanding (cap for our responder resources).
-    pub initiator_depth: u8,
-    /// The peer's private data, the IP CM header removed (as rdma_cm hands it to users).
-    pub private_data: Vec<u8>,
-}
-
-/// What happened to a connection (`struct rdma_cm_event`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum CmEvent {
-    /// A peer asks to connect to a service the channel listens on.
-    ConnectRequest(Box<ConnectRequest>),
-    /// The connection is up and its QP in RTS (`RDMA_CM_EVENT_ESTABLISHED`).
-    Established {
-        /// The connection.
-        id: CommId,
-        /// The REP's private data on the active side (all 196 bytes, as rdma_cm delivers
-        /// them); empty on the passive side.
-        private_data: Vec<u8>,
-    },
-    /// The peer (or its CM, when nothing listens) rejected the request; the QP is in ERR
-    /// (`RDMA_CM_EVENT_REJECTED`).
-    Rejected {
-        /// The connection, now gone.
-        id: CommId,
-        /// Why (IBA 12.6.7.2): 8, invalid service ID, when nothing listens; 28 when the
-        /// peer's consumer said no.
-        reason: RejectReason,
-        /// The REJ's private data (148 bytes).
-        private_data: Vec<u8>,
-    },
-    /// The peer never answered, however often the CM resent (`RDMA_CM_EVENT_UNREACHABLE`);
-    /// the QP is in ERR.
-    Unreachable {
-        /// The connection, now gone.
-        id: CommId,
-    },
-    /// The REP arrived but the QP could not be moved to RTR/RTS with it
-    /// (`RDMA_CM_EVENT_CONNECT_ERROR`); the QP is in ERR and the connection is being closed.
-    ConnectError {
-        /// The connection.
-        id: CommId,
-        /// What the engine refused.
-        error: VerbsError,
-    },
-    /// The connection is closed, by either side; the QP is in ERR, its WRs flushed
-    /// (`RDMA_CM_EVENT_DISCONNECTED`).
-    Disconnected {
-        /// The connection, now gone.
-        id: CommId,
-    },
-}
-
-impl CmEvent {
-    /// The connection the event is about.
-    pub fn id(&self) -> CommId {
-        match self {
-            CmEvent::ConnectRequest(r) => r.id,
-            CmEvent::Established { id, .. }
-            | CmEvent::Rejected { id, .. }
-            | CmEvent::Unreachable { id }
-            | CmEvent::ConnectError { id, .. }
-            | CmEvent::Disconnected { id } => *id,
-        }
-    }
 }
 
 /// Where a consumer's CM events arrive (`rdma_event_channel`): a queue and an `eventfd`
@@ -422,7 +283,11 @@ impl CmHost {
                             if let Some(qpn) = self.conns.get(&id).and_then(|c| c.qpn) {
                                 to_err(engine, qpn);
                             }
-                            channel.push(CmEvent::ConnectError { id, error });
+                            tracing::warn!(%error, "the REP's parameters could not be applied to the QP");
+                            channel.push(CmEvent::ConnectError {
+                                id,
+                                errno: error.errno(),
+                            });
                             // The RTU is already queued; close the connection right after.
                             let _ = self.cm.disconnect(now, id, &[]);
                             return;
@@ -735,6 +600,43 @@ impl CmHost {
         Ok(())
     }
 
+    /// `Ok` if connection `id` delivers its events to `channel`; a connection of another
+    /// channel (another consumer's) is as unknown as one that never was.
+    fn owned(&self, channel: &CmChannel, id: CommId) -> Result<(), CmError> {
+        match self.conns.get(&id) {
+            Some(c) if c.channel.same(channel) => Ok(()),
+            _ => Err(CmError::UnknownId(id)),
+        }
+    }
+
+    /// Stop `channel`'s listens and destroy its connections; returns how many.
+    fn close_channel(
+        &mut self,
+        engine: &mut SendEngine,
+        now: Instant,
+        channel: &CmChannel,
+    ) -> usize {
+        let services: Vec<ServiceId> = self
+            .listeners
+            .iter()
+            .filter(|(_, c)| c.same(channel))
+            .map(|(s, _)| *s)
+            .collect();
+        for s in services {
+            self.unlisten(channel, s);
+        }
+        let ids: Vec<CommId> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.channel.same(channel))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &ids {
+            let _ = self.destroy(engine, now, *id);
+        }
+        ids.len()
+    }
+
     fn reject(&mut self, id: CommId, private_data: &[u8]) -> Result<(), CmError> {
         self.cm
             .reject(id, RejectReason::CONSUMER_DEFINED, private_data)?;
@@ -952,32 +854,47 @@ impl<A: Attachment> EngineGuard<'_, A> {
         )
     }
 
-    /// Accept connection request `id` with RC QP `qpn` (in RESET or INIT) (`rdma_accept`):
-    /// the QP goes to RTR and RTS with the peer's parameters and the REP leaves;
-    /// [`CmEvent::Established`] follows when the RTU arrives. On failure the request is still
-    /// there to reject.
+    /// Accept connection request `id`, delivered on `channel`, with RC QP `qpn` (in RESET or
+    /// INIT) (`rdma_accept`): the QP goes to RTR and RTS with the peer's parameters and the
+    /// REP leaves; [`CmEvent::Established`] follows when the RTU arrives. On failure the
+    /// request is still there to reject.
     pub fn cm_accept(
         &mut self,
+        channel: &CmChannel,
         id: CommId,
         qpn: u32,
         param: &ConnParam,
     ) -> Result<(), RuntimeError> {
+        self.core.cm.owned(channel, id)?;
         let now = self.shared.now();
         self.dirty = true;
         let core = &mut *self.core;
         core.cm.accept(&mut core.engine, now, id, qpn, param)
     }
 
-    /// Reject connection request `id` with `private_data` (`rdma_reject`: REJ reason 28,
-    /// consumer defined).
-    pub fn cm_reject(&mut self, id: CommId, private_data: &[u8]) -> Result<(), RuntimeError> {
+    /// Reject connection request `id` of `channel` with `private_data` (`rdma_reject`: REJ
+    /// reason 28, consumer defined).
+    pub fn cm_reject(
+        &mut self,
+        channel: &CmChannel,
+        id: CommId,
+        private_data: &[u8],
+    ) -> Result<(), RuntimeError> {
+        self.core.cm.owned(channel, id)?;
         self.dirty = true;
         Ok(self.core.cm.reject(id, private_data)?)
     }
 
-    /// Close established connection `id` (`rdma_disconnect`): its QP goes to ERR, the DREQ
-    /// leaves, and [`CmEvent::Disconnected`] follows when the peer answers (or gives up).
-    pub fn cm_disconnect(&mut self, id: CommId, private_data: &[u8]) -> Result<(), RuntimeError> {
+    /// Close established connection `id` of `channel` (`rdma_disconnect`): its QP goes to
+    /// ERR, the DREQ leaves, and [`CmEvent::Disconnected`] follows when the peer answers (or
+    /// gives up).
+    pub fn cm_disconnect(
+        &mut self,
+        channel: &CmChannel,
+        id: CommId,
+        private_data: &[u8],
+    ) -> Result<(), RuntimeError> {
+        self.core.cm.owned(channel, id)?;
         let now = self.shared.now();
         self.dirty = true;
         let core = &mut *self.core;
@@ -986,16 +903,28 @@ impl<A: Attachment> EngineGuard<'_, A> {
             .disconnect(&mut core.engine, now, id, private_data)?)
     }
 
-    /// Let go of connection `id` (`rdma_destroy_id`), in whatever state it is: its QP goes
-    /// to ERR and the runtime never touches it again, the peer is told (a DREQ, or a REJ
-    /// before the connection is up), and no further event for `id` is delivered. Call it
-    /// before destroying the QP: QP numbers are reused, and a connection still holding one
-    /// would move its next owner to ERR on a late DREQ or REJ.
-    pub fn cm_destroy_id(&mut self, id: CommId) -> Result<(), RuntimeError> {
+    /// Let go of connection `id` of `channel` (`rdma_destroy_id`), in whatever state it is:
+    /// its QP goes to ERR and the runtime never touches it again, the peer is told (a DREQ,
+    /// or a REJ before the connection is up), and no further event for `id` is delivered.
+    /// Call it before destroying the QP: QP numbers are reused, and a connection still
+    /// holding one would move its next owner to ERR on a late DREQ or REJ. A connection that
+    /// ended on its own (rejected, unreachable) is gone already: [`cm::CmError::UnknownId`].
+    pub fn cm_destroy_id(&mut self, channel: &CmChannel, id: CommId) -> Result<(), RuntimeError> {
+        self.core.cm.owned(channel, id)?;
         let now = self.shared.now();
         self.dirty = true;
         let core = &mut *self.core;
         Ok(core.cm.destroy(&mut core.engine, now, id)?)
+    }
+
+    /// Close `channel` (`rdma_destroy_event_channel`, or its consumer gone): it stops
+    /// listening, and every connection whose events it receives is destroyed as by
+    /// [`EngineGuard::cm_destroy_id`]. Returns how many connections that was.
+    pub fn cm_close_channel(&mut self, channel: &CmChannel) -> usize {
+        let now = self.shared.now();
+        self.dirty = true;
+        let core = &mut *self.core;
+        core.cm.close_channel(&mut core.engine, now, channel)
     }
 }
 

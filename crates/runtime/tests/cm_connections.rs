@@ -183,7 +183,12 @@ fn connect(a: &Device, b: &Device, hello: &[u8], reply: &[u8]) -> Connected {
     assert_eq!(&req.private_data[..hello.len()], hello);
     let b_qp = b.qp();
     b.rt.lock()
-        .cm_accept(req.id, b_qp, &ConnParam::with_private_data(reply))
+        .cm_accept(
+            &b.channel,
+            req.id,
+            b_qp,
+            &ConnParam::with_private_data(reply),
+        )
         .unwrap();
     // The accept left the QP in RTS (as Linux's rdma_accept does): a receive posted now is
     // there before the connector, which waits for its Established event, can send.
@@ -288,7 +293,9 @@ fn a_connect_to_a_port_nobody_listens_on_is_rejected_and_its_qp_errored() {
 fn a_listener_that_rejects_sends_its_private_data_to_the_connector() {
     let (a, b) = pair();
     let (qp, id, req) = request(&a, &b, b"");
-    b.rt.lock().cm_reject(req.id, b"go away").unwrap();
+    b.rt.lock()
+        .cm_reject(&b.channel, req.id, b"go away")
+        .unwrap();
     match a.event() {
         CmEvent::Rejected {
             id: rid,
@@ -316,7 +323,9 @@ fn a_disconnect_flushes_both_qps_and_both_sides_see_it() {
         .post_recv(c.b_qp, RecvWr::new(21, &[b.sge(0, 64)][..]))
         .unwrap();
 
-    a.rt.lock().cm_disconnect(c.a_id, b"bye").unwrap();
+    a.rt.lock()
+        .cm_disconnect(&a.channel, c.a_id, b"bye")
+        .unwrap();
     assert_eq!(a.event(), CmEvent::Disconnected { id: c.a_id });
     assert_eq!(b.event(), CmEvent::Disconnected { id: c.b_id });
     assert_eq!(a.state(c.a_qp), QpState::Err);
@@ -329,7 +338,7 @@ fn a_disconnect_flushes_both_qps_and_both_sides_see_it() {
         assert_eq!((fb.wr_id, fb.status), (wr_id, WcStatus::WrFlushErr));
     }
     // A second disconnect has nothing to close.
-    assert!(a.rt.lock().cm_disconnect(c.a_id, b"").is_err());
+    assert!(a.rt.lock().cm_disconnect(&a.channel, c.a_id, b"").is_err());
 }
 
 #[test]
@@ -358,7 +367,7 @@ fn a_request_lost_on_the_way_is_resent_and_the_connection_comes_up() {
     assert!(a.rt.cm_counters().cm.retransmitted >= 1);
     let b_qp = b.qp();
     b.rt.lock()
-        .cm_accept(req.id, b_qp, &ConnParam::default())
+        .cm_accept(&b.channel, req.id, b_qp, &ConnParam::default())
         .unwrap();
     assert!(matches!(a.event(), CmEvent::Established { id, .. } if id == a_id));
     assert!(matches!(b.event(), CmEvent::Established { id, .. } if id == req.id));
@@ -369,20 +378,20 @@ fn a_request_lost_on_the_way_is_resent_and_the_connection_comes_up() {
 fn a_connection_let_go_of_is_closed_at_the_peer_and_reports_nothing_more() {
     let (a, b) = pair();
     let c = connect(&a, &b, b"", b"");
-    a.rt.lock().cm_destroy_id(c.a_id).unwrap();
+    a.rt.lock().cm_destroy_id(&a.channel, c.a_id).unwrap();
     assert_eq!(a.state(c.a_qp), QpState::Err);
     assert_eq!(b.event(), CmEvent::Disconnected { id: c.b_id });
     assert_eq!(b.state(c.b_qp), QpState::Err);
     // The QP is the consumer's again, to destroy; the connection is gone.
     a.rt.lock().destroy_qp(c.a_qp).unwrap();
-    assert!(a.rt.lock().cm_destroy_id(c.a_id).is_err());
+    assert!(a.rt.lock().cm_destroy_id(&a.channel, c.a_id).is_err());
 }
 
 #[test]
 fn a_request_let_go_of_before_the_answer_is_rejected_at_the_listener() {
     let (a, b) = pair();
     let (qp, id, req) = request(&a, &b, b"");
-    a.rt.lock().cm_destroy_id(id).unwrap();
+    a.rt.lock().cm_destroy_id(&a.channel, id).unwrap();
     assert_eq!(a.state(qp), QpState::Err);
     match b.event() {
         CmEvent::Rejected { id, reason, .. } => {
@@ -397,7 +406,41 @@ fn a_request_let_go_of_before_the_answer_is_rejected_at_the_listener() {
     assert!(b
         .rt
         .lock()
-        .cm_accept(req.id, b_qp, &ConnParam::default())
+        .cm_accept(&b.channel, req.id, b_qp, &ConnParam::default())
         .is_err());
     assert_eq!(b.state(b_qp), QpState::Reset);
+}
+
+#[test]
+fn only_the_channel_a_connection_reports_to_may_act_on_it() {
+    let (a, b) = pair();
+    let c = connect(&a, &b, b"", b"");
+    let other = runtime::CmChannel::new().unwrap();
+    // Another consumer of the same device cannot close (or destroy) a's connection...
+    let refused = a.rt.lock().cm_disconnect(&other, c.a_id, b"");
+    assert!(matches!(
+        refused,
+        Err(runtime::RuntimeError::Cm(runtime::CmError::UnknownId(_)))
+    ));
+    assert!(a.rt.lock().cm_destroy_id(&other, c.a_id).is_err());
+    assert_eq!(a.state(c.a_qp), QpState::Rts);
+    // ...and closing that other channel leaves it alone.
+    assert_eq!(a.rt.lock().cm_close_channel(&other), 0);
+    assert_eq!(a.state(c.a_qp), QpState::Rts);
+}
+
+#[test]
+fn closing_a_channel_ends_its_listens_and_tears_its_connections_down_at_the_peer() {
+    let (a, b) = pair();
+    let c = connect(&a, &b, b"", b"");
+    // b's consumer goes away: its listen ends and its connection is closed at a.
+    assert_eq!(b.rt.lock().cm_close_channel(&b.channel), 1);
+    assert_eq!(b.state(c.b_qp), QpState::Err);
+    assert_eq!(a.event(), CmEvent::Disconnected { id: c.a_id });
+    // Nothing listens any more: a new request is rejected by b's CM itself.
+    let a_qp = a.qp();
+    a.rt.lock()
+        .cm_connect(&a.channel, a_qp, b.ip(), SERVICE, &ConnParam::default())
+        .unwrap();
+    assert!(matches!(a.event(), CmEvent::Rejected { .. }));
 }

@@ -161,6 +161,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod cm;
 mod cq;
 mod device;
 pub mod handshake;
@@ -179,7 +180,7 @@ pub use mw::MemoryWindow;
 pub use provider::locate::{DAEMON_ARGS_ENV, DAEMON_BIN_ENV, SOCKET_ENV, SPAWN_ENV};
 pub use provider::{BackendKind, Lkey, QpHandle, Qpn, Rkey, BACKEND_ENV};
 pub use qp::{ConnectOptions, Pd, Qp, QpBuilder, DEFAULT_QKEY};
-pub use raw::{RawCq, RawDevice, RawMr, RawQp};
+pub use raw::{RawCmChannel, RawCq, RawDevice, RawMr, RawQp};
 pub use ud::{AddressHandle, Srq};
 
 pub use engine::qp_attr::Mtu;
@@ -211,6 +212,14 @@ pub enum Error {
     /// A wait ended before anything arrived.
     #[error("timed out")]
     Timeout,
+    /// The peer (or its CM, when nothing listens there) rejected a connection request
+    /// (`RDMA_CM_EVENT_REJECTED`): 28 when its consumer said no, 8 (invalid service ID) when
+    /// nothing listens.
+    #[error("the peer rejected the connection (reason {})", reason.0)]
+    CmRejected {
+        /// The REJ's reason (IBA 12.6.7.2).
+        reason: wire::RejectReason,
+    },
     /// A work request completed with an error status.
     #[error("work request {wr_id} completed with {status}")]
     Completion {
@@ -274,9 +283,11 @@ impl Error {
         const EINVAL: i32 = 22;
         const EOPNOTSUPP: i32 = 95;
         const ETIMEDOUT: i32 = 110;
+        const ECONNREFUSED: i32 = 111;
         match self {
             Error::Verbs(v) => v.errno(),
             Error::Runtime(RuntimeError::Verbs(v)) => v.errno(),
+            Error::Runtime(RuntimeError::Cm(c)) => c.errno(),
             Error::Runtime(
                 RuntimeError::Bind { source, .. }
                 | RuntimeError::Io { source, .. }
@@ -286,6 +297,7 @@ impl Error {
             Error::Daemon(abi::client::ClientError::Refused { errno, .. }) => *errno,
             Error::Daemon(abi::client::ClientError::Io(e)) => e.raw_os_error().unwrap_or(EIO),
             Error::Timeout => ETIMEDOUT,
+            Error::CmRejected { .. } => ECONNREFUSED,
             Error::OutOfBounds { .. } | Error::Config(_) => EINVAL,
             Error::Unsupported(_) => EOPNOTSUPP,
             Error::NoDaemon { .. } => ENODEV,

@@ -24,6 +24,7 @@ use engine::{
     SrqAttrMask, WorkCompletion,
 };
 
+pub use crate::cm::{CmEvent, CommId, ConnParam, ServiceId};
 pub use crate::provider::{Lkey, QpHandle, Qpn, RawMr, RawQp, Rkey};
 use crate::provider::{Provider, ProviderCq};
 use crate::BackendKind;
@@ -66,6 +67,78 @@ impl RawCq {
     /// Consume a pending completion notification without blocking; true if there was one.
     pub fn clear_event(&self) -> bool {
         self.cq.clear_event()
+    }
+}
+
+/// A connection-manager channel of one device (what librdmacm builds an
+/// `rdma_event_channel` on): the device's CM sets up and tears down connections with CM
+/// messages to peers' QP1, moving the QPs named here through their states, and reports
+/// each connection's events here. A connection is acted on only through the channel its
+/// events arrive on (a connect's, or the listen's that got its request). Dropping the
+/// channel closes it: its listens end, and the connections it still holds are destroyed
+/// (QPs to ERR, peers told), on either backend; on the daemon the same happens when the
+/// process dies.
+#[derive(Debug)]
+pub struct RawCmChannel {
+    ch: Box<dyn crate::provider::ProviderCmChannel>,
+}
+
+impl RawCmChannel {
+    /// Readable while events wait ([`RawCmChannel::get_event`] takes them).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.ch.fd()
+    }
+
+    /// The oldest event, without blocking.
+    pub fn get_event(&self) -> Result<Option<CmEvent>> {
+        self.ch.get_event()
+    }
+
+    /// `rdma_listen`: requests for `service_id` arrive on this channel; `EADDRINUSE` if
+    /// another listener has it.
+    pub fn listen(&self, service_id: ServiceId) -> Result<()> {
+        self.ch.listen(service_id)
+    }
+
+    /// Stop listening on `service_id`; connections made stay.
+    pub fn unlisten(&self, service_id: ServiceId) -> Result<()> {
+        self.ch.unlisten(service_id)
+    }
+
+    /// `rdma_connect`: connect RC QP `qp` (in RESET or INIT) to `service_id` at `peer`.
+    /// [`CmEvent::Established`] follows with the QP in RTS, or [`CmEvent::Rejected`],
+    /// [`CmEvent::Unreachable`] or [`CmEvent::ConnectError`] with it in ERR.
+    pub fn connect(
+        &self,
+        qp: QpHandle,
+        peer: IpAddr,
+        service_id: ServiceId,
+        param: &ConnParam,
+    ) -> Result<CommId> {
+        self.ch.connect(qp, peer, service_id, param)
+    }
+
+    /// `rdma_accept`: answer request `id` with RC QP `qp` (in RESET or INIT), which is in
+    /// RTS when this returns; [`CmEvent::Established`] follows the peer's RTU.
+    pub fn accept(&self, id: CommId, qp: QpHandle, param: &ConnParam) -> Result<()> {
+        self.ch.accept(id, qp, param)
+    }
+
+    /// `rdma_reject`: refuse request `id` (REJ reason 28, consumer defined).
+    pub fn reject(&self, id: CommId, private_data: &[u8]) -> Result<()> {
+        self.ch.reject(id, private_data)
+    }
+
+    /// `rdma_disconnect`: close connection `id` (its QP to ERR, then a DREQ);
+    /// [`CmEvent::Disconnected`] follows.
+    pub fn disconnect(&self, id: CommId, private_data: &[u8]) -> Result<()> {
+        self.ch.disconnect(id, private_data)
+    }
+
+    /// `rdma_destroy_id`: let go of connection `id` in whatever state (the peer is told if
+    /// it is still up); no event for it follows. Call it before destroying its QP.
+    pub fn destroy_id(&self, id: CommId) -> Result<()> {
+        self.ch.destroy_id(id)
     }
 }
 
@@ -199,6 +272,13 @@ impl RawDevice<'_> {
     pub fn create_cq(&self, depth: u32) -> Result<RawCq> {
         Ok(RawCq {
             cq: self.provider.create_cq(depth)?,
+        })
+    }
+
+    /// A connection-manager channel on this device (see [`RawCmChannel`]).
+    pub fn cm_channel(&self) -> Result<RawCmChannel> {
+        Ok(RawCmChannel {
+            ch: self.provider.cm_channel()?,
         })
     }
 

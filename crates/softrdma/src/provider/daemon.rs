@@ -6,7 +6,7 @@
 //! [`VerbsError`], so that both providers fail alike.
 
 use std::collections::{HashMap, VecDeque};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -20,11 +20,13 @@ use engine::{
     RecvWr, ReregFlags, SendFlags, SendOp, SendPayload, SendWr, SrqAttr, SrqAttrMask, SrqHandle,
     UdDest, VerbsError, WcOpcode, WcStatus, WorkCompletion,
 };
-use runtime::EngineGuard;
+use runtime::{CmEvent, CommId, ConnParam, EngineGuard};
+use wire::ServiceId;
 
 use super::locate::{self, DaemonConfig};
 use super::{
-    device_closed, lock, BackendKind, Lkey, Provider, ProviderCq, QpHandle, Qpn, RawMr, RawQp, Rkey,
+    device_closed, lock, BackendKind, Lkey, Provider, ProviderCmChannel, ProviderCq, QpHandle, Qpn,
+    RawMr, RawQp, Rkey,
 };
 use crate::{Error, Result};
 
@@ -564,6 +566,15 @@ impl Provider for Daemon {
             tracing::warn!("closing the softrdmad connection so it releases the memory");
             self.dev.c().close_and_wait();
         }
+    }
+
+    fn cm_channel(&self) -> Result<Box<dyn ProviderCmChannel>> {
+        let (handle, fd) = self.dev.c().cm_channel(self.dev.dev)?;
+        Ok(Box::new(DaemonCmChannel {
+            dev: Arc::downgrade(&self.dev),
+            handle,
+            fd,
+        }))
     }
 
     fn create_cq(&self, depth: u32) -> Result<Box<dyn ProviderCq>> {
@@ -1161,5 +1172,82 @@ mod tests {
         assert!(c["local_packets"] >= n + 2);
         drop((da, db));
         let _ = std::fs::remove_file(&socket);
+    }
+}
+
+/// A CM channel the daemon holds for this connection: calls go by request, the eventfd it
+/// passed is readable while events wait there.
+#[derive(Debug)]
+struct DaemonCmChannel {
+    /// Weak, as a CQ's: a channel left behind does not keep the connection.
+    dev: Weak<DaemonDevice>,
+    handle: u32,
+    fd: OwnedFd,
+}
+
+impl DaemonCmChannel {
+    fn dev(&self) -> Result<Arc<DaemonDevice>> {
+        self.dev.upgrade().ok_or_else(device_closed)
+    }
+}
+
+impl ProviderCmChannel for DaemonCmChannel {
+    fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    fn get_event(&self) -> Result<Option<CmEvent>> {
+        Ok(self.dev()?.c().cm_get_event(self.handle)?)
+    }
+
+    fn listen(&self, service_id: ServiceId) -> Result<()> {
+        Ok(self.dev()?.c().cm_listen(self.handle, service_id)?)
+    }
+
+    fn unlisten(&self, service_id: ServiceId) -> Result<()> {
+        Ok(self.dev()?.c().cm_unlisten(self.handle, service_id)?)
+    }
+
+    fn connect(
+        &self,
+        qp: QpHandle,
+        peer: IpAddr,
+        service_id: ServiceId,
+        param: &ConnParam,
+    ) -> Result<CommId> {
+        let dev = self.dev()?;
+        let id = dev
+            .c()
+            .cm_connect(self.handle, qp.0, peer, service_id, param)?;
+        Ok(id)
+    }
+
+    fn accept(&self, id: CommId, qp: QpHandle, param: &ConnParam) -> Result<()> {
+        Ok(self.dev()?.c().cm_accept(self.handle, id, qp.0, param)?)
+    }
+
+    fn reject(&self, id: CommId, private_data: &[u8]) -> Result<()> {
+        Ok(self.dev()?.c().cm_reject(self.handle, id, private_data)?)
+    }
+
+    fn disconnect(&self, id: CommId, private_data: &[u8]) -> Result<()> {
+        Ok(self
+            .dev()?
+            .c()
+            .cm_disconnect(self.handle, id, private_data)?)
+    }
+
+    fn destroy_id(&self, id: CommId) -> Result<()> {
+        Ok(self.dev()?.c().cm_destroy_id(self.handle, id)?)
+    }
+}
+
+impl Drop for DaemonCmChannel {
+    fn drop(&mut self) {
+        if let Some(dev) = self.dev.upgrade() {
+            if let Err(e) = dev.c().cm_destroy_channel(self.handle) {
+                tracing::debug!(error = %e, "closing a CM channel");
+            }
+        }
     }
 }

@@ -2,7 +2,7 @@
 //! UDP socket. Every verb is the engine's, under the runtime's lock; a QP's handle is its
 //! number.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -12,10 +12,12 @@ use engine::{
     MwHandle, MwType, PdHandle, PortAttr, QpAttr, QpAttrMask, QpInitAttr, RecvWr, ReregFlags,
     SendWr, SrqAttr, SrqAttrMask, SrqHandle, UdDest, WorkCompletion,
 };
-use runtime::{CqNotifier, EngineGuard, Runtime};
+use runtime::{CmChannel, CmEvent, CommId, ConnParam, CqNotifier, EngineGuard, Runtime};
+use wire::ServiceId;
 
 use super::{
-    device_closed, BackendKind, Lkey, Provider, ProviderCq, QpHandle, Qpn, RawMr, RawQp, Rkey,
+    device_closed, BackendKind, Lkey, Provider, ProviderCmChannel, ProviderCq, QpHandle, Qpn,
+    RawMr, RawQp, Rkey,
 };
 use crate::Result;
 
@@ -252,6 +254,13 @@ impl Provider for Embedded {
         Ok((Rkey(rkey), bound))
     }
 
+    fn cm_channel(&self) -> Result<Box<dyn ProviderCmChannel>> {
+        Ok(Box::new(EmbeddedCmChannel {
+            rt: Arc::downgrade(&self.rt),
+            ch: CmChannel::new()?,
+        }))
+    }
+
     fn bind_mw(
         &self,
         qp: QpHandle,
@@ -312,5 +321,82 @@ impl ProviderCq for EmbeddedCq {
 
     fn clear_event(&self) -> bool {
         self.notifier.clear()
+    }
+}
+
+/// A CM channel of the embedded device: the runtime's own.
+#[derive(Debug)]
+struct EmbeddedCmChannel {
+    /// Weak, as a CQ's: a channel left behind does not keep the device.
+    rt: Weak<Runtime>,
+    ch: CmChannel,
+}
+
+impl EmbeddedCmChannel {
+    fn rt(&self) -> Result<Arc<Runtime>> {
+        self.rt.upgrade().ok_or_else(device_closed)
+    }
+}
+
+impl ProviderCmChannel for EmbeddedCmChannel {
+    fn fd(&self) -> BorrowedFd<'_> {
+        self.ch.as_fd()
+    }
+
+    fn get_event(&self) -> Result<Option<CmEvent>> {
+        Ok(self.ch.get_event())
+    }
+
+    fn listen(&self, service_id: ServiceId) -> Result<()> {
+        Ok(self.rt()?.lock().cm_listen(&self.ch, service_id)?)
+    }
+
+    fn unlisten(&self, service_id: ServiceId) -> Result<()> {
+        self.rt()?.lock().cm_unlisten(&self.ch, service_id);
+        Ok(())
+    }
+
+    fn connect(
+        &self,
+        qp: QpHandle,
+        peer: IpAddr,
+        service_id: ServiceId,
+        param: &ConnParam,
+    ) -> Result<CommId> {
+        let rt = self.rt()?;
+        let id = rt
+            .lock()
+            .cm_connect(&self.ch, qpn(qp), peer, service_id, param)?;
+        Ok(id)
+    }
+
+    fn accept(&self, id: CommId, qp: QpHandle, param: &ConnParam) -> Result<()> {
+        Ok(self.rt()?.lock().cm_accept(&self.ch, id, qpn(qp), param)?)
+    }
+
+    fn reject(&self, id: CommId, private_data: &[u8]) -> Result<()> {
+        Ok(self.rt()?.lock().cm_reject(&self.ch, id, private_data)?)
+    }
+
+    fn disconnect(&self, id: CommId, private_data: &[u8]) -> Result<()> {
+        Ok(self
+            .rt()?
+            .lock()
+            .cm_disconnect(&self.ch, id, private_data)?)
+    }
+
+    fn destroy_id(&self, id: CommId) -> Result<()> {
+        match self.rt()?.lock().cm_destroy_id(&self.ch, id) {
+            Ok(()) | Err(runtime::RuntimeError::Cm(runtime::CmError::UnknownId(_))) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+impl Drop for EmbeddedCmChannel {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.upgrade() {
+            rt.lock().cm_close_channel(&self.ch);
+        }
     }
 }

@@ -16,7 +16,7 @@
 //! connection's handle).
 
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
@@ -25,7 +25,8 @@ use engine::{
     MwHandle, MwType, PdHandle, PortAttr, QpAttr, QpAttrMask, QpInitAttr, RecvWr, ReregFlags,
     SendWr, SrqAttr, SrqAttrMask, SrqHandle, UdDest, WorkCompletion,
 };
-use runtime::{EngineGuard, Runtime};
+use runtime::{CmEvent, CommId, ConnParam, EngineGuard, Runtime};
+use wire::ServiceId;
 
 use crate::{Error, Result};
 
@@ -254,6 +255,10 @@ pub(crate) trait Provider: Send + Sync + fmt::Debug {
     fn dealloc_mw(&self, mw: MwHandle) -> Result<()>;
     /// The window's current rkey and whether it is bound.
     fn query_mw(&self, mw: MwHandle) -> Result<(Rkey, bool)>;
+    /// A connection-manager channel on this device (`rdma_event_channel`), with the CM
+    /// calls made through it.
+    fn cm_channel(&self) -> Result<Box<dyn ProviderCmChannel>>;
+
     /// Post the bind verb of a type 1 window on QP `qp` (`ibv_bind_mw`); returns the rkey it
     /// will have.
     fn bind_mw(
@@ -290,6 +295,39 @@ pub(crate) trait ProviderCq: Send + Sync + fmt::Debug {
     fn event_fd(&self) -> BorrowedFd<'_>;
     /// Consume a pending notification; true if there was one.
     fn clear_event(&self) -> bool;
+}
+
+/// A connection-manager channel as its provider made it: where the events of its listens
+/// and connections arrive, and the CM calls on them (the device's CM moves the QPs through
+/// their states). A connection is acted on only through the channel its events go to.
+/// Dropping the channel closes it: its listens end and the connections it still holds are
+/// destroyed (their QPs to ERR, peers told).
+pub(crate) trait ProviderCmChannel: Send + Sync + fmt::Debug {
+    /// Readable while events wait.
+    fn fd(&self) -> BorrowedFd<'_>;
+    /// The oldest event, without blocking.
+    fn get_event(&self) -> Result<Option<CmEvent>>;
+    /// `rdma_listen`: requests for `service_id` arrive here.
+    fn listen(&self, service_id: ServiceId) -> Result<()>;
+    /// Stop listening on `service_id`.
+    fn unlisten(&self, service_id: ServiceId) -> Result<()>;
+    /// `rdma_connect`: RC QP `qp` (in RESET or INIT) to `service_id` at `peer`.
+    fn connect(
+        &self,
+        qp: QpHandle,
+        peer: IpAddr,
+        service_id: ServiceId,
+        param: &ConnParam,
+    ) -> Result<CommId>;
+    /// `rdma_accept` of request `id` with RC QP `qp` (in RESET or INIT).
+    fn accept(&self, id: CommId, qp: QpHandle, param: &ConnParam) -> Result<()>;
+    /// `rdma_reject` of request `id`.
+    fn reject(&self, id: CommId, private_data: &[u8]) -> Result<()>;
+    /// `rdma_disconnect` of connection `id`.
+    fn disconnect(&self, id: CommId, private_data: &[u8]) -> Result<()>;
+    /// `rdma_destroy_id`: let go of connection `id` in whatever state; one that ended on
+    /// its own (rejected, unreachable) is gone already, and that is no error.
+    fn destroy_id(&self, id: CommId) -> Result<()>;
 }
 
 impl dyn Provider + '_ {

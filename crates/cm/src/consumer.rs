@@ -1,0 +1,150 @@
+//! What consumers of a connection manager see (rdma_cm's vocabulary): the parameters a
+//! side asks for ([`ConnParam`]), a peer's request ([`ConnectRequest`]) and the events of a
+//! connection ([`CmEvent`]). Defined here, below every host of the CM, so that the runtime
+//! that hosts it, the daemon that serves it to clients and the client library that speaks
+//! for them share one definition.
+
+use std::net::IpAddr;
+
+use wire::{RejectReason, ServiceId};
+
+use crate::CommId;
+
+/// What a side of a connection asks for (`struct rdma_conn_param`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConnParam {
+    /// Private data for the peer: at most 56 bytes in a REQ (after rdma_cm's 36-byte IP
+    /// header), 196 in a REP, 148 in a REJ, 220 in a DREQ.
+    pub private_data: Vec<u8>,
+    /// READ/ATOMIC requests this side accepts outstanding from the peer.
+    pub responder_resources: u8,
+    /// READ/ATOMIC requests this side may have outstanding at the peer.
+    pub initiator_depth: u8,
+    /// Transport retries after a timeout or NAK (3 bits; the REQ's applies to both sides).
+    pub retry_count: u8,
+    /// RNR retries (3 bits, 7 = infinite); each side announces what the other may use.
+    pub rnr_retry_count: u8,
+    /// Local ACK timeout (`4.096 µs × 2^ack_timeout`), carried in the REQ's path: both
+    /// sides use the active side's.
+    pub ack_timeout: u8,
+    /// RNR NAK timer code this side's responder advertises.
+    pub min_rnr_timer: u8,
+    /// The active side's rdma_cm port (the IP CM header's source port); 0 picks an
+    /// ephemeral one, as an unbound `rdma_cm_id` gets.
+    pub src_port: u16,
+}
+
+impl Default for ConnParam {
+    /// No private data, the project's connection defaults (`softrdma::ConnectOptions`):
+    /// 16 READ/ATOMIC each way, 7 retries of each kind, ACK timeout 14 (67 ms), RNR timer
+    /// 12 (0.64 ms).
+    fn default() -> Self {
+        ConnParam {
+            private_data: Vec::new(),
+            responder_resources: 16,
+            initiator_depth: 16,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            ack_timeout: 14,
+            min_rnr_timer: 12,
+            src_port: 0,
+        }
+    }
+}
+
+impl ConnParam {
+    /// The defaults with `private_data`.
+    pub fn with_private_data(private_data: &[u8]) -> ConnParam {
+        ConnParam {
+            private_data: private_data.to_vec(),
+            ..ConnParam::default()
+        }
+    }
+}
+
+/// A peer's request to connect, as a listener sees it (`RDMA_CM_EVENT_CONNECT_REQUEST`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectRequest {
+    /// The new connection: the consumer accepts or rejects it (`rdma_accept`,
+    /// `rdma_reject`).
+    pub id: CommId,
+    /// The service asked for.
+    pub service_id: ServiceId,
+    /// The peer's address.
+    pub peer: IpAddr,
+    /// The peer's rdma_cm port (from the IP CM header; 0 without one).
+    pub peer_port: u16,
+    /// The local address the request came to.
+    pub local: IpAddr,
+    /// The peer's QP number.
+    pub remote_qpn: u32,
+    /// READ/ATOMIC requests the peer accepts outstanding (cap for our initiator depth).
+    pub responder_resources: u8,
+    /// READ/ATOMIC requests the peer may have outstanding (cap for our responder resources).
+    pub initiator_depth: u8,
+    /// The peer's private data, the IP CM header removed (as rdma_cm hands it to users).
+    pub private_data: Vec<u8>,
+}
+
+/// What happened to a connection (`struct rdma_cm_event`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CmEvent {
+    /// A peer asks to connect to a service the channel listens on.
+    ConnectRequest(Box<ConnectRequest>),
+    /// The connection is up and its QP in RTS (`RDMA_CM_EVENT_ESTABLISHED`).
+    Established {
+        /// The connection.
+        id: CommId,
+        /// The REP's private data on the active side (all 196 bytes, as rdma_cm delivers
+        /// them); empty on the passive side.
+        private_data: Vec<u8>,
+    },
+    /// The peer (or its CM, when nothing listens) rejected the request; the QP is in ERR
+    /// (`RDMA_CM_EVENT_REJECTED`).
+    Rejected {
+        /// The connection, now gone.
+        id: CommId,
+        /// Why (IBA 12.6.7.2): 8, invalid service ID, when nothing listens; 28 when the
+        /// peer's consumer said no.
+        reason: RejectReason,
+        /// The REJ's private data (148 bytes).
+        private_data: Vec<u8>,
+    },
+    /// The peer never answered, however often the CM resent (`RDMA_CM_EVENT_UNREACHABLE`);
+    /// the QP is in ERR.
+    Unreachable {
+        /// The connection, now gone.
+        id: CommId,
+    },
+    /// The REP arrived but the QP could not be moved to RTR/RTS with it
+    /// (`RDMA_CM_EVENT_CONNECT_ERROR`); the QP is in ERR and the connection is being closed.
+    ConnectError {
+        /// The connection.
+        id: CommId,
+        /// Why, as a positive errno (the event's `status` is its negative, as rdma_cm
+        /// reports it).
+        errno: i32,
+    },
+    /// The connection is closed, by either side; the QP is in ERR, its WRs flushed
+    /// (`RDMA_CM_EVENT_DISCONNECTED`).
+    Disconnected {
+        /// The connection, now gone.
+        id: CommId,
+    },
+}
+
+impl CmEvent {
+    /// The connection the event is about.
+    pub fn id(&self) -> CommId {
+        match self {
+            CmEvent::ConnectRequest(r) => r.id,
+            CmEvent::Established { id, .. }
+            | CmEvent::Rejected { id, .. }
+            | CmEvent::Unreachable { id }
+            | CmEvent::ConnectError { id, .. }
+            | CmEvent::Disconnected { id } => *id,
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! The connection manager through the public API, on both backends: a listener accepts, a
+//! connector connects by address and port, data flows over the QPs the CM brought to RTS,
+//! and rejections, disconnections and dropped consumers reach the peer.
+
+#[macro_use]
+mod common;
+
+use std::net::SocketAddr;
+
+use common::{all_access, open_pair_on, WAIT};
+use softrdma::cm::{CmEvent, ConnParam, RejectReason};
+use softrdma::{BackendKind, Buffer, Device, Error, QpState};
+
+/// What one side needs: a device, a PD, a CQ, a buffer registered on it.
+struct End {
+    dev: Device,
+    pd: softrdma::Pd,
+    cq: softrdma::Cq,
+    mr: softrdma::MemoryRegion<Buffer>,
+}
+
+fn end(dev: Device) -> End {
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(64).unwrap();
+    let mr = pd.register(Buffer::zeroed(256), all_access()).unwrap();
+    End { dev, pd, cq, mr }
+}
+
+/// A port per test, so that tests running at once on one daemon do not share a listen.
+fn peer(b: &End, port: u16) -> SocketAddr {
+    SocketAddr::new(b.dev.local_addr().ip(), port)
+}
+
+on_both_backends! {
+    fn a_listener_accepts_a_connector_and_a_send_crosses_the_connection(backend: BackendKind) {
+        let (da, db) = open_pair_on(backend, "127.0.0.1", "127.0.0.2");
+        let (a, b) = (end(da), end(db));
+        let port = 20_000 + if backend == BackendKind::Daemon { 1 } else { 0 };
+        let listener = b.dev.connection_manager().unwrap().listen(port).unwrap();
+        let a_qp = a.pd.qp_builder(&a.cq, &a.cq).build().unwrap();
+        let b_qp = b.pd.qp_builder(&b.cq, &b.cq).build().unwrap();
+        b.mr.write(0, &[0; 8]).unwrap();
+        b_qp.recv(7, &[b.mr.sge(0..8).unwrap()]).unwrap();
+
+        let acm = a.dev.connection_manager().unwrap();
+        let to = peer(&b, port);
+        std::thread::scope(|s| {
+            let server = s.spawn(|| {
+                let req = listener.next_request(WAIT).unwrap();
+                assert_eq!(req.peer().ip(), a.dev.local_addr().ip());
+                assert_eq!(&req.private_data()[..5], b"hello");
+                assert_eq!(req.details().remote_qpn, a_qp.qpn());
+                req.accept(&b_qp, &ConnParam::with_private_data(b"welcome"), WAIT).unwrap()
+            });
+            let conn = acm
+                .connect(&a_qp, to, &ConnParam::with_private_data(b"hello"), WAIT)
+                .unwrap();
+            assert_eq!(&conn.private_data()[..7], b"welcome");
+            assert_eq!(a_qp.query().unwrap().qp_state, QpState::Rts);
+            let b_conn = server.join().unwrap();
+            assert_eq!(b_qp.query().unwrap().qp_state, QpState::Rts);
+
+            a.mr.write(0, b"over cm!").unwrap();
+            a_qp.send(1, &[a.mr.sge(0..8).unwrap()]).unwrap();
+            assert_eq!(a.cq.wait_ok(WAIT).unwrap().wr_id, 1);
+            let wc = b.cq.wait_ok(WAIT).unwrap();
+            assert_eq!((wc.wr_id, wc.byte_len), (7, 8));
+            let mut got = [0u8; 8];
+            b.mr.read(0, &mut got).unwrap();
+            assert_eq!(&got, b"over cm!");
+
+            // Either side closes; both see it, both QPs are in ERR.
+            conn.disconnect().unwrap();
+            conn.wait_disconnected(WAIT).unwrap();
+            b_conn.wait_disconnected(WAIT).unwrap();
+            assert_eq!(a_qp.query().unwrap().qp_state, QpState::Err);
+            assert_eq!(b_qp.query().unwrap().qp_state, QpState::Err);
+        });
+    }
+
+    fn a_rejected_request_fails_the_connect_with_the_reason(backend: BackendKind) {
+        let (da, db) = open_pair_on(backend, "127.0.0.1", "127.0.0.2");
+        let (a, b) = (end(da), end(db));
+        let port = 20_010 + if backend == BackendKind::Daemon { 1 } else { 0 };
+        let listener = b.dev.connection_manager().unwrap().listen(port).unwrap();
+        let a_qp = a.pd.qp_builder(&a.cq, &a.cq).build().unwrap();
+        let acm = a.dev.connection_manager().unwrap();
+        std::thread::scope(|s| {
+            s.spawn(|| listener.next_request(WAIT).unwrap().reject(b"no").unwrap());
+            let e = acm
+                .connect(&a_qp, peer(&b, port), &ConnParam::default(), WAIT)
+                .unwrap_err();
+            assert!(
+                matches!(e, Error::CmRejected { reason } if reason == RejectReason::CONSUMER_DEFINED),
+                "{e:?}"
+            );
+            assert_eq!(e.errno(), 111, "ECONNREFUSED");
+        });
+        assert_eq!(a_qp.query().unwrap().qp_state, QpState::Err);
+        // Where nothing listens, the peer's CM itself rejects (invalid service ID).
+        drop(listener);
+        let a_qp = a.pd.qp_builder(&a.cq, &a.cq).build().unwrap();
+        let e = acm
+            .connect(&a_qp, peer(&b, port), &ConnParam::default(), WAIT)
+            .unwrap_err();
+        assert!(matches!(e, Error::CmRejected { reason } if reason.0 == 8), "{e:?}");
+    }
+
+    fn a_second_listener_on_a_port_is_address_in_use(backend: BackendKind) {
+        let dev = common::open_on(backend, "127.0.0.1");
+        let port = 20_020 + if backend == BackendKind::Daemon { 1 } else { 0 };
+        let first = dev.connection_manager().unwrap().listen(port).unwrap();
+        let e = dev.connection_manager().unwrap().listen(port).unwrap_err();
+        assert_eq!(e.errno(), 98, "EADDRINUSE: {e}");
+        drop(first);
+        dev.connection_manager().unwrap().listen(port).unwrap();
+    }
+
+    fn a_consumer_that_goes_away_tears_its_connections_down_at_the_peer(backend: BackendKind) {
+        let (da, db) = open_pair_on(backend, "127.0.0.1", "127.0.0.2");
+        let (a, b) = (end(da), end(db));
+        let port = 20_030 + if backend == BackendKind::Daemon { 1 } else { 0 };
+        let bcm = b.dev.connection_manager().unwrap();
+        let listener = bcm.listen(port).unwrap();
+        let a_qp = a.pd.qp_builder(&a.cq, &a.cq).build().unwrap();
+        let b_qp = b.pd.qp_builder(&b.cq, &b.cq).build().unwrap();
+        let acm = a.dev.connection_manager().unwrap();
+        let b_conn = std::thread::scope(|s| {
+            let server =
+                s.spawn(|| listener.next_request(WAIT).unwrap().accept(&b_qp, &ConnParam::default(), WAIT));
+            let conn = acm.connect(&a_qp, peer(&b, port), &ConnParam::default(), WAIT).unwrap();
+            let b_conn = server.join().unwrap().unwrap();
+            // a's consumer is gone: its connection and its channel are dropped.
+            drop(conn);
+            drop(acm);
+            b_conn
+        });
+        b_conn.wait_disconnected(WAIT).unwrap();
+        assert_eq!(b_qp.query().unwrap().qp_state, QpState::Err);
+        assert_eq!(a_qp.query().unwrap().qp_state, QpState::Err);
+        // Nothing else is waiting on b's channel.
+        assert!(!matches!(bcm.poll_event().unwrap(), Some(CmEvent::ConnectRequest(_))));
+    }
+}
+
+#[cfg(feature = "tokio")]
+on_both_backends! {
+    fn connect_and_accept_wait_on_tokio(backend: BackendKind) {
+        let (da, db) = open_pair_on(backend, "127.0.0.1", "127.0.0.2");
+        let (a, b) = (end(da), end(db));
+        let port = 20_040 + if backend == BackendKind::Daemon { 1 } else { 0 };
+        let listener = b.dev.connection_manager().unwrap().listen(port).unwrap();
+        let a_qp = a.pd.qp_builder(&a.cq, &a.cq).build().unwrap();
+        let b_qp = b.pd.qp_builder(&b.cq, &b.cq).build().unwrap();
+        let acm = a.dev.connection_manager().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let server = async {
+                let req = listener.next_request_async().await.unwrap();
+                req.accept_async(&b_qp, &ConnParam::default()).await.unwrap()
+            };
+            let param = ConnParam::default();
+            let client = acm.connect_async(&a_qp, peer(&b, port), &param);
+            let (b_conn, a_conn) = tokio::join!(server, client);
+            let a_conn = a_conn.unwrap();
+            assert_eq!(a_conn.peer(), b.dev.local_addr().ip());
+            assert_eq!(b_conn.peer(), a.dev.local_addr().ip());
+            assert_eq!(a_qp.query().unwrap().qp_state, QpState::Rts);
+            assert_eq!(b_qp.query().unwrap().qp_state, QpState::Rts);
+        });
+    }
+}
