@@ -371,6 +371,7 @@ fn the_examples_run_unchanged_on_a_daemon_chosen_by_the_environment() {
         "srq",
         "ud_send_recv",
         "mw",
+        "cm_send_recv",
     ] {
         let path = examples.join(ex);
         if !path.is_file() {
