@@ -314,6 +314,12 @@ impl Cm {
         &self.counters
     }
 
+    /// Connections (and SIDR requests) this CM tracks, those closing or in time-wait
+    /// included.
+    pub fn connections(&self) -> usize {
+        self.conns.len()
+    }
+
     /// The state of a connection, if it exists.
     pub fn state(&self, id: CommId) -> Option<State> {
         self.conns.get(&id).map(|c| c.state)

@@ -340,6 +340,7 @@ impl Device {
     pub fn host_counters(&self) -> Vec<(&'static str, u64)> {
         let mut v: Vec<(&'static str, u64)> = self.rt.io_counters().named().to_vec();
         v.extend(self.stats.snapshot());
+        v.extend(self.rt.cm_counters().named());
         v.push((
             "live_work_rings",
             self.rt.lock().attachment().work.len() as u64,

@@ -61,6 +61,34 @@ pub struct CmCounters {
     /// MADs the CM sent that QP1 could not queue (its send queue full, or no local address
     /// of the peer's family); lost as on a wire, what expects an answer is resent.
     pub tx_not_queued: u64,
+    /// Connections consumers hold now (from a connect, or a request not yet answered or
+    /// destroyed): what must come back to its earlier value when they are all destroyed.
+    pub connections: u64,
+    /// Connections the CM itself still tracks, those closing or in time-wait included.
+    pub cm_connections: u64,
+    /// Services listened on.
+    pub listens: u64,
+}
+
+impl CmCounters {
+    /// Every counter with its name (`cm_received`, `cm_dropped_malformed`...), as the
+    /// daemon's `stat` shows them.
+    pub fn named(&self) -> Vec<(&'static str, u64)> {
+        let dropped = |r: cm::DropReason| self.cm.dropped.get(&r).copied().unwrap_or(0);
+        vec![
+            ("cm_received", self.cm.received),
+            ("cm_sent", self.cm.sent),
+            ("cm_retransmitted", self.cm.retransmitted),
+            ("cm_duplicates_answered", self.cm.duplicates_answered),
+            ("cm_dropped_malformed", dropped(cm::DropReason::Malformed)),
+            ("cm_dropped_unknown_comm_id", dropped(cm::DropReason::UnknownCommId)),
+            ("cm_dropped_wrong_state", dropped(cm::DropReason::WrongState)),
+            ("cm_tx_not_queued", self.tx_not_queued),
+            ("cm_connections", self.connections),
+            ("cm_tracked_connections", self.cm_connections),
+            ("cm_listens", self.listens),
+        ]
+    }
 }
 
 /// Where a consumer's CM events arrive (`rdma_event_channel`): a queue and an `eventfd`
@@ -206,6 +234,9 @@ impl CmHost {
         CmCounters {
             cm: self.cm.counters().clone(),
             tx_not_queued: self.tx_not_queued,
+            connections: self.conns.len() as u64,
+            cm_connections: self.cm.connections() as u64,
+            listens: self.listeners.len() as u64,
         }
     }
 

@@ -26,6 +26,14 @@ fn end(dev: Device) -> End {
     End { dev, pd, cq, mr }
 }
 
+/// Taken by every test here: one counts the process's descriptors, which the others open
+/// and close.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A port per test, so that tests running at once on one daemon do not share a listen.
 fn peer(b: &End, port: u16) -> SocketAddr {
     SocketAddr::new(b.dev.local_addr().ip(), port)
@@ -33,6 +41,7 @@ fn peer(b: &End, port: u16) -> SocketAddr {
 
 on_both_backends! {
     fn a_listener_accepts_a_connector_and_a_send_crosses_the_connection(backend: BackendKind) {
+        let _serial = serial();
         let (da, db) = open_pair_on(backend, "127.0.0.1", "127.0.0.2");
         let (a, b) = (end(da), end(db));
         let port = 20_000 + if backend == BackendKind::Daemon { 1 } else { 0 };
@@ -79,6 +88,7 @@ on_both_backends! {
     }
 
     fn a_rejected_request_fails_the_connect_with_the_reason(backend: BackendKind) {
+        let _serial = serial();
         let (da, db) = open_pair_on(backend, "127.0.0.1", "127.0.0.2");
         let (a, b) = (end(da), end(db));
         let port = 20_010 + if backend == BackendKind::Daemon { 1 } else { 0 };
@@ -107,6 +117,7 @@ on_both_backends! {
     }
 
     fn a_second_listener_on_a_port_is_address_in_use(backend: BackendKind) {
+        let _serial = serial();
         let dev = common::open_on(backend, "127.0.0.1");
         let port = 20_020 + if backend == BackendKind::Daemon { 1 } else { 0 };
         let first = dev.connection_manager().unwrap().listen(port).unwrap();
@@ -117,6 +128,7 @@ on_both_backends! {
     }
 
     fn a_consumer_that_goes_away_tears_its_connections_down_at_the_peer(backend: BackendKind) {
+        let _serial = serial();
         let (da, db) = open_pair_on(backend, "127.0.0.1", "127.0.0.2");
         let (a, b) = (end(da), end(db));
         let port = 20_030 + if backend == BackendKind::Daemon { 1 } else { 0 };
@@ -146,6 +158,7 @@ on_both_backends! {
 #[cfg(feature = "tokio")]
 on_both_backends! {
     fn connect_and_accept_wait_on_tokio(backend: BackendKind) {
+        let _serial = serial();
         let (da, db) = open_pair_on(backend, "127.0.0.1", "127.0.0.2");
         let (a, b) = (end(da), end(db));
         let port = 20_040 + if backend == BackendKind::Daemon { 1 } else { 0 };
@@ -172,4 +185,179 @@ on_both_backends! {
             assert_eq!(b_qp.query().unwrap().qp_state, QpState::Rts);
         });
     }
+}
+
+/// A device counter by name (`cm_connections`...).
+fn counter(dev: &Device, name: &str) -> u64 {
+    let all = dev.counter_values().unwrap();
+    all.iter()
+        .find(|(n, _)| n == name)
+        .unwrap_or_else(|| panic!("no counter {name} in {all:?}"))
+        .1
+}
+
+/// Descriptors this process has open.
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+on_both_backends! {
+    fn a_thousand_connections_set_up_and_torn_down_leak_no_connection_qp_or_descriptor(
+        backend: BackendKind
+    ) {
+        let _serial = serial();
+        const N: usize = 1000;
+        let (da, db) = open_pair_on(backend, "127.0.0.1", "127.0.0.2");
+        let (a, b) = (end(da), end(db));
+        let port = 20_050 + if backend == BackendKind::Daemon { 1 } else { 0 };
+        let (acm, bcm) = (
+            a.dev.connection_manager().unwrap(),
+            b.dev.connection_manager().unwrap(),
+        );
+        let listener = bcm.listen(port).unwrap();
+        let live_qps = || common::test_daemon().daemon.stats.snapshot();
+        let rounds = |n: usize| {
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    for _ in 0..n {
+                        let qp = b.pd.qp_builder(&b.cq, &b.cq).build().unwrap();
+                        let req = listener.next_request(WAIT).unwrap();
+                        let conn = req.accept(&qp, &ConnParam::default(), WAIT).unwrap();
+                        conn.wait_disconnected(WAIT).unwrap();
+                    }
+                });
+                for i in 0..n {
+                    let qp = a.pd.qp_builder(&a.cq, &a.cq).build().unwrap();
+                    let conn = acm
+                        .connect(&qp, peer(&b, port), &ConnParam::default(), WAIT)
+                        .unwrap_or_else(|e| panic!("connection {i}: {e}"));
+                    conn.disconnect().unwrap();
+                    conn.wait_disconnected(WAIT).unwrap();
+                }
+            })
+        };
+        // A few first: what is made once (a thread's descriptors) is not a leak.
+        rounds(10);
+        let before = (
+            counter(&a.dev, "cm_connections"),
+            counter(&b.dev, "cm_connections"),
+            open_fds(),
+            live_qps(),
+        );
+        rounds(N);
+        let after = (
+            counter(&a.dev, "cm_connections"),
+            counter(&b.dev, "cm_connections"),
+            open_fds(),
+            live_qps(),
+        );
+        eprintln!(
+            "{N} connections: cm_connections a {} -> {}, b {} -> {}; open fds {} -> {}",
+            before.0, after.0, before.1, after.1, before.2, after.2
+        );
+        assert_eq!((after.0, after.1), (before.0, before.1), "connections held");
+        // Not more (an earlier test's descriptors may still be closing, so fewer is fine).
+        assert!(after.2 <= before.2, "open descriptors {} -> {}", before.2, after.2);
+        if backend == BackendKind::Daemon {
+            // The tests here run one at a time: the daemon's objects are this test's.
+            let get = |v: &Vec<(String, u64)>, n: &str| {
+                v.iter().find(|(k, _)| k == n).map(|(_, x)| *x)
+            };
+            for gauge in ["live_qps", "live_cqs", "live_pds", "live_mrs"] {
+                eprintln!(
+                    "daemon {gauge} {:?} -> {:?}",
+                    get(&before.3, gauge),
+                    get(&after.3, gauge)
+                );
+                assert_eq!(get(&before.3, gauge), get(&after.3, gauge), "{gauge}");
+            }
+        }
+        // More than N MADs each way went through both CMs.
+        assert!(counter(&b.dev, "cm_received") >= 3 * N as u64);
+    }
+}
+
+/// Set in the child of the killed-process test: the listener's address.
+const CM_CHILD_ENV: &str = "SOFTRDMA_TEST_CM_CHILD";
+
+/// The killed process's side: connect through the daemon, say so, wait to be killed.
+#[test]
+fn cm_child_connects_and_waits_to_be_killed() {
+    let Ok(to) = std::env::var(CM_CHILD_ENV) else {
+        return; // run only as the child of the test below
+    };
+    let to: SocketAddr = to.parse().unwrap();
+    let dev = Device::builder("127.0.0.2".parse().unwrap())
+        .backend(BackendKind::Daemon)
+        .daemon_socket(std::env::var(softrdma::SOCKET_ENV).unwrap())
+        .spawn_daemon(false)
+        .open()
+        .unwrap();
+    let e = end(dev);
+    let qp = e.pd.qp_builder(&e.cq, &e.cq).build().unwrap();
+    let cm = e.dev.connection_manager().unwrap();
+    let _conn = cm.connect(&qp, to, &ConnParam::default(), WAIT).unwrap();
+    println!("CONNECTED");
+    std::thread::sleep(std::time::Duration::from_secs(60));
+}
+
+#[test]
+fn a_process_killed_with_a_connection_open_is_disconnected_at_its_peer() {
+    use std::io::BufRead;
+    if std::env::var_os(CM_CHILD_ENV).is_some() {
+        return;
+    }
+    let _serial = serial();
+    let daemon = common::test_daemon();
+    let b = end(common::open_on(BackendKind::Daemon, "127.0.0.1"));
+    let port = 20_060;
+    let listener = b.dev.connection_manager().unwrap().listen(port).unwrap();
+    let reclaimed = || {
+        daemon
+            .daemon
+            .stats
+            .snapshot()
+            .into_iter()
+            .find(|(n, _)| n == "reclaimed_cm_ids")
+            .unwrap()
+            .1
+    };
+    let reclaimed_before = reclaimed();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "cm_child_connects_and_waits_to_be_killed",
+            "--exact",
+            "--nocapture",
+        ])
+        .env(CM_CHILD_ENV, peer(&b, port).to_string())
+        .env(softrdma::SOCKET_ENV, &daemon.socket)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let qp = b.pd.qp_builder(&b.cq, &b.cq).build().unwrap();
+    let conn = listener
+        .next_request(WAIT)
+        .unwrap()
+        .accept(&qp, &ConnParam::default(), WAIT)
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("CONNECTED") {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "the child ended first"
+        );
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // The daemon tears the dead client's connection down; its peer (here) is told.
+    conn.wait_disconnected(WAIT).unwrap();
+    assert_eq!(qp.query().unwrap().qp_state, QpState::Err);
+    // Counted right after the DREQ left (the peer may see it first).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while reclaimed() == reclaimed_before && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(reclaimed() - reclaimed_before, 1);
 }

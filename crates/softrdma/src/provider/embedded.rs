@@ -89,13 +89,22 @@ impl Provider for Embedded {
     }
 
     fn counter_values(&self) -> Result<Vec<(String, u64)>> {
-        Ok(self
+        let mut v: Vec<(String, u64)> = self
             .rt
             .lock()
             .counters()
             .iter()
             .map(|(c, n)| (c.name().to_string(), n))
-            .collect())
+            .collect();
+        // The connection manager's, under the names the daemon shows them by.
+        v.extend(
+            self.rt
+                .cm_counters()
+                .named()
+                .into_iter()
+                .map(|(name, n)| (name.to_string(), n)),
+        );
+        Ok(v)
     }
 
     fn poll_progress(&self) -> usize {
