@@ -38,10 +38,23 @@ use common::{cli_binary, describe, finish, Guard, On, TestDaemon};
 use hosts::Hosts;
 use rxe_vm::{Capture, RxeVm, Vm, HOST_ADDR, NS, VM_ADDR};
 
+/// How a program is told its role, port and peer.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// rdma-core's pingpongs and perftest: `-d DEV -g|-x GID -n ITERS ... -p PORT [SERVER]`.
+    Verbs,
+    /// rping: `-s -a 0.0.0.0` or `-c -a SERVER`, `-p PORT -C ITERS -v`.
+    Rping,
+    /// ucmatose: `[-s SERVER] -p PORT -C ITERS`.
+    Ucmatose,
+}
+
 /// One program of the matrix and how both sides run it.
 struct Program {
     /// The rdma-core or perftest program.
     name: &'static str,
+    /// How it takes its arguments.
+    kind: Kind,
     /// Iterations (`-n`): few, the VM is emulated.
     iters: &'static str,
     /// Further options, the same on both sides.
@@ -53,6 +66,7 @@ struct Program {
 /// The programs, in the order both sides run them.
 const MATRIX: &[Program] = &[
     Program {
+        kind: Kind::Verbs,
         name: "ibv_rc_pingpong",
         iters: "5",
         extra: &["-c"],
@@ -60,12 +74,14 @@ const MATRIX: &[Program] = &[
     },
     // One datagram per message: the payload fits the 1024-byte path MTU.
     Program {
+        kind: Kind::Verbs,
         name: "ibv_ud_pingpong",
         iters: "5",
         extra: &["-s", "1024", "-c"],
         row_size: None,
     },
     Program {
+        kind: Kind::Verbs,
         name: "ibv_srq_pingpong",
         iters: "5",
         extra: &[],
@@ -73,36 +89,71 @@ const MATRIX: &[Program] = &[
     },
     // -F: the VM has no CPU frequency information; figures are not looked at anyway.
     Program {
+        kind: Kind::Verbs,
         name: "ib_write_bw",
         iters: "20",
         extra: &["-F"],
         row_size: Some("65536"),
     },
     Program {
+        kind: Kind::Verbs,
         name: "ib_read_bw",
         iters: "20",
         extra: &["-F"],
         row_size: Some("65536"),
     },
     Program {
+        kind: Kind::Verbs,
         name: "ib_send_bw",
         iters: "20",
         extra: &["-F"],
         row_size: Some("65536"),
     },
     Program {
+        kind: Kind::Verbs,
         name: "ib_atomic_bw",
         iters: "20",
         extra: &["-F"],
         row_size: Some("8"),
     },
     Program {
+        kind: Kind::Verbs,
         name: "ib_write_lat",
         iters: "20",
         extra: &["-F"],
         row_size: Some("2"),
     },
 ];
+
+/// The programs that connect through the RDMA connection manager (librdmacm; the drop-in
+/// on our side, the kernel's rdma_ucm in the VM): the CM protocol on QP1 both ways.
+const CM_MATRIX: &[Program] = &[
+    Program {
+        kind: Kind::Rping,
+        name: "rping",
+        iters: "5",
+        extra: &[],
+        row_size: None,
+    },
+    Program {
+        kind: Kind::Ucmatose,
+        name: "ucmatose",
+        iters: "5",
+        extra: &[],
+        row_size: None,
+    },
+    Program {
+        kind: Kind::Verbs,
+        name: "ib_write_bw",
+        iters: "20",
+        extra: &["-F", "-R"],
+        row_size: Some("65536"),
+    },
+];
+
+/// The first rdma_cm port of [`CM_MATRIX`] (apart from [`MATRIX`]'s, whose runs may overlap
+/// in time on one host).
+const CM_BASE_PORT: u16 = 7471;
 
 /// The TCP port of the first program's connection exchange (the programs' default).
 const BASE_PORT: u16 = 18515;
@@ -136,32 +187,60 @@ const DIRECTION_BUDGET: Duration = Duration::from_secs(420);
 
 impl Program {
     /// The port of its connection exchange: its place in the matrix.
-    fn port(index: usize) -> u16 {
-        BASE_PORT + index as u16
+    fn port(matrix: &[Program], index: usize) -> u16 {
+        let base = if std::ptr::eq(matrix, CM_MATRIX) {
+            CM_BASE_PORT
+        } else {
+            BASE_PORT
+        };
+        base + index as u16
     }
 
     fn is_perftest(&self) -> bool {
         self.name.starts_with("ib_")
     }
 
-    /// Its options on a device and GID index (`-x` in perftest, `-g` in rdma-core).
-    fn args(&self, device: &str, gid: &str, port: u16) -> Vec<String> {
-        let gid_flag = if self.is_perftest() { "-x" } else { "-g" };
-        let mut a: Vec<String> = ["-d", device, gid_flag, gid, "-n", self.iters]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        a.extend(self.extra.iter().map(|s| s.to_string()));
-        a.extend(["-p".to_string(), port.to_string()]);
-        a
+    /// Its options on a device and GID index (`-x` in perftest, `-g` in rdma-core), as the
+    /// server (`peer` None) or as the client of the server at `peer`.
+    fn args(&self, device: &str, gid: &str, port: u16, peer: Option<&str>) -> Vec<String> {
+        let port = port.to_string();
+        let mut a: Vec<&str> = match self.kind {
+            Kind::Verbs => {
+                let gid_flag = if self.is_perftest() { "-x" } else { "-g" };
+                let mut a = vec!["-d", device, gid_flag, gid, "-n", self.iters];
+                a.extend(self.extra);
+                a.extend(["-p", &port]);
+                a.extend(peer);
+                return a.into_iter().map(str::to_string).collect();
+            }
+            Kind::Rping => match peer {
+                None => vec!["-s", "-a", "0.0.0.0"],
+                Some(p) => vec!["-c", "-a", p],
+            },
+            Kind::Ucmatose => match peer {
+                None => vec![],
+                Some(p) => vec!["-s", p],
+            },
+        };
+        a.extend(["-p", &port, "-C", self.iters]);
+        if self.kind == Kind::Rping {
+            a.push("-v");
+        }
+        a.extend(self.extra);
+        a.into_iter().map(str::to_string).collect()
     }
 
     /// Whether `text` (one side's output) shows the program did its work: the pingpongs
     /// print "N iters in" on both sides; perftest prints its result row on the client.
     fn printed_result(&self, text: &str, client: bool) -> bool {
-        match self.row_size {
-            None => text.contains(&format!("{} iters in", self.iters)),
-            Some(size) => {
+        let iters: usize = self.iters.parse().expect("a number");
+        match (self.kind, self.row_size) {
+            // Each side prints every ping's data with -v.
+            (Kind::Rping, _) => text.matches("ping data: rdma-ping-").count() >= iters,
+            // It says "test complete" whatever happened; the status is the verdict.
+            (Kind::Ucmatose, _) => text.contains("return status 0"),
+            (Kind::Verbs, None) => text.contains(&format!("{} iters in", self.iters)),
+            (Kind::Verbs, Some(size)) => {
                 !client
                     || text.lines().any(|l| {
                         let mut f = l.split_whitespace();
@@ -181,28 +260,33 @@ impl Program {
 /// `@@ END <port> rc=<status> tries=<n>`. A client that failed ends its server the same way.
 /// Standard output goes to the console as it comes (a terminal: line-buffered), so a program
 /// that is killed still shows what it printed.
-fn vm_script(peer: Option<&str>) -> String {
-    let (target, stop_peer) = match peer {
-        Some(p) => (
-            format!(" {p}"),
-            format!("[ $r = 0 ]||timeout 3 nc {p} $((p+100)) </dev/null >/dev/null 2>&1;"),
-        ),
-        None => (String::new(), String::new()),
+fn vm_script(matrix: &[Program], peer: Option<&str>) -> String {
+    let stop_peer = match peer {
+        Some(p) => format!("[ $r = 0 ]||timeout 3 nc {p} $((p+100)) </dev/null >/dev/null 2>&1;"),
+        None => String::new(),
     };
+    // A client retries while its server is not there yet: a refused TCP exchange, or an
+    // rdma_cm request rejected (nothing listens) or unanswered. rping and ucmatose say so
+    // on standard output: with `O` set, it goes to /o too (and the console sees it after).
     let mut s = format!(
         "r(){{ p=$1;shift;echo \"@@ BEGIN $p\";i=0;while :;do \
-         timeout {VM_PROGRAM_SECS} \"$@\" 2>/o& w=$!;\
+         if [ \"$O\" ];then timeout {VM_PROGRAM_SECS} \"$@\" >/o 2>&1& \
+         else timeout {VM_PROGRAM_SECS} \"$@\" 2>/o& fi;w=$!;\
          nc -l -p $((p+100)) -e kill $w& n=$!;wait $w;r=$?;kill $n 2>/dev/null;\
-         grep -q \"t connect to\" /o||break;i=$((i+1));[ $i -lt {VM_CONNECT_TRIES} ]||break;\
+         grep -qE \"t connect to|REJECTED|UNREACHABLE|rdma_client f\" /o||break;i=$((i+1));\
+         [ $i -lt {VM_CONNECT_TRIES} ]||break;\
          sleep 1;done;cat /o;{stop_peer}echo \"@@ END $p rc=$r tries=$i\";}}\n"
     );
-    for (i, p) in MATRIX.iter().enumerate() {
-        let port = Program::port(i);
+    if matrix.iter().any(|p| p.kind != Kind::Verbs) {
+        s.push_str("O=1\n");
+    }
+    for (i, p) in matrix.iter().enumerate() {
+        let port = Program::port(matrix, i);
         let _ = writeln!(
             s,
-            "r {port} {} {}{target}",
+            "r {port} {} {}",
             p.name,
-            p.args(VM_DEVICE, VM_GID, port).join(" ")
+            p.args(VM_DEVICE, VM_GID, port, peer).join(" ")
         );
     }
     s
@@ -614,7 +698,7 @@ impl RxPath {
 
 /// One direction: one VM runs its side of the whole matrix in order while ours run theirs,
 /// each program captured on br0 with the daemon's counters read before and after.
-fn direction(serves: Serves, rx_path: RxPath) -> Report {
+fn direction(matrix: &[Program], serves: Serves, rx_path: RxPath) -> Report {
     let vm = RxeVm::prepare();
     let mut ours = Ours::start(rx_path);
     let (name, title, peer) = match serves {
@@ -641,21 +725,26 @@ fn direction(serves: Serves, rx_path: RxPath) -> Report {
             Some(HOST_ADDR),
         ),
     };
-    let captures = capture_dir(&vm, name);
+    let name = if std::ptr::eq(matrix, CM_MATRIX) {
+        format!("cm-{name}")
+    } else {
+        name.to_string()
+    };
+    let captures = capture_dir(&vm, &name);
     let start = Instant::now();
-    let mut booted = vm.boot(&vm_script(peer));
+    let mut booted = vm.boot(&vm_script(matrix, peer));
     // Our servers wait for the VM's clients anyway; our clients wait for the VM here.
     if serves == Serves::Rxe {
         booted.wait_ready(READY_LIMIT);
     }
     let mut outcomes = Vec::new();
     let first = ours.counters();
-    for (i, p) in MATRIX.iter().enumerate() {
+    for (i, p) in matrix.iter().enumerate() {
         if let Some(why) = vm_unavailable(&mut booted, start) {
             outcomes.push(not_run(p, why));
             continue;
         }
-        let port = Program::port(i);
+        let port = Program::port(matrix, i);
         let capture = Capture::start(&captures.join(format!("{i}-{}.pcap", p.name)));
         let before = ours.counters();
         let (out, killed) = match serves {
@@ -733,8 +822,7 @@ fn direction(serves: Serves, rx_path: RxPath) -> Report {
 /// Our client against the VM's server on `port`, retried while that server is not listening
 /// yet (and still to come). Returns its output and whether it was killed at its limit.
 fn run_client(ours: &Ours, vm: &mut Vm, p: &Program, port: u16) -> (Output, bool) {
-    let mut args = p.args(&ours.device, &ours.gid, port);
-    args.push(VM_ADDR.to_string());
+    let args = p.args(&ours.device, &ours.gid, port, Some(VM_ADDR));
     let tried = Instant::now();
     let refused = format!("Couldn't connect to {VM_ADDR}:{port}");
     loop {
@@ -744,8 +832,14 @@ fn run_client(ours: &Ours, vm: &mut Vm, p: &Program, port: u16) -> (Output, bool
                 .expect("spawn our client"),
         ));
         let (o, killed) = finish(g, PROGRAM_LIMIT);
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        // A refused TCP exchange, or an rdma_cm request nothing listens for yet.
         let not_listening =
-            !o.status.success() && String::from_utf8_lossy(&o.stderr).contains(&refused);
+            !o.status.success() && (said.contains(&refused) || said.contains("REJECTED"));
         if not_listening
             && vm.ended(port).is_none()
             && vm.running()
@@ -762,7 +856,7 @@ fn run_client(ours: &Ours, vm: &mut Vm, p: &Program, port: u16) -> (Output, bool
 /// ended (then it gets a grace to finish), or `limit`. Returns its output and whether it was
 /// killed.
 fn run_server(ours: &Ours, vm: &mut Vm, p: &Program, port: u16, limit: Duration) -> (Output, bool) {
-    let args = p.args(&ours.device, &ours.gid, port);
+    let args = p.args(&ours.device, &ours.gid, port, None);
     let mut g = Guard(Some(
         ours.command(p.name, &args)
             .spawn()
@@ -791,21 +885,22 @@ fn run_server(ours: &Ours, vm: &mut Vm, p: &Program, port: u16, limit: Duration)
     finish(g, grace)
 }
 
-#[test]
-fn the_harness_runs_the_matrix_between_two_kernel_rxe_vms() {
+/// `matrix` between two kernel rxe VMs: the harness and the VM work, so a failure of the
+/// directions against softrdma is ours to read.
+fn vm_pair(matrix: &[Program], name: &str) -> Report {
     let vm = RxeVm::prepare();
-    let captures = capture_dir(&vm, "rxe-pair");
+    let captures = capture_dir(&vm, name);
     let pcap = captures.join("pair.pcap");
     let start = Instant::now();
     let run = vm.pair(
-        &vm_script(None),
-        &vm_script(Some(VM_ADDR)),
+        &vm_script(matrix, None),
+        &vm_script(matrix, Some(VM_ADDR)),
         &pcap,
         Duration::from_secs(600),
     );
     let mut outcomes = Vec::new();
-    for (i, p) in MATRIX.iter().enumerate() {
-        let port = Program::port(i);
+    for (i, p) in matrix.iter().enumerate() {
+        let port = Program::port(matrix, i);
         let (srv, cli) = (
             rxe_vm::section(&run.server, port),
             rxe_vm::section(&run.client, port),
@@ -851,34 +946,45 @@ fn the_harness_runs_the_matrix_between_two_kernel_rxe_vms() {
         elapsed: start.elapsed(),
         epilogue,
     }
-    .check();
+}
+
+#[test]
+fn the_harness_runs_the_matrix_between_two_kernel_rxe_vms() {
+    vm_pair(MATRIX, "rxe-pair").check();
+}
+
+#[test]
+fn the_harness_runs_the_rdma_cm_matrix_between_two_kernel_rxe_vms() {
+    vm_pair(CM_MATRIX, "rxe-pair-cm").check();
 }
 
 #[test]
 fn softrdma_clients_run_the_matrix_against_kernel_rxe_servers() {
-    direction(Serves::Rxe, RxPath::Auto).check();
+    direction(MATRIX, Serves::Rxe, RxPath::Auto).check();
 }
 
 #[test]
 fn kernel_rxe_clients_run_the_matrix_against_softrdma_servers() {
-    direction(Serves::Softrdma, RxPath::Auto).check();
+    direction(MATRIX, Serves::Softrdma, RxPath::Auto).check();
 }
 
 /// The unprivileged receive path: rxe's IPv4 IDs are hidden and recovered from the ICRC.
 #[test]
 fn softrdma_clients_on_the_udp_receive_path_run_the_matrix_against_kernel_rxe_servers() {
-    direction(Serves::Rxe, RxPath::Udp).check();
+    direction(MATRIX, Serves::Rxe, RxPath::Udp).check();
 }
 
 /// The unprivileged receive path, with rxe connecting.
 #[test]
 fn kernel_rxe_clients_run_the_matrix_against_softrdma_servers_on_the_udp_receive_path() {
-    direction(Serves::Softrdma, RxPath::Udp).check();
+    direction(MATRIX, Serves::Softrdma, RxPath::Udp).check();
 }
 
 #[test]
 fn the_vm_scripts_fit_on_the_kernel_command_line() {
     // boot() and pair() check it too; this says so without root or a VM.
-    rxe_vm::assert_script_fits(&vm_script(None));
-    rxe_vm::assert_script_fits(&vm_script(Some(HOST_ADDR)));
+    for m in [MATRIX, CM_MATRIX] {
+        rxe_vm::assert_script_fits(&vm_script(m, None));
+        rxe_vm::assert_script_fits(&vm_script(m, Some(HOST_ADDR)));
+    }
 }
