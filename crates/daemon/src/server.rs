@@ -551,6 +551,16 @@ impl<'d> Conn<'d> {
             .ok_or_else(|| fail(EINVAL, format!("no CM channel {h} on this connection")))
     }
 
+    /// Channel `h` and the number of QP `qp`, which must be on the channel's device.
+    fn cm_chan_and_qp(&self, h: u32, qp: u32) -> Result<(&CmChan, u32), Fail> {
+        let (dev, qpn) = self.qp(qp)?;
+        let c = self.cm_chan(h)?;
+        if dev != c.dev {
+            return Err(fail(EINVAL, "the QP is on another device than the channel"));
+        }
+        Ok((c, qpn))
+    }
+
     /// Let go of everything channel `c` holds: its listens end, its connections are
     /// destroyed (their QPs to ERR, peers told), and the counters show how many.
     fn close_cm_channel(&self, c: &CmChan) {
@@ -1050,11 +1060,7 @@ impl<'d> Conn<'d> {
                 service_id,
                 param,
             } => {
-                let (qdev, qpn) = self.qp(qp)?;
-                let c = self.cm_chan(channel)?;
-                if qdev != c.dev {
-                    return Err(fail(EINVAL, "the QP is on another device than the channel"));
-                }
+                let (c, qpn) = self.cm_chan_and_qp(channel, qp)?;
                 let id =
                     d.devices[c.dev].cm(|g| g.cm_connect(&c.ch, qpn, peer, service_id, &param))?;
                 Ok(Response::CmId { id })
@@ -1065,11 +1071,7 @@ impl<'d> Conn<'d> {
                 qp,
                 param,
             } => {
-                let (qdev, qpn) = self.qp(qp)?;
-                let c = self.cm_chan(channel)?;
-                if qdev != c.dev {
-                    return Err(fail(EINVAL, "the QP is on another device than the channel"));
-                }
+                let (c, qpn) = self.cm_chan_and_qp(channel, qp)?;
                 d.devices[c.dev].cm(|g| g.cm_accept(&c.ch, id, qpn, &param))?;
                 Ok(Response::Done)
             }
