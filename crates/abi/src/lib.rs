@@ -13,6 +13,8 @@
 //! - [`shm`]: shared memory (sealed memfds mapped by both processes);
 //! - [`wqe`]: the fixed-layout work-queue and completion entries of those rings;
 //! - [`client`]: the library's end of the control socket.
+//! - [`cm_ffi`]: the records of the private C interface between the drop-in librdmacm and
+//!   libibverbs (not part of the daemon protocol).
 //!
 //! Everything a peer writes — a message body, a ring index, a ring entry — is untrusted and
 //! checked before use: a bad message is an error, never a panic.
@@ -34,6 +36,7 @@
 
 pub mod client;
 pub mod codec;
+pub mod cm_ffi;
 pub mod proto;
 pub mod ring;
 pub mod shm;
