@@ -35,8 +35,8 @@
 #![warn(missing_docs)]
 
 pub mod client;
-pub mod codec;
 pub mod cm_ffi;
+pub mod codec;
 pub mod proto;
 pub mod ring;
 pub mod shm;
