@@ -39,8 +39,9 @@ fn main() {
     asm.push_str("    ($($n:ident),+ $(,)?) => { $(symver!($n);)+ };\n}\n");
     std::fs::write(out.join("symver.rs"), asm).expect("write symver.rs");
 
-    // Public nodes chain in version order (as rdma-core's libibverbs.map does); the private
-    // node stands alone.
+    // Public nodes chain in version order (as rdma-core's libibverbs.map does); private
+    // nodes (rdma-core's IBVERBS_PRIVATE_*, and SOFTRDMA_PRIVATE_* for the drop-in
+    // librdmacm) stand alone.
     let key = |n: &str| -> (u32, u32) {
         let v = n.trim_start_matches("IBVERBS_");
         match v.split_once('.') {
@@ -52,7 +53,7 @@ fn main() {
     let mut map = String::new();
     let mut prev: Option<&str> = None;
     for n in &nodes {
-        if n.starts_with("IBVERBS_PRIVATE") {
+        if n.contains("_PRIVATE_") {
             writeln!(map, "{n} {{ }};").expect("write to String");
             continue;
         }

@@ -474,6 +474,8 @@ pub unsafe extern "C" fn ibv_close_device(c: *mut ibv_context) -> c_int {
     };
     let p = cx as *const Ctx as *mut Ctx;
     let entry = cx.entry;
+    // Its CM channel (librdmacm's) closes with it: listens end, connections go down.
+    crate::cm::forget(c);
     if Arc::strong_count(&cx.shared) == 1 {
         // The device closes with this context: forget the objects a program left on it.
         crate::events::forget_device(cx);

@@ -49,6 +49,7 @@
 include!(concat!(env!("OUT_DIR"), "/symver.rs"));
 
 pub mod abi;
+mod cm;
 mod cq_ex;
 mod device;
 mod events;
