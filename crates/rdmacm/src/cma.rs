@@ -112,6 +112,8 @@ pub(crate) struct IdSt {
     pub own_recv_cq: bool,
     /// What rdma_connect asked for (reported back in ESTABLISHED).
     pub conn: (u8, u8),
+    /// rdma_disconnect sent the DREQ; DISCONNECTED follows the peer's DREP.
+    pub disconnecting: bool,
 }
 
 impl IdSt {
@@ -135,6 +137,7 @@ impl IdSt {
             own_send_cq: false,
             own_recv_cq: false,
             conn: (0, 0),
+            disconnecting: false,
         }
     }
 }
@@ -754,6 +757,12 @@ pub(crate) fn errno() -> c_int {
         .unwrap_or(libc::EIO)
 }
 
+/// Whether `SOFTRDMA_RDMACM_DEBUG` asks for a line on stderr per event delivered.
+pub(crate) fn debug() -> bool {
+    static D: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *D.get_or_init(|| std::env::var_os("SOFTRDMA_RDMACM_DEBUG").is_some_and(|v| v != "0"))
+}
+
 /// Take the next event of channel `c`, waiting if its descriptor is blocking.
 pub(crate) fn get_event(c: usize) -> Result<*mut rdma_cm_event, c_int> {
     loop {
@@ -771,6 +780,12 @@ pub(crate) fn get_event(c: usize) -> Result<*mut rdma_cm_event, c_int> {
                     st.outstanding += 1;
                 }
                 g.events.insert(e, ev.counted);
+                if debug() {
+                    eprintln!(
+                        "librdmacm (softrdma): event {} status {} id {:#x}",
+                        ev.ev.event, ev.ev.status, ev.ev.id as usize
+                    );
+                }
                 return Ok(&mut ev.ev);
             }
             // SAFETY: `c` is a live channel.

@@ -429,6 +429,7 @@ pub unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
             St::Closed => return Ok(()),
             _ => return Err(libc::EINVAL),
         }
+        st.disconnecting = true;
         // SAFETY: our context.
         let r = unsafe { (g.v.cm.disconnect)(g.devs[d].ctx, comm, std::ptr::null(), 0) };
         if r != 0 && r != libc::EINVAL {

@@ -4,7 +4,7 @@
 use core::ffi::c_int;
 
 use crate::addr::read_sa;
-use crate::cma::{self, ret, with, G};
+use crate::cma::{self, ret, with, St, G};
 use crate::ffi::*;
 use crate::id;
 
@@ -247,12 +247,17 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
 pub unsafe extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
     let _ = with(|g| {
         let (k, st) = g.id(id)?;
-        // The connection lets go of the QP first: QP numbers are reused, and a late DREQ
-        // must not reach the QP's next owner.
-        if let (Some(d), Some(c)) = (st.dev, st.comm.take()) {
-            if g.comms.remove(&(d, c)).is_some() {
-                // SAFETY: a context of ours.
-                unsafe { (g.v.cm.destroy_id)(g.devs[d].ctx, c) };
+        // A connection still up lets go of the QP first: QP numbers are reused, and a late
+        // DREQ must not reach the QP's next owner. One closed, or closing after
+        // rdma_disconnect, stays: its DISCONNECTED event is still to come (programs such as
+        // cmtime destroy the QP and then wait for it), and the device moves no QP of a
+        // closed connection.
+        if !(st.disconnecting || st.state == St::Closed) {
+            if let (Some(d), Some(c)) = (st.dev, st.comm.take()) {
+                if g.comms.remove(&(d, c)).is_some() {
+                    // SAFETY: a context of ours.
+                    unsafe { (g.v.cm.destroy_id)(g.devs[d].ctx, c) };
+                }
             }
         }
         let id_ = g.cid(k);
@@ -343,7 +348,9 @@ pub unsafe extern "C" fn rdma_create_ep(
             }
             if !qp_init_attr.is_null() {
                 // SAFETY: the caller's attributes.
-                let a = unsafe { *qp_init_attr };
+                let mut a = unsafe { *qp_init_attr };
+                // The requests' QPs take the type the address info names, as rdma-core's.
+                a.qp_type = r.ai_qp_type as u32;
                 with(|g| {
                     g.id(cm_id)?.1.ep_qp_attr = Some(a);
                     Ok(())
