@@ -22,10 +22,12 @@ use crate::addr::{gid_of, ip_of_gid, storage_ip, write_sa};
 use crate::ffi::*;
 use crate::verbs::{verbs, Verbs};
 
-/// READ/ATOMIC depth librdmacm asks for when the caller leaves it to the device
-/// (`RDMA_MAX_RESP_RES`, `RDMA_MAX_INIT_DEPTH`, or no `rdma_conn_param`): the device's
-/// `max_qp_rd_atom`.
-pub(crate) const MAX_RD_ATOMIC: u8 = 16;
+/// READ/ATOMIC depth assumed for a device whose attributes cannot be read.
+const DEFAULT_RD_ATOMIC: u8 = 16;
+
+/// `max_qp_rd_atom` and `max_qp_init_rd_atom` in `struct ibv_device_attr` (as `int`s).
+const MAX_QP_RD_ATOM_OFFSET: usize = 144;
+const MAX_QP_INIT_RD_ATOM_OFFSET: usize = 156;
 
 /// One device of the process, opened once for the life of the process (as rdma-core
 /// keeps its devices open).
@@ -40,6 +42,10 @@ pub(crate) struct Dev {
     pub gids: Vec<(u8, [u8; 16])>,
     /// The PD rdma_create_qp uses when given none (allocated on first use).
     pub pd: *mut ibv_pd,
+    /// READ/ATOMIC depth the device allows each way (`max_qp_rd_atom`,
+    /// `max_qp_init_rd_atom`, the smaller): what `RDMA_MAX_RESP_RES` and
+    /// `RDMA_MAX_INIT_DEPTH` stand for, and the cap rdma_connect/accept check against.
+    pub max_rd: u8,
 }
 
 impl Dev {
@@ -261,12 +267,26 @@ fn open_devices(v: &Verbs) -> Vec<Dev> {
                 gids.push((idx as u8, g.raw));
             }
         }
+        // struct ibv_device_attr is 232 bytes; room to spare.
+        let mut attr = [0u8; 512];
+        // SAFETY: `attr` is larger than struct ibv_device_attr.
+        let max_rd = if unsafe { (v.query_device)(ctx, attr.as_mut_ptr().cast()) } == 0 {
+            let int = |o: usize| {
+                i32::from_ne_bytes(attr[o..o + 4].try_into().expect("4 bytes in bounds"))
+            };
+            int(MAX_QP_RD_ATOM_OFFSET)
+                .min(int(MAX_QP_INIT_RD_ATOM_OFFSET))
+                .clamp(0, 255) as u8
+        } else {
+            DEFAULT_RD_ATOMIC
+        };
         devs.push(Dev {
             ctx,
             cm_fd: fd,
             mtu,
             gids,
             pd: std::ptr::null_mut(),
+            max_rd,
         });
     }
     // SAFETY: the list came from get_device_list; opened contexts outlive it.
@@ -538,7 +558,7 @@ impl G {
         let local = rec.local.ip();
         let peer = rec.peer.ip();
         let sgid = gid_of(local);
-        let mtu = self.devs[d].mtu;
+        let (mtu, max_rd) = (self.devs[d].mtu, self.devs[d].max_rd);
         {
             let st = self.ids.get_mut(&k).expect("just inserted");
             st.state = St::ConnectReq;
@@ -547,8 +567,8 @@ impl G {
             st.sync_chan = chan;
             // The kernel hands the REQ's numbers over from the listener's point of view:
             // what the peer accepts outstanding is what this side may initiate.
-            st.req_initiator_depth = rec.responder_resources.min(MAX_RD_ATOMIC);
-            st.req_responder_resources = rec.initiator_depth.min(MAX_RD_ATOMIC);
+            st.req_initiator_depth = rec.responder_resources.min(max_rd);
+            st.req_responder_resources = rec.initiator_depth.min(max_rd);
             st.remote_qpn = rec.remote_qpn;
             st.conn = (st.req_responder_resources, st.req_initiator_depth);
         }
@@ -675,14 +695,21 @@ impl G {
     }
 
     /// Build the device CM's parameters from a C `rdma_conn_param` (NULL: defaults).
+    /// `defaults` (responder resources, initiator depth) stand when `p` is NULL; `None`:
+    /// the device's maximum, as rdma-core asks for.
     pub fn param(
         &self,
         k: usize,
         p: *const rdma_conn_param,
         max_private: usize,
-        defaults: (u8, u8),
+        defaults: Option<(u8, u8)>,
     ) -> Result<CmParam, c_int> {
         let st = self.ids.get(&k).ok_or(libc::EINVAL)?;
+        let max_rd = st
+            .dev
+            .and_then(|d| self.devs.get(d))
+            .map_or(DEFAULT_RD_ATOMIC, |d| d.max_rd);
+        let defaults = defaults.unwrap_or((max_rd, max_rd));
         let id = self.cid(k);
         let mut out = CmParam {
             responder_resources: defaults.0,
@@ -706,9 +733,11 @@ impl G {
             out.private_data[..n].copy_from_slice(s);
             out.private_data_len = n as u16;
         }
-        let cap = |v: u8| if v == 0xff { MAX_RD_ATOMIC } else { v };
-        if (p.responder_resources != 0xff && p.responder_resources > MAX_RD_ATOMIC)
-            || (p.initiator_depth != 0xff && p.initiator_depth > MAX_RD_ATOMIC)
+        // rdma-core: RDMA_MAX_RESP_RES / RDMA_MAX_INIT_DEPTH (0xff) mean the device's
+        // maximum; any other value above it is EINVAL.
+        let cap = |v: u8| if v == 0xff { max_rd } else { v };
+        if (p.responder_resources != 0xff && p.responder_resources > max_rd)
+            || (p.initiator_depth != 0xff && p.initiator_depth > max_rd)
         {
             return Err(libc::EINVAL);
         }

@@ -9,7 +9,7 @@ use abi::cm_ffi::CmParam;
 use crate::addr::{
     ephemeral_port, family, gid_of, kernel_source_for, read_sa, storage_ip, write_sa,
 };
-use crate::cma::{self, fill_route, ret, with, St, MAX_RD_ATOMIC};
+use crate::cma::{self, fill_route, ret, with, St};
 use crate::ffi::*;
 
 #[no_mangle]
@@ -322,7 +322,7 @@ fn connect(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> Result<usize, c_int>
             return Err(libc::EOPNOTSUPP);
         }
         let (dst, dport) = storage_ip(&id_.cid.route.addr.dst).ok_or(libc::EINVAL)?;
-        let param = g.param(k, p, REQ_PRIVATE_DATA_MAX, (MAX_RD_ATOMIC, MAX_RD_ATOMIC))?;
+        let param = g.param(k, p, REQ_PRIVATE_DATA_MAX, None)?;
         let sid = (u64::from(id_.cid.ps) << 16) | u64::from(dport);
         let peer = cma::cm_addr(dst, dport);
         let mut comm = 0u32;
@@ -362,7 +362,7 @@ fn accept(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> Result<usize, c_int> 
             // As for rdma_connect: the device's CM needs the id's QP.
             return Err(libc::EOPNOTSUPP);
         }
-        let param: CmParam = g.param(k, p, REP_PRIVATE_DATA_MAX, defaults)?;
+        let param: CmParam = g.param(k, p, REP_PRIVATE_DATA_MAX, Some(defaults))?;
         // SAFETY: our context, the id's QP, a record living for the call.
         let r = unsafe { (g.v.cm.accept)(g.devs[d].ctx, comm, qp, &param) };
         if r != 0 {
