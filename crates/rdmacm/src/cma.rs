@@ -25,10 +25,6 @@ use crate::verbs::{verbs, Verbs};
 /// READ/ATOMIC depth assumed for a device whose attributes cannot be read.
 const DEFAULT_RD_ATOMIC: u8 = 16;
 
-/// `max_qp_rd_atom` and `max_qp_init_rd_atom` in `struct ibv_device_attr` (as `int`s).
-const MAX_QP_RD_ATOM_OFFSET: usize = 144;
-const MAX_QP_INIT_RD_ATOM_OFFSET: usize = 156;
-
 /// One device of the process, opened once for the life of the process (as rdma-core
 /// keeps its devices open).
 pub(crate) struct Dev {
@@ -255,7 +251,10 @@ fn open_devices(v: &Verbs) -> Vec<Dev> {
         // SAFETY: `port` is larger than struct ibv_port_attr.
         let r = unsafe { (v.query_port)(ctx, 1, port.as_mut_ptr().cast()) };
         let (mtu, tbl) = if r == 0 {
-            (port[2] as u8, (port[3] as i32).clamp(0, 64))
+            (
+                port[PORT_ATTR_ACTIVE_MTU / 4] as u8,
+                (port[PORT_ATTR_GID_TBL_LEN / 4] as i32).clamp(0, 64),
+            )
         } else {
             (3, 16)
         };
@@ -274,8 +273,8 @@ fn open_devices(v: &Verbs) -> Vec<Dev> {
             let int = |o: usize| {
                 i32::from_ne_bytes(attr[o..o + 4].try_into().expect("4 bytes in bounds"))
             };
-            int(MAX_QP_RD_ATOM_OFFSET)
-                .min(int(MAX_QP_INIT_RD_ATOM_OFFSET))
+            int(DEVICE_ATTR_MAX_QP_RD_ATOM)
+                .min(int(DEVICE_ATTR_MAX_QP_INIT_RD_ATOM))
                 .clamp(0, 255) as u8
         } else {
             DEFAULT_RD_ATOMIC

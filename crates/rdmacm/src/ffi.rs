@@ -106,17 +106,60 @@ pub struct ibv_qp_init_attr {
     pub sq_sig_all: c_int,
 }
 
-/// `struct ibv_qp_init_attr_ex`: the classic part, `comp_mask` and `pd` (the fields
-/// rdma_create_qp_ex honours; the rest must be unused, see `comp_mask`).
+/// `struct ibv_qp_init_attr_ex`: the fields up to `pd` (those rdma_create_qp_ex honours;
+/// the rest must be unused, see `comp_mask`). The classic fields are repeated rather than
+/// nested: `comp_mask` follows `sq_sig_all` with no padding.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct ibv_qp_init_attr_ex_head {
-    /// The classic attributes.
-    pub base: ibv_qp_init_attr,
+    /// The user's pointer.
+    pub qp_context: *mut c_void,
+    /// Send CQ.
+    pub send_cq: *mut ibv_cq,
+    /// Receive CQ.
+    pub recv_cq: *mut ibv_cq,
+    /// SRQ.
+    pub srq: *mut ibv_srq,
+    /// Capacities (written back).
+    pub cap: ibv_qp_cap,
+    /// `enum ibv_qp_type`.
+    pub qp_type: u32,
+    /// Signal every send.
+    pub sq_sig_all: c_int,
     /// `IBV_QP_INIT_ATTR_*`.
     pub comp_mask: u32,
     /// The PD (`IBV_QP_INIT_ATTR_PD`).
     pub pd: *mut ibv_pd,
+}
+
+impl ibv_qp_init_attr_ex_head {
+    /// The classic attributes with `comp_mask` and `pd`.
+    pub fn new(a: ibv_qp_init_attr, comp_mask: u32, pd: *mut ibv_pd) -> Self {
+        ibv_qp_init_attr_ex_head {
+            qp_context: a.qp_context,
+            send_cq: a.send_cq,
+            recv_cq: a.recv_cq,
+            srq: a.srq,
+            cap: a.cap,
+            qp_type: a.qp_type,
+            sq_sig_all: a.sq_sig_all,
+            comp_mask,
+            pd,
+        }
+    }
+
+    /// The classic attributes.
+    pub fn base(&self) -> ibv_qp_init_attr {
+        ibv_qp_init_attr {
+            qp_context: self.qp_context,
+            send_cq: self.send_cq,
+            recv_cq: self.recv_cq,
+            srq: self.srq,
+            cap: self.cap,
+            qp_type: self.qp_type,
+            sq_sig_all: self.sq_sig_all,
+        }
+    }
 }
 
 /// `IBV_QP_INIT_ATTR_PD`.
@@ -601,3 +644,13 @@ pub const REQ_PRIVATE_DATA_MAX: usize = 56;
 pub const REP_PRIVATE_DATA_MAX: usize = 196;
 /// Private data of a REJ.
 pub const REJ_PRIVATE_DATA_MAX: usize = 148;
+
+/// Offset of `max_qp_rd_atom` (an `int`) in `struct ibv_device_attr`, which librdmacm
+/// reads from a byte buffer rather than declaring the whole struct again.
+pub const DEVICE_ATTR_MAX_QP_RD_ATOM: usize = 144;
+/// Offset of `max_qp_init_rd_atom` (an `int`) in `struct ibv_device_attr`.
+pub const DEVICE_ATTR_MAX_QP_INIT_RD_ATOM: usize = 156;
+/// Offset of `active_mtu` (`enum ibv_mtu`) in `struct ibv_port_attr`.
+pub const PORT_ATTR_ACTIVE_MTU: usize = 8;
+/// Offset of `gid_tbl_len` (an `int`) in `struct ibv_port_attr`.
+pub const PORT_ATTR_GID_TBL_LEN: usize = 12;

@@ -94,7 +94,8 @@ fn create_qp(id: *mut rdma_cm_id, attr: &mut ibv_qp_init_attr_ex_head) -> Result
         } else {
             device_pd(g, d)?
         };
-        let b = &mut attr.base;
+        let mut base = attr.base();
+        let b = &mut base;
         let mut made_send = None;
         let mut made_recv = None;
         if b.send_cq.is_null() && cid.send_cq.is_null() {
@@ -140,6 +141,8 @@ fn create_qp(id: *mut rdma_cm_id, attr: &mut ibv_qp_init_attr_ex_head) -> Result
         }
         // SAFETY: a PD of the id's context and the caller's attributes.
         let qp = unsafe { (g.v.create_qp)(pd, b) };
+        // What the QP got (capabilities, CQs) goes back to the caller, as rdma-core does.
+        *attr = ibv_qp_init_attr_ex_head::new(base, attr.comp_mask, attr.pd);
         if qp.is_null() {
             let e = cma::errno();
             free_cqs(g, k);
@@ -210,17 +213,13 @@ pub unsafe extern "C" fn rdma_create_qp(
     } else {
         pd
     };
-    let mut ex = ibv_qp_init_attr_ex_head {
-        // SAFETY: the caller's attributes.
-        base: unsafe { *qp_init_attr },
-        comp_mask: IBV_QP_INIT_ATTR_PD,
-        pd,
-    };
+    // SAFETY: the caller's attributes.
+    let mut ex = ibv_qp_init_attr_ex_head::new(unsafe { *qp_init_attr }, IBV_QP_INIT_ATTR_PD, pd);
     let r = create_qp(id, &mut ex);
     if r.is_ok() {
         // The capabilities the QP got, written back as rdma-core does.
         // SAFETY: as above.
-        unsafe { *qp_init_attr = ex.base };
+        unsafe { *qp_init_attr = ex.base() };
     }
     ret(r)
 }
@@ -237,8 +236,8 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
     let mut ex = unsafe { *qp_init_attr };
     let r = create_qp(id, &mut ex);
     if r.is_ok() {
-        // SAFETY: as above.
-        unsafe { (*qp_init_attr).base = ex.base };
+        // SAFETY: as above; only the fields the caller gave are written back.
+        unsafe { *qp_init_attr = ex };
     }
     ret(r)
 }
