@@ -25,6 +25,9 @@ command -v cpio >/dev/null 2>&1 || need+=(cpio)
 command -v rping >/dev/null 2>&1 || need+=(rdmacm-utils)
 [ -e /etc/libibverbs.d/rxe.driver ] || need+=(ibverbs-providers)
 dpkg -s rdma-core >/dev/null 2>&1 || need+=(rdma-core)
+# The rdma_cm layout test (crates/rdmacm/tests/layout.rs) compiles against rdma-core's headers.
+[ -e /usr/include/rdma/rdma_cma.h ] || need+=(librdmacm-dev)
+[ -e /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
 if [ ${#need[@]} -gt 0 ]; then
   echo "== installing ${need[*]}"
   sudo=""
