@@ -144,7 +144,7 @@ pub unsafe extern "C" fn rdma_resolve_addr(
     dst_addr: *mut libc::sockaddr,
     _timeout_ms: c_int,
 ) -> c_int {
-    ret(resolve_addr(id, src_addr, dst_addr).and_then(|k| cma::complete(k)))
+    ret(resolve_addr(id, src_addr, dst_addr).and_then(cma::complete))
 }
 
 fn resolve_addr(

@@ -103,6 +103,8 @@ fn sym(handle: *mut c_void, name: &str, version: Option<&str>) -> Result<*mut c_
     }
 }
 
+// Each transmute's target is the field it fills, whose type spells the C signature once.
+#[allow(clippy::missing_transmute_annotations)]
 fn load() -> Result<Verbs, String> {
     let lib = cstr("libibverbs.so.1");
     // SAFETY: a NUL-terminated name; the handle is kept for the life of the process.
