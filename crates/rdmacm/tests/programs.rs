@@ -17,8 +17,9 @@ use common::{
 
 const LIMIT: Duration = Duration::from_secs(60);
 
-/// Run `prog` as server and client on `backend`; the client is retried while the server's
-/// listen is not up yet (the connection is rejected). Returns (server, client).
+/// Run `prog` as server and client on `backend` (`prog` is `server/client` when the two
+/// sides are two programs); the client is retried while the server's listen is not up yet
+/// (the connection is rejected). Returns (server, client).
 fn pair(
     prog: &str,
     server_args: &[&str],
@@ -40,8 +41,9 @@ fn pair(
         Some(d) => On::Daemon { daemon: d, addr },
         None => On::Embedded { addr, port: udp },
     };
+    let (server_prog, client_prog) = prog.split_once('/').unwrap_or((prog, prog));
     let server = Guard(Some(
-        verbs_command(prog, server_args, on("127.0.0.1"))
+        verbs_command(server_prog, server_args, on("127.0.0.1"))
             .spawn()
             .expect("spawn server"),
     ));
@@ -51,7 +53,10 @@ fn pair(
     };
     let start = Instant::now();
     let client = loop {
-        let o = run(verbs_command(prog, client_args, on(client_addr)), LIMIT);
+        let o = run(
+            verbs_command(client_prog, client_args, on(client_addr)),
+            LIMIT,
+        );
         let text = format!(
             "{}{}",
             String::from_utf8_lossy(&o.stdout),
@@ -176,7 +181,7 @@ fn rdma_server_client(backend: Backend) {
     require("rdma_server", "rdmacm-utils");
     let port = free_tcp_port().to_string();
     let (s, c) = pair(
-        "rdma_server",
+        "rdma_server/rdma_client",
         &["-p", &port],
         &["-s", "127.0.0.1", "-p", &port],
         backend,
