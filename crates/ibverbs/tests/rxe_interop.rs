@@ -13,8 +13,12 @@
 //! fails first, it ends the VM's program at once (a connection to port + 100, where the VM's
 //! script listens for that) instead of waiting for the VM's per-program timeout.
 //!
-//! A third test runs the same scripts between two kernel rxe VMs: it shows the harness and
-//! the VM work, so a failure of the other two is ours to read.
+//! The rdma_cm matrix ([`CM_MATRIX`]): rping, ucmatose and ib_write_bw -R through the drop-in
+//! `librdmacm.so.1` against the kernel's rdma_cm (`rdma_ucm` in the VM), both directions,
+//! on rdma_cm ports from 7471: the IB CM protocol on QP1 both ways.
+//!
+//! Two more tests run the same scripts between two kernel rxe VMs: they show the harness and
+//! the VM work, so a failure of the others is ours to read.
 //!
 //! Every program is reported PASS or FAIL (none is skipped); a failure prints both sides'
 //! output, the daemon counters that changed while it ran and its capture decoded by
@@ -26,6 +30,8 @@
 mod common;
 #[path = "../../cli/tests/hosts/mod.rs"]
 mod hosts;
+#[path = "../../rdmacm/tests/rdmacm_lib/mod.rs"]
+mod rdmacm_lib;
 mod rxe_vm;
 
 use std::collections::BTreeMap;
@@ -365,6 +371,10 @@ impl Ours {
     fn start(rx_path: RxPath) -> Ours {
         common::require("ibv_devinfo", "ibverbs-utils");
         common::require("ib_write_bw", "perftest");
+        common::require("rping", "rdmacm-utils");
+        // rdma_cm programs load the drop-in librdmacm.so.1 from the same folder (built by
+        // `cargo test --workspace`, or `cargo build -p softrdma-rdmacm`).
+        rdmacm_lib::install_beside(&common::library_dir());
         let daemon = TestDaemon::start_with(&[HOST_ADDR], Some(4791), |bin, args| {
             let mut args = args.to_vec();
             args.extend_from_slice(&["--rx-path", rx_path.arg()]);
@@ -966,6 +976,19 @@ fn softrdma_clients_run_the_matrix_against_kernel_rxe_servers() {
 #[test]
 fn kernel_rxe_clients_run_the_matrix_against_softrdma_servers() {
     direction(MATRIX, Serves::Softrdma, RxPath::Auto).check();
+}
+
+/// rping, ucmatose and ib_write_bw -R through the drop-in librdmacm against the kernel's
+/// rdma_cm: the CM protocol on QP1, our side the active one.
+#[test]
+fn softrdma_rdma_cm_clients_connect_to_kernel_rdma_cm_servers() {
+    direction(CM_MATRIX, Serves::Rxe, RxPath::Auto).check();
+}
+
+/// The kernel's rdma_cm connects to our listens.
+#[test]
+fn kernel_rdma_cm_clients_connect_to_softrdma_rdma_cm_servers() {
+    direction(CM_MATRIX, Serves::Softrdma, RxPath::Auto).check();
 }
 
 /// The unprivileged receive path: rxe's IPv4 IDs are hidden and recovered from the ICRC.
