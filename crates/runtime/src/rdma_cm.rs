@@ -81,8 +81,14 @@ impl CmCounters {
             ("cm_retransmitted", self.cm.retransmitted),
             ("cm_duplicates_answered", self.cm.duplicates_answered),
             ("cm_dropped_malformed", dropped(cm::DropReason::Malformed)),
-            ("cm_dropped_unknown_comm_id", dropped(cm::DropReason::UnknownCommId)),
-            ("cm_dropped_wrong_state", dropped(cm::DropReason::WrongState)),
+            (
+                "cm_dropped_unknown_comm_id",
+                dropped(cm::DropReason::UnknownCommId),
+            ),
+            (
+                "cm_dropped_wrong_state",
+                dropped(cm::DropReason::WrongState),
+            ),
             ("cm_tx_not_queued", self.tx_not_queued),
             ("cm_connections", self.connections),
             ("cm_tracked_connections", self.cm_connections),
