@@ -66,7 +66,9 @@ fn pair(
         let not_listening = !o.status.success()
             && (text.contains("rejected")
                 || text.contains("connection refused")
-                || text.contains("failed to connect"));
+                || text.contains("failed to connect")
+                // perftest -R: "Unexpected CM event ... 8" (REJECTED), then this.
+                || text.contains("unable to perform rdma_client function"));
         if not_listening && start.elapsed() < LIMIT {
             std::thread::sleep(Duration::from_millis(200));
             continue;
