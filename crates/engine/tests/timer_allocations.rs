@@ -1,6 +1,6 @@
 //! Timers on a warm device allocate nothing: the first local ACK timeout that ever fires
-//! (a peer that stalls once, after thousands of messages that were ACKed in time) and the retransmission it
-//! causes cost no heap allocation in the engine.
+//! (a peer that stalls once, after thousands of messages that were ACKed in time) and the
+//! retransmission it causes cost no heap allocation in the engine.
 //!
 //! Its own test binary: the counting allocator is global to the process.
 
