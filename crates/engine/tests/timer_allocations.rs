@@ -26,8 +26,10 @@ fn the_first_local_ack_timeout_allocates_nothing() {
     );
     let engine = p.engine(&a);
     let mut buf = vec![0u8; 8192];
-    let sent = engine.poll_transmit(instant(std::time::Duration::ZERO), &mut buf);
-    assert!(sent.is_some(), "the WRITE left");
+    let sent = engine
+        .poll_transmit(instant(std::time::Duration::ZERO), &mut buf)
+        .expect("the WRITE left");
+    let first = buf[..sent.len].to_vec();
     let due = engine.poll_timeout().expect("the local ACK timer runs");
 
     let region = Region::new(GLOBAL);
@@ -35,10 +37,33 @@ fn the_first_local_ack_timeout_allocates_nothing() {
     // It fired: the WRITE goes out again.
     let resent = engine.poll_transmit(due, &mut buf);
     let stats = region.change();
-    assert!(resent.is_some(), "retransmitted");
+    let resent = resent.expect("retransmitted");
     assert_eq!(
         (stats.allocations, stats.reallocations),
         (0, 0),
         "the timeout and the retransmission allocated"
+    );
+
+    // The responder got the first copy (its ACK was what got lost); the second is a
+    // duplicate, answered with an ACK again, and that allocates nothing either.
+    let again = buf[..resent.len].to_vec();
+    let engine = p.engine(&b);
+    engine.handle_datagram(due, &first);
+    let mut out = vec![0u8; 8192];
+    let later = due + std::time::Duration::from_millis(1);
+    while engine.poll_transmit(later, &mut out).is_some() {}
+    let region = Region::new(GLOBAL);
+    engine.handle_datagram(later, &again);
+    let mut acks = 0;
+    let even_later = later + std::time::Duration::from_millis(1);
+    while engine.poll_transmit(even_later, &mut out).is_some() {
+        acks += 1;
+    }
+    let stats = region.change();
+    assert_eq!(acks, 1, "the duplicate is ACKed");
+    assert_eq!(
+        (stats.allocations, stats.reallocations),
+        (0, 0),
+        "answering the duplicate allocated"
     );
 }
