@@ -715,6 +715,25 @@ impl Client {
         }
     }
 
+    /// SIDR (`rdma_connect` on a UDP id): which UD QP serves `service_id` at `peer`.
+    pub fn cm_resolve(
+        &mut self,
+        channel: u32,
+        peer: IpAddr,
+        service_id: ServiceId,
+        param: &ConnParam,
+    ) -> Result<CommId, ClientError> {
+        match self.call(&Request::CmResolve {
+            channel,
+            peer,
+            service_id,
+            param: param.clone(),
+        })? {
+            Response::CmId { id } => Ok(id),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+
     /// `rdma_accept` of request `id` with QP `qp` (a handle).
     pub fn cm_accept(
         &mut self,

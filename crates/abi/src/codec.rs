@@ -464,6 +464,7 @@ wire_struct! {
         responder_resources: u8,
         initiator_depth: u8,
         private_data: Vec<u8>,
+        datagram: bool,
     }
     DeviceInfo {
         index: u32,
@@ -542,6 +543,17 @@ impl Wire for CmEvent {
             CmEvent::Unreachable { id } => w.put(&4u8).put(id),
             CmEvent::ConnectError { id, errno } => w.put(&5u8).put(id).put(errno),
             CmEvent::Disconnected { id } => w.put(&6u8).put(id),
+            CmEvent::Resolved {
+                id,
+                qpn,
+                qkey,
+                private_data,
+            } => w.put(&7u8).put(id).put(qpn).put(qkey).put(private_data),
+            CmEvent::Unresolved {
+                id,
+                status,
+                private_data,
+            } => w.put(&8u8).put(id).put(status).put(private_data),
             _ => w.put(&0u8),
         };
     }
@@ -563,6 +575,17 @@ impl Wire for CmEvent {
                 errno: r.take()?,
             },
             6 => CmEvent::Disconnected { id: r.take()? },
+            7 => CmEvent::Resolved {
+                id: r.take()?,
+                qpn: r.take()?,
+                qkey: r.take()?,
+                private_data: r.take()?,
+            },
+            8 => CmEvent::Unresolved {
+                id: r.take()?,
+                status: r.take()?,
+                private_data: r.take()?,
+            },
             _ => return Err(ProtoError::Invalid("CM event kind")),
         })
     }

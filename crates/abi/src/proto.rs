@@ -62,7 +62,7 @@ use crate::wqe::Cqe;
 pub const MAGIC: u32 = u32::from_le_bytes(*b"SRDM");
 /// The protocol version this crate speaks (5: the connection manager's requests and
 /// events; 4: messages are generated from their tables and carry the engine's types whole).
-pub const VERSION: u16 = 5;
+pub const VERSION: u16 = 6;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 16;
 /// Largest body accepted (inline data and completion batches fit easily).
@@ -669,6 +669,18 @@ messages! {
             /// Channel handle.
             channel: u32,
         },
+        /// Ask `peer` which UD QP serves `service_id` (SIDR: `rdma_connect` on a UDP id;
+        /// answered with [`Response::CmId`]); the answer arrives on `channel`.
+        55 CM_RESOLVE => CmResolve {
+            /// Channel handle.
+            channel: u32,
+            /// The peer's address.
+            peer: IpAddr,
+            /// The service.
+            service_id: ServiceId,
+            /// Private data and source port (the rest is unused).
+            param: ConnParam,
+        },
     }
 }
 
@@ -767,7 +779,7 @@ messages! {
             /// The SRQ's attributes.
             attr: SrqAttr,
         },
-        /// A connection ([`Request::CmConnect`]).
+        /// A connection ([`Request::CmConnect`]) or a SIDR request ([`Request::CmResolve`]).
         16 CM_ID => CmId {
             /// Its local communication ID.
             id: CommId,
@@ -1009,6 +1021,12 @@ mod tests {
             },
             Request::CmGetEvent { channel: 1 },
             Request::CmDestroyChannel { channel: 1 },
+            Request::CmResolve {
+                channel: 1,
+                peer,
+                service_id,
+                param: ConnParam::with_private_data(b"ud"),
+            },
             Request::Hello { version: VERSION },
             Request::ListDevices,
             Request::QueryGid {
@@ -1156,7 +1174,7 @@ mod tests {
             44
         );
         // Unused numbers name nothing (28 was retired in version 3).
-        for k in [0, 28, 55, 0x7777] {
+        for k in [0, 28, 56, 0x7777] {
             assert_eq!(Request::decode(k, &[]), Err(ProtoError::UnknownKind(k)));
         }
     }
@@ -1187,9 +1205,10 @@ mod tests {
             responder_resources: 4,
             initiator_depth: 2,
             private_data: b"req".to_vec(),
+            datagram: false,
         };
         let cm_events = [
-            CmEvent::ConnectRequest(Box::new(request)),
+            CmEvent::ConnectRequest(Box::new(request.clone())),
             CmEvent::Established {
                 id: CommId(5),
                 private_data: vec![7; 196],
@@ -1205,6 +1224,22 @@ mod tests {
                 errno: 22,
             },
             CmEvent::Disconnected { id: CommId(6) },
+            CmEvent::ConnectRequest(Box::new(cm::ConnectRequest {
+                datagram: true,
+                remote_qpn: 0,
+                ..request.clone()
+            })),
+            CmEvent::Resolved {
+                id: CommId(7),
+                qpn: 0x33,
+                qkey: 0x0123_4567,
+                private_data: vec![1; 136],
+            },
+            CmEvent::Unresolved {
+                id: CommId(8),
+                status: 2,
+                private_data: vec![],
+            },
         ];
         let mut rs = vec![
             Response::CmId { id: CommId(1) },

@@ -85,6 +85,10 @@ pub struct ConnectRequest {
     pub initiator_depth: u8,
     /// The peer's private data, the IP CM header removed (as rdma_cm hands it to users).
     pub private_data: Vec<u8>,
+    /// A SIDR request (rdma_cm's UDP port space): the peer asks which UD QP serves the
+    /// service. Accepting answers with a UD QP's number and Q_Key; there is no connection
+    /// and no QP state to change, and `remote_qpn` and the READ/ATOMIC depths are 0.
+    pub datagram: bool,
 }
 
 /// What happened to a connection (`struct rdma_cm_event`).
@@ -133,6 +137,29 @@ pub enum CmEvent {
         /// The connection, now gone.
         id: CommId,
     },
+    /// A SIDR request was answered: the peer's UD QP that serves the service
+    /// (`RDMA_CM_EVENT_ESTABLISHED` on a UD id, with `param.ud`).
+    Resolved {
+        /// The request.
+        id: CommId,
+        /// The peer's UD QP.
+        qpn: u32,
+        /// The Q_Key its datagrams must carry.
+        qkey: u32,
+        /// The SIDR_REP's private data (all 136 bytes, as rdma_cm delivers them).
+        private_data: Vec<u8>,
+    },
+    /// A SIDR request was answered with a status other than success
+    /// (`RDMA_CM_EVENT_UNREACHABLE` with that status, as Linux's rdma_cm reports it).
+    Unresolved {
+        /// The request, now gone.
+        id: CommId,
+        /// The SIDR_REP's status (IBA 12.11.2): 1 nothing serves the service, 2 the
+        /// consumer rejected the request, 3 no QP.
+        status: u8,
+        /// The SIDR_REP's private data.
+        private_data: Vec<u8>,
+    },
 }
 
 impl CmEvent {
@@ -144,7 +171,9 @@ impl CmEvent {
             | CmEvent::Rejected { id, .. }
             | CmEvent::Unreachable { id }
             | CmEvent::ConnectError { id, .. }
-            | CmEvent::Disconnected { id } => *id,
+            | CmEvent::Disconnected { id }
+            | CmEvent::Resolved { id, .. }
+            | CmEvent::Unresolved { id, .. } => *id,
         }
     }
 }

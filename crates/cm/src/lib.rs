@@ -590,6 +590,15 @@ impl Cm {
         Ok(())
     }
 
+    /// Give up on a SIDR request this CM sent (its consumer went away): it is no longer
+    /// resent, and a late SIDR_REP finds nothing. No message leaves (Linux's
+    /// `cm_destroy_id` drops a sent SIDR_REQ silently).
+    pub fn sidr_cancel(&mut self, id: CommId) -> Result<(), CmError> {
+        self.expect_state(id, &[State::SidrReqSent], "sidr_cancel")?;
+        self.remove(id);
+        Ok(())
+    }
+
     fn remove(&mut self, id: CommId) -> Option<Conn> {
         self.set_timer(id, None);
         let c = self.conns.remove(&id)?;

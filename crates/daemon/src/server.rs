@@ -1065,6 +1065,16 @@ impl<'d> Conn<'d> {
                     d.devices[c.dev].cm(|g| g.cm_connect(&c.ch, qpn, peer, service_id, &param))?;
                 Ok(Response::CmId { id })
             }
+            Request::CmResolve {
+                channel,
+                peer,
+                service_id,
+                param,
+            } => {
+                let c = self.cm_chan(channel)?;
+                let id = d.devices[c.dev].cm(|g| g.cm_resolve(&c.ch, peer, service_id, &param))?;
+                Ok(Response::CmId { id })
+            }
             Request::CmAccept {
                 channel,
                 id,

@@ -386,6 +386,11 @@ impl<M: Memory + ?Sized> Engine<M> {
         Ok(a)
     }
 
+    /// The transport service QP `qpn` was created with.
+    pub fn qp_type(&self, qpn: u32) -> Result<QpType, VerbsError> {
+        Ok(self.qps.get(&qpn).ok_or(VerbsError::InvalidQp)?.qp_type)
+    }
+
     fn limits(&self) -> qp_state::QpLimits {
         let d = &self.config.device;
         qp_state::QpLimits {

@@ -10,7 +10,8 @@
 //!
 //! ## Who does what
 //! Consumers (the Rust API, the daemon for its clients) call [`EngineGuard::cm_listen`],
-//! [`EngineGuard::cm_connect`], [`EngineGuard::cm_accept`], [`EngineGuard::cm_reject`] and
+//! [`EngineGuard::cm_connect`], [`EngineGuard::cm_resolve`] (SIDR, for UD services),
+//! [`EngineGuard::cm_accept`], [`EngineGuard::cm_reject`] and
 //! [`EngineGuard::cm_disconnect`], and take [`CmEvent`]s from a [`CmChannel`] (an `eventfd`
 //! readable while events wait, like `rdma_event_channel`). The consumer creates the QP; the
 //! runtime moves it through its states, as the kernel's rdma_cm does for librdmacm users
@@ -45,7 +46,7 @@ use cm::{Cm, CmError, Event, State};
 use engine::{AccessFlags, AhAttr, Gid, Instant, QpAttr, QpAttrMask, QpState, QpType, VerbsError};
 use wire::{
     CmPathRepr, CmaAddrs, CmaHeaderRepr, Mtu, PrivateData, Psn, Qpn, RejectReason, RepRepr,
-    ReqRepr, ServiceId, ServiceType, SidrRepRepr, SidrStatus, CMA_HEADER_LEN, MAD_LEN,
+    ReqRepr, ServiceId, ServiceType, SidrRepRepr, SidrReqRepr, SidrStatus, CMA_HEADER_LEN, MAD_LEN,
 };
 
 pub use cm::{CmConfig, CmEvent, CommId, ConnParam, ConnectRequest};
@@ -180,6 +181,11 @@ struct Conn {
     param: ConnParam,
     /// The REQ, on the passive side until the consumer answers it.
     req: Option<Box<ReqRepr>>,
+    /// A SIDR request (UD service resolution), either side: no QP of the consumer's is
+    /// ever moved, and the entry stays until the consumer destroys it.
+    datagram: bool,
+    /// The service asked for.
+    service_id: ServiceId,
 }
 
 /// The CM of one device and the connections its consumers made through it.
@@ -354,18 +360,79 @@ impl CmHost {
                     c.channel.push(CmEvent::Disconnected { id });
                 }
             }
-            Event::SidrRequest { id, req, .. } => {
-                // UD services through the CM are not hosted yet: say so rather than let
-                // the peer time out.
-                let rep = SidrRepRepr {
-                    status: SidrStatus::UNSUPPORTED,
-                    service_id: req.service_id,
-                    ..SidrRepRepr::default()
+            Event::SidrRequest { id, peer, req } => self.on_sidr_request(id, peer, req),
+            Event::SidrReply { id, rep } => {
+                let Some(c) = self.conns.get(&id) else {
+                    return;
                 };
-                let _ = self.cm.sidr_reply(id, rep);
+                let private_data = rep.private_data.as_bytes().to_vec();
+                if rep.status == SidrStatus::SUCCESS {
+                    // Kept until destroyed: the consumer's id lives on, as rdma_cm's does.
+                    c.channel.push(CmEvent::Resolved {
+                        id,
+                        qpn: rep.qpn.value(),
+                        qkey: rep.qkey.0,
+                        private_data,
+                    });
+                } else if let Some(c) = self.conns.remove(&id) {
+                    c.channel.push(CmEvent::Unresolved {
+                        id,
+                        status: rep.status.0,
+                        private_data,
+                    });
+                }
             }
-            // No SIDR request is ever started here (and later kinds are not hosted yet).
+            // Later kinds are not hosted yet.
             _ => {}
+        }
+    }
+
+    /// A peer asks which UD QP serves a service a consumer listens on: the consumer
+    /// answers with `accept` (its UD QP) or `reject`.
+    fn on_sidr_request(&mut self, id: CommId, peer: IpAddr, req: Box<SidrReqRepr>) {
+        let Some(channel) = self.listeners.get(&req.service_id).cloned() else {
+            // The CM only reports requests for services it listens on.
+            return;
+        };
+        let (peer_port, private_data) =
+            self.split_cma_header(req.service_id, req.private_data.as_bytes());
+        let local = self.local_addr_for(peer).unwrap_or(self.addrs[0]);
+        let event = ConnectRequest {
+            id,
+            service_id: req.service_id,
+            peer,
+            peer_port,
+            local,
+            remote_qpn: 0,
+            responder_resources: 0,
+            initiator_depth: 0,
+            private_data,
+            datagram: true,
+        };
+        self.conns.insert(
+            id,
+            Conn {
+                channel: channel.clone(),
+                qpn: None,
+                local,
+                peer,
+                psn: Psn::new(0),
+                mtu: Mtu::Mtu256,
+                param: ConnParam::default(),
+                req: None,
+                datagram: true,
+                service_id: req.service_id,
+            },
+        );
+        channel.push(CmEvent::ConnectRequest(Box::new(event)));
+    }
+
+    /// The peer's rdma_cm port and the consumer's private data: rdma_cm's services carry
+    /// the IP CM header in front of it (Linux hands users what follows).
+    fn split_cma_header(&self, service_id: ServiceId, pd: &[u8]) -> (u16, Vec<u8>) {
+        match CmaHeaderRepr::parse_bytes(pd) {
+            Ok(h) if is_rdma_cm(service_id) => (h.src_port, pd[CMA_HEADER_LEN..].to_vec()),
+            _ => (0, pd.to_vec()),
         }
     }
 
@@ -390,11 +457,8 @@ impl CmHost {
                 .reject(id, RejectReason::INVALID_TRANSPORT_TYPE, &[]);
             return;
         }
-        let pd = req.private_data.as_bytes();
-        let (peer_port, private_data) = match CmaHeaderRepr::parse_bytes(pd) {
-            Ok(h) if is_rdma_cm(req.service_id) => (h.src_port, pd[CMA_HEADER_LEN..].to_vec()),
-            _ => (0, pd.to_vec()),
-        };
+        let (peer_port, private_data) =
+            self.split_cma_header(req.service_id, req.private_data.as_bytes());
         let local = self.local_addr_for(peer).unwrap_or(self.addrs[0]);
         let event = ConnectRequest {
             id,
@@ -406,7 +470,9 @@ impl CmHost {
             responder_resources: req.responder_resources,
             initiator_depth: req.initiator_depth,
             private_data,
+            datagram: false,
         };
+        let service_id = req.service_id;
         self.conns.insert(
             id,
             Conn {
@@ -418,6 +484,8 @@ impl CmHost {
                 mtu: req.mtu().unwrap_or(Mtu::Mtu256),
                 param: ConnParam::default(),
                 req: Some(req),
+                datagram: false,
+                service_id,
             },
         );
         channel.push(CmEvent::ConnectRequest(Box::new(event)));
@@ -482,14 +550,12 @@ impl CmHost {
         (peer, service_id): (IpAddr, ServiceId),
         param: &ConnParam,
     ) -> Result<CommId, RuntimeError> {
-        let local = self
-            .addrs
-            .iter()
-            .copied()
-            .find(|a| a.is_ipv4() == peer.is_ipv4())
-            .ok_or(RuntimeError::NoLocalAddress { peer })?;
+        let local = self.local_for_new_peer(peer)?;
         // Checked before the QP changes: a REQ that cannot be built leaves it as it was.
-        let private_data = self.req_private_data(local, peer, service_id, param)?;
+        let private_data = self.cma_private_data(local, peer, service_id, param)?;
+        if engine.qp_type(qpn)? != QpType::Rc {
+            return Err(VerbsError::InvalidQp.into());
+        }
         to_init(engine, qpn, param)?;
         let mtu = engine.query_port(1)?.active_mtu;
         let psn = Psn::new(splitmix(&mut self.rng) as u32);
@@ -531,20 +597,70 @@ impl CmHost {
                 mtu,
                 param: param.clone(),
                 req: None,
+                datagram: false,
+                service_id,
             },
         );
         Ok(id)
     }
 
-    /// rdma_cm's REQ private data: the IP CM header (both addresses, our port), then the
-    /// consumer's bytes (`cma_format_hdr`); other service IDs carry the bytes alone.
-    fn req_private_data(
+    /// Ask `peer` which UD QP serves `service_id` (SIDR, rdma_cm's `rdma_connect` on a UDP
+    /// id); the answer comes as [`CmEvent::Resolved`] or [`CmEvent::Unresolved`], no
+    /// answer as [`CmEvent::Unreachable`].
+    fn resolve(
+        &mut self,
+        now: Instant,
+        channel: &CmChannel,
+        (peer, service_id): (IpAddr, ServiceId),
+        param: &ConnParam,
+    ) -> Result<CommId, RuntimeError> {
+        let local = self.local_for_new_peer(peer)?;
+        let req = SidrReqRepr {
+            service_id,
+            pkey: wire::DEFAULT_PKEY,
+            private_data: self.cma_private_data(local, peer, service_id, param)?,
+            ..SidrReqRepr::default()
+        };
+        let id = self.cm.sidr_request(now, peer, req);
+        self.local_for.insert(peer, local);
+        self.conns.insert(
+            id,
+            Conn {
+                channel: channel.clone(),
+                qpn: None,
+                local,
+                peer,
+                psn: Psn::new(0),
+                mtu: Mtu::Mtu256,
+                param: param.clone(),
+                req: None,
+                datagram: true,
+                service_id,
+            },
+        );
+        Ok(id)
+    }
+
+    /// The device's address a new connection to `peer` leaves from: the first of its
+    /// family.
+    fn local_for_new_peer(&self, peer: IpAddr) -> Result<IpAddr, RuntimeError> {
+        self.addrs
+            .iter()
+            .copied()
+            .find(|a| a.is_ipv4() == peer.is_ipv4())
+            .ok_or(RuntimeError::NoLocalAddress { peer })
+    }
+
+    /// rdma_cm's REQ or SIDR_REQ private data: the IP CM header (both addresses, our
+    /// port), then the consumer's bytes (`cma_format_hdr`); other service IDs carry the
+    /// bytes alone.
+    fn cma_private_data<const N: usize>(
         &mut self,
         local: IpAddr,
         peer: IpAddr,
         service_id: ServiceId,
         param: &ConnParam,
-    ) -> Result<PrivateData<{ wire::cm::REQ_PRIVATE_DATA_LEN }>, CmError> {
+    ) -> Result<PrivateData<N>, CmError> {
         if !is_rdma_cm(service_id) {
             return Ok(PrivateData::from_slice(&param.private_data)?);
         }
@@ -579,6 +695,12 @@ impl CmHost {
     ) -> Result<(), RuntimeError> {
         let state = self.cm.state(id).ok_or(CmError::UnknownId(id))?;
         let c = self.conns.get(&id).ok_or(CmError::UnknownId(id))?;
+        if c.datagram {
+            return self.accept_sidr(engine, id, qpn, param);
+        }
+        if engine.qp_type(qpn)? != QpType::Rc {
+            return Err(VerbsError::InvalidQp.into());
+        }
         let req = match (&c.req, state) {
             (Some(req), State::ReqRcvd | State::MraSent) => req.clone(),
             _ => {
@@ -637,6 +759,43 @@ impl CmHost {
         Ok(())
     }
 
+    /// Answer SIDR request `id` with UD QP `qpn` and its Q_Key (Linux's `cma_accept` on a
+    /// UD id: `cma_send_sidr_rep` with success). The QP is the consumer's to set up.
+    fn accept_sidr(
+        &mut self,
+        engine: &mut SendEngine,
+        id: CommId,
+        qpn: u32,
+        param: &ConnParam,
+    ) -> Result<(), RuntimeError> {
+        if engine.qp_type(qpn)? != QpType::Ud {
+            return Err(VerbsError::InvalidQp.into());
+        }
+        let qkey = engine.query_qp(qpn)?.qkey;
+        let service_id = self.conns[&id].service_id;
+        let rep = SidrRepRepr {
+            status: SidrStatus::SUCCESS,
+            qpn: Qpn::new(qpn),
+            qkey: wire::Qkey(qkey),
+            service_id,
+            private_data: PrivateData::from_slice(&param.private_data).map_err(CmError::from)?,
+            ..SidrRepRepr::default()
+        };
+        self.cm.sidr_reply(id, rep)?;
+        Ok(())
+    }
+
+    /// Refuse SIDR request `id` (`cma_send_sidr_rep` with `IB_SIDR_REJECT`).
+    fn reject_sidr(&mut self, id: CommId, private_data: &[u8]) -> Result<(), CmError> {
+        let rep = SidrRepRepr {
+            status: SidrStatus::REJECT,
+            service_id: self.conns[&id].service_id,
+            private_data: PrivateData::from_slice(private_data)?,
+            ..SidrRepRepr::default()
+        };
+        self.cm.sidr_reply(id, rep)
+    }
+
     /// `Ok` if connection `id` delivers its events to `channel`; a connection of another
     /// channel (another consumer's) is as unknown as one that never was.
     fn owned(&self, channel: &CmChannel, id: CommId) -> Result<(), CmError> {
@@ -675,8 +834,12 @@ impl CmHost {
     }
 
     fn reject(&mut self, id: CommId, private_data: &[u8]) -> Result<(), CmError> {
-        self.cm
-            .reject(id, RejectReason::CONSUMER_DEFINED, private_data)?;
+        if self.conns.get(&id).is_some_and(|c| c.datagram) {
+            self.reject_sidr(id, private_data)?;
+        } else {
+            self.cm
+                .reject(id, RejectReason::CONSUMER_DEFINED, private_data)?;
+        }
         self.conns.remove(&id);
         Ok(())
     }
@@ -690,7 +853,18 @@ impl CmHost {
         now: Instant,
         id: CommId,
     ) -> Result<(), CmError> {
-        let c = self.conns.remove(&id).ok_or(CmError::UnknownId(id))?;
+        let c = self.conns.get(&id).ok_or(CmError::UnknownId(id))?;
+        if c.datagram {
+            // Linux's cm_destroy_id: a SIDR request received is refused, one sent dropped.
+            let r = match self.cm.state(id) {
+                Some(State::SidrReqRcvd) => self.reject_sidr(id, &[]),
+                Some(State::SidrReqSent) => self.cm.sidr_cancel(id),
+                _ => Ok(()),
+            };
+            self.conns.remove(&id);
+            return r;
+        }
+        let c = self.conns.remove(&id).expect("looked up above");
         if let Some(qpn) = c.qpn {
             to_err(engine, qpn);
         }
@@ -891,10 +1065,29 @@ impl<A: Attachment> EngineGuard<'_, A> {
         )
     }
 
-    /// Accept connection request `id`, delivered on `channel`, with RC QP `qpn` (in RESET or
-    /// INIT) (`rdma_accept`): the QP goes to RTR and RTS with the peer's parameters and the
-    /// REP leaves; [`CmEvent::Established`] follows when the RTU arrives. On failure the
-    /// request is still there to reject.
+    /// Ask `peer` which UD QP serves `service_id` (SIDR: `rdma_connect` on a UDP-port-space
+    /// id), with `param`'s private data and source port. The answer arrives on `channel`:
+    /// [`CmEvent::Resolved`] (QPN and Q_Key), [`CmEvent::Unresolved`] (the peer's status),
+    /// or [`CmEvent::Unreachable`] when the peer never answers.
+    pub fn cm_resolve(
+        &mut self,
+        channel: &CmChannel,
+        peer: IpAddr,
+        service_id: ServiceId,
+        param: &ConnParam,
+    ) -> Result<CommId, RuntimeError> {
+        let now = self.shared.now();
+        self.dirty = true;
+        self.core
+            .cm
+            .resolve(now, channel, (peer, service_id), param)
+    }
+
+    /// Accept connection request `id`, delivered on `channel`, with QP `qpn` (`rdma_accept`).
+    /// An RC request takes an RC QP in RESET or INIT: the QP goes to RTR and RTS with the
+    /// peer's parameters and the REP leaves; [`CmEvent::Established`] follows when the RTU
+    /// arrives. A SIDR request ([`ConnectRequest::datagram`]) takes a UD QP, whose number
+    /// and Q_Key the SIDR_REP carries. On failure the request is still there to reject.
     pub fn cm_accept(
         &mut self,
         channel: &CmChannel,
@@ -1086,5 +1279,138 @@ mod tests {
         assert_eq!(qa.sq_psn, rep.starting_psn.value());
         assert_eq!(qa.dest_qp_num, b.qpn);
         assert_eq!(qb.dest_qp_num, a.qpn);
+    }
+
+    /// A UD QP of `s` in RTS with Q_Key `qkey`.
+    fn ud_qp(s: &mut Side, qkey: u32) -> u32 {
+        let pd = s.engine.alloc_pd().unwrap();
+        let cq = s.engine.create_cq(4).unwrap();
+        let qpn = s
+            .engine
+            .create_qp(&QpInitAttr {
+                pd,
+                send_cq: cq,
+                recv_cq: cq,
+                cap: QpCap {
+                    max_send_wr: 2,
+                    max_recv_wr: 2,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
+                },
+                qp_type: QpType::Ud,
+                sq_sig_all: false,
+            })
+            .unwrap();
+        let init = QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qkey,
+            ..QpAttr::default()
+        };
+        let mask = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY;
+        s.engine.modify_qp(qpn, &init, mask).unwrap();
+        qpn
+    }
+
+    #[test]
+    fn sidr_answers_with_the_ud_qp_and_its_qkey_and_a_refusal_with_its_status() {
+        let (ip_a, ip_b): (IpAddr, IpAddr) = ([10, 0, 0, 1].into(), [10, 0, 0, 2].into());
+        let (mut a, mut b) = (side(ip_a, 1), side(ip_b, 2));
+        let service = ServiceId::rdma_cm(PortSpace::UDP, 7174);
+        b.host.listen(&b.channel, service).unwrap();
+        let ud = ud_qp(&mut b, 0x0123_4567);
+        let now = Instant::from_nanos(0);
+        let ask = |a: &mut Side, data: &[u8]| {
+            let mut param = ConnParam::with_private_data(data);
+            param.src_port = 4242;
+            a.host
+                .resolve(now, &a.channel, (ip_b, service), &param)
+                .unwrap()
+        };
+
+        let id = ask(&mut a, b"who serves?");
+        let mads = shuttle(&mut a, &mut b);
+        assert_eq!(
+            mads.iter().map(|m| m.name()).collect::<Vec<_>>(),
+            ["SIDR_REQ"]
+        );
+        let Some(CmEvent::ConnectRequest(req)) = b.channel.get_event() else {
+            panic!("no request")
+        };
+        // The consumer sees its peer's port and bytes, not the IP CM header.
+        assert!(req.datagram);
+        assert_eq!((req.peer, req.peer_port), (ip_a, 4242));
+        assert_eq!(&req.private_data[..11], b"who serves?");
+        // An RC QP cannot answer a SIDR request; the request is still there after.
+        assert!(b
+            .host
+            .accept(&mut b.engine, now, req.id, b.qpn, &ConnParam::default())
+            .is_err());
+        b.host
+            .accept(
+                &mut b.engine,
+                now,
+                req.id,
+                ud,
+                &ConnParam::with_private_data(b"here"),
+            )
+            .unwrap();
+        let mads = shuttle(&mut a, &mut b);
+        assert_eq!(
+            mads.iter().map(|m| m.name()).collect::<Vec<_>>(),
+            ["SIDR_REP"]
+        );
+        match a.channel.get_event() {
+            Some(CmEvent::Resolved {
+                id: got,
+                qpn,
+                qkey,
+                private_data,
+            }) => {
+                assert_eq!((got, qpn, qkey), (id, ud, 0x0123_4567));
+                assert_eq!(&private_data[..4], b"here");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Both ids live until destroyed; the UD QP is untouched.
+        assert_eq!(
+            (a.host.counters().connections, b.host.counters().connections),
+            (1, 1)
+        );
+        assert_eq!(b.engine.query_qp(ud).unwrap().qp_state, QpState::Init);
+        a.host.destroy(&mut a.engine, now, id).unwrap();
+        b.host.destroy(&mut b.engine, now, req.id).unwrap();
+        assert_eq!(
+            (a.host.counters().connections, b.host.counters().connections),
+            (0, 0)
+        );
+
+        // Refused: the asker learns the status (2, rejected) and the id is gone.
+        let id = ask(&mut a, b"");
+        shuttle(&mut a, &mut b);
+        let Some(CmEvent::ConnectRequest(req)) = b.channel.get_event() else {
+            panic!("no request")
+        };
+        b.host.reject(req.id, b"no").unwrap();
+        shuttle(&mut a, &mut b);
+        match a.channel.get_event() {
+            Some(CmEvent::Unresolved {
+                id: got, status, ..
+            }) => assert_eq!((got, status), (id, SidrStatus::REJECT.0)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(a.host.counters().connections, 0);
+
+        // Nothing listens: the peer's CM says so (status 1).
+        b.host.unlisten(&b.channel, service);
+        let id = ask(&mut a, b"");
+        shuttle(&mut a, &mut b);
+        match a.channel.get_event() {
+            Some(CmEvent::Unresolved {
+                id: got, status, ..
+            }) => assert_eq!((got, status), (id, SidrStatus::UNSUPPORTED.0)),
+            other => panic!("{other:?}"),
+        }
     }
 }

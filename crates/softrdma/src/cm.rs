@@ -27,7 +27,13 @@
 //!
 //! The device's CM moves the QP through its states (RESET → INIT → RTR → RTS on connect
 //! and accept, ERR on disconnect or rejection), as the kernel's rdma_cm does: hand it a new
-//! RC QP. Events of one [`ConnectionManager`] (its listens and its connections) arrive in
+//! RC QP.
+//!
+//! UD services have no connection: a side asks the peer which UD QP serves an rdma_cm UDP
+//! port ([`ConnectionManager::resolve`], SIDR on the wire, as `udaddy` does), and the
+//! peer's listener ([`ConnectionManager::listen_datagram`]) answers with one of its UD QPs
+//! ([`Request::accept_datagram`]). The asker gets the QPN and Q_Key to address datagrams
+//! to ([`UdService`]). Events of one [`ConnectionManager`] (its listens and its connections) arrive in
 //! one place; each call here waits for the event it is about and keeps the others for the
 //! calls that wait for them. The blocking calls take a timeout; with the `tokio` feature
 //! the `*_async` ones wait on the runtime instead.
@@ -82,6 +88,64 @@ impl ConnectionManager {
     /// on the device has the port.
     pub fn listen(&self, port: u16) -> Result<Listener> {
         self.listen_on(ServiceId::rdma_cm(PortSpace::TCP, port))
+    }
+
+    /// Listen for UD service resolutions on rdma_cm UDP port `port` (`rdma_listen` on a
+    /// UDP id): its requests are answered with [`Request::accept_datagram`].
+    pub fn listen_datagram(&self, port: u16) -> Result<Listener> {
+        self.listen_on(ServiceId::rdma_cm(PortSpace::UDP, port))
+    }
+
+    /// Ask `peer` (its IP address and rdma_cm UDP port) which UD QP serves it, and wait up
+    /// to `timeout` (`None`: as long as the CM retries) for the answer. `private_data` in
+    /// `param` reaches the listener (at most 180 bytes). A refusal is
+    /// [`Error::CmUnresolved`], no answer [`Error::Timeout`].
+    pub fn resolve(
+        &self,
+        peer: SocketAddr,
+        param: &ConnParam,
+        timeout: Option<Duration>,
+    ) -> Result<UdService> {
+        let id = self.start_resolve(peer, param)?;
+        let ev = self.wait_for(timeout, |e| e.id() == id);
+        self.resolved(id, peer, ev)
+    }
+
+    /// [`ConnectionManager::resolve`], waiting on the tokio runtime.
+    #[cfg(feature = "tokio")]
+    pub async fn resolve_async(&self, peer: SocketAddr, param: &ConnParam) -> Result<UdService> {
+        let id = self.start_resolve(peer, param)?;
+        let ev = self.wait_for_async(|e| e.id() == id).await;
+        self.resolved(id, peer, ev)
+    }
+
+    fn start_resolve(&self, peer: SocketAddr, param: &ConnParam) -> Result<CommId> {
+        let service_id = ServiceId::rdma_cm(PortSpace::UDP, peer.port());
+        self.inner.channel.resolve(peer.ip(), service_id, param)
+    }
+
+    fn resolved(&self, id: CommId, peer: SocketAddr, ev: Result<CmEvent>) -> Result<UdService> {
+        // Nothing more happens to the request: let it go whatever the answer (one that
+        // failed is gone already, and that is no error).
+        let _ = self.inner.channel.destroy_id(id);
+        match ev? {
+            CmEvent::Resolved {
+                qpn,
+                qkey,
+                private_data,
+                ..
+            } => Ok(UdService {
+                peer,
+                qpn,
+                qkey,
+                private_data,
+            }),
+            CmEvent::Unresolved { status, .. } => Err(Error::CmUnresolved { status }),
+            CmEvent::Unreachable { .. } => Err(Error::Timeout),
+            other => Err(Error::Config(format!(
+                "unexpected connection-manager event {other:?}"
+            ))),
+        }
     }
 
     /// Listen on any service ID (another port space, or a native IB service).
@@ -337,6 +401,29 @@ impl Request {
         self.req()
     }
 
+    /// Whether this is a UD service resolution (from [`ConnectionManager::resolve`] or
+    /// `udaddy`), answered with [`Request::accept_datagram`].
+    pub fn is_datagram(&self) -> bool {
+        self.req().datagram
+    }
+
+    /// Answer a UD service resolution with `qp`, a UD QP of this device: the peer learns
+    /// its QPN and Q_Key (the QP is this side's to bring to RTS and to fill with
+    /// receives), and `param`'s private data (at most 136 bytes).
+    pub fn accept_datagram(mut self, qp: &Qp, param: &ConnParam) -> Result<()> {
+        if !self.is_datagram() {
+            return Err(Error::Config(
+                "a connection request is answered with accept, not accept_datagram".into(),
+            ));
+        }
+        self.cm.check_qp(qp)?;
+        let id = self.req().id;
+        self.cm.inner.channel.accept(id, qp.handle(), param)?;
+        self.req = None;
+        // The answer is the whole exchange: nothing more to keep.
+        self.cm.inner.channel.destroy_id(id)
+    }
+
     /// Accept with `qp` (a new RC QP of this device, in RESET or INIT), which is in RTS
     /// when the REP leaves; then wait up to `timeout` for the peer's RTU, which makes the
     /// connection established ([`Error::Timeout`] if it never comes: the CM keeps resending
@@ -364,6 +451,11 @@ impl Request {
     }
 
     fn answer(&mut self, qp: &Qp, param: &ConnParam) -> Result<Connection> {
+        if self.is_datagram() {
+            return Err(Error::Config(
+                "a UD service resolution is answered with accept_datagram".into(),
+            ));
+        }
         self.cm.check_qp(qp)?;
         let req = self.req();
         let (id, peer) = (req.id, req.peer);
@@ -395,6 +487,20 @@ impl Drop for Request {
             }
         }
     }
+}
+
+/// A peer's UD QP that serves an rdma_cm UDP port ([`ConnectionManager::resolve`]): where
+/// to send datagrams (an address handle to `peer`'s IP address, this QPN and Q_Key).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UdService {
+    /// The address and port resolved.
+    pub peer: SocketAddr,
+    /// The peer's UD QP.
+    pub qpn: u32,
+    /// The Q_Key its datagrams must carry.
+    pub qkey: u32,
+    /// The listener's private data (the SIDR_REP's whole field, 136 bytes).
+    pub private_data: Vec<u8>,
 }
 
 /// An established connection: its QP is in RTS. Dropped, it is torn down (the peer sees

@@ -220,6 +220,14 @@ pub enum Error {
         /// The REJ's reason (IBA 12.6.7.2).
         reason: wire::RejectReason,
     },
+    /// The peer answered a UD service resolution ([`cm::ConnectionManager::resolve`]) with
+    /// a status other than success (`RDMA_CM_EVENT_UNREACHABLE` with that status).
+    #[error("the peer did not resolve the UD service (SIDR status {status})")]
+    CmUnresolved {
+        /// The SIDR_REP's status (IBA 12.11.2): 1 nothing serves the service, 2 the peer's
+        /// consumer refused.
+        status: u8,
+    },
     /// A work request completed with an error status.
     #[error("work request {wr_id} completed with {status}")]
     Completion {
@@ -297,7 +305,7 @@ impl Error {
             Error::Daemon(abi::client::ClientError::Refused { errno, .. }) => *errno,
             Error::Daemon(abi::client::ClientError::Io(e)) => e.raw_os_error().unwrap_or(EIO),
             Error::Timeout => ETIMEDOUT,
-            Error::CmRejected { .. } => ECONNREFUSED,
+            Error::CmRejected { .. } | Error::CmUnresolved { .. } => ECONNREFUSED,
             Error::OutOfBounds { .. } | Error::Config(_) => EINVAL,
             Error::Unsupported(_) => EOPNOTSUPP,
             Error::NoDaemon { .. } => ENODEV,

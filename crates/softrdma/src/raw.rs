@@ -118,8 +118,22 @@ impl RawCmChannel {
         self.ch.connect(qp, peer, service_id, param)
     }
 
+    /// SIDR (`rdma_connect` on a UDP-port-space id): ask `peer` which UD QP serves
+    /// `service_id`, with `param`'s private data and source port. [`CmEvent::Resolved`]
+    /// follows (the QPN and Q_Key), or [`CmEvent::Unresolved`] / [`CmEvent::Unreachable`].
+    pub fn resolve(
+        &self,
+        peer: IpAddr,
+        service_id: ServiceId,
+        param: &ConnParam,
+    ) -> Result<CommId> {
+        self.ch.resolve(peer, service_id, param)
+    }
+
     /// `rdma_accept`: answer request `id` with RC QP `qp` (in RESET or INIT), which is in
-    /// RTS when this returns; [`CmEvent::Established`] follows the peer's RTU.
+    /// RTS when this returns; [`CmEvent::Established`] follows the peer's RTU. A SIDR
+    /// request ([`ConnectRequest::datagram`](crate::cm::ConnectRequest)) takes a UD QP
+    /// instead, whose number and Q_Key the answer carries.
     pub fn accept(&self, id: CommId, qp: QpHandle, param: &ConnParam) -> Result<()> {
         self.ch.accept(id, qp, param)
     }

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 
 use common::{all_access, open_pair_on, WAIT};
 use softrdma::cm::{CmEvent, ConnParam, RejectReason};
-use softrdma::{BackendKind, Buffer, Device, Error, QpState};
+use softrdma::{BackendKind, Buffer, Device, Error, QpState, QpType, DEFAULT_QKEY, GRH_LEN};
 
 /// What one side needs: a device, a PD, a CQ, a buffer registered on it.
 struct End {
@@ -152,6 +152,58 @@ on_both_backends! {
         assert_eq!(a_qp.query().unwrap().qp_state, QpState::Err);
         // Nothing else is waiting on b's channel.
         assert!(!matches!(bcm.poll_event().unwrap(), Some(CmEvent::ConnectRequest(_))));
+    }
+
+    fn a_ud_service_resolves_to_the_listeners_qp_and_a_datagram_reaches_it(backend: BackendKind) {
+        let _serial = serial();
+        let (da, db) = open_pair_on(backend, "127.0.0.1", "127.0.0.2");
+        let (a, b) = (end(da), end(db));
+        let port = 20_050 + if backend == BackendKind::Daemon { 1 } else { 0 };
+        let bcm = b.dev.connection_manager().unwrap();
+        let listener = bcm.listen_datagram(port).unwrap();
+        let ud = |e: &End, qkey| {
+            e.pd.qp_builder(&e.cq, &e.cq).qp_type(QpType::Ud).qkey(qkey).build().unwrap()
+        };
+        let a_qp = ud(&a, DEFAULT_QKEY);
+        let b_qp = ud(&b, 0x0123_4567);
+        b_qp.recv(9, &[b.mr.sge(0..GRH_LEN + 16).unwrap()]).unwrap();
+        let acm = a.dev.connection_manager().unwrap();
+        let service = std::thread::scope(|s| {
+            s.spawn(|| {
+                let req = listener.next_request(WAIT).unwrap();
+                assert!(req.is_datagram());
+                assert_eq!(req.peer().ip(), a.dev.local_addr().ip());
+                assert_eq!(&req.private_data()[..3], b"who");
+                req.accept_datagram(&b_qp, &ConnParam::with_private_data(b"me")).unwrap();
+            });
+            acm.resolve(peer(&b, port), &ConnParam::with_private_data(b"who"), WAIT).unwrap()
+        });
+        assert_eq!((service.qpn, service.qkey), (b_qp.qpn(), 0x0123_4567));
+        assert_eq!(&service.private_data[..2], b"me");
+
+        // The answer is enough to address the listener's QP.
+        let ah = a.pd.create_ah(b.dev.gid(0).unwrap()).unwrap();
+        a.mr.write(0, b"datagram").unwrap();
+        a_qp.send_ud(1, &[a.mr.sge(0..8).unwrap()], &ah, service.qpn, service.qkey).unwrap();
+        assert_eq!(a.cq.wait_ok(WAIT).unwrap().wr_id, 1);
+        let wc = b.cq.wait_ok(WAIT).unwrap();
+        assert_eq!((wc.wr_id, wc.src_qp), (9, a_qp.qpn()));
+        let mut got = [0u8; 8];
+        b.mr.read(GRH_LEN, &mut got).unwrap();
+        assert_eq!(&got, b"datagram");
+
+        // Refused, and nothing listening: the asker hears the status.
+        std::thread::scope(|s| {
+            s.spawn(|| listener.next_request(WAIT).unwrap().reject(b"").unwrap());
+            let e = acm.resolve(peer(&b, port), &ConnParam::default(), WAIT).unwrap_err();
+            assert!(matches!(e, Error::CmUnresolved { status: 2 }), "{e:?}");
+        });
+        drop(listener);
+        let e = acm.resolve(peer(&b, port), &ConnParam::default(), WAIT).unwrap_err();
+        assert!(matches!(e, Error::CmUnresolved { status: 1 }), "{e:?}");
+        // No id is left behind on either side.
+        assert_eq!(counter(&a.dev, "cm_connections"), 0);
+        assert_eq!(counter(&b.dev, "cm_connections"), 0);
     }
 }
 

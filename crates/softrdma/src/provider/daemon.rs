@@ -1222,6 +1222,12 @@ impl ProviderCmChannel for DaemonCmChannel {
         Ok(id)
     }
 
+    fn resolve(&self, peer: IpAddr, service_id: ServiceId, param: &ConnParam) -> Result<CommId> {
+        let dev = self.dev()?;
+        let id = dev.c().cm_resolve(self.handle, peer, service_id, param)?;
+        Ok(id)
+    }
+
     fn accept(&self, id: CommId, qp: QpHandle, param: &ConnParam) -> Result<()> {
         Ok(self.dev()?.c().cm_accept(self.handle, id, qp.0, param)?)
     }

@@ -379,6 +379,12 @@ impl ProviderCmChannel for EmbeddedCmChannel {
         Ok(id)
     }
 
+    fn resolve(&self, peer: IpAddr, service_id: ServiceId, param: &ConnParam) -> Result<CommId> {
+        let rt = self.rt()?;
+        let id = rt.lock().cm_resolve(&self.ch, peer, service_id, param)?;
+        Ok(id)
+    }
+
     fn accept(&self, id: CommId, qp: QpHandle, param: &ConnParam) -> Result<()> {
         Ok(self.rt()?.lock().cm_accept(&self.ch, id, qpn(qp), param)?)
     }

@@ -319,7 +319,10 @@ pub(crate) trait ProviderCmChannel: Send + Sync + fmt::Debug {
         service_id: ServiceId,
         param: &ConnParam,
     ) -> Result<CommId>;
-    /// `rdma_accept` of request `id` with RC QP `qp` (in RESET or INIT).
+    /// SIDR (`rdma_connect` on a UDP id): which UD QP serves `service_id` at `peer`.
+    fn resolve(&self, peer: IpAddr, service_id: ServiceId, param: &ConnParam) -> Result<CommId>;
+    /// `rdma_accept` of request `id` with RC QP `qp` (in RESET or INIT), or of a SIDR
+    /// request with UD QP `qp`.
     fn accept(&self, id: CommId, qp: QpHandle, param: &ConnParam) -> Result<()>;
     /// `rdma_reject` of request `id`.
     fn reject(&self, id: CommId, private_data: &[u8]) -> Result<()>;
