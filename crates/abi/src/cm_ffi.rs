@@ -15,7 +15,8 @@
 //! | `softrdma_cm_listen` | `int (struct ibv_context *, uint64_t service_id)` |
 //! | `softrdma_cm_unlisten` | `int (struct ibv_context *, uint64_t service_id)` |
 //! | `softrdma_cm_connect` | `int (struct ibv_context *, struct ibv_qp *, const CmAddr *peer, uint64_t service_id, const CmParam *, uint32_t *comm_id)` |
-//! | `softrdma_cm_accept` | `int (struct ibv_context *, uint32_t comm_id, struct ibv_qp *, const CmParam *)` |
+//! | `softrdma_cm_resolve` | `int (struct ibv_context *, const CmAddr *peer, uint64_t service_id, const CmParam *, uint32_t *comm_id)`: SIDR, for a UDP-port-space id |
+//! | `softrdma_cm_accept` | `int (struct ibv_context *, uint32_t comm_id, struct ibv_qp *, const CmParam *)`: an RC QP for a connection, a UD QP for a SIDR request |
 //! | `softrdma_cm_reject` | `int (struct ibv_context *, uint32_t comm_id, const void *data, uint8_t len)` |
 //! | `softrdma_cm_disconnect` | `int (struct ibv_context *, uint32_t comm_id, const void *data, uint8_t len)` |
 //! | `softrdma_cm_destroy_id` | `int (struct ibv_context *, uint32_t comm_id)` |
@@ -29,7 +30,7 @@ pub const VERSION_NODE: &str = "SOFTRDMA_PRIVATE_1";
 
 /// Bumped whenever a record or a signature of this module changes; librdmacm refuses a
 /// libibverbs that reports another.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 
 /// `softrdma_cm_abi_version`.
 pub const SYM_ABI_VERSION: &str = "softrdma_cm_abi_version";
@@ -41,6 +42,8 @@ pub const SYM_LISTEN: &str = "softrdma_cm_listen";
 pub const SYM_UNLISTEN: &str = "softrdma_cm_unlisten";
 /// `softrdma_cm_connect`.
 pub const SYM_CONNECT: &str = "softrdma_cm_connect";
+/// `softrdma_cm_resolve`.
+pub const SYM_RESOLVE: &str = "softrdma_cm_resolve";
 /// `softrdma_cm_accept`.
 pub const SYM_ACCEPT: &str = "softrdma_cm_accept";
 /// `softrdma_cm_reject`.
@@ -148,18 +151,22 @@ impl CmParam {
 
 /// What a [`CmEventRec`] reports.
 pub mod event {
-    /// A peer asks to connect to a service the context listens on.
+    /// A peer asks to connect to a service the context listens on (or, for a UDP-port-space
+    /// service, which UD QP serves it).
     pub const CONNECT_REQUEST: u32 = 1;
     /// The connection is up, its QP in RTS.
     pub const ESTABLISHED: u32 = 2;
     /// The peer rejected the request (`status`: the REJ reason).
     pub const REJECTED: u32 = 3;
-    /// The peer never answered.
+    /// The peer never answered (`status` 0), or answered a SIDR request with a status
+    /// other than success (`status`: the SIDR status).
     pub const UNREACHABLE: u32 = 4;
     /// The QP could not be moved to RTR/RTS (`status`: an errno).
     pub const CONNECT_ERROR: u32 = 5;
     /// The connection is closed.
     pub const DISCONNECTED: u32 = 6;
+    /// A SIDR request was answered: `remote_qpn` and `qkey` name the peer's UD QP.
+    pub const RESOLVED: u32 = 7;
 }
 
 /// One event of a context's CM channel.
@@ -176,7 +183,8 @@ pub struct CmEventRec {
     pub peer: CmAddr,
     /// CONNECT_REQUEST: the local address the request came to.
     pub local: CmAddr,
-    /// CONNECT_REQUEST: the peer's QP number.
+    /// CONNECT_REQUEST: the peer's QP number (0 for a SIDR request); RESOLVED: the
+    /// peer's UD QP.
     pub remote_qpn: u32,
     /// REJECTED: the REJ reason; CONNECT_ERROR: an errno; else 0.
     pub status: i32,
@@ -187,10 +195,10 @@ pub struct CmEventRec {
     /// How many bytes of `private_data` count.
     pub private_data_len: u16,
     /// The peer's private data (CONNECT_REQUEST without the IP CM header; ESTABLISHED on the
-    /// active side; REJECTED).
+    /// active side; REJECTED; RESOLVED and a SIDR UNREACHABLE).
     pub private_data: [u8; PRIVATE_DATA_MAX],
-    /// Zero.
-    pub reserved: [u8; 4],
+    /// RESOLVED: the Q_Key the peer's UD QP takes.
+    pub qkey: u32,
 }
 
 impl Default for CmEventRec {
@@ -207,7 +215,7 @@ impl Default for CmEventRec {
             initiator_depth: 0,
             private_data_len: 0,
             private_data: [0; PRIVATE_DATA_MAX],
-            reserved: [0; 4],
+            qkey: 0,
         }
     }
 }

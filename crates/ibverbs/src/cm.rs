@@ -165,6 +165,31 @@ pub unsafe extern "C" fn softrdma_cm_connect(
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn softrdma_cm_resolve(
+    c: *mut ibv_context,
+    peer: *const CmAddr,
+    service_id: u64,
+    param: *const CmParam,
+    comm_id: *mut u32,
+) -> c_int {
+    code((|| {
+        let (_, ch) = channel(c)?;
+        // SAFETY: NULL or the caller's record.
+        let peer = unsafe { peer.as_ref() }.ok_or(libc::EINVAL)?;
+        if comm_id.is_null() {
+            return Err(libc::EINVAL);
+        }
+        let p = conn_param(param)?;
+        let id = ch
+            .resolve(peer.ip(), ServiceId(service_id), &p)
+            .map_err(|e| e.errno())?;
+        // SAFETY: the caller's out-pointer (checked).
+        unsafe { *comm_id = id.0 };
+        Ok(())
+    })())
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn softrdma_cm_accept(
     c: *mut ibv_context,
     comm_id: u32,
@@ -263,6 +288,28 @@ pub unsafe extern "C" fn softrdma_cm_get_event(c: *mut ibv_context, out: *mut Cm
                 r.kind = event::DISCONNECTED;
                 r.comm_id = id.0;
             }
+            CmEvent::Resolved {
+                id,
+                qpn,
+                qkey,
+                private_data,
+            } => {
+                r.kind = event::RESOLVED;
+                r.comm_id = id.0;
+                r.remote_qpn = qpn;
+                r.qkey = qkey;
+                r.set_private_data(&private_data);
+            }
+            CmEvent::Unresolved {
+                id,
+                status,
+                private_data,
+            } => {
+                r.kind = event::UNREACHABLE;
+                r.comm_id = id.0;
+                r.status = i32::from(status);
+                r.set_private_data(&private_data);
+            }
             // A kind this interface does not know yet: not for librdmacm.
             _ => return Err(libc::EAGAIN),
         }
@@ -278,6 +325,7 @@ symver!(
     softrdma_cm_listen,
     softrdma_cm_unlisten,
     softrdma_cm_connect,
+    softrdma_cm_resolve,
     softrdma_cm_accept,
     softrdma_cm_reject,
     softrdma_cm_disconnect,

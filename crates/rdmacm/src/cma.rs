@@ -471,6 +471,14 @@ impl G {
             // The id is gone (destroyed before the device's event came).
             return;
         };
+        if !self.ids.contains_key(&k) {
+            return;
+        }
+        let datagram = matches!(self.cid(k).cid.ps, ps::UDP | ps::IPOIB);
+        if datagram && matches!(rec.kind, dev_ev::RESOLVED | dev_ev::UNREACHABLE) {
+            self.deliver_resolution(d, k, rec);
+            return;
+        }
         let Some(st) = self.ids.get_mut(&k) else {
             return;
         };
@@ -515,6 +523,66 @@ impl G {
         }
         let c = self.cid(k).cid.channel as usize;
         self.push(c, e);
+    }
+
+    /// The answer to a datagram id's SIDR request (Linux's `cma_sidr_rep_handler`):
+    /// ESTABLISHED with `param.ud` (an address vector to the peer, its UD QP and Q_Key),
+    /// or UNREACHABLE with the peer's SIDR status (`-ETIMEDOUT` when it never answered).
+    /// Either way with the SIDR_REP's private data.
+    fn deliver_resolution(&mut self, d: usize, k: usize, rec: &CmEventRec) {
+        let resolved = rec.kind == dev_ev::RESOLVED;
+        let (event, status) = match (resolved, rec.status) {
+            (true, _) => (ev::ESTABLISHED, 0),
+            (false, 0) => (ev::UNREACHABLE, -libc::ETIMEDOUT),
+            (false, s) => (ev::UNREACHABLE, s),
+        };
+        if let Some(st) = self.ids.get_mut(&k) {
+            st.state = if resolved { St::Connected } else { St::Closed };
+        }
+        let mut e = self.new_event(k, event, status);
+        let data = rec.private_data();
+        let n = data.len().min(PRIVATE_DATA_MAX).min(255);
+        e.data[..n].copy_from_slice(&data[..n]);
+        let ah_attr = self.ud_ah_attr(d, k);
+        // SAFETY: a UD event: `ud` is the variant that counts; new_event wrote both.
+        unsafe {
+            let u = &mut e.ev.param.ud;
+            if n > 0 {
+                u.private_data = e.data.as_ptr().cast();
+                u.private_data_len = n as u8;
+            }
+            if resolved {
+                u.ah_attr = ah_attr;
+                u.qp_num = rec.remote_qpn;
+                u.qkey = rec.qkey;
+            }
+        }
+        let c = self.cid(k).cid.channel as usize;
+        self.push(c, e);
+    }
+
+    /// The address vector from id `k` to its peer on device `d`, as the kernel builds it
+    /// from the route for RoCE (`ib_init_ah_attr_from_path`): global, the route's GIDs and
+    /// hop limit, port 1.
+    fn ud_ah_attr(&self, d: usize, k: usize) -> ibv_ah_attr {
+        let id = self.cid(k);
+        let sgid = id.cid.route.addr.ibaddr.sgid.raw;
+        let sgid_index = self.devs[d].gid_index(ip_of_gid(sgid)).unwrap_or(0);
+        ibv_ah_attr {
+            grh: ibv_global_route {
+                dgid: id.cid.route.addr.ibaddr.dgid,
+                flow_label: 0,
+                sgid_index,
+                hop_limit: id.path.hop_limit,
+                traffic_class: id.path.traffic_class,
+            },
+            dlid: 0,
+            sl: 0,
+            src_path_bits: 0,
+            static_rate: 0,
+            is_global: 1,
+            port_num: 1,
+        }
     }
 
     fn deliver_request(&mut self, d: usize, rec: &CmEventRec) {
@@ -585,6 +653,23 @@ impl G {
         let data = rec.private_data();
         let n = data.len().min(255);
         e.data[..n].copy_from_slice(&data[..n]);
+        if matches!(lps, ps::UDP | ps::IPOIB) {
+            // A SIDR request: `param.ud` (Linux's `cma_ib_req_handler` hands over the
+            // private data only; the address vector to the peer is added for programs
+            // that answer by datagram).
+            let ah_attr = self.ud_ah_attr(d, k);
+            // SAFETY: `ud` is the variant that counts for a UD event.
+            unsafe {
+                let u = &mut e.ev.param.ud;
+                u.private_data = e.data.as_ptr().cast();
+                u.private_data_len = n as u8;
+                u.ah_attr = ah_attr;
+                u.qp_num = 0;
+                u.qkey = 0;
+            }
+            self.push(lchan, e);
+            return;
+        }
         let (rr, id_) = {
             let st = &self.ids[&k];
             (st.req_responder_resources, st.req_initiator_depth)

@@ -644,6 +644,11 @@ pub const REQ_PRIVATE_DATA_MAX: usize = 56;
 pub const REP_PRIVATE_DATA_MAX: usize = 196;
 /// Private data of a REJ.
 pub const REJ_PRIVATE_DATA_MAX: usize = 148;
+/// Private data a UDP id's `rdma_connect` may send: a SIDR_REQ's 216 bytes less the IP CM
+/// header.
+pub const SIDR_REQ_PRIVATE_DATA_MAX: usize = 180;
+/// Private data a UDP id's `rdma_accept` may send (a SIDR_REP's).
+pub const SIDR_REP_PRIVATE_DATA_MAX: usize = 136;
 
 /// Offset of `max_qp_rd_atom` (an `int`) in `struct ibv_device_attr`, which librdmacm
 /// reads from a byte buffer rather than declaring the whole struct again.

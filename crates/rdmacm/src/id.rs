@@ -9,7 +9,7 @@ use abi::cm_ffi::CmParam;
 use crate::addr::{
     ephemeral_port, family, gid_of, kernel_source_for, read_sa, storage_ip, write_sa,
 };
-use crate::cma::{self, fill_route, ret, with, St};
+use crate::cma::{self, fill_route, ret, with, St, G};
 use crate::ffi::*;
 
 #[no_mangle]
@@ -312,9 +312,7 @@ fn connect(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> Result<usize, c_int>
         let d = st.dev.ok_or(libc::EINVAL)?;
         let id_ = g.cid(k);
         if matches!(id_.cid.ps, ps::UDP | ps::IPOIB) {
-            // Datagram ids resolve the peer's QP with SIDR, which the device's CM does
-            // not offer to librdmacm yet.
-            return Err(libc::EOPNOTSUPP);
+            return resolve(g, k, d, p);
         }
         if id_.cid.qp.is_null() {
             // The device's CM moves the id's QP itself; a QP the program manages on its
@@ -341,6 +339,28 @@ fn connect(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> Result<usize, c_int>
     })
 }
 
+/// `rdma_connect` on a datagram id: SIDR asks the peer which UD QP serves the service
+/// (Linux's `cma_resolve_ib_udp`); the answer is `RDMA_CM_EVENT_ESTABLISHED` with
+/// `param.ud`, or `RDMA_CM_EVENT_UNREACHABLE`. The id's QP (if any) is not involved.
+fn resolve(g: &mut G, k: usize, d: usize, p: *mut rdma_conn_param) -> Result<usize, c_int> {
+    let id_ = g.cid(k);
+    let (dst, dport) = storage_ip(&id_.cid.route.addr.dst).ok_or(libc::EINVAL)?;
+    let param = g.param(k, p, SIDR_REQ_PRIVATE_DATA_MAX, None)?;
+    let sid = (u64::from(id_.cid.ps) << 16) | u64::from(dport);
+    let peer = cma::cm_addr(dst, dport);
+    let mut comm = 0u32;
+    // SAFETY: our context, records that live for the call.
+    let r = unsafe { (g.v.cm.resolve)(g.devs[d].ctx, &peer, sid, &param, &mut comm) };
+    if r != 0 {
+        return Err(r);
+    }
+    g.comms.insert((d, comm), k);
+    let st = g.ids.get_mut(&k).ok_or(libc::EINVAL)?;
+    st.comm = Some(comm);
+    st.state = St::Connecting;
+    Ok(k)
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn rdma_accept(
     id: *mut rdma_cm_id,
@@ -362,14 +382,25 @@ fn accept(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> Result<usize, c_int> 
             // As for rdma_connect: the device's CM needs the id's QP.
             return Err(libc::EOPNOTSUPP);
         }
-        let param: CmParam = g.param(k, p, REP_PRIVATE_DATA_MAX, Some(defaults))?;
+        let datagram = matches!(g.cid(k).cid.ps, ps::UDP | ps::IPOIB);
+        let max = if datagram {
+            SIDR_REP_PRIVATE_DATA_MAX
+        } else {
+            REP_PRIVATE_DATA_MAX
+        };
+        let param: CmParam = g.param(k, p, max, Some(defaults))?;
         // SAFETY: our context, the id's QP, a record living for the call.
         let r = unsafe { (g.v.cm.accept)(g.devs[d].ctx, comm, qp, &param) };
         if r != 0 {
             return Err(r);
         }
         let st = g.ids.get_mut(&k).ok_or(libc::EINVAL)?;
-        st.state = St::Accepting;
+        // A SIDR answer is the whole exchange: the passive side sees no further event.
+        st.state = if datagram {
+            St::Connected
+        } else {
+            St::Accepting
+        };
         st.conn = (param.responder_resources, param.initiator_depth);
         Ok(k)
     })

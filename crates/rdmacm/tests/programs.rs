@@ -179,6 +179,36 @@ fn ucmatose_moves_data_over_two_connections_on_the_daemon() {
     ucmatose(Backend::Daemon);
 }
 
+fn udaddy(backend: Backend) {
+    require("udaddy", "rdmacm-utils");
+    // udaddy has no port option: it always resolves rdma_cm UDP port 7174 (each test's
+    // devices are its own, so tests do not share the listen).
+    let (s, c) = pair(
+        "udaddy",
+        &["-c", "2", "-C", "5"],
+        &["-s", "127.0.0.1", "-c", "2", "-C", "5"],
+        backend,
+        true,
+    );
+    ok(&s, &c);
+    ok(&c, &s);
+    for o in [&s, &c] {
+        let t = stdout(o);
+        assert!(t.contains("data transfers complete"), "{}", describe(o));
+        assert!(t.contains("return status 0"), "{}", describe(o));
+    }
+}
+
+#[test]
+fn udaddy_resolves_the_servers_ud_qps_and_exchanges_datagrams_between_two_embedded_devices() {
+    udaddy(Backend::Embedded);
+}
+
+#[test]
+fn udaddy_resolves_the_servers_ud_qps_and_exchanges_datagrams_on_the_daemon() {
+    udaddy(Backend::Daemon);
+}
+
 fn rdma_server_client(backend: Backend) {
     require("rdma_server", "rdmacm-utils");
     let port = free_tcp_port().to_string();
