@@ -13,9 +13,10 @@
 //! fails first, it ends the VM's program at once (a connection to port + 100, where the VM's
 //! script listens for that) instead of waiting for the VM's per-program timeout.
 //!
-//! The rdma_cm matrix ([`CM_MATRIX`]): rping, ucmatose and ib_write_bw -R through the drop-in
-//! `librdmacm.so.1` against the kernel's rdma_cm (`rdma_ucm` in the VM), both directions,
-//! on rdma_cm ports from 7471: the IB CM protocol on QP1 both ways.
+//! The rdma_cm matrix ([`CM_MATRIX`]): rping, ucmatose, udaddy (SIDR) and ib_write_bw -R
+//! through the drop-in `librdmacm.so.1` against the kernel's rdma_cm (`rdma_ucm` in the VM),
+//! both directions, on rdma_cm ports from 7471 (udaddy: UDP port 7174): the IB CM protocol
+//! on QP1 both ways.
 //!
 //! Two more tests run the same scripts between two kernel rxe VMs: they show the harness and
 //! the VM work, so a failure of the others is ours to read.
@@ -53,6 +54,9 @@ enum Kind {
     Rping,
     /// ucmatose: `[-s SERVER] -p PORT -C ITERS`.
     Ucmatose,
+    /// udaddy: `[-s SERVER] -C ITERS`, always on rdma_cm UDP port 7174 (it has no port
+    /// option): SIDR resolves the server's UD QP, then datagrams both ways.
+    Udaddy,
 }
 
 /// One program of the matrix and how both sides run it.
@@ -149,6 +153,13 @@ const CM_MATRIX: &[Program] = &[
         row_size: None,
     },
     Program {
+        kind: Kind::Udaddy,
+        name: "udaddy",
+        iters: "5",
+        extra: &[],
+        row_size: None,
+    },
+    Program {
         kind: Kind::Verbs,
         name: "ib_write_bw",
         iters: "20",
@@ -223,12 +234,15 @@ impl Program {
                 None => vec!["-s", "-a", "0.0.0.0"],
                 Some(p) => vec!["-c", "-a", p],
             },
-            Kind::Ucmatose => match peer {
+            Kind::Ucmatose | Kind::Udaddy => match peer {
                 None => vec![],
                 Some(p) => vec!["-s", p],
             },
         };
-        a.extend(["-p", &port, "-C", self.iters]);
+        if self.kind != Kind::Udaddy {
+            a.extend(["-p", &port]);
+        }
+        a.extend(["-C", self.iters]);
         if self.kind == Kind::Rping {
             a.push("-v");
         }
@@ -244,7 +258,7 @@ impl Program {
             // Each side prints every ping's data with -v.
             (Kind::Rping, _) => text.matches("ping data: rdma-ping-").count() >= iters,
             // It says "test complete" whatever happened; the status is the verdict.
-            (Kind::Ucmatose, _) => text.contains("return status 0"),
+            (Kind::Ucmatose | Kind::Udaddy, _) => text.contains("return status 0"),
             (Kind::Verbs, None) => text.contains(&format!("{} iters in", self.iters)),
             (Kind::Verbs, Some(size)) => {
                 !client
