@@ -133,6 +133,16 @@ counters! {
     UcPacketDropped = "uc_packet_dropped",
     /// UC: a WRITE failed its rkey / PD / bounds / rights checks and was dropped.
     UcRemoteAccessDropped = "uc_remote_access_dropped",
+    /// Dropped: multicast is UD datagrams to QPN 0xFFFFFF at a multicast destination address
+    /// (on RoCEv2 the group's GID is the destination IP), and this packet had the QPN
+    /// without the address, the address without the QPN, or another transport's opcode.
+    RxMcastMismatch = "rx_mcast_mismatch",
+    /// Dropped: a multicast datagram for a group no QP of this device is attached to.
+    RxMcastNoGroup = "rx_mcast_no_group",
+    /// A copy of a multicast datagram took a receive WQE of a QP attached to its group
+    /// (counted per copy, against the QP and the device); copies that fail a QP's own
+    /// checks are counted by reason instead (`rx_qkey_mismatch`, `rx_no_recv_wqe`, ...).
+    RxMcastDelivered = "rx_mcast_delivered",
 }
 
 /// A set of counter values.

@@ -31,6 +31,16 @@ impl Gid {
 
     /// The all-zero GID (an unused table entry).
     pub const ZERO: Gid = Gid([0; 16]);
+
+    /// Whether this is a multicast GID: IPv6 `ff00::/8`, or an IPv4 group `224.0.0.0/4`
+    /// mapped as RoCEv2 maps IPv4 addresses (`::ffff:224.0.0.0/100`). Only these can be
+    /// joined with [`crate::Engine::attach_mcast`].
+    pub fn is_multicast(&self) -> bool {
+        match self.to_ip() {
+            IpAddr::V4(v4) => v4.is_multicast(),
+            IpAddr::V6(v6) => v6.is_multicast(),
+        }
+    }
 }
 
 impl From<IpAddr> for Gid {
@@ -130,6 +140,12 @@ pub struct DeviceAttr {
     pub max_pkeys: u16,
     /// Number of physical ports.
     pub phys_port_cnt: u8,
+    /// Most multicast groups with a QP attached ([`crate::Engine::attach_mcast`]).
+    pub max_mcast_grp: u32,
+    /// Most QPs attached to one multicast group.
+    pub max_mcast_qp_attach: u32,
+    /// Most attachments (QP, group) of the device in all.
+    pub max_total_mcast_qp_attach: u32,
 }
 
 impl Default for DeviceAttr {
@@ -164,6 +180,10 @@ impl Default for DeviceAttr {
             max_ah: 0x4000,
             max_pkeys: 1,
             phys_port_cnt: 1,
+            // rxe's RXE_MAX_MCAST_GRP, RXE_MAX_MCAST_QP_ATTACH and their product.
+            max_mcast_grp: 8192,
+            max_mcast_qp_attach: 56,
+            max_total_mcast_qp_attach: 56 * 8192,
         }
     }
 }
@@ -335,5 +355,36 @@ mod tests {
         let v6: IpAddr = "fe80::1".parse().unwrap();
         assert_eq!(Gid::from_ip(v6).to_ip(), v6);
         assert_eq!(g.to_string(), "0000:0000:0000:0000:0000:ffff:0a00:0001");
+    }
+
+    #[test]
+    fn multicast_gids_are_ipv6_ff00_and_mapped_ipv4_class_d() {
+        let gid = |s: &str| Gid::from_ip(s.parse::<IpAddr>().unwrap());
+        for m in [
+            "224.0.0.1",
+            "239.255.255.255",
+            "230.1.2.3",
+            "ff02::1",
+            "ff0e::1:2",
+            "ff00::",
+        ] {
+            assert!(gid(m).is_multicast(), "{m}");
+        }
+        for u in [
+            "10.0.0.1",
+            "223.255.255.255",
+            "240.0.0.1",
+            "255.255.255.255",
+            "0.0.0.0",
+            "fe80::1",
+            "fd00::ff",
+            "::",
+            "::1",
+            // IPv4-compatible (not mapped) 224.0.0.1: not a RoCEv2 IPv4 GID.
+            "::e000:1",
+        ] {
+            assert!(!gid(u).is_multicast(), "{u}");
+        }
+        assert!(!Gid::ZERO.is_multicast());
     }
 }

@@ -83,9 +83,17 @@ pub enum VerbsError {
         /// The QP's limit.
         max: u32,
     },
-    /// The operation does not exist for this QP type, or inline data on a READ / ATOMIC.
+    /// The operation does not exist for this QP type (multicast on a QP that is not UD
+    /// included), or inline data on a READ / ATOMIC.
     #[error("operation not supported on this QP")]
     OpNotSupported,
+    /// `ibv_attach_mcast` / `ibv_detach_mcast` with a GID that is not a multicast GID
+    /// ([`crate::Gid::is_multicast`]).
+    #[error("not a multicast GID")]
+    NotMulticastGid,
+    /// `ibv_detach_mcast` of a QP that is not attached to the group.
+    #[error("the QP is not attached to the multicast group")]
+    NotAttached,
     /// The handle names no memory window of this device (or the wrong type for the call).
     #[error("no such memory window")]
     InvalidMw,
@@ -134,7 +142,9 @@ impl VerbsError {
             | VerbsError::InvalidState(_)
             | VerbsError::TooManySge { .. }
             | VerbsError::InlineTooLarge { .. }
-            | VerbsError::OpNotSupported => EINVAL,
+            | VerbsError::OpNotSupported
+            | VerbsError::NotMulticastGid
+            | VerbsError::NotAttached => EINVAL,
         }
     }
 }

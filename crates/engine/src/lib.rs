@@ -24,6 +24,8 @@
 //!   the GRH);
 //! - [`srq`], [`mw`], [`ah`]: shared receive queues, memory windows (and invalidation),
 //!   address handles; `local` runs binds and local invalidations at the send queue head;
+//! - [`mcast`]: UD multicast groups and the copy of a multicast datagram each attached QP
+//!   receives;
 //! - [`counters`]: a counter for every drop and error reason, per QP and per device.
 //!
 //! # Driving it
@@ -71,6 +73,7 @@
 //! | `ibv_create_srq` / `_modify_` / `_query_` / `_destroy_` / `ibv_post_srq_recv` | [`Engine::create_srq`], [`Engine::modify_srq`], [`Engine::query_srq`], [`Engine::destroy_srq`], [`Engine::post_srq_recv`]; QPs on an SRQ: [`Engine::create_qp_with_srq`] |
 //! | `ibv_create_ah` / `ibv_destroy_ah` | [`Engine::create_ah`], [`Engine::destroy_ah`] |
 //! | `ibv_post_send` on UD (`wr.ud`) | [`Engine::post_send_ud`] ([`UdDest`]) |
+//! | `ibv_attach_mcast` / `ibv_detach_mcast` | [`Engine::attach_mcast`], [`Engine::detach_mcast`] (send to a group: an AH with its GID, [`MULTICAST_QPN`]) |
 //! | `ibv_alloc_mw` / `ibv_bind_mw` / `ibv_dealloc_mw` | [`Engine::alloc_mw`], [`Engine::bind_mw`] (type 1), [`SendOp::BindMw`] (type 2), [`Engine::dealloc_mw`] |
 //! | `IBV_WR_LOCAL_INV` / `IBV_WR_SEND_WITH_INV` | [`SendOp::LocalInv`] (type 2 windows and MRs), [`SendOp::SendWithInv`] |
 //!
@@ -102,6 +105,7 @@ pub mod time;
 pub mod wr;
 
 pub mod ah;
+pub mod mcast;
 pub mod mw;
 pub mod srq;
 pub mod ud;
@@ -145,6 +149,7 @@ pub use wr::{
 };
 
 pub use ah::AhHandle;
+pub use mcast::MULTICAST_QPN;
 pub use mw::{inc_rkey, MwBind, MwHandle, MwKeys, MwType};
 pub use srq::{SrqAttr, SrqAttrMask, SrqHandle};
 pub use ud::{UdDest, GRH_LEN};
@@ -161,7 +166,11 @@ use table::Table;
 pub struct Transmit {
     /// Bytes written at the start of the buffer.
     pub len: usize,
-    /// Where to send it (the IP destination of the packet).
+    /// Where to send it (the IP destination of the packet). A multicast address (a UD send
+    /// through an address handle whose DGID is a multicast group, to [`MULTICAST_QPN`]) is
+    /// for every device that joined the group, this one included: the host delivers the
+    /// packet to the network's members and, when a QP of this engine is attached
+    /// ([`Engine::attach_mcast`]), back to this engine's [`Engine::handle_datagram`] too.
     pub dst: IpAddr,
     /// The packet is for an internal path ([`EngineConfig::internal_addresses`]): it has no
     /// ICRC and may exceed the port MTU, so it must go to [`Engine::handle_internal`] of the
@@ -320,6 +329,8 @@ pub struct Engine<M: Memory + ?Sized = dyn Memory> {
     due: Vec<u32>,
     /// QP1.
     gsi: gsi::Gsi,
+    /// The multicast groups QPs are attached to.
+    mcast: mcast::Groups,
 }
 
 impl<M: Memory + ?Sized> core::fmt::Debug for Engine<M> {
@@ -394,6 +405,7 @@ impl<M: Memory + ?Sized> Engine<M> {
             timers: timers::Timers::default(),
             due: Vec::new(),
             gsi: gsi::Gsi::default(),
+            mcast: mcast::Groups::default(),
         }
     }
 
@@ -421,7 +433,10 @@ impl<M: Memory + ?Sized> Engine<M> {
             let mut ctx = ctx!(self, now, overflowed);
             recv::handle(
                 &mut ctx,
-                &self.gids,
+                recv::Addresses {
+                    gids: &self.gids,
+                    groups: &self.mcast,
+                },
                 &mut self.qps,
                 &mut self.gsi,
                 packet,

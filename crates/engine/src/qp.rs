@@ -315,9 +315,10 @@ impl<M: Memory + ?Sized> Engine<M> {
         if self.qps.len() >= d.max_qp as usize {
             return Err(VerbsError::TooMany("queue pairs"));
         }
-        // QPNs are 24 bits; skip the special ones and any still in use.
+        // QPNs are 24 bits; skip the special ones (QP0, QP1, the multicast QPN) and any
+        // still in use.
         let mut qpn = self.next_qpn;
-        while self.qps.contains_key(&qpn) || qpn < FIRST_QPN {
+        while self.qps.contains_key(&qpn) || qpn < FIRST_QPN || qpn == crate::MULTICAST_QPN {
             qpn = (qpn + 1) & 0xff_ffff;
         }
         self.next_qpn = (qpn + 1) & 0xff_ffff;
@@ -366,6 +367,8 @@ impl<M: Memory + ?Sized> Engine<M> {
         // were executed, and the peer would retry them into a QP that is gone.
         self.parting.extend(resp::parting_ack(&qp));
         self.mws.release_qp(qpn);
+        // ibv_destroy_qp leaves every multicast group (rxe_drop_all_mcast_groups).
+        self.mcast.detach_all(qpn);
         if let Some(p) = self.pds.get_mut(qp.pd.0) {
             p.users = p.users.saturating_sub(1);
         }
@@ -598,6 +601,7 @@ fn segment_size(config: &EngineConfig, path_mtu: PathMtu, internal: bool) -> u32
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::memory::MemoryError;
 
     #[test]
     fn udp_source_ports_match_linux_rxe_captures() {
@@ -608,6 +612,48 @@ mod tests {
         assert_eq!(udp_src_port(0, 0x13, 0x13), 49513);
         assert_eq!(udp_src_port(0, 0x14, 0x14), 49552);
         assert!(udp_src_port(0xf_ffff, 1, 2) >= 0xc000);
+    }
+
+    struct NoMemory;
+
+    impl Memory for NoMemory {
+        fn read(&mut self, _: MemOwner, addr: u64, b: &mut [u8]) -> Result<(), MemoryError> {
+            Err(MemoryError::Fault { addr, len: b.len() })
+        }
+        fn write(&mut self, _: MemOwner, addr: u64, d: &[u8]) -> Result<(), MemoryError> {
+            Err(MemoryError::Fault { addr, len: d.len() })
+        }
+        fn compare_swap(
+            &mut self,
+            _: MemOwner,
+            addr: u64,
+            _: u64,
+            _: u64,
+        ) -> Result<u64, MemoryError> {
+            Err(MemoryError::Fault { addr, len: 8 })
+        }
+        fn fetch_add(&mut self, _: MemOwner, addr: u64, _: u64) -> Result<u64, MemoryError> {
+            Err(MemoryError::Fault { addr, len: 8 })
+        }
+    }
+
+    #[test]
+    fn qpns_wrap_past_the_multicast_qpn_and_the_special_qps() {
+        let ip = IpAddr::from([10, 0, 0, 1]);
+        let mut e = Engine::new(EngineConfig::new(vec![ip], 1), Box::new(NoMemory));
+        let pd = e.alloc_pd().unwrap();
+        let cq = e.create_cq(16).unwrap();
+        let init = QpInitAttr {
+            pd,
+            send_cq: cq,
+            recv_cq: cq,
+            cap: QpCap::default(),
+            qp_type: QpType::Ud,
+            sq_sig_all: false,
+        };
+        e.next_qpn = 0xff_fffe;
+        let qpns: Vec<u32> = (0..3).map(|_| e.create_qp(&init).unwrap()).collect();
+        assert_eq!(qpns, [0xff_fffe, FIRST_QPN, FIRST_QPN + 1]);
     }
 
     #[test]

@@ -11,12 +11,19 @@ use crate::device::{Gid, Ipv4IdentPolicy};
 use crate::memory::Memory;
 use crate::qp::Qp;
 use crate::qp_attr::QpType;
-use crate::{comp, resp, srq, uc, ud, Ctx};
+use crate::{comp, mcast, resp, srq, uc, ud, Ctx};
 
 /// P_Keys match when their low 15 bits are equal and at least one is a full member
 /// (IBA 10.9.3); RoCE ports carry only the default 0xffff.
-fn pkey_matches(a: u16, b: u16) -> bool {
+pub(crate) fn pkey_matches(a: u16, b: u16) -> bool {
     (a & 0x7fff) == (b & 0x7fff) && (a & 0x8000 != 0 || b & 0x8000 != 0)
+}
+
+/// What a packet's destination address is checked against: the port's unicast GIDs, and
+/// the multicast groups its QPs joined.
+pub(crate) struct Addresses<'a> {
+    pub(crate) gids: &'a [Gid],
+    pub(crate) groups: &'a mcast::Groups,
 }
 
 /// Returns the QP the packet was handed to, if any. `internal`: the packet was built by an
@@ -24,7 +31,7 @@ fn pkey_matches(a: u16, b: u16) -> bool {
 /// `ipv4_ident`: whether the IPv4 header's identification is the sender's.
 pub(crate) fn handle<M: Memory + ?Sized>(
     ctx: &mut Ctx<'_, M>,
-    gids: &[Gid],
+    addresses: Addresses<'_>,
     qps: &mut BTreeMap<u32, Qp>,
     gsi: &mut crate::gsi::Gsi,
     bytes: &[u8],
@@ -55,8 +62,13 @@ pub(crate) fn handle<M: Memory + ?Sized>(
             return None;
         }
     };
+    if mcast::is_for_multicast(&pkt) {
+        // A group address is none of the port's GIDs: the group's members decide.
+        mcast::handle(ctx, addresses.groups, qps, &pkt, bytes, internal);
+        return None;
+    }
     let dst = Gid::from_ip(pkt.ip.dst());
-    if !gids.contains(&dst) {
+    if !addresses.gids.contains(&dst) {
         ctx.counters.inc(Counter::RxNotOurAddress);
         return None;
     }
@@ -129,7 +141,7 @@ pub(crate) fn handle<M: Memory + ?Sized>(
         // Datagrams come from anyone: the Q_Key is the check (in `ud`).
         ctx.count(qp, Counter::RxPackets);
         ctx.count_n(qp, Counter::RxBytes, bytes.len() as u64);
-        ud::handle_request(qp, ctx, &pkt, bytes);
+        let _took_wqe = ud::handle_request(qp, ctx, &pkt, bytes);
         return Some(qp.qpn);
     }
     // A connected QP talks to one peer only (IBA 9.6.1.5.1 for RC: the source must be the

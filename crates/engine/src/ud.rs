@@ -192,30 +192,31 @@ fn grh(ip: IpAddr, packet: &[u8]) -> [u8; GRH_LEN] {
     g
 }
 
-/// A UD SEND for this QP (already past the ingress checks).
+/// A UD SEND for this QP (already past the ingress checks). Returns whether it took a
+/// receive WQE (and so made a completion).
 pub(crate) fn handle_request<M: Memory + ?Sized>(
     qp: &mut Qp,
     ctx: &mut Ctx<'_, M>,
     pkt: &RoceV2Packet<'_>,
     packet: &[u8],
-) {
+) -> bool {
     let t = &pkt.transport;
     let Some(deth) = t.deth else {
         ctx.count(qp, Counter::RxMalformed);
-        return;
+        return false;
     };
     // IBA Q_Key check (chapter 10): a datagram whose Q_Key differs from the QP's is silently
     // dropped.
     if deth.qkey.value() != qp.attr.qkey {
         ctx.count(qp, Counter::RxQkeyMismatch);
-        return;
+        return false;
     }
     // Only a datagram that passed its checks takes a WQE from the SRQ.
     crate::srq::prefetch(qp, ctx, pkt);
     let Some(r) = qp.rq.front() else {
         // No receive WQE: UD has no RNR NAK, the datagram is lost (IBA 9.8).
         ctx.count(qp, Counter::RxNoRecvWqe);
-        return;
+        return false;
     };
     let g = grh(pkt.ip.src(), packet);
     let total = (GRH_LEN + pkt.payload.len()) as u64;
@@ -241,4 +242,5 @@ pub(crate) fn handle_request<M: Memory + ?Sized>(
             wc.wc_flags |= WcFlags::WITH_IMM;
         }
     });
+    true
 }

@@ -1,6 +1,7 @@
 //! Hostile peers against UC and UD QPs (and an SRQ and a memory window behind them):
 //! well-formed packets with valid ICRCs but random opcodes, PSNs, keys, Q_Keys, lengths and
-//! addresses. Nothing may panic, the QPs stay usable, and whatever lands in memory lands only
+//! addresses, some of them to a multicast group two UD QPs joined (or to the multicast QPN
+//! alone). Nothing may panic, the QPs stay usable, and whatever lands in memory lands only
 //! where a key allowed it.
 
 mod common;
@@ -19,6 +20,7 @@ use wire::{
 
 const A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 const B: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+const GROUP: Ipv4Addr = Ipv4Addr::new(239, 0, 0, 7);
 const BASE: u64 = 0x5000_0000;
 const LEN: usize = 1 << 20;
 
@@ -49,6 +51,10 @@ fn random_uc_and_ud_packets_never_break_the_engine() {
         .unwrap();
     let ud = new_qp4(&mut e, pd, QpType::Ud, 64, Some(srq), None);
     ud_up(&mut e, ud.qpn, 0x1234);
+    let mc = new_qp4(&mut e, pd, QpType::Ud, 64, None, None);
+    ud_up(&mut e, mc.qpn, 0x1234);
+    e.attach_mcast(ud.qpn, GROUP.into()).unwrap();
+    e.attach_mcast(mc.qpn, GROUP.into()).unwrap();
     let uc = new_qp4(&mut e, pd, QpType::Uc, 64, None, None);
     connect4(
         &mut e,
@@ -105,7 +111,21 @@ fn random_uc_and_ud_packets_never_break_the_engine() {
         } else {
             psn[q] = rng.below(1 << 24) as u32;
         }
-        let mut bth = BthRepr::new(op, Qpn::new(qpns[q]), Psn::new(psn[q]));
+        // One packet in five is for the group: mostly to the multicast QPN, sometimes to a
+        // QP's own; mostly to the group's address, sometimes to ours.
+        let (dst, dest_qp) = if rng.chance(0.2) {
+            (
+                if rng.chance(0.9) { GROUP } else { B },
+                if rng.chance(0.8) {
+                    engine::MULTICAST_QPN
+                } else {
+                    qpns[q]
+                },
+            )
+        } else {
+            (B, qpns[q])
+        };
+        let mut bth = BthRepr::new(op, Qpn::new(dest_qp), Psn::new(psn[q]));
         bth.solicited = rng.chance(0.1);
         let mut t = TransportRepr::new(bth);
         let ext = op.ext();
@@ -180,7 +200,7 @@ fn random_uc_and_ud_packets_never_break_the_engine() {
         };
         let ip = IpRepr::V4(Ipv4Repr {
             src,
-            dst: B,
+            dst,
             tos: 0,
             ident: 0,
             dont_frag: true,
@@ -204,13 +224,20 @@ fn random_uc_and_ud_packets_never_break_the_engine() {
             }
         }
         let _ = e.post_recv(
+            mc.qpn,
+            RecvWr::new(
+                i as u64,
+                vec![engine::Sge::new(BASE + 0x9_0000, 0x2000, mr.lkey)],
+            ),
+        );
+        let _ = e.post_recv(
             uc.qpn,
             RecvWr::new(
                 i as u64,
                 vec![engine::Sge::new(BASE + 0x8_0000, 0x2000, mr.lkey)],
             ),
         );
-        for q in [ud, uc, uc2] {
+        for q in [ud, uc, uc2, mc] {
             let _ = e.poll_cq(q.recv_cq, usize::MAX);
             let _ = e.poll_cq(q.send_cq, usize::MAX);
         }
@@ -226,7 +253,15 @@ fn random_uc_and_ud_packets_never_break_the_engine() {
     );
     assert!(c.get(Counter::RxQkeyMismatch) > 0);
     assert!(c.get(Counter::UcMessageDropped) > 0);
-    for q in [ud, uc, uc2] {
+    assert!(c.get(Counter::RxMcastDelivered) > 0);
+    assert!(c.get(Counter::RxMcastMismatch) > 0);
+    assert!(
+        e.qp_counters(mc.qpn)
+            .unwrap()
+            .get(Counter::RxMcastDelivered)
+            > 0
+    );
+    for q in [ud, uc, uc2, mc] {
         assert_eq!(
             e.query_qp(q.qpn).unwrap().qp_state,
             QpState::Rts,
