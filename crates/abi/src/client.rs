@@ -541,6 +541,16 @@ impl Client {
         self.done(&Request::DestroyQp { qp })
     }
 
+    /// `ibv_attach_mcast` of QP `qp` (a handle) to group `gid`.
+    pub fn attach_mcast(&mut self, qp: u32, gid: Gid) -> Result<(), ClientError> {
+        self.done(&Request::AttachMcast { qp, gid })
+    }
+
+    /// `ibv_detach_mcast`.
+    pub fn detach_mcast(&mut self, qp: u32, gid: Gid) -> Result<(), ClientError> {
+        self.done(&Request::DetachMcast { qp, gid })
+    }
+
     /// `ibv_post_send` of one WR (handles in it are this connection's).
     pub fn post_send(&mut self, qp: u32, wr: &SendWr) -> Result<(), ClientError> {
         self.done(&Request::PostSend {

@@ -429,6 +429,9 @@ wire_struct! {
         max_ah: u32,
         max_pkeys: u16,
         phys_port_cnt: u8,
+        max_mcast_grp: u32,
+        max_mcast_qp_attach: u32,
+        max_total_mcast_qp_attach: u32,
     }
     // The reserved words of a ring entry are not carried (they are zero).
     Cqe: Default {

@@ -62,7 +62,7 @@ use crate::wqe::Cqe;
 pub const MAGIC: u32 = u32::from_le_bytes(*b"SRDM");
 /// The protocol version this crate speaks (5: the connection manager's requests and
 /// events; 4: messages are generated from their tables and carry the engine's types whole).
-pub const VERSION: u16 = 6;
+pub const VERSION: u16 = 7;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 16;
 /// Largest body accepted (inline data and completion batches fit easily).
@@ -669,6 +669,20 @@ messages! {
             /// Channel handle.
             channel: u32,
         },
+        /// `ibv_attach_mcast`: UD QP `qp` receives what is sent to group `gid`.
+        56 ATTACH_MCAST => AttachMcast {
+            /// QP handle.
+            qp: u32,
+            /// The multicast group's GID.
+            gid: Gid,
+        },
+        /// `ibv_detach_mcast`.
+        57 DETACH_MCAST => DetachMcast {
+            /// QP handle.
+            qp: u32,
+            /// The multicast group's GID.
+            gid: Gid,
+        },
         /// Ask `peer` which UD QP serves `service_id` (SIDR: `rdma_connect` on a UDP id;
         /// answered with [`Response::CmId`]); the answer arrives on `channel`.
         55 CM_RESOLVE => CmResolve {
@@ -1027,6 +1041,14 @@ mod tests {
                 service_id,
                 param: ConnParam::with_private_data(b"ud"),
             },
+            Request::AttachMcast {
+                qp: 3,
+                gid: Gid([0xff; 16]),
+            },
+            Request::DetachMcast {
+                qp: 3,
+                gid: Gid([0xfe; 16]),
+            },
             Request::Hello { version: VERSION },
             Request::ListDevices,
             Request::QueryGid {
@@ -1174,7 +1196,7 @@ mod tests {
             44
         );
         // Unused numbers name nothing (28 was retired in version 3).
-        for k in [0, 28, 56, 0x7777] {
+        for k in [0, 28, 58, 0x7777] {
             assert_eq!(Request::decode(k, &[]), Err(ProtoError::UnknownKind(k)));
         }
     }

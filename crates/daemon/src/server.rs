@@ -733,6 +733,16 @@ impl<'d> Conn<'d> {
                 self.stat(|s| &s.live_qps, false);
                 Ok(Response::Done)
             }
+            Request::AttachMcast { qp, gid } => {
+                let (i, qpn) = self.qp(qp)?;
+                d.devices[i].with(|e| e.attach_mcast(qpn, gid))?;
+                Ok(Response::Done)
+            }
+            Request::DetachMcast { qp, gid } => {
+                let (i, qpn) = self.qp(qp)?;
+                d.devices[i].with(|e| e.detach_mcast(qpn, gid))?;
+                Ok(Response::Done)
+            }
             Request::PostSend { qp, wqe } => {
                 let (i, qpn) = self.qp(qp)?;
                 self.not_backlogged(i, Queue::Sq { qpn })?;

@@ -545,9 +545,9 @@ pub unsafe extern "C" fn ibv_query_device(c: *mut ibv_context, out: *mut ibv_dev
         c(a.max_mw),
         0, // max_raw_ipv6_qp
         0, // max_raw_ethy_qp
-        0, // max_mcast_grp
-        0, // max_mcast_qp_attach
-        0, // max_total_mcast_qp_attach
+        c(a.max_mcast_grp),
+        c(a.max_mcast_qp_attach),
+        c(a.max_total_mcast_qp_attach),
         c(a.max_ah),
         0, // max_fmr
         0, // max_map_per_fmr

@@ -98,10 +98,8 @@ unsupported_int!(
     ibv_cmd_rereg_mr,
     ibv_cmd_resize_cq,
     verbs_init_cq,
-    // Multicast, ECE and L2 resolution: not offered (perftest treats EOPNOTSUPP from
-    // ibv_query_ece as "no ECE").
-    ibv_attach_mcast,
-    ibv_detach_mcast,
+    // ECE and L2 resolution: not offered (perftest treats EOPNOTSUPP from ibv_query_ece as
+    // "no ECE").
     ibv_query_ece,
     ibv_set_ece,
     ibv_resolve_eth_l2_from_gid,

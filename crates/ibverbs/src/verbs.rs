@@ -1491,7 +1491,58 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
     0
 }
 
+/// `ibv_attach_mcast` / `ibv_detach_mcast`: the QP's device does it (the LID is not used
+/// on RoCE).
+///
+/// # Safety
+/// `qp` is NULL or a QP of ours; `gid` NULL or 16 readable bytes.
+unsafe fn mcast(qp: *mut ibv_qp, gid: *const [u8; 16], attach: bool) -> c_int {
+    if qp.is_null() || gid.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a non-NULL QP comes from ibv_create_qp.
+    let q = unsafe { &*(qp as *const Qp) };
+    // SAFETY: its context is ours.
+    let cx = match unsafe { ctx_ok(q.ibv.context) } {
+        Ok(cx) => cx,
+        Err(e) => return e,
+    };
+    // SAFETY: the caller's 16-byte GID (union ibv_gid).
+    let gid = engine::Gid(unsafe { *gid });
+    let r = if attach {
+        cx.raw().attach_mcast(q.handle, gid)
+    } else {
+        cx.raw().detach_mcast(q.handle, gid)
+    };
+    match r {
+        Ok(()) => 0,
+        Err(e) => verr(e),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_attach_mcast(
+    qp: *mut ibv_qp,
+    gid: *const [u8; 16],
+    _lid: u16,
+) -> c_int {
+    // SAFETY: the caller's QP and GID, checked for NULL.
+    unsafe { mcast(qp, gid, true) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_detach_mcast(
+    qp: *mut ibv_qp,
+    gid: *const [u8; 16],
+    _lid: u16,
+) -> c_int {
+    // SAFETY: as in ibv_attach_mcast.
+    unsafe { mcast(qp, gid, false) }
+}
+
 symver!(
+    ibv_attach_mcast,
+    ibv_detach_mcast,
     ibv_rereg_mr,
     ibv_create_srq,
     ibv_destroy_srq,

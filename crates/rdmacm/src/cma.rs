@@ -116,6 +116,8 @@ pub(crate) struct IdSt {
     pub conn: (u8, u8),
     /// rdma_disconnect sent the DREQ; DISCONNECTED follows the peer's DREP.
     pub disconnecting: bool,
+    /// The multicast groups joined (`rdma_join_multicast`).
+    pub groups: Vec<crate::mcast::Group>,
 }
 
 impl IdSt {
@@ -140,6 +142,7 @@ impl IdSt {
             own_recv_cq: false,
             conn: (0, 0),
             disconnecting: false,
+            groups: Vec::new(),
         }
     }
 }

@@ -16,12 +16,13 @@
 //! gives or the kernel picks, the device whose GID table holds it, GIDs from the IPs, the
 //! port's MTU, one path record), listen (a wildcard address listens on every device),
 //! connect, accept, reject, disconnect, events with their private data, QPs and SRQs on
-//! ids, options, ports, device lists, `rdma_getaddrinfo`, migration between channels.
+//! ids, options, ports, device lists, `rdma_getaddrinfo`, migration between channels; on
+//! UDP ids SIDR (`rdma_connect`/`rdma_accept` resolve the peer's UD QP, as `udaddy` uses
+//! them) and multicast joins (`mckey`).
 //!
 //! What it does not (each fails cleanly, with the errno named):
-//! - the UDP and IPoIB port spaces resolve but do not connect (`rdma_connect`:
-//!   `EOPNOTSUPP`): the device's CM offers no SIDR to librdmacm yet;
-//! - multicast (`rdma_join_multicast*`: `EOPNOTSUPP`): the engine has no multicast;
+//! - multicast groups reach the QPs of one host (the devices of a process, or every
+//!   process of a daemon): the device does not join IP multicast groups on the network;
 //! - rsockets (every `r*` call: `ENOSYS`);
 //! - connecting or accepting without a QP on the id (`conn_param->qp_num` with
 //!   `rdma_establish`: `EOPNOTSUPP`), and `rdma_init_qp_attr` for RTR/RTS (`ENOSYS`): the
@@ -45,6 +46,7 @@ mod addrinfo;
 mod cma;
 pub mod ffi;
 mod id;
+mod mcast;
 mod qp;
 mod stubs;
 mod verbs;

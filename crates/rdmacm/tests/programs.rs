@@ -209,6 +209,64 @@ fn udaddy_resolves_the_servers_ud_qps_and_exchanges_datagrams_on_the_daemon() {
     udaddy(Backend::Daemon);
 }
 
+/// mckey through one daemon: a receiver joins a group and waits for 5 datagrams; senders
+/// (each joins, sends 5, leaves) run until it has them all (what a sender sends before the
+/// receiver joined is lost, as on a network). Groups reach the QPs of one device: two
+/// embedded devices in two processes do not share them.
+#[test]
+fn mckey_delivers_a_senders_datagrams_to_a_receiver_that_joined_the_group_on_the_daemon() {
+    require("mckey", "rdmacm-utils");
+    rdmacm_lib::install_beside(&library_dir());
+    let mut daemon = TestDaemon::start(&["127.0.0.1"]);
+    let on = || On::Daemon {
+        daemon: &daemon,
+        addr: "127.0.0.1",
+    };
+    let group = "239.7.7.7";
+    let args = ["-m", group, "-b", "127.0.0.1", "-C", "5"];
+    let mut receiver = Guard(Some(
+        verbs_command("mckey", &args, on())
+            .spawn()
+            .expect("spawn receiver"),
+    ));
+    let start = Instant::now();
+    let mut sender;
+    loop {
+        let mut sargs = args.to_vec();
+        sargs.push("-s");
+        sender = run(verbs_command("mckey", &sargs, on()), LIMIT);
+        let child = receiver.0.as_mut().expect("running");
+        if child.try_wait().expect("wait").is_some() || start.elapsed() > LIMIT {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let (r, timed_out) = finish(receiver, Duration::from_secs(5));
+    assert!(
+        !timed_out,
+        "the receiver never got its datagrams: {}",
+        describe(&r)
+    );
+    ok(&r, &sender);
+    ok(&sender, &r);
+    for o in [&r, &sender] {
+        let t = stdout(o);
+        assert!(
+            t.contains("joined dgid: ::ffff:239.7.7.7"),
+            "{}",
+            describe(o)
+        );
+        assert!(t.contains("return status 0"), "{}", describe(o));
+    }
+    // The receiver says it received: "receiving data transfers", then completes.
+    assert!(
+        stdout(&r).contains("data transfers complete"),
+        "{}",
+        describe(&r)
+    );
+    daemon.assert_alive();
+}
+
 fn rdma_server_client(backend: Backend) {
     require("rdma_server", "rdmacm-utils");
     let port = free_tcp_port().to_string();

@@ -379,6 +379,10 @@ impl<A: Attachment> Core<A> {
             self.tx.counters.local_packets += 1;
             return;
         }
+        if t.dst.is_multicast() && !t.internal {
+            self.route_multicast(net, t);
+            return;
+        }
         if t.internal {
             // Only this device's own addresses are internal; nothing else can take it.
             tracing::warn!(dst = %t.dst, "internal packet for another device dropped");
@@ -395,6 +399,32 @@ impl<A: Attachment> Core<A> {
             self.tx.counters.peer_packets += 1;
             return;
         }
+        send_one(&mut self.tx, self.capture.as_deref(), pkt, t.dst);
+    }
+
+    /// A datagram to a multicast group is for every device that joined it: this one (its
+    /// QPs attached to the group get a copy each, the sender's included, as a NIC loops
+    /// multicast back), the other devices of this process, and the network (the IP
+    /// multicast address; this device does not join IP groups on its socket yet, so groups
+    /// span one host's devices: on the daemon, every process of the host).
+    fn route_multicast(&mut self, net: &Net, t: engine::Transmit) {
+        let mut copy = self
+            .local_free
+            .pop()
+            .unwrap_or_else(|| vec![0; self.txbuf.len()]);
+        copy[..t.len].copy_from_slice(&self.txbuf[..t.len]);
+        self.local_rx.push_back(LocalPacket {
+            bytes: copy,
+            len: t.len,
+            internal: false,
+        });
+        self.tx.counters.local_packets += 1;
+        let pkt = &self.txbuf[..t.len];
+        for peer in net.all_peers() {
+            peer.deliver(pkt.to_vec());
+            self.tx.counters.peer_packets += 1;
+        }
+        let (pkt, _) = self.txbuf.split_at_mut(t.len);
         send_one(&mut self.tx, self.capture.as_deref(), pkt, t.dst);
     }
 
@@ -494,6 +524,15 @@ struct Net {
 impl Net {
     fn is_local(&self, dst: IpAddr) -> bool {
         self.local.contains(&dst)
+    }
+
+    /// Every other device of this process (a multicast packet is for each).
+    fn all_peers(&self) -> impl Iterator<Item = Arc<dyn Inbox>> + '_ {
+        self.peers
+            .get()
+            .into_iter()
+            .flatten()
+            .filter_map(|(_, w)| w.upgrade())
     }
 
     fn peer(&self, dst: IpAddr) -> Option<Arc<dyn Inbox>> {

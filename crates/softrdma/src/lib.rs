@@ -189,7 +189,7 @@ pub use engine::{
     QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendPayload, SendWr, Sge,
     SrqAttr, SrqAttrMask, VerbsError, WcFlags, WcOpcode, WcStatus, WorkCompletion, GRH_LEN,
 };
-pub use engine::{ModifyError, MwType};
+pub use engine::{ModifyError, MwType, MULTICAST_QPN};
 pub use runtime::{RuntimeConfig, RuntimeError, RxPath, SrcPortPolicy};
 
 /// Everything that can go wrong in this API.

@@ -437,6 +437,19 @@ impl Qp {
         &self.inner.pd
     }
 
+    /// Receive what is sent to multicast group `gid` (`ibv_attach_mcast`; a UD QP only):
+    /// each attached QP of the device gets its own copy of a datagram sent to the group
+    /// (QPN 0xFFFFFF), Q_Key checked. Groups reach the QPs of this device; on the daemon
+    /// that is every process of the host.
+    pub fn attach_mcast(&self, gid: engine::Gid) -> Result<()> {
+        self.provider().attach_mcast(self.handle(), gid)
+    }
+
+    /// Stop receiving group `gid`'s datagrams (`ibv_detach_mcast`).
+    pub fn detach_mcast(&self, gid: engine::Gid) -> Result<()> {
+        self.provider().detach_mcast(self.handle(), gid)
+    }
+
     /// Current attributes (`ibv_query_qp`).
     pub fn query(&self) -> Result<QpAttr> {
         self.provider().query_qp(self.handle())

@@ -20,7 +20,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use engine::{
-    AccessFlags, AhAttr, AsyncEvent, MwType, QpAttr, QpAttrMask, RecvWr, SendWr, SrqAttr,
+    AccessFlags, AhAttr, AsyncEvent, Gid, MwType, QpAttr, QpAttrMask, RecvWr, SendWr, SrqAttr,
     SrqAttrMask, WorkCompletion,
 };
 
@@ -354,6 +354,16 @@ impl RawDevice<'_> {
     /// Every attribute of the QP (`ibv_query_qp`).
     pub fn query_qp(&self, qp: QpHandle) -> Result<QpAttr> {
         self.provider.query_qp(qp)
+    }
+
+    /// `ibv_attach_mcast`: UD QP `qp` receives what is sent to group `gid`.
+    pub fn attach_mcast(&self, qp: QpHandle, gid: Gid) -> Result<()> {
+        self.provider.attach_mcast(qp, gid)
+    }
+
+    /// `ibv_detach_mcast`.
+    pub fn detach_mcast(&self, qp: QpHandle, gid: Gid) -> Result<()> {
+        self.provider.detach_mcast(qp, gid)
     }
 
     /// Post one send work request on a connected QP (`ibv_post_send`).

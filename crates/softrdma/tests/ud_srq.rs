@@ -4,7 +4,7 @@
 mod common;
 
 use common::{all_access, connect, open_pair_on, Side, WAIT};
-use softrdma::{Buffer, QpType, WcOpcode, DEFAULT_QKEY, GRH_LEN};
+use softrdma::{Buffer, Gid, QpType, WcOpcode, DEFAULT_QKEY, GRH_LEN};
 
 on_both_backends! {
 fn a_ud_send_arrives_behind_a_grh_with_the_source_qp(backend: BackendKind) {
@@ -138,4 +138,48 @@ on_both_backends! {
         assert_eq!(srq.query().unwrap().srq_limit, 0, "disarmed once it fired");
         assert_eq!(srq.len().unwrap(), 2);
     }
+}
+
+on_both_backends! {
+fn a_datagram_to_a_group_reaches_every_qp_attached_to_it_and_no_other(backend: BackendKind) {
+    // One device: groups reach the QPs of a device (on the daemon, of every process).
+    let da = common::open_on(backend, "127.0.0.1");
+    let db = da.clone();
+    let group = Gid::from_ip("239.1.2.3".parse().unwrap());
+    let side = |d: &softrdma::Device| {
+        let pd = d.alloc_pd().unwrap();
+        let cq = d.create_cq(16).unwrap();
+        let qp = pd.qp_builder(&cq, &cq).qp_type(QpType::Ud).build().unwrap();
+        let mr = pd.register(Buffer::zeroed(4096), all_access()).unwrap();
+        qp.recv(1, &[mr.sge(..GRH_LEN + 64).unwrap()]).unwrap();
+        (pd, cq, qp, mr)
+    };
+    let (pa, ca, qa, ma) = side(&da);
+    let (_p1, c1, q1, m1) = side(&db);
+    let (_p2, c2, q2, _m2) = side(&db);
+    let (_p3, c3, q3, _m3) = side(&db);
+    q1.attach_mcast(group).unwrap();
+    q2.attach_mcast(group).unwrap();
+    q3.attach_mcast(group).unwrap();
+    q3.detach_mcast(group).unwrap();
+    // Only UD QPs join; detaching twice is an error.
+    assert_eq!(q3.detach_mcast(group).unwrap_err().errno(), 22);
+
+    let ah = pa.create_ah(group).unwrap();
+    ma.write(0, b"to all").unwrap();
+    qa.send_ud(5, &[ma.sge(..6).unwrap()], &ah, softrdma::MULTICAST_QPN, DEFAULT_QKEY)
+        .unwrap();
+    assert_eq!(ca.wait_ok(WAIT).unwrap().wr_id, 5);
+    for cq in [&c1, &c2] {
+        let wc = cq.wait_ok(WAIT).unwrap();
+        assert_eq!((wc.wr_id, wc.src_qp, wc.byte_len as usize), (1, qa.qpn(), GRH_LEN + 6));
+    }
+    let mut got = [0u8; 6];
+    m1.read(GRH_LEN, &mut got).unwrap();
+    assert_eq!(&got, b"to all");
+    // The detached QP got nothing.
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert!(c3.poll(4).unwrap().is_empty());
+    drop((q1, q2, q3));
+}
 }

@@ -695,6 +695,14 @@ impl Provider for Daemon {
         Ok(self.dev.c().query_qp(qp.0)?)
     }
 
+    fn attach_mcast(&self, qp: QpHandle, gid: Gid) -> Result<()> {
+        Ok(self.dev.c().attach_mcast(qp.0, gid)?)
+    }
+
+    fn detach_mcast(&self, qp: QpHandle, gid: Gid) -> Result<()> {
+        Ok(self.dev.c().detach_mcast(qp.0, gid)?)
+    }
+
     fn post_send(&self, qp: QpHandle, wr: SendWr) -> Result<()> {
         let d = &self.dev;
         let signaled = wr.flags.contains(SendFlags::SIGNALED);

@@ -205,6 +205,14 @@ impl Provider for Embedded {
         Ok(self.rt.lock().query_qp(qpn(qp))?)
     }
 
+    fn attach_mcast(&self, qp: QpHandle, gid: Gid) -> Result<()> {
+        Ok(self.rt.lock().attach_mcast(qpn(qp), gid)?)
+    }
+
+    fn detach_mcast(&self, qp: QpHandle, gid: Gid) -> Result<()> {
+        Ok(self.rt.lock().detach_mcast(qpn(qp), gid)?)
+    }
+
     fn post_send(&self, qp: QpHandle, wr: SendWr) -> Result<()> {
         Ok(self.rt.lock().post_send(qpn(qp), wr)?)
     }

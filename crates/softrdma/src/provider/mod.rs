@@ -224,6 +224,10 @@ pub(crate) trait Provider: Send + Sync + fmt::Debug {
     fn modify_qp(&self, qp: QpHandle, attr: &QpAttr, mask: QpAttrMask) -> Result<()>;
     /// `ibv_query_qp`.
     fn query_qp(&self, qp: QpHandle) -> Result<QpAttr>;
+    /// `ibv_attach_mcast`: UD QP `qp` receives what is sent to group `gid`.
+    fn attach_mcast(&self, qp: QpHandle, gid: Gid) -> Result<()>;
+    /// `ibv_detach_mcast`.
+    fn detach_mcast(&self, qp: QpHandle, gid: Gid) -> Result<()>;
     /// `ibv_post_send` on a connected QP. A full send queue is `VerbsError::QueueFull`.
     fn post_send(&self, qp: QpHandle, wr: SendWr) -> Result<()>;
     /// `ibv_post_send` on a UD QP, to `dest`.
