@@ -34,7 +34,8 @@
 //! Beyond the classic verbs: memory windows (`ibv_alloc_mw`, `ibv_bind_mw`,
 //! `IBV_WR_BIND_MW`), extended QPs (`ibv_create_qp_ex` and the `wr_*` post API of
 //! `struct ibv_qp_ex`), extended CQs (`ibv_create_cq_ex` and `start_poll`/`next_poll`/
-//! `read_*`), asynchronous events. Not offered (`EOPNOTSUPP`): resizing CQs, re-registering
+//! `read_*`), asynchronous events, AHs that answer a datagram (`ibv_create_ah_from_wc`,
+//! `ibv_init_ah_from_wc`). Not offered (`EOPNOTSUPP`): resizing CQs, re-registering
 //! MRs (the engine cannot keep a region's keys across it), XRC, device memory, flows, TSO,
 //! atomic write, multicast.
 //!
@@ -49,6 +50,7 @@
 include!(concat!(env!("OUT_DIR"), "/symver.rs"));
 
 pub mod abi;
+mod ah_from_wc;
 mod cm;
 mod cq_ex;
 mod device;

@@ -108,7 +108,6 @@ unsupported_int!(
 unsupported_ptr!(
     _verbs_init_and_alloc_context,
     verbs_open_device,
-    ibv_create_ah_from_wc,
     ibv_reg_dmabuf_mr,
     // Sharing objects across processes (by a kernel fd): no kernel objects here.
     ibv_import_device,
