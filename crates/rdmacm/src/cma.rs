@@ -546,7 +546,7 @@ impl G {
         let data = rec.private_data();
         let n = data.len().min(PRIVATE_DATA_MAX).min(255);
         e.data[..n].copy_from_slice(&data[..n]);
-        let ah_attr = self.ud_ah_attr(d, k);
+        let ah_attr = self.ud_ah_attr(d, k, self.cid(k).cid.route.addr.ibaddr.dgid.raw);
         // SAFETY: a UD event: `ud` is the variant that counts; new_event wrote both.
         unsafe {
             let u = &mut e.ev.param.ud;
@@ -564,16 +564,16 @@ impl G {
         self.push(c, e);
     }
 
-    /// The address vector from id `k` to its peer on device `d`, as the kernel builds it
-    /// from the route for RoCE (`ib_init_ah_attr_from_path`): global, the route's GIDs and
-    /// hop limit, port 1.
-    fn ud_ah_attr(&self, d: usize, k: usize) -> ibv_ah_attr {
+    /// The address vector from id `k` on device `d` to `dgid` (its peer, or a group), as
+    /// the kernel builds it from the route for RoCE (`ib_init_ah_attr_from_path`): global,
+    /// the route's source GID and hop limit, port 1.
+    pub fn ud_ah_attr(&self, d: usize, k: usize, dgid: [u8; 16]) -> ibv_ah_attr {
         let id = self.cid(k);
         let sgid = id.cid.route.addr.ibaddr.sgid.raw;
         let sgid_index = self.devs[d].gid_index(ip_of_gid(sgid)).unwrap_or(0);
         ibv_ah_attr {
             grh: ibv_global_route {
-                dgid: id.cid.route.addr.ibaddr.dgid,
+                dgid: ibv_gid { raw: dgid },
                 flow_label: 0,
                 sgid_index,
                 hop_limit: id.path.hop_limit,
@@ -660,7 +660,7 @@ impl G {
             // A SIDR request: `param.ud` (Linux's `cma_ib_req_handler` hands over the
             // private data only; the address vector to the peer is added for programs
             // that answer by datagram).
-            let ah_attr = self.ud_ah_attr(d, k);
+            let ah_attr = self.ud_ah_attr(d, k, gid_of(peer));
             // SAFETY: `ud` is the variant that counts for a UD event.
             unsafe {
                 let u = &mut e.ev.param.ud;

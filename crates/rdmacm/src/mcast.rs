@@ -118,27 +118,8 @@ fn join(
 /// the group, QPN 0xFFFFFF, the Q_Key and, as rdma-core puts it there, the join's context
 /// in `private_data`.
 fn post_join(g: &mut G, k: usize, d: usize, mgid: [u8; 16], context: *mut c_void) {
-    let id = g.cid(k);
-    let sgid = id.cid.route.addr.ibaddr.sgid.raw;
-    let sgid_index = g.devs[d]
-        .gid_index(crate::addr::ip_of_gid(sgid))
-        .unwrap_or(0);
     let mut e = g.new_event(k, ev::MULTICAST_JOIN, 0);
-    let ah_attr = ibv_ah_attr {
-        grh: ibv_global_route {
-            dgid: ibv_gid { raw: mgid },
-            flow_label: 0,
-            sgid_index,
-            hop_limit: id.path.hop_limit,
-            traffic_class: id.path.traffic_class,
-        },
-        dlid: 0,
-        sl: 0,
-        src_path_bits: 0,
-        static_rate: 0,
-        is_global: 1,
-        port_num: 1,
-    };
+    let ah_attr = g.ud_ah_attr(d, k, mgid);
     // SAFETY: a UD event: `ud` is the variant that counts (new_event wrote both).
     unsafe {
         let u = &mut e.ev.param.ud;
@@ -148,7 +129,7 @@ fn post_join(g: &mut G, k: usize, d: usize, mgid: [u8; 16], context: *mut c_void
         u.qp_num = MULTICAST_QPN;
         u.qkey = RDMA_UDP_QKEY;
     }
-    let c = id.cid.channel as usize;
+    let c = g.cid(k).cid.channel as usize;
     g.push(c, e);
 }
 

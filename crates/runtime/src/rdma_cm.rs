@@ -188,6 +188,29 @@ struct Conn {
     service_id: ServiceId,
 }
 
+impl Conn {
+    /// A SIDR request, asked (`param` as given) or received, between `local` and `peer`.
+    fn datagram(
+        channel: &CmChannel,
+        (local, peer): (IpAddr, IpAddr),
+        service_id: ServiceId,
+        param: ConnParam,
+    ) -> Conn {
+        Conn {
+            channel: channel.clone(),
+            qpn: None,
+            local,
+            peer,
+            psn: Psn::new(0),
+            mtu: Mtu::Mtu256,
+            param,
+            req: None,
+            datagram: true,
+            service_id,
+        }
+    }
+}
+
 /// The CM of one device and the connections its consumers made through it.
 #[derive(Debug)]
 pub(crate) struct CmHost {
@@ -409,21 +432,13 @@ impl CmHost {
             private_data,
             datagram: true,
         };
-        self.conns.insert(
-            id,
-            Conn {
-                channel: channel.clone(),
-                qpn: None,
-                local,
-                peer,
-                psn: Psn::new(0),
-                mtu: Mtu::Mtu256,
-                param: ConnParam::default(),
-                req: None,
-                datagram: true,
-                service_id: req.service_id,
-            },
+        let conn = Conn::datagram(
+            &channel,
+            (local, peer),
+            req.service_id,
+            ConnParam::default(),
         );
+        self.conns.insert(id, conn);
         channel.push(CmEvent::ConnectRequest(Box::new(event)));
     }
 
@@ -623,21 +638,8 @@ impl CmHost {
         };
         let id = self.cm.sidr_request(now, peer, req);
         self.local_for.insert(peer, local);
-        self.conns.insert(
-            id,
-            Conn {
-                channel: channel.clone(),
-                qpn: None,
-                local,
-                peer,
-                psn: Psn::new(0),
-                mtu: Mtu::Mtu256,
-                param: param.clone(),
-                req: None,
-                datagram: true,
-                service_id,
-            },
-        );
+        let conn = Conn::datagram(channel, (local, peer), service_id, param.clone());
+        self.conns.insert(id, conn);
         Ok(id)
     }
 
