@@ -68,7 +68,9 @@ fn pair(
                 || text.contains("connection refused")
                 || text.contains("failed to connect")
                 // perftest -R: "Unexpected CM event ... 8" (REJECTED), then this.
-                || text.contains("unable to perform rdma_client function"));
+                || text.contains("unable to perform rdma_client function")
+                // udaddy: SIDR answered "unsupported" (nothing listens yet).
+                || text.contains("rdma_cm_event_unreachable"));
         if not_listening && start.elapsed() < LIMIT {
             std::thread::sleep(Duration::from_millis(200));
             continue;
