@@ -8,46 +8,16 @@
 mod common;
 #[path = "../../cli/tests/hosts/mod.rs"]
 mod hosts;
+mod netns_host;
 
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
-use common::{configure, describe, finish, free_tcp_port, require, Guard, On, TestDaemon};
+use common::{describe, finish, free_tcp_port, require, Guard};
 use hosts::Hosts;
+use netns_host::Host;
 
 const LIMIT: Duration = Duration::from_secs(120);
-
-/// One host: its namespace, address and daemon.
-struct Host<'a> {
-    ns: &'a str,
-    addr: &'a str,
-    daemon: TestDaemon,
-}
-
-impl<'a> Host<'a> {
-    /// Start the namespace's daemon on its address.
-    fn new(ns: &'a str, addr: &'a str) -> Host<'a> {
-        let daemon =
-            TestDaemon::start_with(&[addr], Some(4791), |bin, args| Hosts::exec(ns, bin, args));
-        Host { ns, addr, daemon }
-    }
-
-    /// `prog args` inside the namespace with the drop-in library on the host's daemon.
-    fn command(&self, prog: &str, args: &[&str]) -> Command {
-        let mut c = Hosts::exec(self.ns, prog, args);
-        c.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        configure(
-            &mut c,
-            On::Daemon {
-                daemon: &self.daemon,
-                addr: self.addr,
-            },
-        );
-        c
-    }
-}
 
 /// Server on host a, client on host b (retried while the server is not listening yet);
 /// both must exit 0, and both daemons must still run. Returns (server, client).

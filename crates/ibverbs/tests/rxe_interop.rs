@@ -409,24 +409,6 @@ impl Ours {
     fn command(&self, prog: &str, args: &[String]) -> Command {
         verbs_command(&self.daemon, prog, args)
     }
-
-    /// The daemon's counters (`softrdma stat`), by name; empty if it does not answer.
-    fn counters(&self) -> BTreeMap<String, u64> {
-        let o = Command::new(cli_binary())
-            .args(["stat", "--socket"])
-            .arg(&self.daemon.socket)
-            .output();
-        let Ok(o) = o else {
-            return BTreeMap::new();
-        };
-        String::from_utf8_lossy(&o.stdout)
-            .lines()
-            .filter_map(|l| {
-                let mut f = l.split_whitespace();
-                Some((f.next()?.to_string(), f.next()?.parse().ok()?))
-            })
-            .collect()
-    }
 }
 
 /// `prog args` in the namespace with the drop-in on the daemon's device for 10.50.0.1;
@@ -762,7 +744,7 @@ fn direction(matrix: &[Program], serves: Serves, rx_path: RxPath) -> Report {
         booted.wait_ready(READY_LIMIT);
     }
     let mut outcomes = Vec::new();
-    let first = ours.counters();
+    let first = ours.daemon.counters();
     for (i, p) in matrix.iter().enumerate() {
         if let Some(why) = vm_unavailable(&mut booted, start) {
             outcomes.push(not_run(p, why));
@@ -770,7 +752,7 @@ fn direction(matrix: &[Program], serves: Serves, rx_path: RxPath) -> Report {
         }
         let port = Program::port(matrix, i);
         let capture = Capture::start(&captures.join(format!("{i}-{}.pcap", p.name)));
-        let before = ours.counters();
+        let before = ours.daemon.counters();
         let (out, killed) = match serves {
             Serves::Rxe => run_client(&ours, &mut booted, p, port),
             // The first server also waits for the VM to boot.
@@ -787,7 +769,7 @@ fn direction(matrix: &[Program], serves: Serves, rx_path: RxPath) -> Report {
         }
         .or_else(|| booted.stop_program(port, END_LIMIT));
         let capture = capture.stop();
-        let after = ours.counters();
+        let after = ours.daemon.counters();
         outcomes.push(
             Run {
                 program: p,
@@ -805,7 +787,7 @@ fn direction(matrix: &[Program], serves: Serves, rx_path: RxPath) -> Report {
     }
     // The receive policy did what it says: the raw path sees rxe's real IDs (nothing to
     // recover), the UDP path recovers them; neither drops a good packet.
-    let last = ours.counters();
+    let last = ours.daemon.counters();
     let recovered = device_counter_delta(&first, &last, "rx_icrc_id_recovered");
     let dropped = device_counter_delta(&first, &last, "rx_bad_icrc");
     let policy_held = dropped == 0

@@ -1,6 +1,6 @@
 //! Two hosts on one machine for the tests: two network namespaces joined by a veth pair.
-//! Shared by the CLI's and the libibverbs drop-in's namespace tests (the latter includes this
-//! file with `#[path]`).
+//! Shared by the namespace tests of the CLI, the daemon and the drop-ins (the others include
+//! this file with `#[path]`).
 //!
 //! Creating namespaces needs root (`ip netns`, as CI runs); without it the test FAILS saying
 //! so, never passes silently. The namespaces are deleted on drop, even when a test fails.

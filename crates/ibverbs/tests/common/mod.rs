@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -344,6 +345,35 @@ impl TestDaemon {
     pub fn assert_alive(&mut self) {
         let st = self.exited();
         assert!(st.is_none(), "softrdmad exited: {st:?}");
+    }
+
+    /// The daemon's counters (`softrdma stat`), by name (`srxe0.cm_listens`...); empty if
+    /// it does not answer.
+    pub fn counters(&self) -> BTreeMap<String, u64> {
+        let o = Command::new(cli_binary())
+            .args(["stat", "--socket"])
+            .arg(&self.socket)
+            .output();
+        let Ok(o) = o else {
+            return BTreeMap::new();
+        };
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                Some((f.next()?.to_string(), f.next()?.parse().ok()?))
+            })
+            .collect()
+    }
+
+    /// Services its devices' connection managers listen on now (`cm_listens`, summed over
+    /// the devices).
+    pub fn cm_listens(&self) -> u64 {
+        self.counters()
+            .iter()
+            .filter(|(name, _)| name.ends_with(".cm_listens"))
+            .map(|(_, n)| n)
+            .sum()
     }
 }
 
