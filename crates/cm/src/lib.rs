@@ -17,7 +17,9 @@
 //!   the QP;
 //! - active side, on [`Event::Established`] with the REP: move the QP to RTR then RTS before
 //!   the next [`Cm::poll_transmit`] (the RTU is already queued, and the peer may send as soon
-//!   as it has it);
+//!   as it has it); or, for a connection made with [`Cm::connect_holding_rtu`] (rdma_cm's
+//!   QPs that their consumer moves, `rdma_establish`), on [`Event::Replied`]: the consumer
+//!   moves its QP, then [`Cm::send_rtu`];
 //! - on [`Event::Disconnected`], [`Event::Rejected`] or [`Event::TimedOut`]: move the QP to
 //!   the error state.
 //!
@@ -118,6 +120,14 @@ pub enum Event {
         /// The REP, on the active side.
         reply: Option<Box<RepRepr>>,
     },
+    /// Active side of a [`Cm::connect_holding_rtu`] connection: the peer's REP arrived and
+    /// the connection waits in [`State::RepRcvd`] for [`Cm::send_rtu`].
+    Replied {
+        /// The connection.
+        id: CommId,
+        /// The REP.
+        rep: Box<RepRepr>,
+    },
     /// The peer rejected the REQ or the REP.
     Rejected {
         /// The connection, now gone.
@@ -212,6 +222,9 @@ pub enum State {
     ReqSent,
     /// Passive: REQ received and reported, the host has not answered.
     ReqRcvd,
+    /// Active ([`Cm::connect_holding_rtu`]): REP received and reported, the host has not
+    /// sent the RTU.
+    RepRcvd,
     /// Passive: MRA sent for the REQ, the host has not answered.
     MraSent,
     /// Passive: REP sent, waiting for RTU.
@@ -273,6 +286,8 @@ struct Conn {
     retries_left: u8,
     /// The peer's QPN (from REQ or REP), for DREQs.
     remote_qpn: wire::Qpn,
+    /// Active: on the REP, wait for the host's [`Cm::send_rtu`] instead of sending the RTU.
+    hold_rtu: bool,
 }
 
 /// The connection manager of one port.
@@ -407,6 +422,7 @@ impl Cm {
                 wait,
                 retries_left: 0,
                 remote_qpn: wire::Qpn::new(0),
+                hold_rtu: false,
             },
         );
         id
@@ -440,6 +456,34 @@ impl Cm {
         id
     }
 
+    /// As [`Cm::connect`], but the REP does not establish the connection: it is reported
+    /// as [`Event::Replied`], and the connection waits (no timer, as Linux's REP_RCVD) until
+    /// the host sends the RTU with [`Cm::send_rtu`] — rdma_cm's connections whose QP the
+    /// consumer moves itself (`rdma_establish`).
+    pub fn connect_holding_rtu(&mut self, now: Instant, peer: IpAddr, req: ReqRepr) -> CommId {
+        let id = self.connect(now, peer, req);
+        self.conns.get_mut(&id).expect("just made").hold_rtu = true;
+        id
+    }
+
+    /// Send the RTU of a [`Cm::connect_holding_rtu`] connection whose REP arrived: it is
+    /// established (no event follows: the host knows).
+    pub fn send_rtu(&mut self, id: CommId) -> Result<(), CmError> {
+        self.expect_state(id, &[State::RepRcvd], "send_rtu")?;
+        let c = self.conns.get_mut(&id).expect("checked above");
+        let rtu = CmMessage::Rtu(IdsRepr {
+            local_comm_id: id.0,
+            remote_comm_id: c.remote_comm_id,
+            private_data: PrivateData::default(),
+        });
+        c.state = State::Established;
+        // kept so a duplicate REP (our RTU was lost) gets it again
+        c.last_sent = Some(rtu);
+        let (peer, tid) = (c.peer, c.tid);
+        self.send(peer, tid, rtu);
+        Ok(())
+    }
+
     /// Accept a connection request: send `rep` (this CM fills in the communication IDs and
     /// CA GUID) and wait for the RTU. Move the QP to RTR first (see the crate docs).
     pub fn accept(&mut self, now: Instant, id: CommId, mut rep: RepRepr) -> Result<(), CmError> {
@@ -469,6 +513,7 @@ impl Cm {
                 State::MraSent,
                 State::ReqSent,
                 State::RepSent,
+                State::RepRcvd,
             ],
             "reject",
         )?;
@@ -477,6 +522,7 @@ impl Cm {
         // Linux's cm_format_rej: a REQ received is what is rejected; otherwise "other".
         let message_rejected = match c.state {
             State::ReqRcvd | State::MraSent => CmMsgRef::Req,
+            State::RepRcvd => CmMsgRef::Rep,
             _ => CmMsgRef::Other,
         };
         let ari = if reason == RejectReason::TIMEOUT {
@@ -707,6 +753,17 @@ impl Cm {
             private_data: PrivateData::default(),
         });
         match c.state {
+            State::ReqSent if c.hold_rtu => {
+                c.state = State::RepRcvd;
+                c.remote_comm_id = rep.local_comm_id;
+                c.remote_qpn = rep.local_qpn;
+                c.last_sent = None;
+                self.set_timer(id, None);
+                self.events.push_back(Event::Replied {
+                    id,
+                    rep: Box::new(rep),
+                });
+            }
             State::ReqSent => {
                 c.state = State::Established;
                 c.remote_comm_id = rep.local_comm_id;
@@ -762,6 +819,7 @@ impl Cm {
             | State::RepSent
             | State::MraSent
             | State::ReqRcvd
+            | State::RepRcvd
             | State::Established => {
                 self.remove(id);
                 self.events.push_back(Event::Rejected {

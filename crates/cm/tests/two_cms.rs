@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use cm::*;
 use wire::{
-    CmAttrId, CmMadRepr, CmaAddrs, CmaHeaderRepr, PortSpace, Psn, Qkey, Qpn, RejectReason, RepRepr,
-    ReqRepr, ServiceId, SidrRepRepr, SidrReqRepr, SidrStatus, CMA_HEADER_LEN, MAD_LEN,
+    CmAttrId, CmMadRepr, CmMsgRef, CmaAddrs, CmaHeaderRepr, PortSpace, Psn, Qkey, Qpn,
+    RejectReason, RepRepr, ReqRepr, ServiceId, SidrRepRepr, SidrReqRepr, SidrStatus,
+    CMA_HEADER_LEN, MAD_LEN,
 };
 
 const SERVICE: ServiceId = ServiceId::rdma_cm(PortSpace::TCP, 7174);
@@ -328,6 +329,70 @@ fn a_lost_rtu_is_recovered_when_the_rep_comes_again() {
     assert_eq!(p.a.counters().duplicates_answered, 1);
     assert_eq!(p.sent(true, "RTU"), 2);
     assert_eq!(p.a.state(a_id), Some(State::Established));
+}
+
+#[test]
+fn a_held_rtu_leaves_only_when_the_host_sends_it() {
+    let mut p = Pair::new();
+    let a_id = p.a.connect_holding_rtu(p.now, p.ip_b, req(b"hello"));
+    p.flush();
+    let b_id = match p.b.poll_event() {
+        Some(Event::ConnectRequest { id, .. }) => id,
+        other => panic!("expected a connect request, got {other:?}"),
+    };
+    p.b.accept(p.now, b_id, rep()).unwrap();
+    p.flush();
+    match p.a.poll_event() {
+        Some(Event::Replied { id, rep }) => {
+            assert_eq!(id, a_id);
+            assert_eq!(rep.local_qpn, Qpn::new(0x22));
+        }
+        other => panic!("expected the REP, got {other:?}"),
+    }
+    assert_eq!(p.a.state(a_id), Some(State::RepRcvd));
+    assert_eq!(p.sent(true, "RTU"), 0, "no RTU before the host says");
+    assert_eq!(
+        p.a.poll_timeout(),
+        None,
+        "nothing to resend while waiting for the host"
+    );
+    // B resends its REP meanwhile: A drops the duplicate, still waiting
+    assert!(p.tick());
+    assert_eq!(p.sent(false, "REP"), 2);
+    assert_eq!(p.a.poll_event(), None);
+    assert_eq!(p.sent(true, "RTU"), 0);
+    p.a.send_rtu(a_id).unwrap();
+    p.flush();
+    assert_eq!(p.sent(true, "RTU"), 1);
+    assert_eq!(p.a.state(a_id), Some(State::Established));
+    assert_eq!(established(&mut p.b), None);
+    assert_eq!(p.b.state(b_id), Some(State::Established));
+    assert!(p.a.send_rtu(a_id).is_err(), "an RTU goes once");
+}
+
+#[test]
+fn a_held_rep_given_up_is_rejected_as_a_rep() {
+    let mut p = Pair::new();
+    let a_id = p.a.connect_holding_rtu(p.now, p.ip_b, req(b""));
+    p.flush();
+    let Some(Event::ConnectRequest { id: b_id, .. }) = p.b.poll_event() else {
+        panic!("expected a connect request");
+    };
+    p.b.accept(p.now, b_id, rep()).unwrap();
+    p.flush();
+    assert!(matches!(p.a.poll_event(), Some(Event::Replied { .. })));
+    p.a.reject(a_id, RejectReason::CONSUMER_DEFINED, &[])
+        .unwrap();
+    p.flush();
+    match p.b.poll_event() {
+        Some(Event::Rejected { id, rej }) => {
+            assert_eq!(id, b_id);
+            assert_eq!(rej.message_rejected, CmMsgRef::Rep);
+        }
+        other => panic!("expected the REJ, got {other:?}"),
+    }
+    assert_eq!(p.a.state(a_id), None);
+    assert_eq!(p.b.state(b_id), None);
 }
 
 #[test]
