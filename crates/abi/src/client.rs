@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use cm::{CmEvent, CommId, ConnParam};
 use engine::{
     AccessFlags, AhAttr, AsyncEvent, DeviceAttr, Gid, MwBind, MwType, PortAttr, QpAttr, QpAttrMask,
-    QpInitAttr, RecvWr, ReregFlags, SendWr, SrqAttr, SrqAttrMask, UdDest, WorkCompletion,
+    QpInitAttr, QpState, RecvWr, ReregFlags, SendWr, SrqAttr, SrqAttrMask, UdDest, WorkCompletion,
 };
 use wire::ServiceId;
 use zerocopy::FromBytes;
@@ -704,7 +704,8 @@ impl Client {
         })
     }
 
-    /// `rdma_connect` with QP `qp` (a handle) to `service_id` at `peer`.
+    /// `rdma_connect` with QP `qp` (a handle; 0 when the client moves its QP itself and
+    /// `param.qp_num` names it) to `service_id` at `peer`.
     pub fn cm_connect(
         &mut self,
         channel: u32,
@@ -744,7 +745,8 @@ impl Client {
         }
     }
 
-    /// `rdma_accept` of request `id` with QP `qp` (a handle).
+    /// `rdma_accept` of request `id` with QP `qp` (a handle; 0 as for
+    /// [`Client::cm_connect`]).
     pub fn cm_accept(
         &mut self,
         channel: u32,
@@ -786,6 +788,25 @@ impl Client {
             id,
             private_data: private_data.to_vec(),
         })
+    }
+
+    /// `rdma_establish`: the RTU of connection `id`, whose QP the client moves.
+    pub fn cm_establish(&mut self, channel: u32, id: CommId) -> Result<(), ClientError> {
+        self.done(&Request::CmEstablish { channel, id })
+    }
+
+    /// `rdma_init_qp_attr`: what takes connection `id`'s QP to `state`, and which
+    /// attributes to apply.
+    pub fn cm_init_qp_attr(
+        &mut self,
+        channel: u32,
+        id: CommId,
+        state: QpState,
+    ) -> Result<(QpAttr, QpAttrMask), ClientError> {
+        match self.call(&Request::CmInitQpAttr { channel, id, state })? {
+            Response::CmQpAttr { attr, mask } => Ok((attr, mask)),
+            _ => Err(ClientError::Unexpected),
+        }
     }
 
     /// `rdma_destroy_id` of connection `id` (in any state; one already gone is fine).

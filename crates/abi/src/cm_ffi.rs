@@ -14,9 +14,11 @@
 //! | `softrdma_cm_open` | `int (struct ibv_context *)`: the context's CM channel descriptor, readable while events wait (owned by the context) |
 //! | `softrdma_cm_listen` | `int (struct ibv_context *, uint64_t service_id)` |
 //! | `softrdma_cm_unlisten` | `int (struct ibv_context *, uint64_t service_id)` |
-//! | `softrdma_cm_connect` | `int (struct ibv_context *, struct ibv_qp *, const CmAddr *peer, uint64_t service_id, const CmParam *, uint32_t *comm_id)` |
+//! | `softrdma_cm_connect` | `int (struct ibv_context *, struct ibv_qp *, const CmAddr *peer, uint64_t service_id, const CmParam *, uint32_t *comm_id)`: a NULL QP when the caller moves its QP itself (`CmParam::qp_num` names it) |
 //! | `softrdma_cm_resolve` | `int (struct ibv_context *, const CmAddr *peer, uint64_t service_id, const CmParam *, uint32_t *comm_id)`: SIDR, for a UDP-port-space id |
-//! | `softrdma_cm_accept` | `int (struct ibv_context *, uint32_t comm_id, struct ibv_qp *, const CmParam *)`: an RC QP for a connection, a UD QP for a SIDR request |
+//! | `softrdma_cm_accept` | `int (struct ibv_context *, uint32_t comm_id, struct ibv_qp *, const CmParam *)`: an RC QP for a connection (NULL as for connect), a UD QP for a SIDR request |
+//! | `softrdma_cm_establish` | `int (struct ibv_context *, uint32_t comm_id)`: the RTU of a connection whose QP the caller moves, after CONNECT_RESPONSE |
+//! | `softrdma_cm_init_qp_attr` | `int (struct ibv_context *, uint32_t comm_id, struct ibv_qp_attr *, int *mask)`: the attributes that take the connection's QP to `attr->qp_state` (INIT, RTR, RTS) |
 //! | `softrdma_cm_reject` | `int (struct ibv_context *, uint32_t comm_id, const void *data, uint8_t len)` |
 //! | `softrdma_cm_disconnect` | `int (struct ibv_context *, uint32_t comm_id, const void *data, uint8_t len)` |
 //! | `softrdma_cm_destroy_id` | `int (struct ibv_context *, uint32_t comm_id)` |
@@ -30,7 +32,7 @@ pub const VERSION_NODE: &str = "SOFTRDMA_PRIVATE_1";
 
 /// Bumped whenever a record or a signature of this module changes; librdmacm refuses a
 /// libibverbs that reports another.
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = 3;
 
 /// `softrdma_cm_abi_version`.
 pub const SYM_ABI_VERSION: &str = "softrdma_cm_abi_version";
@@ -54,6 +56,10 @@ pub const SYM_DISCONNECT: &str = "softrdma_cm_disconnect";
 pub const SYM_DESTROY_ID: &str = "softrdma_cm_destroy_id";
 /// `softrdma_cm_get_event`.
 pub const SYM_GET_EVENT: &str = "softrdma_cm_get_event";
+/// `softrdma_cm_establish`.
+pub const SYM_ESTABLISH: &str = "softrdma_cm_establish";
+/// `softrdma_cm_init_qp_attr`.
+pub const SYM_INIT_QP_ATTR: &str = "softrdma_cm_init_qp_attr";
 
 /// Room for private data in a record: more than any CM message carries (a REP's 196 bytes
 /// is the most an event delivers, a DREQ's 220 the most a call sends).
@@ -120,7 +126,10 @@ pub struct CmParam {
     /// The active side's rdma_cm port (the source port of the IP CM header).
     pub src_port: u16,
     /// Zero.
-    pub reserved: [u8; 6],
+    pub reserved: [u8; 2],
+    /// With no QP given: the QP number the REQ or REP announces (the caller moves that QP
+    /// itself, `rdma_conn_param.qp_num`).
+    pub qp_num: u32,
 }
 
 impl Default for CmParam {
@@ -135,7 +144,8 @@ impl Default for CmParam {
             ack_timeout: 0,
             min_rnr_timer: 0,
             src_port: 0,
-            reserved: [0; 6],
+            reserved: [0; 2],
+            qp_num: 0,
         }
     }
 }
@@ -167,6 +177,9 @@ pub mod event {
     pub const DISCONNECTED: u32 = 6;
     /// A SIDR request was answered: `remote_qpn` and `qkey` name the peer's UD QP.
     pub const RESOLVED: u32 = 7;
+    /// A connection whose QP the caller moves was accepted (`remote_qpn`: the peer's QP):
+    /// move the QP to RTR and RTS, then `softrdma_cm_establish`.
+    pub const CONNECT_RESPONSE: u32 = 8;
 }
 
 /// One event of a context's CM channel.
@@ -183,8 +196,8 @@ pub struct CmEventRec {
     pub peer: CmAddr,
     /// CONNECT_REQUEST: the local address the request came to.
     pub local: CmAddr,
-    /// CONNECT_REQUEST: the peer's QP number (0 for a SIDR request); RESOLVED: the
-    /// peer's UD QP.
+    /// CONNECT_REQUEST and CONNECT_RESPONSE: the peer's QP number (0 for a SIDR
+    /// request); RESOLVED: the peer's UD QP.
     pub remote_qpn: u32,
     /// REJECTED: the REJ reason; CONNECT_ERROR: an errno; else 0.
     pub status: i32,
@@ -194,8 +207,8 @@ pub struct CmEventRec {
     pub initiator_depth: u8,
     /// How many bytes of `private_data` count.
     pub private_data_len: u16,
-    /// The peer's private data (CONNECT_REQUEST without the IP CM header; ESTABLISHED on the
-    /// active side; REJECTED; RESOLVED and a SIDR UNREACHABLE).
+    /// The peer's private data (CONNECT_REQUEST without the IP CM header; ESTABLISHED or
+    /// CONNECT_RESPONSE on the active side; REJECTED; RESOLVED and a SIDR UNREACHABLE).
     pub private_data: [u8; PRIVATE_DATA_MAX],
     /// RESOLVED: the Q_Key the peer's UD QP takes.
     pub qkey: u32,

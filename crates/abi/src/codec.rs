@@ -456,6 +456,7 @@ wire_struct! {
         ack_timeout: u8,
         min_rnr_timer: u8,
         src_port: u16,
+        qp_num: u32,
     }
     ConnectRequest {
         id: CommId,
@@ -557,6 +558,11 @@ impl Wire for CmEvent {
                 status,
                 private_data,
             } => w.put(&8u8).put(id).put(status).put(private_data),
+            CmEvent::ConnectResponse {
+                id,
+                remote_qpn,
+                private_data,
+            } => w.put(&9u8).put(id).put(remote_qpn).put(private_data),
             _ => w.put(&0u8),
         };
     }
@@ -587,6 +593,11 @@ impl Wire for CmEvent {
             8 => CmEvent::Unresolved {
                 id: r.take()?,
                 status: r.take()?,
+                private_data: r.take()?,
+            },
+            9 => CmEvent::ConnectResponse {
+                id: r.take()?,
+                remote_qpn: r.take()?,
                 private_data: r.take()?,
             },
             _ => return Err(ProtoError::Invalid("CM event kind")),

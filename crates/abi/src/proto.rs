@@ -47,7 +47,7 @@
 
 use engine::{
     AccessFlags, AhAttr, AsyncEvent, DeviceAttr, Gid, MwBind, MwType, PortAttr, QpAttr, QpAttrMask,
-    QpInitAttr, ReregFlags, SrqAttr, SrqAttrMask,
+    QpInitAttr, QpState, ReregFlags, SrqAttr, SrqAttrMask,
 };
 
 use std::net::IpAddr;
@@ -60,9 +60,11 @@ use crate::wqe::Cqe;
 
 /// First four bytes of every message: `"SRDM"`.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"SRDM");
-/// The protocol version this crate speaks (5: the connection manager's requests and
-/// events; 4: messages are generated from their tables and carry the engine's types whole).
-pub const VERSION: u16 = 7;
+/// The protocol version this crate speaks (8: connections whose QP the client moves —
+/// `ConnParam::qp_num`, [`Request::CmEstablish`], [`Request::CmInitQpAttr`]; 5: the
+/// connection manager's requests and events; 4: messages are generated from their tables
+/// and carry the engine's types whole).
+pub const VERSION: u16 = 8;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 16;
 /// Largest body accepted (inline data and completion batches fit easily).
@@ -613,7 +615,8 @@ messages! {
         48 CM_CONNECT => CmConnect {
             /// Channel handle.
             channel: u32,
-            /// QP handle (in RESET or INIT).
+            /// QP handle (in RESET or INIT), or 0: the client moves its QP itself, and the
+            /// REQ announces `param.qp_num`.
             qp: u32,
             /// The peer's address.
             peer: IpAddr,
@@ -628,7 +631,8 @@ messages! {
             channel: u32,
             /// The request's connection.
             id: CommId,
-            /// QP handle (in RESET or INIT).
+            /// QP handle (in RESET or INIT), or 0: the client moves its QP itself, and the
+            /// REP announces `param.qp_num`.
             qp: u32,
             /// What this side asks for.
             param: ConnParam,
@@ -694,6 +698,25 @@ messages! {
             service_id: ServiceId,
             /// Private data and source port (the rest is unused).
             param: ConnParam,
+        },
+        /// Send the RTU of connection `id`, whose QP the client moves and whose REP arrived
+        /// (`rdma_establish`).
+        58 CM_ESTABLISH => CmEstablish {
+            /// The channel holding the connection.
+            channel: u32,
+            /// The connection.
+            id: CommId,
+        },
+        /// The attributes that take connection `id`'s QP to `state` (INIT, RTR or RTS) as
+        /// the CM exchange decided them (`rdma_init_qp_attr`; answered with
+        /// [`Response::CmQpAttr`]).
+        59 CM_INIT_QP_ATTR => CmInitQpAttr {
+            /// The channel holding the connection.
+            channel: u32,
+            /// The connection.
+            id: CommId,
+            /// The state to reach.
+            state: QpState,
         },
     }
 }
@@ -802,6 +825,13 @@ messages! {
         17 CM_EVENT => CmEvent {
             /// The oldest event, if any.
             event: Option<CmEvent>,
+        },
+        /// Answer to [`Request::CmInitQpAttr`]: the attributes and which of them to apply.
+        18 CM_QP_ATTR => CmQpAttr {
+            /// The attributes.
+            attr: QpAttr,
+            /// Which of them (the state included).
+            mask: QpAttrMask,
         },
         /// The request failed: an errno as libibverbs would return it, and why.
         255 ERROR => Error {
@@ -994,6 +1024,7 @@ mod tests {
         let mut param = ConnParam::with_private_data(b"hi");
         param.retry_count = 3;
         param.src_port = 40_000;
+        param.qp_num = 0x12_3456;
         let peer = IpAddr::from([10, 0, 0, 2]);
         let service_id = ServiceId(0x0106_0000_0000_1d4f);
         vec![
@@ -1048,6 +1079,15 @@ mod tests {
             Request::DetachMcast {
                 qp: 3,
                 gid: Gid([0xfe; 16]),
+            },
+            Request::CmEstablish {
+                channel: 1,
+                id: CommId(9),
+            },
+            Request::CmInitQpAttr {
+                channel: 1,
+                id: CommId(9),
+                state: QpState::Rtr,
             },
             Request::Hello { version: VERSION },
             Request::ListDevices,
@@ -1196,7 +1236,7 @@ mod tests {
             44
         );
         // Unused numbers name nothing (28 was retired in version 3).
-        for k in [0, 28, 58, 0x7777] {
+        for k in [0, 28, 60, 0x7777] {
             assert_eq!(Request::decode(k, &[]), Err(ProtoError::UnknownKind(k)));
         }
     }
@@ -1262,6 +1302,11 @@ mod tests {
                 status: 2,
                 private_data: vec![],
             },
+            CmEvent::ConnectResponse {
+                id: CommId(10),
+                remote_qpn: 0xab_cdef,
+                private_data: vec![5; 196],
+            },
         ];
         let mut rs = vec![
             Response::CmId { id: CommId(1) },
@@ -1290,6 +1335,10 @@ mod tests {
             Response::PortAttr { attr: port },
             Response::Gid { gid: Gid([7; 16]) },
             Response::QpAttr { attr: qp_attr() },
+            Response::CmQpAttr {
+                attr: qp_attr(),
+                mask: QpAttrMask::STATE | QpAttrMask::RQ_PSN | QpAttrMask::AV,
+            },
             Response::Completions {
                 cqes: vec![Cqe {
                     wr_id: 1,

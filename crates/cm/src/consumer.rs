@@ -33,6 +33,10 @@ pub struct ConnParam {
     /// The active side's rdma_cm port (the IP CM header's source port); 0 picks an
     /// ephemeral one, as an unbound `rdma_cm_id` gets.
     pub src_port: u16,
+    /// The QP number the REQ or REP announces when the consumer moves its QP itself
+    /// (`rdma_conn_param.qp_num`, an id without a QP): the CM then touches no QP. Unused
+    /// when the CM is given the QP.
+    pub qp_num: u32,
 }
 
 impl Default for ConnParam {
@@ -49,6 +53,7 @@ impl Default for ConnParam {
             ack_timeout: 14,
             min_rnr_timer: 12,
             src_port: 0,
+            qp_num: 0,
         }
     }
 }
@@ -103,6 +108,18 @@ pub enum CmEvent {
         id: CommId,
         /// The REP's private data on the active side (all 196 bytes, as rdma_cm delivers
         /// them); empty on the passive side.
+        private_data: Vec<u8>,
+    },
+    /// Active side of a connection whose QP the consumer moves: the peer accepted
+    /// (`RDMA_CM_EVENT_CONNECT_RESPONSE`). The consumer takes its QP to RTR and RTS (the
+    /// attributes come from the CM, `rdma_init_qp_attr`), then establishes the connection
+    /// (`rdma_establish`: the RTU leaves).
+    ConnectResponse {
+        /// The connection.
+        id: CommId,
+        /// The peer's QP number.
+        remote_qpn: u32,
+        /// The REP's private data (all 196 bytes).
         private_data: Vec<u8>,
     },
     /// The peer (or its CM, when nothing listens) rejected the request; the QP is in ERR
@@ -168,6 +185,7 @@ impl CmEvent {
         match self {
             CmEvent::ConnectRequest(r) => r.id,
             CmEvent::Established { id, .. }
+            | CmEvent::ConnectResponse { id, .. }
             | CmEvent::Rejected { id, .. }
             | CmEvent::Unreachable { id }
             | CmEvent::ConnectError { id, .. }

@@ -552,13 +552,18 @@ impl<'d> Conn<'d> {
     }
 
     /// Channel `h` and the number of QP `qp`, which must be on the channel's device.
-    fn cm_chan_and_qp(&self, h: u32, qp: u32) -> Result<(&CmChan, u32), Fail> {
-        let (dev, qpn) = self.qp(qp)?;
+    /// Channel `h` and the QPN of QP handle `qp` on its device; handle 0 names no QP (the
+    /// client moves its QP itself).
+    fn cm_chan_and_qp(&self, h: u32, qp: u32) -> Result<(&CmChan, Option<u32>), Fail> {
         let c = self.cm_chan(h)?;
+        if qp == 0 {
+            return Ok((c, None));
+        }
+        let (dev, qpn) = self.qp(qp)?;
         if dev != c.dev {
             return Err(fail(EINVAL, "the QP is on another device than the channel"));
         }
-        Ok((c, qpn))
+        Ok((c, Some(qpn)))
     }
 
     /// Let go of everything channel `c` holds: its listens end, its connections are
@@ -1094,6 +1099,16 @@ impl<'d> Conn<'d> {
                 let (c, qpn) = self.cm_chan_and_qp(channel, qp)?;
                 d.devices[c.dev].cm(|g| g.cm_accept(&c.ch, id, qpn, &param))?;
                 Ok(Response::Done)
+            }
+            Request::CmEstablish { channel, id } => {
+                let c = self.cm_chan(channel)?;
+                d.devices[c.dev].cm(|g| g.cm_establish(&c.ch, id))?;
+                Ok(Response::Done)
+            }
+            Request::CmInitQpAttr { channel, id, state } => {
+                let c = self.cm_chan(channel)?;
+                let (attr, mask) = d.devices[c.dev].cm(|g| g.cm_init_qp_attr(&c.ch, id, state))?;
+                Ok(Response::CmQpAttr { attr, mask })
             }
             Request::CmReject {
                 channel,

@@ -17,9 +17,10 @@ use abi::cm_ffi::{self, event, CmAddr, CmEventRec, CmParam};
 use softrdma::cm::{CmEvent, CommId, ConnParam, ServiceId};
 use softrdma::RawCmChannel;
 
-use crate::abi::{ibv_context, ibv_qp};
+use crate::abi::{ibv_context, ibv_qp, ibv_qp_attr};
 use crate::device::{ctx, Ctx};
-use crate::verbs::Qp;
+use crate::verbs::{qp_attr_to_c, Qp};
+use softrdma::QpState;
 
 /// The CM channel of each open context that asked for one, by context address.
 static CHANNELS: Mutex<Option<HashMap<usize, Arc<RawCmChannel>>>> = Mutex::new(None);
@@ -46,17 +47,18 @@ pub(crate) fn forget(c: *mut ibv_context) {
     }
 }
 
-/// The QP behind `qp`, if it belongs to context `c`.
-fn qp_of(c: *mut ibv_context, qp: *mut ibv_qp) -> Result<softrdma::QpHandle, c_int> {
+/// The QP behind `qp`, if it belongs to context `c`; NULL is no QP (the caller moves
+/// its QP itself).
+fn qp_of(c: *mut ibv_context, qp: *mut ibv_qp) -> Result<Option<softrdma::QpHandle>, c_int> {
     if qp.is_null() {
-        return Err(libc::EINVAL);
+        return Ok(None);
     }
     // SAFETY: a non-NULL QP comes from ibv_create_qp (a Qp with the ibv_qp first).
     let q = unsafe { &*(qp as *const Qp) };
     if q.ibv.context != c {
         return Err(libc::EINVAL);
     }
-    Ok(q.handle)
+    Ok(Some(q.handle))
 }
 
 fn conn_param(p: *const CmParam) -> Result<ConnParam, c_int> {
@@ -76,6 +78,7 @@ fn conn_param(p: *const CmParam) -> Result<ConnParam, c_int> {
         c.min_rnr_timer = p.min_rnr_timer;
     }
     c.src_port = p.src_port;
+    c.qp_num = p.qp_num;
     Ok(c)
 }
 
@@ -205,6 +208,38 @@ pub unsafe extern "C" fn softrdma_cm_accept(
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn softrdma_cm_establish(c: *mut ibv_context, comm_id: u32) -> c_int {
+    code(channel(c).and_then(|(_, ch)| ch.establish(CommId(comm_id)).map_err(|e| e.errno())))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn softrdma_cm_init_qp_attr(
+    c: *mut ibv_context,
+    comm_id: u32,
+    attr: *mut ibv_qp_attr,
+    mask: *mut c_int,
+) -> c_int {
+    code((|| {
+        if attr.is_null() || mask.is_null() {
+            return Err(libc::EINVAL);
+        }
+        let (_, ch) = channel(c)?;
+        // SAFETY: the caller's struct (checked non-NULL).
+        let want = unsafe { (*attr).qp_state };
+        let state = QpState::try_from(want).map_err(|_| libc::EINVAL)?;
+        let (a, m) = ch
+            .init_qp_attr(CommId(comm_id), state)
+            .map_err(|e| e.errno())?;
+        // SAFETY: the caller's struct and int (checked non-NULL).
+        unsafe {
+            *attr = qp_attr_to_c(&a);
+            *mask = m.bits() as c_int;
+        }
+        Ok(())
+    })())
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn softrdma_cm_reject(
     c: *mut ibv_context,
     comm_id: u32,
@@ -263,6 +298,16 @@ pub unsafe extern "C" fn softrdma_cm_get_event(c: *mut ibv_context, out: *mut Cm
             CmEvent::Established { id, private_data } => {
                 r.kind = event::ESTABLISHED;
                 r.comm_id = id.0;
+                r.set_private_data(&private_data);
+            }
+            CmEvent::ConnectResponse {
+                id,
+                remote_qpn,
+                private_data,
+            } => {
+                r.kind = event::CONNECT_RESPONSE;
+                r.comm_id = id.0;
+                r.remote_qpn = remote_qpn;
                 r.set_private_data(&private_data);
             }
             CmEvent::Rejected {
@@ -331,4 +376,6 @@ symver!(
     softrdma_cm_disconnect,
     softrdma_cm_destroy_id,
     softrdma_cm_get_event,
+    softrdma_cm_establish,
+    softrdma_cm_init_qp_attr,
 );

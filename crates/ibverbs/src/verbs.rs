@@ -948,6 +948,46 @@ fn ah_from_c(a: &ibv_ah_attr) -> AhAttr {
     }
 }
 
+/// An engine QP's attributes as `struct ibv_qp_attr` (`ibv_query_qp`, and the attributes
+/// the connection manager hands out for `rdma_init_qp_attr`).
+pub(crate) fn qp_attr_to_c(a: &QpAttr) -> ibv_qp_attr {
+    let cap = ibv_qp_cap {
+        max_send_wr: a.cap.max_send_wr,
+        max_recv_wr: a.cap.max_recv_wr,
+        max_send_sge: a.cap.max_send_sge,
+        max_recv_sge: a.cap.max_recv_sge,
+        max_inline_data: a.cap.max_inline_data,
+    };
+    ibv_qp_attr {
+        qp_state: a.qp_state.to_ibv(),
+        cur_qp_state: a.qp_state.to_ibv(),
+        path_mtu: a.path_mtu.to_ibv().into(),
+        path_mig_state: a.path_mig_state.to_ibv(),
+        qkey: a.qkey,
+        rq_psn: a.rq_psn,
+        sq_psn: a.sq_psn,
+        dest_qp_num: a.dest_qp_num,
+        qp_access_flags: a.qp_access_flags.bits(),
+        cap,
+        ah_attr: ah_to_c(&a.ah_attr),
+        alt_ah_attr: ah_to_c(&a.alt_ah_attr),
+        pkey_index: a.pkey_index,
+        alt_pkey_index: a.alt_pkey_index,
+        en_sqd_async_notify: u8::from(a.en_sqd_async_notify),
+        sq_draining: u8::from(a.sq_draining),
+        max_rd_atomic: a.max_rd_atomic,
+        max_dest_rd_atomic: a.max_dest_rd_atomic,
+        min_rnr_timer: a.min_rnr_timer,
+        port_num: a.port_num,
+        timeout: a.timeout,
+        retry_cnt: a.retry_cnt,
+        rnr_retry: a.rnr_retry,
+        alt_port_num: a.alt_port_num,
+        alt_timeout: a.alt_timeout,
+        rate_limit: a.rate_limit,
+    }
+}
+
 fn ah_to_c(a: &AhAttr) -> ibv_ah_attr {
     ibv_ah_attr {
         grh: ibv_global_route {
@@ -1019,41 +1059,7 @@ pub unsafe extern "C" fn ibv_query_qp(
         Ok(a) => a,
         Err(e) => return verr(e),
     };
-    let cap = ibv_qp_cap {
-        max_send_wr: a.cap.max_send_wr,
-        max_recv_wr: a.cap.max_recv_wr,
-        max_send_sge: a.cap.max_send_sge,
-        max_recv_sge: a.cap.max_recv_sge,
-        max_inline_data: a.cap.max_inline_data,
-    };
-    let out = ibv_qp_attr {
-        qp_state: a.qp_state.to_ibv(),
-        cur_qp_state: a.qp_state.to_ibv(),
-        path_mtu: a.path_mtu.to_ibv().into(),
-        path_mig_state: a.path_mig_state.to_ibv(),
-        qkey: a.qkey,
-        rq_psn: a.rq_psn,
-        sq_psn: a.sq_psn,
-        dest_qp_num: a.dest_qp_num,
-        qp_access_flags: a.qp_access_flags.bits(),
-        cap,
-        ah_attr: ah_to_c(&a.ah_attr),
-        alt_ah_attr: ah_to_c(&a.alt_ah_attr),
-        pkey_index: a.pkey_index,
-        alt_pkey_index: a.alt_pkey_index,
-        en_sqd_async_notify: u8::from(a.en_sqd_async_notify),
-        sq_draining: u8::from(a.sq_draining),
-        max_rd_atomic: a.max_rd_atomic,
-        max_dest_rd_atomic: a.max_dest_rd_atomic,
-        min_rnr_timer: a.min_rnr_timer,
-        port_num: a.port_num,
-        timeout: a.timeout,
-        retry_cnt: a.retry_cnt,
-        rnr_retry: a.rnr_retry,
-        alt_port_num: a.alt_port_num,
-        alt_timeout: a.alt_timeout,
-        rate_limit: a.rate_limit,
-    };
+    let out = qp_attr_to_c(&a);
     q.ibv.state = out.qp_state;
     // SAFETY: non-NULL caller structs.
     unsafe {
@@ -1064,7 +1070,7 @@ pub unsafe extern "C" fn ibv_query_qp(
                 send_cq: q.ibv.send_cq,
                 recv_cq: q.ibv.recv_cq,
                 srq: q.ibv.srq,
-                cap,
+                cap: out.cap,
                 qp_type: q.ibv.qp_type,
                 sq_sig_all: c_int::from(q.sq_sig_all),
             });

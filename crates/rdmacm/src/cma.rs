@@ -69,6 +69,9 @@ pub(crate) enum St {
     ConnectReq,
     /// `rdma_connect` sent the REQ (active side).
     Connecting,
+    /// CONNECT_RESPONSE delivered (active side, the program moves its QP): waiting for
+    /// `rdma_establish`.
+    Replied,
     /// `rdma_accept` sent the REP (passive side).
     Accepting,
     /// ESTABLISHED delivered.
@@ -490,6 +493,11 @@ impl G {
                 st.state = St::Connected;
                 (ev::ESTABLISHED, 0, rec.private_data())
             }
+            dev_ev::CONNECT_RESPONSE => {
+                st.state = St::Replied;
+                st.remote_qpn = rec.remote_qpn;
+                (ev::CONNECT_RESPONSE, 0, rec.private_data())
+            }
             dev_ev::REJECTED => {
                 st.state = St::Closed;
                 (ev::REJECTED, rec.status, rec.private_data())
@@ -832,6 +840,8 @@ impl G {
         out.initiator_depth = cap(p.initiator_depth);
         out.retry_count = p.retry_count.min(7);
         out.rnr_retry_count = p.rnr_retry_count.min(7);
+        // rdma-core: the QP number the id's QP has, or with none the caller's.
+        out.qp_num = p.qp_num & 0xff_ffff;
         Ok(out)
     }
 }

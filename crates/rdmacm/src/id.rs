@@ -314,10 +314,10 @@ fn connect(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> Result<usize, c_int>
         if matches!(id_.cid.ps, ps::UDP | ps::IPOIB) {
             return resolve(g, k, d, p);
         }
-        if id_.cid.qp.is_null() {
-            // The device's CM moves the id's QP itself; a QP the program manages on its
-            // own (conn_param->qp_num with rdma_establish) is not supported.
-            return Err(libc::EOPNOTSUPP);
+        // Without a QP on the id the program moves its own (rdma-core's
+        // ucma_valid_param: then the parameters, with the QP's number, are required).
+        if id_.cid.qp.is_null() && p.is_null() {
+            return Err(libc::EINVAL);
         }
         let (dst, dport) = storage_ip(&id_.cid.route.addr.dst).ok_or(libc::EINVAL)?;
         let param = g.param(k, p, REQ_PRIVATE_DATA_MAX, None)?;
@@ -378,11 +378,15 @@ fn accept(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> Result<usize, c_int> 
         let (d, comm) = (st.dev.ok_or(libc::EINVAL)?, st.comm.ok_or(libc::EINVAL)?);
         let defaults = (st.req_responder_resources, st.req_initiator_depth);
         let qp = g.cid(k).cid.qp;
-        if qp.is_null() {
-            // As for rdma_connect: the device's CM needs the id's QP.
+        let datagram = matches!(g.cid(k).cid.ps, ps::UDP | ps::IPOIB);
+        if qp.is_null() && datagram {
+            // The SIDR answer takes its Q_Key from the id's UD QP.
             return Err(libc::EOPNOTSUPP);
         }
-        let datagram = matches!(g.cid(k).cid.ps, ps::UDP | ps::IPOIB);
+        // As for rdma_connect: a program that moves its own QP names it in the parameters.
+        if qp.is_null() && p.is_null() {
+            return Err(libc::EINVAL);
+        }
         let max = if datagram {
             SIDR_REP_PRIVATE_DATA_MAX
         } else {
@@ -454,7 +458,7 @@ pub unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
             return Err(libc::EINVAL);
         };
         match st.state {
-            St::Connecting | St::Accepting | St::Connected => {}
+            St::Connecting | St::Replied | St::Accepting | St::Connected => {}
             // Already closed (the peer disconnected first): nothing left to send, as the
             // kernel answers.
             St::Closed => return Ok(()),
@@ -644,16 +648,28 @@ pub unsafe extern "C" fn rdma_notify(id: *mut rdma_cm_id, _event: c_int) -> c_in
     }))
 }
 
+/// The RTU of a connection whose QP the program moved itself after CONNECT_RESPONSE (its
+/// QP in RTS, from `rdma_init_qp_attr`): rdma-core's `ucma_process_conn_resp` without a
+/// QP. No event follows on this side; the peer sees ESTABLISHED.
 #[no_mangle]
 pub unsafe extern "C" fn rdma_establish(id: *mut rdma_cm_id) -> c_int {
     ret(with(|g| {
-        let (k, _) = g.id(id)?;
-        // rdma-core refuses an id with a QP (the CM moves it); without one, connecting
-        // is not supported here (see rdma_connect).
-        if !g.cid(k).cid.qp.is_null() {
+        let (k, st) = g.id(id)?;
+        let (state, dev, comm) = (st.state, st.dev, st.comm);
+        // rdma-core refuses an id with a QP (the CM moves it).
+        if !g.cid(k).cid.qp.is_null() || state != St::Replied {
             return Err(libc::EINVAL);
         }
-        Err(libc::EOPNOTSUPP)
+        let (Some(d), Some(comm)) = (dev, comm) else {
+            return Err(libc::EINVAL);
+        };
+        // SAFETY: our context.
+        let r = unsafe { (g.v.cm.establish)(g.devs[d].ctx, comm) };
+        if r != 0 {
+            return Err(r);
+        }
+        g.ids.get_mut(&k).ok_or(libc::EINVAL)?.state = St::Connected;
+        Ok(())
     }))
 }
 
@@ -701,6 +717,10 @@ pub unsafe extern "C" fn rdma_init_qp_attr(
         if qp_attr.is_null() || qp_attr_mask.is_null() {
             return Err(libc::EINVAL);
         }
+        let (dev, comm) = {
+            let st = &g.ids[&k];
+            (st.dev, st.comm)
+        };
         let id_ = g.cid(k);
         if id_.cid.verbs.is_null() {
             return Err(libc::EINVAL);
@@ -715,8 +735,40 @@ pub unsafe extern "C" fn rdma_init_qp_attr(
                 unsafe { *qp_attr_mask = mask };
                 Ok(())
             }
-            // RTR and RTS need the PSNs the device's CM chose; it moves the QP itself.
-            _ => Err(libc::ENOSYS),
+            // RTR and RTS as the connection's exchange decided them (Linux's
+            // cm_init_qp_rtr_attr/_rts_attr): the device's CM keeps the PSNs and paths.
+            qps::RTR | qps::RTS if !matches!(id_.cid.ps, ps::UDP | ps::IPOIB) => {
+                let (Some(d), Some(comm)) = (dev, comm) else {
+                    return Err(libc::EINVAL);
+                };
+                // SAFETY: our context; the caller's struct and int (checked non-NULL).
+                let r = unsafe { (g.v.cm.init_qp_attr)(g.devs[d].ctx, comm, a, qp_attr_mask) };
+                if r != 0 {
+                    return Err(r);
+                }
+                Ok(())
+            }
+            // A UD QP goes to RTR and RTS with the state alone (and the SQ PSN for RTS).
+            qps::RTR if matches!(id_.cid.ps, ps::UDP | ps::IPOIB) => {
+                *a = ibv_qp_attr {
+                    qp_state: qps::RTR,
+                    ..ibv_qp_attr::default()
+                };
+                // SAFETY: the caller's int.
+                unsafe { *qp_attr_mask = qp_mask::STATE };
+                Ok(())
+            }
+            qps::RTS if matches!(id_.cid.ps, ps::UDP | ps::IPOIB) => {
+                *a = ibv_qp_attr {
+                    qp_state: qps::RTS,
+                    sq_psn: 0,
+                    ..ibv_qp_attr::default()
+                };
+                // SAFETY: the caller's int.
+                unsafe { *qp_attr_mask = qp_mask::STATE | qp_mask::SQ_PSN };
+                Ok(())
+            }
+            _ => Err(libc::EINVAL),
         }
     }))
 }

@@ -18,15 +18,18 @@
 //! connect, accept, reject, disconnect, events with their private data, QPs and SRQs on
 //! ids, options, ports, device lists, `rdma_getaddrinfo`, migration between channels; on
 //! UDP ids SIDR (`rdma_connect`/`rdma_accept` resolve the peer's UD QP, as `udaddy` uses
-//! them) and multicast joins (`mckey`).
+//! them) and multicast joins (`mckey`). A program may also move its QPs itself, as UCX and
+//! libfabric do: an id without a QP connects and accepts with `conn_param->qp_num`,
+//! `rdma_init_qp_attr` hands out INIT, RTR and RTS as the exchange decided them (the
+//! device's CM keeps the PSNs and the path), the active side gets
+//! `RDMA_CM_EVENT_CONNECT_RESPONSE` and answers with `rdma_establish` (the RTU).
 //!
 //! What it does not (each fails cleanly, with the errno named):
 //! - multicast groups reach the QPs of one host (the devices of a process, or every
 //!   process of a daemon): the device does not join IP multicast groups on the network;
 //! - rsockets (every `r*` call: `ENOSYS`);
-//! - connecting or accepting without a QP on the id (`conn_param->qp_num` with
-//!   `rdma_establish`: `EOPNOTSUPP`), and `rdma_init_qp_attr` for RTR/RTS (`ENOSYS`): the
-//!   device's CM moves the id's QP itself and keeps the PSNs;
+//! - a SIDR answer (`rdma_accept` on a UDP id) without a QP on the id (`EOPNOTSUPP`: the
+//!   answer takes its Q_Key from the id's QP);
 //! - ECE is stored and never sent (`rdma_get_remote_ece` reports none);
 //! - no `RDMA_CM_EVENT_TIMEWAIT_EXIT` (the device's CM does not report the end of
 //!   timewait).

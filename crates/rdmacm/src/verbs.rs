@@ -70,6 +70,9 @@ pub(crate) struct Cm {
     pub disconnect: unsafe extern "C" fn(*mut ibv_context, u32, *const c_void, u8) -> c_int,
     pub destroy_id: unsafe extern "C" fn(*mut ibv_context, u32) -> c_int,
     pub get_event: unsafe extern "C" fn(*mut ibv_context, *mut CmEventRec) -> c_int,
+    pub establish: unsafe extern "C" fn(*mut ibv_context, u32) -> c_int,
+    pub init_qp_attr:
+        unsafe extern "C" fn(*mut ibv_context, u32, *mut ibv_qp_attr, *mut c_int) -> c_int,
 }
 
 /// libibverbs' functions, or the errno every call fails with when it is not softrdma's.
@@ -170,6 +173,8 @@ fn load() -> Result<Verbs, String> {
         disconnect: get!(cm_ffi::SYM_DISCONNECT, private),
         destroy_id: get!(cm_ffi::SYM_DESTROY_ID, private),
         get_event: get!(cm_ffi::SYM_GET_EVENT, private),
+        establish: get!(cm_ffi::SYM_ESTABLISH, private),
+        init_qp_attr: get!(cm_ffi::SYM_INIT_QP_ATTR, private),
     };
     let v11 = Some("IBVERBS_1.1");
     Ok(Verbs {

@@ -19,7 +19,9 @@ mod rdmacm_lib;
 use std::process::Command;
 use std::time::Instant;
 
-use cm_programs::{cmtime, perftest, rdma_server_client, rping, ucmatose, udaddy, Sides};
+use cm_programs::{
+    cmtime, managed_qp, perftest, rdma_server_client, rping, ucmatose, udaddy, Sides,
+};
 use hosts::Hosts;
 use netns_host::Host;
 
@@ -63,7 +65,7 @@ fn rdma_cm_programs_run_between_two_network_namespaces() {
         a: Host::new(&h.a, &h.addr_a),
         b: Host::new(&h.b, &h.addr_b),
     };
-    let runs: [(&str, Run); 10] = [
+    let runs: [(&str, Run); 11] = [
         // The server binds its own address: the device whose GID table holds it.
         ("rping", |s| {
             let own = s.a.addr;
@@ -71,8 +73,9 @@ fn rdma_cm_programs_run_between_two_network_namespaces() {
         }),
         ("ucmatose", |s| ucmatose(s)),
         ("udaddy", |s| udaddy(s)),
-        ("rdma_server/rdma_client", |s| rdma_server_client(s)),
+        ("rdma_server+rdma_client", |s| rdma_server_client(s)),
         ("cmtime", |s| cmtime(s)),
+        ("managed_qp", |s| managed_qp(s)),
         // The port reports the MTU the 1500-byte link carries, so no packet is too big for
         // the veth.
         ("ib_write_bw -R", |s| perftest(s, "ib_write_bw", "65536")),

@@ -11,7 +11,9 @@ mod rdmacm_lib;
 use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
 
-use cm_programs::{cmtime, perftest, rdma_server_client, rping, ucmatose, udaddy, Sides, LIMIT};
+use cm_programs::{
+    cmtime, managed_qp, perftest, rdma_server_client, rping, ucmatose, udaddy, Sides, LIMIT,
+};
 use common::{describe, free_udp_port, require, run, verbs_command, Backend, On, TestDaemon};
 
 /// Server and client on this host, on `Backend`'s devices.
@@ -172,6 +174,16 @@ fn rdma_server_and_rdma_client_exchange_a_message_between_two_embedded_devices()
 #[test]
 fn rdma_server_and_rdma_client_exchange_a_message_on_the_daemon() {
     rdma_server_client(&mut OneHost::new(Backend::Daemon));
+}
+
+#[test]
+fn qps_the_programs_move_themselves_connect_between_two_embedded_devices() {
+    managed_qp(&mut OneHost::new(Backend::Embedded));
+}
+
+#[test]
+fn qps_the_programs_move_themselves_connect_on_the_daemon() {
+    managed_qp(&mut OneHost::new(Backend::Daemon));
 }
 
 #[test]

@@ -275,7 +275,7 @@ fn connect(d: &Device, server: IpAddr, port: u16, deadline: Instant) -> Result<(
         param.initiator_depth = 1;
         let id =
             d.rt.lock()
-                .cm_connect(&d.channel, qp, server, service, &param)?;
+                .cm_connect(&d.channel, Some(qp), server, service, &param)?;
         // The QP is in INIT now: the receive for the server's first SEND goes first.
         d.post_recv(qp)?;
         match d.event()? {
@@ -313,7 +313,8 @@ fn server(local: IpAddr, port: u16) -> Result<u32> {
     let mut param = ConnParam::default();
     param.responder_resources = 1;
     param.initiator_depth = 1;
-    d.rt.lock().cm_accept(&d.channel, req.id, qp, &param)?;
+    d.rt.lock()
+        .cm_accept(&d.channel, req.id, Some(qp), &param)?;
     d.post_recv(qp)?;
     match d.event()? {
         CmEvent::Established { .. } => println!("rping: established (QP {qp:#x})"),

@@ -27,6 +27,13 @@
 //!   that to the user's `rdma_disconnect`: here a QP whose peer is gone is flushed at once);
 //! - a REJ, a timeout or a failed transition move the QP to ERR.
 //!
+//! A consumer may instead move its QP itself (rdma_cm ids without a QP, as UCX and
+//! libfabric use them): it connects or accepts with no QP and [`ConnParam::qp_num`], takes
+//! the QP through its states with [`EngineGuard::cm_init_qp_attr`] (the attributes computed
+//! by the same code that moves the runtime's QPs), and on the active side answers
+//! [`CmEvent::ConnectResponse`] with [`EngineGuard::cm_establish`], which sends the RTU.
+//! The runtime then touches no QP, not even on a REJ or a disconnect.
+//!
 //! ## Whose PSN is whose
 //! A REQ's or REP's starting PSN is the first PSN its *sender* expects to receive: the
 //! peer starts sending from it. That is how Linux's CM reads both (`ib_send_cm_req` keeps
@@ -170,8 +177,13 @@ impl AsFd for CmChannel {
 #[derive(Debug)]
 struct Conn {
     channel: CmChannel,
-    /// The consumer's QP; `None` on the passive side until it accepts.
+    /// The consumer's QP, which the CM moves; `None` on the passive side until it accepts,
+    /// and for a QP the consumer moves itself.
     qpn: Option<u32>,
+    /// The consumer moves its QP itself (`rdma_conn_param.qp_num`): the CM touches no QP,
+    /// reports the REP as [`CmEvent::ConnectResponse`] and sends the RTU on
+    /// [`EngineGuard::cm_establish`].
+    managed: bool,
     local: IpAddr,
     peer: IpAddr,
     /// The PSN this side announced in its REQ or REP: the first it expects to receive.
@@ -179,8 +191,10 @@ struct Conn {
     /// The path MTU the REQ carries (active side).
     mtu: Mtu,
     param: ConnParam,
-    /// The REQ, on the passive side until the consumer answers it.
+    /// The REQ, on the passive side (kept: the QP attributes come from it).
     req: Option<Box<ReqRepr>>,
+    /// The REP, on the active side once it arrived.
+    rep: Option<Box<RepRepr>>,
     /// A SIDR request (UD service resolution), either side: no QP of the consumer's is
     /// ever moved, and the entry stays until the consumer destroys it.
     datagram: bool,
@@ -199,12 +213,14 @@ impl Conn {
         Conn {
             channel: channel.clone(),
             qpn: None,
+            managed: false,
             local,
             peer,
             psn: Psn::new(0),
             mtu: Mtu::Mtu256,
             param,
             req: None,
+            rep: None,
             datagram: true,
             service_id,
         }
@@ -345,7 +361,11 @@ impl CmHost {
                 let private_data = match reply {
                     // Active: the REP names the peer's QP; RTR and RTS before the RTU goes.
                     Some(rep) => {
-                        if let Err(error) = self.ready_active(engine, id, &rep) {
+                        let private_data = rep.private_data.as_bytes().to_vec();
+                        if let Some(c) = self.conns.get_mut(&id) {
+                            c.rep = Some(rep);
+                        }
+                        if let Err(error) = self.ready_active(engine, id) {
                             if let Some(qpn) = self.conns.get(&id).and_then(|c| c.qpn) {
                                 to_err(engine, qpn);
                             }
@@ -358,11 +378,25 @@ impl CmHost {
                             let _ = self.cm.disconnect(now, id, &[]);
                             return;
                         }
-                        rep.private_data.as_bytes().to_vec()
+                        private_data
                     }
                     None => Vec::new(),
                 };
                 channel.push(CmEvent::Established { id, private_data });
+            }
+            // Active, the consumer moves its QP: it reads the attributes, moves the QP and
+            // establishes (the RTU leaves then).
+            Event::Replied { id, rep } => {
+                let Some(c) = self.conns.get_mut(&id) else {
+                    return;
+                };
+                let event = CmEvent::ConnectResponse {
+                    id,
+                    remote_qpn: rep.local_qpn.value(),
+                    private_data: rep.private_data.as_bytes().to_vec(),
+                };
+                c.rep = Some(rep);
+                c.channel.push(event);
             }
             Event::Rejected { id, rej } => {
                 if let Some(c) = self.end(engine, id) {
@@ -488,17 +522,26 @@ impl CmHost {
             datagram: false,
         };
         let service_id = req.service_id;
+        // Until the consumer answers, the REQ's numbers from this side's point of view (as
+        // Linux's cm_req_handler keeps them for rdma_init_qp_attr).
+        let mut param = ConnParam::default();
+        param.responder_resources = req.initiator_depth;
+        param.initiator_depth = req.responder_resources;
+        // Chosen now: RTR (rdma_init_qp_attr before rdma_accept) already needs it.
+        let psn = Psn::new(splitmix(&mut self.rng) as u32);
         self.conns.insert(
             id,
             Conn {
                 channel: channel.clone(),
                 qpn: None,
+                managed: false,
                 local,
                 peer,
-                psn: Psn::new(0),
+                psn,
                 mtu: req.mtu().unwrap_or(Mtu::Mtu256),
-                param: ConnParam::default(),
+                param,
                 req: Some(req),
+                rep: None,
                 datagram: false,
                 service_id,
             },
@@ -507,36 +550,125 @@ impl CmHost {
     }
 
     /// Active side, REP in hand: RTR and RTS with the peer's QPN and PSN.
-    fn ready_active(
-        &self,
-        engine: &mut SendEngine,
-        id: CommId,
-        rep: &RepRepr,
-    ) -> Result<(), VerbsError> {
-        let c = &self.conns[&id];
-        let qpn = c.qpn.ok_or(VerbsError::InvalidQp)?;
-        let path = Path {
-            local: c.local,
-            peer: c.peer,
-            sgid_index: self.sgid_index(c.local),
-            mtu: c.mtu,
-        };
-        // Kernel cm_rep_handler: the REP's responder resources bound our initiator depth,
-        // its initiator depth our responder resources.
-        let rtr = Rtr {
-            dest_qpn: rep.local_qpn.value(),
-            rq_psn: c.psn.value(),
-            max_dest_rd_atomic: rep.initiator_depth.min(c.param.responder_resources),
-            min_rnr_timer: c.param.min_rnr_timer,
-        };
-        let rts = Rts {
-            sq_psn: rep.starting_psn.value(),
-            timeout: c.param.ack_timeout,
-            retry_cnt: c.param.retry_count,
-            rnr_retry: rep.rnr_retry_count,
-            max_rd_atomic: rep.responder_resources.min(c.param.initiator_depth),
-        };
+    fn ready_active(&self, engine: &mut SendEngine, id: CommId) -> Result<(), VerbsError> {
+        let qpn = self.conns[&id].qpn.ok_or(VerbsError::InvalidQp)?;
+        // With the REP stored, only the engine can refuse.
+        let (path, rtr, rts) = self.attrs(engine, id).map_err(|e| match e {
+            RuntimeError::Verbs(e) => e,
+            _ => VerbsError::InvalidQp,
+        })?;
         to_rts(engine, qpn, &path, &rtr, &rts)
+    }
+
+    /// What takes connection `id`'s QP to RTR and RTS, as the exchange so far decided it
+    /// (Linux's `cm_init_qp_rtr_attr`/`_rts_attr`): the active side's from its REQ and the
+    /// REP; the passive side's from the REQ and, once it accepted, its own answer.
+    fn attrs(&self, engine: &SendEngine, id: CommId) -> Result<(Path, Rtr, Rts), RuntimeError> {
+        let c = self.conns.get(&id).ok_or(CmError::UnknownId(id))?;
+        let sgid_index = self.sgid_index(c.local);
+        let (local, peer) = (c.local, c.peer);
+        match (&c.req, &c.rep) {
+            (_, Some(rep)) => {
+                let path = Path {
+                    local,
+                    peer,
+                    sgid_index,
+                    mtu: c.mtu,
+                };
+                // Kernel cm_rep_handler: the REP's responder resources bound our initiator
+                // depth, its initiator depth our responder resources.
+                let rtr = Rtr {
+                    dest_qpn: rep.local_qpn.value(),
+                    rq_psn: c.psn.value(),
+                    max_dest_rd_atomic: rep.initiator_depth.min(c.param.responder_resources),
+                    min_rnr_timer: c.param.min_rnr_timer,
+                };
+                let rts = Rts {
+                    sq_psn: rep.starting_psn.value(),
+                    timeout: c.param.ack_timeout,
+                    retry_cnt: c.param.retry_count,
+                    rnr_retry: rep.rnr_retry_count,
+                    max_rd_atomic: rep.responder_resources.min(c.param.initiator_depth),
+                };
+                Ok((path, rtr, rts))
+            }
+            (Some(req), None) => {
+                let port_mtu = engine.query_port(1)?.active_mtu;
+                let path = Path {
+                    local,
+                    peer,
+                    sgid_index,
+                    mtu: req.mtu().map_or(port_mtu, |m| m.min(port_mtu)),
+                };
+                let rtr = Rtr {
+                    dest_qpn: req.local_qpn.value(),
+                    rq_psn: c.psn.value(),
+                    max_dest_rd_atomic: c.param.responder_resources,
+                    min_rnr_timer: c.param.min_rnr_timer,
+                };
+                // The REQ's retry counts and ACK timeout are the connection's (kernel
+                // cm_format_paths_from_req / cm_req_handler).
+                let rts = Rts {
+                    sq_psn: req.starting_psn.value(),
+                    timeout: req.primary_path.local_ack_timeout,
+                    retry_cnt: req.retry_count,
+                    rnr_retry: req.rnr_retry_count,
+                    max_rd_atomic: c.param.initiator_depth,
+                };
+                Ok((path, rtr, rts))
+            }
+            (None, None) => {
+                let state = self.cm.state(id).ok_or(CmError::UnknownId(id))?;
+                let op = "init_qp_attr";
+                Err(CmError::WrongState { id, state, op }.into())
+            }
+        }
+    }
+
+    /// The attributes that take connection `id`'s QP to `state` and which of them count
+    /// (`rdma_init_qp_attr`): INIT as the CM sets a QP up, RTR and RTS as
+    /// [`CmHost::attrs`] decides them.
+    fn init_qp_attr(
+        &self,
+        engine: &SendEngine,
+        id: CommId,
+        state: QpState,
+    ) -> Result<(QpAttr, QpAttrMask), RuntimeError> {
+        let c = self.conns.get(&id).ok_or(CmError::UnknownId(id))?;
+        if c.datagram {
+            let state = self.cm.state(id).ok_or(CmError::UnknownId(id))?;
+            let op = "init_qp_attr";
+            return Err(CmError::WrongState { id, state, op }.into());
+        }
+        match state {
+            QpState::Init => Ok((
+                init_attr(&c.param),
+                rc_required(QpState::Reset, QpState::Init),
+            )),
+            QpState::Rtr => {
+                let (path, rtr, _) = self.attrs(engine, id)?;
+                Ok((
+                    rtr_attr(&path, &rtr),
+                    rc_required(QpState::Init, QpState::Rtr),
+                ))
+            }
+            QpState::Rts => {
+                let (_, _, rts) = self.attrs(engine, id)?;
+                Ok((rts_attr(&rts), rc_required(QpState::Rtr, QpState::Rts)))
+            }
+            other => Err(VerbsError::InvalidState(other).into()),
+        }
+    }
+
+    /// The RTU of connection `id`, whose consumer moves its QP and has its REP
+    /// (`rdma_establish`).
+    fn establish(&mut self, id: CommId) -> Result<(), CmError> {
+        if !self.conns.get(&id).is_some_and(|c| c.managed) {
+            let state = self.cm.state(id).ok_or(CmError::UnknownId(id))?;
+            let op = "establish";
+            return Err(CmError::WrongState { id, state, op });
+        }
+        self.cm.send_rtu(id)
     }
 
     fn listen(&mut self, channel: &CmChannel, service_id: ServiceId) -> Result<(), CmError> {
@@ -561,17 +693,23 @@ impl CmHost {
         engine: &mut SendEngine,
         now: Instant,
         channel: &CmChannel,
-        qpn: u32,
+        qp: Option<u32>,
         (peer, service_id): (IpAddr, ServiceId),
         param: &ConnParam,
     ) -> Result<CommId, RuntimeError> {
         let local = self.local_for_new_peer(peer)?;
         // Checked before the QP changes: a REQ that cannot be built leaves it as it was.
         let private_data = self.cma_private_data(local, peer, service_id, param)?;
-        if engine.qp_type(qpn)? != QpType::Rc {
-            return Err(VerbsError::InvalidQp.into());
-        }
-        to_init(engine, qpn, param)?;
+        let qpn = match qp {
+            Some(qpn) => {
+                if engine.qp_type(qpn)? != QpType::Rc {
+                    return Err(VerbsError::InvalidQp.into());
+                }
+                to_init(engine, qpn, param)?;
+                qpn
+            }
+            None => param.qp_num & 0xff_ffff,
+        };
         let mtu = engine.query_port(1)?.active_mtu;
         let psn = Psn::new(splitmix(&mut self.rng) as u32);
         // The fields Linux's rdma_cm sets for RoCE (see wire's capture tests): LIDs
@@ -599,19 +737,25 @@ impl CmHost {
             private_data,
             ..ReqRepr::default()
         };
-        let id = self.cm.connect(now, peer, req);
+        let id = if qp.is_some() {
+            self.cm.connect(now, peer, req)
+        } else {
+            self.cm.connect_holding_rtu(now, peer, req)
+        };
         self.local_for.insert(peer, local);
         self.conns.insert(
             id,
             Conn {
                 channel: channel.clone(),
-                qpn: Some(qpn),
+                qpn: qp,
+                managed: qp.is_none(),
                 local,
                 peer,
                 psn,
                 mtu,
                 param: param.clone(),
                 req: None,
+                rep: None,
                 datagram: false,
                 service_id,
             },
@@ -692,16 +836,19 @@ impl CmHost {
         engine: &mut SendEngine,
         now: Instant,
         id: CommId,
-        qpn: u32,
+        qp: Option<u32>,
         param: &ConnParam,
     ) -> Result<(), RuntimeError> {
         let state = self.cm.state(id).ok_or(CmError::UnknownId(id))?;
         let c = self.conns.get(&id).ok_or(CmError::UnknownId(id))?;
         if c.datagram {
+            let qpn = qp.ok_or(VerbsError::InvalidQp)?;
             return self.accept_sidr(engine, id, qpn, param);
         }
-        if engine.qp_type(qpn)? != QpType::Rc {
-            return Err(VerbsError::InvalidQp.into());
+        if let Some(qpn) = qp {
+            if engine.qp_type(qpn)? != QpType::Rc {
+                return Err(VerbsError::InvalidQp.into());
+            }
         }
         let req = match (&c.req, state) {
             (Some(req), State::ReqRcvd | State::MraSent) => req.clone(),
@@ -711,53 +858,38 @@ impl CmHost {
             }
         };
         let private_data = PrivateData::from_slice(&param.private_data).map_err(CmError::from)?;
-        let port_mtu = engine.query_port(1)?.active_mtu;
-        let path = Path {
-            local: c.local,
-            peer: c.peer,
-            sgid_index: self.sgid_index(c.local),
-            mtu: req.mtu().map_or(port_mtu, |m| m.min(port_mtu)),
-        };
-        let responder_resources = param.responder_resources.min(req.initiator_depth);
-        let initiator_depth = param.initiator_depth.min(req.responder_resources);
-        let psn = Psn::new(splitmix(&mut self.rng) as u32);
-        let rtr = Rtr {
-            dest_qpn: req.local_qpn.value(),
-            rq_psn: psn.value(),
-            max_dest_rd_atomic: responder_resources,
-            min_rnr_timer: param.min_rnr_timer,
-        };
-        // The REQ's retry counts and ACK timeout are the connection's (kernel
-        // cm_format_paths_from_req / cm_req_handler).
-        let rts = Rts {
-            sq_psn: req.starting_psn.value(),
-            timeout: req.primary_path.local_ack_timeout,
-            retry_cnt: req.retry_count,
-            rnr_retry: req.rnr_retry_count,
-            max_rd_atomic: initiator_depth,
-        };
-        let mut init_param = param.clone();
-        init_param.responder_resources = responder_resources;
-        to_init(engine, qpn, &init_param)?;
-        to_rts(engine, qpn, &path, &rtr, &rts)?;
+        let before = c.param.clone();
+        // The consumer's answer, bounded by what the REQ offers.
+        let mut answer = param.clone();
+        answer.responder_resources = param.responder_resources.min(req.initiator_depth);
+        answer.initiator_depth = param.initiator_depth.min(req.responder_resources);
+        self.conns.get_mut(&id).expect("looked up above").param = answer.clone();
+        let (path, rtr, rts) = self.attrs(engine, id)?;
+        if let Some(qpn) = qp {
+            let moved =
+                to_init(engine, qpn, &answer).and_then(|()| to_rts(engine, qpn, &path, &rtr, &rts));
+            if let Err(e) = moved {
+                // Still a request to answer, as it was.
+                self.conns.get_mut(&id).expect("looked up above").param = before;
+                return Err(e.into());
+            }
+        }
+        let c = self.conns.get_mut(&id).expect("looked up above");
         let rep = RepRepr {
-            local_qpn: Qpn::new(qpn),
-            starting_psn: psn,
-            responder_resources,
-            initiator_depth,
+            local_qpn: Qpn::new(qp.unwrap_or(param.qp_num & 0xff_ffff)),
+            starting_psn: c.psn,
+            responder_resources: answer.responder_resources,
+            initiator_depth: answer.initiator_depth,
             // rxe's local CA ACK delay (what Linux sends from rxe, see wire's captures)
             target_ack_delay: 15,
             rnr_retry_count: param.rnr_retry_count.min(7),
             private_data,
             ..RepRepr::default()
         };
-        self.cm.accept(now, id, rep)?;
-        let c = self.conns.get_mut(&id).expect("looked up above");
-        c.qpn = Some(qpn);
-        c.psn = psn;
+        c.qpn = qp;
+        c.managed = qp.is_none();
         c.mtu = path.mtu;
-        c.param = param.clone();
-        c.req = None;
+        self.cm.accept(now, id, rep)?;
         Ok(())
     }
 
@@ -931,20 +1063,11 @@ struct Rts {
 fn to_init(engine: &mut SendEngine, qpn: u32, param: &ConnParam) -> Result<(), VerbsError> {
     match engine.query_qp(qpn)?.qp_state {
         QpState::Init => Ok(()),
-        QpState::Reset => {
-            let mut access = AccessFlags::REMOTE_WRITE;
-            if param.responder_resources > 0 {
-                access |= AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
-            }
-            let attr = QpAttr {
-                qp_state: QpState::Init,
-                pkey_index: 0,
-                port_num: 1,
-                qp_access_flags: access,
-                ..QpAttr::default()
-            };
-            engine.modify_qp(qpn, &attr, rc_required(QpState::Reset, QpState::Init))
-        }
+        QpState::Reset => engine.modify_qp(
+            qpn,
+            &init_attr(param),
+            rc_required(QpState::Reset, QpState::Init),
+        ),
         other => Err(VerbsError::InvalidState(other)),
     }
 }
@@ -957,8 +1080,34 @@ fn to_rts(
     rtr: &Rtr,
     rts: &Rts,
 ) -> Result<(), VerbsError> {
+    engine.modify_qp(
+        qpn,
+        &rtr_attr(path, rtr),
+        rc_required(QpState::Init, QpState::Rtr),
+    )?;
+    engine.modify_qp(qpn, &rts_attr(rts), rc_required(QpState::Rtr, QpState::Rts))
+}
+
+/// The INIT attributes of a connected QP (`ib_cm_init_qp_attr`): remote WRITE, and READ
+/// and ATOMIC when the QP answers any; P_Key index 0, port 1.
+fn init_attr(param: &ConnParam) -> QpAttr {
+    let mut access = AccessFlags::REMOTE_WRITE;
+    if param.responder_resources > 0 {
+        access |= AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
+    }
+    QpAttr {
+        qp_state: QpState::Init,
+        pkey_index: 0,
+        port_num: 1,
+        qp_access_flags: access,
+        ..QpAttr::default()
+    }
+}
+
+/// RTR along `path`.
+fn rtr_attr(path: &Path, rtr: &Rtr) -> QpAttr {
     debug_assert_eq!(path.local.is_ipv4(), path.peer.is_ipv4());
-    let attr = QpAttr {
+    QpAttr {
         qp_state: QpState::Rtr,
         path_mtu: path.mtu,
         dest_qp_num: rtr.dest_qpn,
@@ -971,9 +1120,12 @@ fn to_rts(
             ..AhAttr::default()
         },
         ..QpAttr::default()
-    };
-    engine.modify_qp(qpn, &attr, rc_required(QpState::Init, QpState::Rtr))?;
-    let attr = QpAttr {
+    }
+}
+
+/// RTS.
+fn rts_attr(rts: &Rts) -> QpAttr {
+    QpAttr {
         qp_state: QpState::Rts,
         sq_psn: rts.sq_psn & 0xff_ffff,
         timeout: rts.timeout,
@@ -981,8 +1133,7 @@ fn to_rts(
         rnr_retry: rts.rnr_retry.min(7),
         max_rd_atomic: rts.max_rd_atomic,
         ..QpAttr::default()
-    };
-    engine.modify_qp(qpn, &attr, rc_required(QpState::Rtr, QpState::Rts))
+    }
 }
 
 /// The attributes an RC QP's `from → to` transition requires (IBA 11.2.5, the engine's
@@ -1046,10 +1197,15 @@ impl<A: Attachment> EngineGuard<'_, A> {
     /// (`rdma_connect`): the REQ carries the QP's number, a fresh starting PSN, the port's
     /// MTU and `param`. Events for the connection arrive on `channel`: [`CmEvent::Established`]
     /// with the QP in RTS, or [`CmEvent::Rejected`] / [`CmEvent::Unreachable`].
+    ///
+    /// With `qpn` `None` the consumer moves its QP itself (an rdma_cm id without a QP): the
+    /// REQ announces `param.qp_num`, the REP comes as [`CmEvent::ConnectResponse`], the
+    /// consumer takes its QP to RTR and RTS with [`EngineGuard::cm_init_qp_attr`] and sends
+    /// the RTU with [`EngineGuard::cm_establish`].
     pub fn cm_connect(
         &mut self,
         channel: &CmChannel,
-        qpn: u32,
+        qpn: Option<u32>,
         peer: IpAddr,
         service_id: ServiceId,
         param: &ConnParam,
@@ -1088,13 +1244,16 @@ impl<A: Attachment> EngineGuard<'_, A> {
     /// Accept connection request `id`, delivered on `channel`, with QP `qpn` (`rdma_accept`).
     /// An RC request takes an RC QP in RESET or INIT: the QP goes to RTR and RTS with the
     /// peer's parameters and the REP leaves; [`CmEvent::Established`] follows when the RTU
-    /// arrives. A SIDR request ([`ConnectRequest::datagram`]) takes a UD QP, whose number
-    /// and Q_Key the SIDR_REP carries. On failure the request is still there to reject.
+    /// arrives. With `qpn` `None` the consumer moves its QP itself (to RTR and RTS with
+    /// [`EngineGuard::cm_init_qp_attr`], before or after accepting) and the REP announces
+    /// `param.qp_num`. A SIDR request ([`ConnectRequest::datagram`]) takes a UD QP, whose
+    /// number and Q_Key the SIDR_REP carries. On failure the request is still there to
+    /// reject.
     pub fn cm_accept(
         &mut self,
         channel: &CmChannel,
         id: CommId,
-        qpn: u32,
+        qpn: Option<u32>,
         param: &ConnParam,
     ) -> Result<(), RuntimeError> {
         self.core.cm.owned(channel, id)?;
@@ -1102,6 +1261,31 @@ impl<A: Attachment> EngineGuard<'_, A> {
         self.dirty = true;
         let core = &mut *self.core;
         core.cm.accept(&mut core.engine, now, id, qpn, param)
+    }
+
+    /// Send the RTU of connection `id` of `channel`, made with no QP for the runtime to move,
+    /// once its [`CmEvent::ConnectResponse`] arrived (`rdma_establish`): the connection is
+    /// established (no further event; the passive side sees [`CmEvent::Established`]).
+    pub fn cm_establish(&mut self, channel: &CmChannel, id: CommId) -> Result<(), RuntimeError> {
+        self.core.cm.owned(channel, id)?;
+        self.dirty = true;
+        Ok(self.core.cm.establish(id)?)
+    }
+
+    /// The attributes that take connection `id`'s QP to `state` — INIT, RTR or RTS — and
+    /// which of them to apply (`rdma_init_qp_attr`, for a consumer that moves its QP
+    /// itself): the peer's QPN, both PSNs, the path and MTU, the READ/ATOMIC depths, timeouts
+    /// and retries as the exchange decided them. RTR and RTS need the REQ (passive side) or
+    /// the REP (active side).
+    pub fn cm_init_qp_attr(
+        &mut self,
+        channel: &CmChannel,
+        id: CommId,
+        state: QpState,
+    ) -> Result<(QpAttr, QpAttrMask), RuntimeError> {
+        self.core.cm.owned(channel, id)?;
+        let core = &*self.core;
+        core.cm.init_qp_attr(&core.engine, id, state)
     }
 
     /// Reject connection request `id` of `channel` with `private_data` (`rdma_reject`: REJ
@@ -1252,7 +1436,7 @@ mod tests {
                 &mut a.engine,
                 now,
                 &a.channel,
-                a.qpn,
+                Some(a.qpn),
                 (ip_b, service),
                 &ConnParam::default(),
             )
@@ -1262,7 +1446,13 @@ mod tests {
             panic!("no connect request")
         };
         b.host
-            .accept(&mut b.engine, now, req.id, b.qpn, &ConnParam::default())
+            .accept(
+                &mut b.engine,
+                now,
+                req.id,
+                Some(b.qpn),
+                &ConnParam::default(),
+            )
             .unwrap();
         mads.extend(shuttle(&mut a, &mut b));
         let names: Vec<_> = mads.iter().map(|m| m.name()).collect();
@@ -1347,14 +1537,20 @@ mod tests {
         // An RC QP cannot answer a SIDR request; the request is still there after.
         assert!(b
             .host
-            .accept(&mut b.engine, now, req.id, b.qpn, &ConnParam::default())
+            .accept(
+                &mut b.engine,
+                now,
+                req.id,
+                Some(b.qpn),
+                &ConnParam::default()
+            )
             .is_err());
         b.host
             .accept(
                 &mut b.engine,
                 now,
                 req.id,
-                ud,
+                Some(ud),
                 &ConnParam::with_private_data(b"here"),
             )
             .unwrap();

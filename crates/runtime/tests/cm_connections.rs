@@ -160,7 +160,7 @@ fn request(a: &Device, b: &Device, hello: &[u8]) -> (u32, runtime::CommId, Box<C
         a.rt.lock()
             .cm_connect(
                 &a.channel,
-                a_qp,
+                Some(a_qp),
                 b.ip(),
                 SERVICE,
                 &ConnParam::with_private_data(hello),
@@ -186,7 +186,7 @@ fn connect(a: &Device, b: &Device, hello: &[u8], reply: &[u8]) -> Connected {
         .cm_accept(
             &b.channel,
             req.id,
-            b_qp,
+            Some(b_qp),
             &ConnParam::with_private_data(reply),
         )
         .unwrap();
@@ -270,7 +270,7 @@ fn a_connect_to_a_port_nobody_listens_on_is_rejected_and_its_qp_errored() {
     let nobody = ServiceId::rdma_cm(PortSpace::TCP, 9);
     let id =
         a.rt.lock()
-            .cm_connect(&a.channel, qp, b.ip(), nobody, &ConnParam::default())
+            .cm_connect(&a.channel, Some(qp), b.ip(), nobody, &ConnParam::default())
             .unwrap();
     match a.event() {
         CmEvent::Rejected {
@@ -350,9 +350,13 @@ fn a_request_lost_on_the_way_is_resent_and_the_connection_comes_up() {
     let a_qp = a.qp();
     let a_id =
         a.rt.lock()
-            .cm_connect(&a.channel, a_qp, "127.0.0.2".parse().unwrap(), SERVICE, &{
-                ConnParam::with_private_data(b"again")
-            })
+            .cm_connect(
+                &a.channel,
+                Some(a_qp),
+                "127.0.0.2".parse().unwrap(),
+                SERVICE,
+                &{ ConnParam::with_private_data(b"again") },
+            )
             .unwrap();
     assert_eq!(a.rt.cm_counters().cm.sent, 1, "the REQ left");
     // b comes back on the same port and listens before the CM resends (about half a
@@ -367,7 +371,7 @@ fn a_request_lost_on_the_way_is_resent_and_the_connection_comes_up() {
     assert!(a.rt.cm_counters().cm.retransmitted >= 1);
     let b_qp = b.qp();
     b.rt.lock()
-        .cm_accept(&b.channel, req.id, b_qp, &ConnParam::default())
+        .cm_accept(&b.channel, req.id, Some(b_qp), &ConnParam::default())
         .unwrap();
     assert!(matches!(a.event(), CmEvent::Established { id, .. } if id == a_id));
     assert!(matches!(b.event(), CmEvent::Established { id, .. } if id == req.id));
@@ -406,7 +410,7 @@ fn a_request_let_go_of_before_the_answer_is_rejected_at_the_listener() {
     assert!(b
         .rt
         .lock()
-        .cm_accept(&b.channel, req.id, b_qp, &ConnParam::default())
+        .cm_accept(&b.channel, req.id, Some(b_qp), &ConnParam::default())
         .is_err());
     assert_eq!(b.state(b_qp), QpState::Reset);
 }
@@ -440,7 +444,129 @@ fn closing_a_channel_ends_its_listens_and_tears_its_connections_down_at_the_peer
     // Nothing listens any more: a new request is rejected by b's CM itself.
     let a_qp = a.qp();
     a.rt.lock()
-        .cm_connect(&a.channel, a_qp, b.ip(), SERVICE, &ConnParam::default())
+        .cm_connect(
+            &a.channel,
+            Some(a_qp),
+            b.ip(),
+            SERVICE,
+            &ConnParam::default(),
+        )
         .unwrap();
     assert!(matches!(a.event(), CmEvent::Rejected { .. }));
+}
+
+/// Move `qpn` to `state` with what the connection manager hands out for it
+/// (`rdma_init_qp_attr` + `ibv_modify_qp`, as a program that moves its own QP does).
+fn move_qp(d: &Device, id: runtime::CommId, qpn: u32, state: QpState) {
+    let mut g = d.rt.lock();
+    let (attr, mask) = g.cm_init_qp_attr(&d.channel, id, state).unwrap();
+    assert_eq!(attr.qp_state, state);
+    g.modify_qp(qpn, &attr, mask).unwrap();
+}
+
+#[test]
+fn qps_their_consumers_move_connect_with_the_attributes_the_cm_hands_out() {
+    let (a, mut b) = pair();
+    b.rt.lock().cm_listen(&b.channel, SERVICE).unwrap();
+    // Neither side gives the runtime its QP: the REQ and REP only announce the numbers.
+    let (a_qp, b_qp) = (a.qp(), b.qp());
+    let mut param = ConnParam::with_private_data(b"managed");
+    param.qp_num = a_qp;
+    let a_id =
+        a.rt.lock()
+            .cm_connect(&a.channel, None, b.ip(), SERVICE, &param)
+            .unwrap();
+    assert_eq!(
+        a.state(a_qp),
+        QpState::Reset,
+        "the runtime leaves the QP alone"
+    );
+    let CmEvent::ConnectRequest(req) = b.event() else {
+        panic!("the listener gets the request")
+    };
+    assert_eq!(req.remote_qpn, a_qp, "the REQ announces the consumer's QP");
+    // The passive side moves its QP before accepting, as rdma-core's rdma_accept does.
+    for state in [QpState::Init, QpState::Rtr, QpState::Rts] {
+        move_qp(&b, req.id, b_qp, state);
+    }
+    b.rt.lock()
+        .post_recv(b_qp, RecvWr::new(1, &[b.sge(0, 64)][..]))
+        .unwrap();
+    let mut answer = ConnParam::default();
+    answer.qp_num = b_qp;
+    b.rt.lock()
+        .cm_accept(&b.channel, req.id, None, &answer)
+        .unwrap();
+    let CmEvent::ConnectResponse { id, remote_qpn, .. } = a.event() else {
+        panic!("the connector gets the REP as a response to act on")
+    };
+    assert_eq!((id, remote_qpn), (a_id, b_qp));
+    assert!(
+        b.channel.get_event().is_none(),
+        "no RTU yet: the listener is not established"
+    );
+    for state in [QpState::Init, QpState::Rtr, QpState::Rts] {
+        move_qp(&a, a_id, a_qp, state);
+    }
+    let qa = a.rt.lock().query_qp(a_qp).unwrap();
+    let qb = b.rt.lock().query_qp(b_qp).unwrap();
+    assert_eq!((qa.dest_qp_num, qb.dest_qp_num), (b_qp, a_qp));
+    assert_eq!(qa.sq_psn, qb.rq_psn, "a sends from the PSN b expects");
+    assert_eq!(qb.sq_psn, qa.rq_psn, "b sends from the PSN a expects");
+    a.rt.lock().cm_establish(&a.channel, a_id).unwrap();
+    let CmEvent::Established { id, .. } = b.event() else {
+        panic!("the RTU establishes the listener")
+    };
+    assert_eq!(id, req.id);
+    assert!(
+        a.rt.lock().cm_establish(&a.channel, a_id).is_err(),
+        "the RTU goes once"
+    );
+
+    b.fill(0, &[0; 64]);
+    let mut a = a;
+    a.fill(0, b"moved by its owner");
+    a.rt.lock()
+        .post_send(a_qp, SendWr::send(7, &[a.sge(0, 18)][..]))
+        .unwrap();
+    assert_eq!(a.completion().status, WcStatus::Success);
+    let got = b.completion();
+    assert_eq!(
+        (got.wr_id, got.status, got.byte_len),
+        (1, WcStatus::Success, 18)
+    );
+    assert_eq!(b.read(0, 18), b"moved by its owner");
+
+    // Disconnecting leaves the QPs to their owners too.
+    a.rt.lock().cm_disconnect(&a.channel, a_id, &[]).unwrap();
+    assert!(matches!(b.event(), CmEvent::Disconnected { .. }));
+    assert!(matches!(a.event(), CmEvent::Disconnected { .. }));
+    assert_eq!(a.state(a_qp), QpState::Rts);
+}
+
+#[test]
+fn a_connection_with_a_moved_qp_reports_its_attributes_and_refuses_to_establish() {
+    let (a, b) = pair();
+    let c = connect(&a, &b, b"x", b"y");
+    // The runtime moved these QPs; what it reports matches what it applied.
+    let (attr, _) =
+        a.rt.lock()
+            .cm_init_qp_attr(&a.channel, c.a_id, QpState::Rtr)
+            .unwrap();
+    let q = a.rt.lock().query_qp(c.a_qp).unwrap();
+    assert_eq!((attr.dest_qp_num, attr.rq_psn), (q.dest_qp_num, q.rq_psn));
+    let (attr, _) =
+        b.rt.lock()
+            .cm_init_qp_attr(&b.channel, c.b_id, QpState::Rts)
+            .unwrap();
+    assert_eq!(attr.sq_psn, b.rt.lock().query_qp(c.b_qp).unwrap().sq_psn);
+    assert!(a
+        .rt
+        .lock()
+        .cm_init_qp_attr(&a.channel, c.a_id, QpState::Sqd)
+        .is_err());
+    assert!(
+        a.rt.lock().cm_establish(&a.channel, c.a_id).is_err(),
+        "the runtime sent this RTU itself"
+    );
 }

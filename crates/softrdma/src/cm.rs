@@ -197,7 +197,7 @@ impl ConnectionManager {
         let id = self
             .inner
             .channel
-            .connect(qp.handle(), peer.ip(), service_id, param)?;
+            .connect(Some(qp.handle()), peer.ip(), service_id, param)?;
         Ok((
             id,
             Connection {
@@ -418,7 +418,7 @@ impl Request {
         }
         self.cm.check_qp(qp)?;
         let id = self.req().id;
-        self.cm.inner.channel.accept(id, qp.handle(), param)?;
+        self.cm.inner.channel.accept(id, Some(qp.handle()), param)?;
         self.req = None;
         // The answer is the whole exchange: nothing more to keep.
         self.cm.inner.channel.destroy_id(id)
@@ -459,7 +459,7 @@ impl Request {
         self.cm.check_qp(qp)?;
         let req = self.req();
         let (id, peer) = (req.id, req.peer);
-        self.cm.inner.channel.accept(id, qp.handle(), param)?;
+        self.cm.inner.channel.accept(id, Some(qp.handle()), param)?;
         self.req = None;
         Ok(Connection {
             cm: self.cm.clone(),

@@ -20,8 +20,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use engine::{
-    AccessFlags, AhAttr, AsyncEvent, Gid, MwType, QpAttr, QpAttrMask, RecvWr, SendWr, SrqAttr,
-    SrqAttrMask, WorkCompletion,
+    AccessFlags, AhAttr, AsyncEvent, Gid, MwType, QpAttr, QpAttrMask, QpState, RecvWr, SendWr,
+    SrqAttr, SrqAttrMask, WorkCompletion,
 };
 
 pub use crate::cm::{CmEvent, CommId, ConnParam, ServiceId};
@@ -108,9 +108,14 @@ impl RawCmChannel {
     /// `rdma_connect`: connect RC QP `qp` (in RESET or INIT) to `service_id` at `peer`.
     /// [`CmEvent::Established`] follows with the QP in RTS, or [`CmEvent::Rejected`],
     /// [`CmEvent::Unreachable`] or [`CmEvent::ConnectError`] with it in ERR.
+    ///
+    /// With `qp` `None` the caller moves its QP itself (an rdma_cm id without a QP): the
+    /// REQ announces `param.qp_num`, [`CmEvent::ConnectResponse`] reports the REP, and the
+    /// caller takes the QP to RTR and RTS ([`RawCmChannel::init_qp_attr`]) and then
+    /// establishes the connection ([`RawCmChannel::establish`]).
     pub fn connect(
         &self,
-        qp: QpHandle,
+        qp: Option<QpHandle>,
         peer: IpAddr,
         service_id: ServiceId,
         param: &ConnParam,
@@ -134,8 +139,24 @@ impl RawCmChannel {
     /// RTS when this returns; [`CmEvent::Established`] follows the peer's RTU. A SIDR
     /// request ([`ConnectRequest::datagram`](crate::cm::ConnectRequest)) takes a UD QP
     /// instead, whose number and Q_Key the answer carries.
-    pub fn accept(&self, id: CommId, qp: QpHandle, param: &ConnParam) -> Result<()> {
+    ///
+    /// With `qp` `None` the caller moves its QP itself, and the answer announces
+    /// `param.qp_num`.
+    pub fn accept(&self, id: CommId, qp: Option<QpHandle>, param: &ConnParam) -> Result<()> {
         self.ch.accept(id, qp, param)
+    }
+
+    /// `rdma_establish`: send the RTU of connection `id`, made without a QP, after its
+    /// [`CmEvent::ConnectResponse`] (and the caller's QP in RTS).
+    pub fn establish(&self, id: CommId) -> Result<()> {
+        self.ch.establish(id)
+    }
+
+    /// `rdma_init_qp_attr`: the attributes that take connection `id`'s QP to `state`
+    /// (INIT, RTR or RTS) as the exchange decided them, and which of them to apply. RTR
+    /// and RTS need the request (passive side) or the answer (active side).
+    pub fn init_qp_attr(&self, id: CommId, state: QpState) -> Result<(QpAttr, QpAttrMask)> {
+        self.ch.init_qp_attr(id, state)
     }
 
     /// `rdma_reject`: refuse request `id` (REJ reason 28, consumer defined).

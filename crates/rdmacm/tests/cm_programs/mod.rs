@@ -6,7 +6,9 @@
 
 #![allow(dead_code)]
 
-use std::process::{Command, Output};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::common::{describe, finish, free_tcp_port, library_dir, require, run, Guard};
@@ -103,7 +105,7 @@ fn too_early(o: &Output) -> Option<TooEarly> {
     }
 }
 
-/// Run `prog` as server and client (`prog` is `server/client` when the two sides are two
+/// Run `prog` as server and client (`prog` is `server+client` when the two sides are two
 /// programs), [`PORT`] in their arguments replaced by the port; while the client failed
 /// only because it came too early ([`TooEarly`]), it is run again. A server that serves
 /// until killed (`server_exits` false) must still be running at the end. Returns (server,
@@ -116,7 +118,7 @@ pub fn pair(
     server_exits: bool,
 ) -> (Output, Output) {
     rdmacm_lib::install_beside(&library_dir());
-    let (server_prog, client_prog) = prog.split_once('/').unwrap_or((prog, prog));
+    let (server_prog, client_prog) = prog.split_once('+').unwrap_or((prog, prog));
     let start = Instant::now();
     let (server, client) = 'server: loop {
         let port = free_tcp_port().to_string();
@@ -277,7 +279,7 @@ pub fn rdma_server_client(sides: &mut impl Sides) {
     let server = sides.server_addr().to_string();
     let (s, c) = pair(
         sides,
-        "rdma_server/rdma_client",
+        "rdma_server+rdma_client",
         &["-p", PORT],
         &["-s", &server, "-p", PORT],
         true,
@@ -355,4 +357,85 @@ pub fn perftest(sides: &mut impl Sides, prog: &str, size: &str) {
         "{prog}: no result row: {}",
         describe(&c)
     );
+}
+
+/// `tests/programs/managed_qp.c`, compiled once per test process against Debian's
+/// librdmacm and libibverbs (the drop-ins replace both at run time).
+fn managed_qp_program() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if !Path::new("/usr/include/rdma/rdma_cma.h").exists() {
+            let _ = Command::new("apt-get")
+                .args(["install", "-y", "--no-install-recommends", "librdmacm-dev"])
+                .env("DEBIAN_FRONTEND", "noninteractive")
+                .stdout(Stdio::null())
+                .status();
+        }
+        require("cc", "gcc");
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/managed_qp.c");
+        let dir = std::env::temp_dir().join(format!("softrdma-managed-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("create program dir");
+        let bin = dir.join("managed_qp");
+        let o = Command::new("cc")
+            .args(["-O1", "-Wall", "-Wextra", "-Werror", "-o"])
+            .arg(&bin)
+            .arg(&src)
+            .args(["-lrdmacm", "-libverbs"])
+            .output()
+            .expect("cc runs");
+        assert!(
+            o.status.success(),
+            "compiling {} failed (needs librdmacm-dev): {}",
+            src.display(),
+            describe(&o)
+        );
+        bin
+    })
+    .clone()
+}
+
+/// A connection whose QPs the programs move themselves (`tests/programs/managed_qp.c`:
+/// QPs from `ibv_create_qp`, `conn_param.qp_num`, every transition from
+/// `rdma_init_qp_attr`, CONNECT_RESPONSE answered with `rdma_establish`), one SEND each
+/// way, then a disconnect both sides see.
+pub fn managed_qp(sides: &mut impl Sides) {
+    let bin = managed_qp_program();
+    let bin = bin.to_str().expect("a UTF-8 temporary path");
+    let server = sides.server_addr().to_string();
+    let (s, c) = pair(
+        sides,
+        bin,
+        &["-s", "-p", PORT],
+        &["-c", "-a", &server, "-p", PORT],
+        true,
+    );
+    ok("managed_qp", &s, &c);
+    ok("managed_qp", &c, &s);
+    let (st, ct) = (stdout(&s), stdout(&c));
+    assert!(
+        st.contains("received: ping from the client") && st.contains("server: done"),
+        "managed_qp: {}",
+        describe(&s)
+    );
+    assert!(
+        ct.contains("received: pong from the server") && ct.contains("client: done"),
+        "managed_qp: {}",
+        describe(&c)
+    );
+    // Each side's RTR names the other's QP, and each sends from the PSN the other expects.
+    let field = |t: &str, key: &str| -> u64 {
+        let at = t.find(key).unwrap_or_else(|| panic!("no {key} in {t}")) + key.len();
+        t[at..]
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no number after {key} in {t}"))
+    };
+    let (s_qp, c_qp) = (field(&st, "local QP "), field(&ct, "local QP "));
+    assert_eq!(field(&st, "request from QP "), c_qp);
+    assert_eq!(field(&st, "dest_qp_num "), c_qp);
+    assert_eq!(field(&ct, "response from QP "), s_qp);
+    assert_eq!(field(&ct, "dest_qp_num "), s_qp);
+    assert_eq!(field(&st, "sq_psn "), field(&ct, "rq_psn "));
+    assert_eq!(field(&ct, "sq_psn "), field(&st, "rq_psn "));
 }

@@ -1218,15 +1218,17 @@ impl ProviderCmChannel for DaemonCmChannel {
 
     fn connect(
         &self,
-        qp: QpHandle,
+        qp: Option<QpHandle>,
         peer: IpAddr,
         service_id: ServiceId,
         param: &ConnParam,
     ) -> Result<CommId> {
         let dev = self.dev()?;
+        // Handle 0 names no QP in the protocol.
+        let qp = qp.map_or(0, |q| q.0);
         let id = dev
             .c()
-            .cm_connect(self.handle, qp.0, peer, service_id, param)?;
+            .cm_connect(self.handle, qp, peer, service_id, param)?;
         Ok(id)
     }
 
@@ -1236,8 +1238,17 @@ impl ProviderCmChannel for DaemonCmChannel {
         Ok(id)
     }
 
-    fn accept(&self, id: CommId, qp: QpHandle, param: &ConnParam) -> Result<()> {
-        Ok(self.dev()?.c().cm_accept(self.handle, id, qp.0, param)?)
+    fn accept(&self, id: CommId, qp: Option<QpHandle>, param: &ConnParam) -> Result<()> {
+        let qp = qp.map_or(0, |q| q.0);
+        Ok(self.dev()?.c().cm_accept(self.handle, id, qp, param)?)
+    }
+
+    fn establish(&self, id: CommId) -> Result<()> {
+        Ok(self.dev()?.c().cm_establish(self.handle, id)?)
+    }
+
+    fn init_qp_attr(&self, id: CommId, state: QpState) -> Result<(QpAttr, QpAttrMask)> {
+        Ok(self.dev()?.c().cm_init_qp_attr(self.handle, id, state)?)
     }
 
     fn reject(&self, id: CommId, private_data: &[u8]) -> Result<()> {

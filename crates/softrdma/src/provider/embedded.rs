@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use engine::{
     AccessFlags, AhAttr, AhHandle, AsyncEvent, CqHandle, DeviceAttr, Gid, MrHandle, MwBind,
-    MwHandle, MwType, PdHandle, PortAttr, QpAttr, QpAttrMask, QpInitAttr, RecvWr, ReregFlags,
-    SendWr, SrqAttr, SrqAttrMask, SrqHandle, UdDest, WorkCompletion,
+    MwHandle, MwType, PdHandle, PortAttr, QpAttr, QpAttrMask, QpInitAttr, QpState, RecvWr,
+    ReregFlags, SendWr, SrqAttr, SrqAttrMask, SrqHandle, UdDest, WorkCompletion,
 };
 use runtime::{CmChannel, CmEvent, CommId, ConnParam, CqNotifier, EngineGuard, Runtime};
 use wire::ServiceId;
@@ -375,7 +375,7 @@ impl ProviderCmChannel for EmbeddedCmChannel {
 
     fn connect(
         &self,
-        qp: QpHandle,
+        qp: Option<QpHandle>,
         peer: IpAddr,
         service_id: ServiceId,
         param: &ConnParam,
@@ -383,7 +383,7 @@ impl ProviderCmChannel for EmbeddedCmChannel {
         let rt = self.rt()?;
         let id = rt
             .lock()
-            .cm_connect(&self.ch, qpn(qp), peer, service_id, param)?;
+            .cm_connect(&self.ch, qp.map(qpn), peer, service_id, param)?;
         Ok(id)
     }
 
@@ -393,8 +393,19 @@ impl ProviderCmChannel for EmbeddedCmChannel {
         Ok(id)
     }
 
-    fn accept(&self, id: CommId, qp: QpHandle, param: &ConnParam) -> Result<()> {
-        Ok(self.rt()?.lock().cm_accept(&self.ch, id, qpn(qp), param)?)
+    fn accept(&self, id: CommId, qp: Option<QpHandle>, param: &ConnParam) -> Result<()> {
+        Ok(self
+            .rt()?
+            .lock()
+            .cm_accept(&self.ch, id, qp.map(qpn), param)?)
+    }
+
+    fn establish(&self, id: CommId) -> Result<()> {
+        Ok(self.rt()?.lock().cm_establish(&self.ch, id)?)
+    }
+
+    fn init_qp_attr(&self, id: CommId, state: QpState) -> Result<(QpAttr, QpAttrMask)> {
+        Ok(self.rt()?.lock().cm_init_qp_attr(&self.ch, id, state)?)
     }
 
     fn reject(&self, id: CommId, private_data: &[u8]) -> Result<()> {

@@ -22,8 +22,8 @@ use std::time::Duration;
 
 use engine::{
     AccessFlags, AhAttr, AhHandle, AsyncEvent, CqHandle, DeviceAttr, Gid, MrHandle, MwBind,
-    MwHandle, MwType, PdHandle, PortAttr, QpAttr, QpAttrMask, QpInitAttr, RecvWr, ReregFlags,
-    SendWr, SrqAttr, SrqAttrMask, SrqHandle, UdDest, WorkCompletion,
+    MwHandle, MwType, PdHandle, PortAttr, QpAttr, QpAttrMask, QpInitAttr, QpState, RecvWr,
+    ReregFlags, SendWr, SrqAttr, SrqAttrMask, SrqHandle, UdDest, WorkCompletion,
 };
 use runtime::{CmEvent, CommId, ConnParam, EngineGuard, Runtime};
 use wire::ServiceId;
@@ -315,19 +315,24 @@ pub(crate) trait ProviderCmChannel: Send + Sync + fmt::Debug {
     fn listen(&self, service_id: ServiceId) -> Result<()>;
     /// Stop listening on `service_id`.
     fn unlisten(&self, service_id: ServiceId) -> Result<()>;
-    /// `rdma_connect`: RC QP `qp` (in RESET or INIT) to `service_id` at `peer`.
+    /// `rdma_connect`: RC QP `qp` (in RESET or INIT) to `service_id` at `peer`; `None`
+    /// when the caller moves its QP itself (`param.qp_num` names it).
     fn connect(
         &self,
-        qp: QpHandle,
+        qp: Option<QpHandle>,
         peer: IpAddr,
         service_id: ServiceId,
         param: &ConnParam,
     ) -> Result<CommId>;
     /// SIDR (`rdma_connect` on a UDP id): which UD QP serves `service_id` at `peer`.
     fn resolve(&self, peer: IpAddr, service_id: ServiceId, param: &ConnParam) -> Result<CommId>;
-    /// `rdma_accept` of request `id` with RC QP `qp` (in RESET or INIT), or of a SIDR
-    /// request with UD QP `qp`.
-    fn accept(&self, id: CommId, qp: QpHandle, param: &ConnParam) -> Result<()>;
+    /// `rdma_accept` of request `id` with RC QP `qp` (in RESET or INIT; `None` as for
+    /// `connect`), or of a SIDR request with UD QP `qp`.
+    fn accept(&self, id: CommId, qp: Option<QpHandle>, param: &ConnParam) -> Result<()>;
+    /// `rdma_establish`: the RTU of connection `id`, whose QP the caller moves.
+    fn establish(&self, id: CommId) -> Result<()>;
+    /// `rdma_init_qp_attr`: what takes connection `id`'s QP to `state`.
+    fn init_qp_attr(&self, id: CommId, state: QpState) -> Result<(QpAttr, QpAttrMask)>;
     /// `rdma_reject` of request `id`.
     fn reject(&self, id: CommId, private_data: &[u8]) -> Result<()>;
     /// `rdma_disconnect` of connection `id`.
