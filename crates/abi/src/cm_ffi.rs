@@ -180,6 +180,8 @@ pub mod event {
     /// A connection whose QP the caller moves was accepted (`remote_qpn`: the peer's QP):
     /// move the QP to RTR and RTS, then `softrdma_cm_establish`.
     pub const CONNECT_RESPONSE: u32 = 8;
+    /// A closed connection's time-wait period ended; the connection is gone.
+    pub const TIMEWAIT_EXIT: u32 = 9;
 }
 
 /// One event of a context's CM channel.

@@ -563,6 +563,7 @@ impl Wire for CmEvent {
                 remote_qpn,
                 private_data,
             } => w.put(&9u8).put(id).put(remote_qpn).put(private_data),
+            CmEvent::TimeWaitExit { id } => w.put(&10u8).put(id),
             _ => w.put(&0u8),
         };
     }
@@ -600,6 +601,7 @@ impl Wire for CmEvent {
                 remote_qpn: r.take()?,
                 private_data: r.take()?,
             },
+            10 => CmEvent::TimeWaitExit { id: r.take()? },
             _ => return Err(ProtoError::Invalid("CM event kind")),
         })
     }

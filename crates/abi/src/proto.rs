@@ -1307,6 +1307,7 @@ mod tests {
                 remote_qpn: 0xab_cdef,
                 private_data: vec![5; 196],
             },
+            CmEvent::TimeWaitExit { id: CommId(11) },
         ];
         let mut rs = vec![
             Response::CmId { id: CommId(1) },

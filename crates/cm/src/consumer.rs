@@ -154,6 +154,13 @@ pub enum CmEvent {
         /// The connection, now gone.
         id: CommId,
     },
+    /// A closed connection's time-wait period ended, and the connection with it
+    /// (`RDMA_CM_EVENT_TIMEWAIT_EXIT`): its QP may serve another connection. Not delivered
+    /// for a connection destroyed before.
+    TimeWaitExit {
+        /// The connection, now gone.
+        id: CommId,
+    },
     /// A SIDR request was answered: the peer's UD QP that serves the service
     /// (`RDMA_CM_EVENT_ESTABLISHED` on a UD id, with `param.ud`).
     Resolved {
@@ -190,6 +197,7 @@ impl CmEvent {
             | CmEvent::Unreachable { id }
             | CmEvent::ConnectError { id, .. }
             | CmEvent::Disconnected { id }
+            | CmEvent::TimeWaitExit { id }
             | CmEvent::Resolved { id, .. }
             | CmEvent::Unresolved { id, .. } => *id,
         }

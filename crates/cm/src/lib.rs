@@ -141,6 +141,12 @@ pub enum Event {
         /// The connection.
         id: CommId,
     },
+    /// A closed connection's time-wait period ended: its IDs are free again, and so is the
+    /// QP for another connection (IBA 12.9.7; Linux's `IB_CM_TIMEWAIT_EXIT`).
+    TimeWaitExit {
+        /// The connection, now gone.
+        id: CommId,
+    },
     /// The peer never answered a REQ, REP or SIDR_REQ, however often it was resent.
     TimedOut {
         /// The connection (or SIDR request), now gone.
@@ -942,6 +948,7 @@ impl Cm {
             match c.state {
                 State::TimeWait => {
                     self.remove(id);
+                    self.events.push_back(Event::TimeWaitExit { id });
                 }
                 _ if c.retries_left > 0 => {
                     c.retries_left -= 1;

@@ -218,8 +218,14 @@ fn a_connection_is_requested_accepted_established_and_closed() {
     assert_eq!(p.a.poll_event(), Some(Event::Disconnected { id: a_id }));
     assert_eq!(p.b.poll_event(), Some(Event::Disconnected { id: b_id }));
     assert_eq!(p.a.state(a_id), Some(State::TimeWait));
+    let closed = p.now;
     run_until_quiet(&mut p);
     assert_eq!((p.a.state(a_id), p.b.state(b_id)), (None, None));
+    // both sides report the end of time-wait, once, no sooner than the period
+    assert_eq!(p.a.poll_event(), Some(Event::TimeWaitExit { id: a_id }));
+    assert_eq!(p.b.poll_event(), Some(Event::TimeWaitExit { id: b_id }));
+    assert_eq!((p.a.poll_event(), p.b.poll_event()), (None, None));
+    assert!(p.now >= closed + config(0).time_wait);
     assert_eq!(p.log[3..], [(true, "DREQ"), (false, "DREP")]);
     assert_eq!(p.a.poll_timeout(), None);
 }

@@ -333,6 +333,10 @@ pub unsafe extern "C" fn softrdma_cm_get_event(c: *mut ibv_context, out: *mut Cm
                 r.kind = event::DISCONNECTED;
                 r.comm_id = id.0;
             }
+            CmEvent::TimeWaitExit { id } => {
+                r.kind = event::TIMEWAIT_EXIT;
+                r.comm_id = id.0;
+            }
             CmEvent::Resolved {
                 id,
                 qpn,

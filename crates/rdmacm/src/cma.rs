@@ -485,6 +485,13 @@ impl G {
             self.deliver_resolution(d, k, rec);
             return;
         }
+        if rec.kind == dev_ev::TIMEWAIT_EXIT {
+            // The device's CM forgot the connection: nothing left to destroy there.
+            self.comms.remove(&(d, rec.comm_id));
+            if let Some(st) = self.ids.get_mut(&k) {
+                st.comm = None;
+            }
+        }
         let Some(st) = self.ids.get_mut(&k) else {
             return;
         };
@@ -514,6 +521,7 @@ impl G {
                 st.state = St::Closed;
                 (ev::DISCONNECTED, 0, &[][..])
             }
+            dev_ev::TIMEWAIT_EXIT => (ev::TIMEWAIT_EXIT, 0, &[][..]),
             _ => return,
         };
         let conn = st.conn;

@@ -454,15 +454,19 @@ pub unsafe extern "C" fn rdma_reject_ece(
 pub unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
     ret(with(|g| {
         let (_, st) = g.id(id)?;
+        if st.state == St::Closed {
+            // Already closed (the peer disconnected first, time-wait may be over too):
+            // nothing left to send, as the kernel answers.
+            return Ok(());
+        }
         let (Some(d), Some(comm)) = (st.dev, st.comm) else {
             return Err(libc::EINVAL);
         };
-        match st.state {
-            St::Connecting | St::Replied | St::Accepting | St::Connected => {}
-            // Already closed (the peer disconnected first): nothing left to send, as the
-            // kernel answers.
-            St::Closed => return Ok(()),
-            _ => return Err(libc::EINVAL),
+        if !matches!(
+            st.state,
+            St::Connecting | St::Replied | St::Accepting | St::Connected
+        ) {
+            return Err(libc::EINVAL);
         }
         st.disconnecting = true;
         // SAFETY: our context.

@@ -22,7 +22,9 @@
 //! libfabric do: an id without a QP connects and accepts with `conn_param->qp_num`,
 //! `rdma_init_qp_attr` hands out INIT, RTR and RTS as the exchange decided them (the
 //! device's CM keeps the PSNs and the path), the active side gets
-//! `RDMA_CM_EVENT_CONNECT_RESPONSE` and answers with `rdma_establish` (the RTU).
+//! `RDMA_CM_EVENT_CONNECT_RESPONSE` and answers with `rdma_establish` (the RTU). An id
+//! kept after its DISCONNECTED gets `RDMA_CM_EVENT_TIMEWAIT_EXIT` when the connection's
+//! time-wait ends.
 //!
 //! What it does not (each fails cleanly, with the errno named):
 //! - multicast groups reach the QPs of one host (the devices of a process, or every
@@ -30,9 +32,7 @@
 //! - rsockets (every `r*` call: `ENOSYS`);
 //! - a SIDR answer (`rdma_accept` on a UDP id) without a QP on the id (`EOPNOTSUPP`: the
 //!   answer takes its Q_Key from the id's QP);
-//! - ECE is stored and never sent (`rdma_get_remote_ece` reports none);
-//! - no `RDMA_CM_EVENT_TIMEWAIT_EXIT` (the device's CM does not report the end of
-//!   timewait).
+//! - ECE is stored and never sent (`rdma_get_remote_ece` reports none).
 //!
 //! Exports carry the version nodes of Debian's librdmacm.so.1 (`exports.txt`, bound by
 //! `build.rs`). No C pointer is trusted to be non-NULL, and no id, channel or event pointer

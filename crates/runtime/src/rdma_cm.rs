@@ -412,9 +412,19 @@ impl CmHost {
                     c.channel.push(CmEvent::Unreachable { id });
                 }
             }
+            // The entry stays for the time-wait period (the consumer may still destroy
+            // it): its end is the consumer's TIMEWAIT_EXIT.
             Event::Disconnected { id } => {
-                if let Some(c) = self.end(engine, id) {
+                if let Some(c) = self.conns.get_mut(&id) {
+                    if let Some(qpn) = c.qpn.take() {
+                        to_err(engine, qpn);
+                    }
                     c.channel.push(CmEvent::Disconnected { id });
+                }
+            }
+            Event::TimeWaitExit { id } => {
+                if let Some(c) = self.conns.remove(&id) {
+                    c.channel.push(CmEvent::TimeWaitExit { id });
                 }
             }
             Event::SidrRequest { id, peer, req } => self.on_sidr_request(id, peer, req),

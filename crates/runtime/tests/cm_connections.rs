@@ -542,6 +542,11 @@ fn qps_their_consumers_move_connect_with_the_attributes_the_cm_hands_out() {
     assert!(matches!(b.event(), CmEvent::Disconnected { .. }));
     assert!(matches!(a.event(), CmEvent::Disconnected { .. }));
     assert_eq!(a.state(a_qp), QpState::Rts);
+    // Both ids stay until their time-wait ends (rdma_cm's TIMEWAIT_EXIT), then are gone.
+    assert_eq!(a.event(), CmEvent::TimeWaitExit { id: a_id });
+    assert_eq!(b.event(), CmEvent::TimeWaitExit { id: req.id });
+    assert!(a.rt.lock().cm_destroy_id(&a.channel, a_id).is_err());
+    assert_eq!(a.rt.cm_counters().connections, 0);
 }
 
 #[test]

@@ -397,7 +397,8 @@ fn managed_qp_program() -> PathBuf {
 /// A connection whose QPs the programs move themselves (`tests/programs/managed_qp.c`:
 /// QPs from `ibv_create_qp`, `conn_param.qp_num`, every transition from
 /// `rdma_init_qp_attr`, CONNECT_RESPONSE answered with `rdma_establish`), one SEND each
-/// way, then a disconnect both sides see.
+/// way, then a disconnect both sides see, and the end of its time-wait (both print
+/// "done" only after TIMEWAIT_EXIT).
 pub fn managed_qp(sides: &mut impl Sides) {
     let bin = managed_qp_program();
     let bin = bin.to_str().expect("a UTF-8 temporary path");

@@ -2,7 +2,8 @@
  * QPs come from ibv_create_qp (the ids have none), the connection parameters name them
  * (conn_param.qp_num), every transition takes its attributes from rdma_init_qp_attr, and
  * the active side answers RDMA_CM_EVENT_CONNECT_RESPONSE with rdma_establish. Then one
- * SEND each way, checked, and a disconnect.
+ * SEND each way, checked, and a disconnect whose DISCONNECTED and TIMEWAIT_EXIT both sides
+ * see.
  *
  *   managed_qp -s -p PORT [-a BIND]     server
  *   managed_qp -c -a SERVER -p PORT     client
@@ -204,6 +205,8 @@ static int server(const char *bind_to, const char *port)
 	completion(&r, 2);
 
 	rdma_ack_cm_event(expect(RDMA_CM_EVENT_DISCONNECTED));
+	/* The id lives on: the end of the connection's time-wait is reported too. */
+	rdma_ack_cm_event(expect(RDMA_CM_EVENT_TIMEWAIT_EXIT));
 	printf("managed_qp server: done\n");
 	ibv_destroy_qp(r.qp);
 	rdma_destroy_id(id);
@@ -260,6 +263,8 @@ static int client(const char *to, const char *port)
 
 	CHECK(rdma_disconnect(id) == 0, "rdma_disconnect");
 	rdma_ack_cm_event(expect(RDMA_CM_EVENT_DISCONNECTED));
+	rdma_ack_cm_event(expect(RDMA_CM_EVENT_TIMEWAIT_EXIT));
+	CHECK(rdma_disconnect(id) == 0, "rdma_disconnect of a closed connection");
 	printf("managed_qp client: done\n");
 	ibv_destroy_qp(r.qp);
 	rdma_destroy_id(id);
