@@ -16,7 +16,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -30,32 +30,12 @@ const LIMIT: Duration = Duration::from_secs(30);
 fn program() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
-        if !Path::new("/usr/include/infiniband/verbs.h").exists() {
-            let _ = Command::new("apt-get")
-                .args(["install", "-y", "--no-install-recommends", "libibverbs-dev"])
-                .env("DEBIAN_FRONTEND", "noninteractive")
-                .stdout(Stdio::null())
-                .status();
-        }
-        common::require("cc", "gcc");
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/ah_from_wc.c");
-        let dir = std::env::temp_dir().join(format!("softrdma-ahwc-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("create program dir");
-        let bin = dir.join("ah_from_wc");
-        let o = Command::new("cc")
-            .args(["-O1", "-Wall", "-Wextra", "-Werror", "-o"])
-            .arg(&bin)
-            .arg(&src)
-            .arg("-libverbs")
-            .output()
-            .expect("cc runs");
-        assert!(
-            o.status.success(),
-            "compiling {} failed (needs libibverbs-dev): {}",
-            src.display(),
-            describe(&o)
-        );
-        bin
+        common::c_program(
+            &src,
+            &["-libverbs"],
+            ("/usr/include/infiniband/verbs.h", "libibverbs-dev"),
+        )
     })
     .clone()
 }

@@ -73,6 +73,39 @@ pub fn require(prog: &str, package: &str) {
     );
 }
 
+/// Compile the C test program `src` (a path under the calling crate) into a temporary
+/// folder of this test process, linked with `libs` (`-libverbs`...), against Debian's
+/// headers: `header` must exist, else its `dev_package` is installed first. The drop-ins
+/// replace Debian's libraries at run time.
+pub fn c_program(src: &Path, libs: &[&str], (header, dev_package): (&str, &str)) -> PathBuf {
+    if !Path::new(header).exists() {
+        let _ = Command::new("apt-get")
+            .args(["install", "-y", "--no-install-recommends", dev_package])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .stdout(Stdio::null())
+            .status();
+    }
+    require("cc", "gcc");
+    let name = src.file_stem().expect("a file name");
+    let dir = std::env::temp_dir().join(format!("softrdma-cprog-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("create program dir");
+    let bin = dir.join(name);
+    let o = Command::new("cc")
+        .args(["-O1", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&bin)
+        .arg(src)
+        .args(libs)
+        .output()
+        .expect("cc runs");
+    assert!(
+        o.status.success(),
+        "compiling {} failed (needs {dev_package}): {}",
+        src.display(),
+        describe(&o)
+    );
+    bin
+}
+
 /// A UDP port free right now on every loopback address (the devices bind it).
 pub fn free_udp_port() -> u16 {
     let s = std::net::UdpSocket::bind("0.0.0.0:0").expect("bind udp");

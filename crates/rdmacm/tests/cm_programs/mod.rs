@@ -7,11 +7,11 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use crate::common::{describe, finish, free_tcp_port, library_dir, require, run, Guard};
+use crate::common::{c_program, describe, finish, free_tcp_port, library_dir, require, run, Guard};
 use crate::rdmacm_lib;
 
 /// How long one side of a program may take.
@@ -364,32 +364,12 @@ pub fn perftest(sides: &mut impl Sides, prog: &str, size: &str) {
 fn managed_qp_program() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
-        if !Path::new("/usr/include/rdma/rdma_cma.h").exists() {
-            let _ = Command::new("apt-get")
-                .args(["install", "-y", "--no-install-recommends", "librdmacm-dev"])
-                .env("DEBIAN_FRONTEND", "noninteractive")
-                .stdout(Stdio::null())
-                .status();
-        }
-        require("cc", "gcc");
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/managed_qp.c");
-        let dir = std::env::temp_dir().join(format!("softrdma-managed-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("create program dir");
-        let bin = dir.join("managed_qp");
-        let o = Command::new("cc")
-            .args(["-O1", "-Wall", "-Wextra", "-Werror", "-o"])
-            .arg(&bin)
-            .arg(&src)
-            .args(["-lrdmacm", "-libverbs"])
-            .output()
-            .expect("cc runs");
-        assert!(
-            o.status.success(),
-            "compiling {} failed (needs librdmacm-dev): {}",
-            src.display(),
-            describe(&o)
-        );
-        bin
+        c_program(
+            &src,
+            &["-lrdmacm", "-libverbs"],
+            ("/usr/include/rdma/rdma_cma.h", "librdmacm-dev"),
+        )
     })
     .clone()
 }
