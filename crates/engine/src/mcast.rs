@@ -8,7 +8,8 @@
 //! the group makes a packet to the group's address, and the host sends it to every device
 //! that joined, this one included (see [`crate::Transmit::dst`]). Joining the group on the
 //! network (IGMP / MLD, a socket's membership) is the host's business too; the engine only
-//! keeps which of its QPs are attached.
+//! keeps which of its QPs are attached, and tells the host which groups have any
+//! ([`Engine::mcast_groups`], [`Engine::mcast_epoch`]).
 
 use std::collections::BTreeMap;
 
@@ -34,6 +35,9 @@ pub(crate) struct Groups {
     groups: BTreeMap<Gid, Vec<u32>>,
     /// Attachments in all groups (for `max_total_mcast_qp_attach`).
     attached: usize,
+    /// Changes of the set of groups so far (a group gained its first member or lost its
+    /// last): a host that joins the groups on the network looks again when it moves.
+    epoch: u64,
 }
 
 impl Groups {
@@ -53,7 +57,11 @@ impl Groups {
         if self.attached >= limits.max_total_mcast_qp_attach as usize {
             return Err(VerbsError::TooMany("multicast attachments"));
         }
-        self.groups.entry(gid).or_default().push(qpn);
+        let members = self.groups.entry(gid).or_default();
+        if members.is_empty() {
+            self.epoch += 1;
+        }
+        members.push(qpn);
         self.attached += 1;
         Ok(())
     }
@@ -68,6 +76,7 @@ impl Groups {
         members.remove(i);
         if members.is_empty() {
             self.groups.remove(&gid);
+            self.epoch += 1;
         }
         self.attached -= 1;
         Ok(())
@@ -79,6 +88,7 @@ impl Groups {
             return;
         }
         let mut removed = 0;
+        let groups = self.groups.len();
         self.groups.retain(|_, members| {
             let before = members.len();
             members.retain(|&q| q != qpn);
@@ -86,6 +96,9 @@ impl Groups {
             !members.is_empty()
         });
         self.attached -= removed;
+        if self.groups.len() != groups {
+            self.epoch += 1;
+        }
     }
 
     /// The QPs attached to `gid`, if any.
@@ -110,6 +123,20 @@ impl<M: Memory + ?Sized> Engine<M> {
             return Err(VerbsError::OpNotSupported);
         }
         self.mcast.attach(qpn, gid, limits)
+    }
+
+    /// The multicast groups at least one QP of this device is attached to: the groups a
+    /// host joins on the network for it (as rxe adds a group's link-layer address on the
+    /// first attach and removes it on the last detach).
+    pub fn mcast_groups(&self) -> impl Iterator<Item = Gid> + '_ {
+        self.mcast.groups.keys().copied()
+    }
+
+    /// A number that changes whenever [`Engine::mcast_groups`] does (a group gained its
+    /// first QP or lost its last, by a detach or a QP's destruction): a host compares it
+    /// after each verb instead of the whole set.
+    pub fn mcast_epoch(&self) -> u64 {
+        self.mcast.epoch
     }
 
     /// `ibv_detach_mcast`: QP `qpn` stops receiving the datagrams of group `gid`. Fails as
@@ -239,5 +266,33 @@ mod tests {
         assert_eq!(g.members(&group(1)), Some(&[0x12][..]));
         assert_eq!(g.members(&group(2)), None);
         assert_eq!(g.attached, 1);
+    }
+
+    #[test]
+    fn the_epoch_moves_when_a_group_comes_or_goes_and_only_then() {
+        let d = limits(4, 4, 8);
+        let mut g = Groups::default();
+        let mut last = g.epoch;
+        let mut moved = |g: &Groups| {
+            let m = g.epoch != last;
+            last = g.epoch;
+            m
+        };
+        g.attach(0x11, group(1), &d).unwrap();
+        assert!(moved(&g), "first member");
+        g.attach(0x12, group(1), &d).unwrap();
+        g.attach(0x12, group(1), &d).unwrap();
+        assert!(!moved(&g), "more members of a joined group");
+        g.detach(0x12, group(1)).unwrap();
+        assert!(!moved(&g), "a member left, one stays");
+        g.attach(0x12, group(2), &d).unwrap();
+        assert!(moved(&g), "a second group");
+        g.detach_all(0x13);
+        assert!(!moved(&g), "a QP in no group destroyed");
+        g.detach_all(0x12);
+        assert!(moved(&g), "its QP destroyed, group 2 is gone");
+        g.detach(0x11, group(1)).unwrap();
+        assert!(moved(&g), "last member of group 1 detached");
+        assert_eq!(g.groups.len(), 0);
     }
 }
