@@ -74,10 +74,138 @@ pub(crate) fn udp_socket(addr: SocketAddr, reuse: bool) -> io::Result<Socket> {
         sock.set_reuse_address(true)?;
     }
     set_pmtudisc_do(&sock, addr.is_ipv6())?;
+    set_multicast_interface(&sock, addr.ip());
     // Best effort: a smaller buffer only costs throughput.
     let _ = sock.set_recv_buffer_size(SOCKET_BUFFER);
     let _ = sock.set_send_buffer_size(SOCKET_BUFFER);
     sock.bind(&addr.into())?;
+    Ok(sock)
+}
+
+/// Datagrams to a multicast group leave through the interface holding `local` (the one the
+/// device joins its groups on), whatever the routing table says about the group, and the
+/// socket receives only the groups joined on it, not every group this host joined (a
+/// wildcard-bound device socket would otherwise get a second copy of what its group
+/// sockets receive). Best effort: a device starts without either (an address the kernel
+/// does not hold yet, a kernel without `IPV6_MULTICAST_ALL`), multicast is all it costs.
+fn set_multicast_interface(sock: &Socket, local: IpAddr) {
+    let r = match local {
+        IpAddr::V4(a) => sock.set_multicast_all_v4(false).and_then(|()| {
+            if a.is_unspecified() {
+                Ok(())
+            } else {
+                sock.set_multicast_if_v4(&a)
+            }
+        }),
+        IpAddr::V6(a) => sock.set_multicast_all_v6(false).and_then(|()| {
+            match crate::link::interface_index(local).filter(|_| !a.is_unspecified()) {
+                Some(index) => sock.set_multicast_if_v6(index),
+                None => Ok(()),
+            }
+        }),
+    };
+    if let Err(e) = r {
+        tracing::debug!(%local, error = %e, "cannot set the socket's multicast interface");
+    }
+}
+
+/// A socket that receives the datagrams sent to multicast group `group` on UDP `port`, on
+/// the interfaces holding `locals` (the device's addresses of the group's family; the
+/// unspecified address lets the kernel choose), joined there (`IP_ADD_MEMBERSHIP` with the
+/// interface address, `IPV6_JOIN_GROUP` with its index: the kernel sends the IGMP / MLD
+/// report, as rdma_cm's `cma_igmp_send` does for a RoCEv2 join). Bound to the group
+/// address, with `SO_REUSEADDR` / `SO_REUSEPORT` so that every device and process of the
+/// host that joins the group gets its own copy of each datagram, and with
+/// `IP_MULTICAST_ALL` off so that it gets only the groups joined on it.
+///
+/// `raw`: an IPv4 raw socket instead ([`raw_rx_socket`]'s, bound to the group and
+/// filtered to `port`), which shows each datagram's own IP header: the ICRC is then checked
+/// exactly, as on the device's raw receive path. Needs `CAP_NET_RAW`. A raw socket owns no
+/// port, which a group does not need: the kernel sends no ICMP error for a datagram to a
+/// multicast address that nothing receives.
+pub(crate) fn group_socket(
+    group: IpAddr,
+    port: u16,
+    locals: &[IpAddr],
+    raw: bool,
+) -> io::Result<Socket> {
+    let v6 = group.is_ipv6();
+    let sock = if raw && !v6 {
+        let s = Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::UDP))?;
+        s.attach_filter(&udp_port_filter(port))?;
+        s
+    } else {
+        let s = Socket::new(
+            Domain::for_address(SocketAddr::new(group, port)),
+            Type::DGRAM,
+            Some(Protocol::UDP),
+        )?;
+        if v6 {
+            s.set_only_v6(true)?;
+        }
+        s.set_reuse_address(true)?;
+        s.set_reuse_port(true)?;
+        s
+    };
+    let raw = raw && !v6;
+    let locals: Vec<IpAddr> = locals
+        .iter()
+        .copied()
+        .filter(|l| l.is_ipv6() == v6)
+        .collect();
+    match group {
+        IpAddr::V4(g) => {
+            sock.set_multicast_all_v4(false)?;
+            let bind_port = if raw { 0 } else { port };
+            sock.bind(&SocketAddr::from((g, bind_port)).into())?;
+        }
+        IpAddr::V6(g) => {
+            sock.set_multicast_all_v6(false)?;
+            // A group of interface- or link-local scope names an interface, as a link-local
+            // address does: bind with the first local's.
+            let scope = if g.segments()[0] & 0x000f <= 2 {
+                locals
+                    .first()
+                    .and_then(|l| crate::link::interface_index(*l))
+                    .unwrap_or(0)
+            } else {
+                0
+            };
+            sock.bind(&std::net::SocketAddrV6::new(g, port, 0, scope).into())?;
+        }
+    }
+    let _ = sock.set_recv_buffer_size(SOCKET_BUFFER);
+    // Join on each interface once: two addresses of one interface make the second join
+    // fail with EADDRINUSE, which changes nothing.
+    let mut joined = 0;
+    let mut last_err = None;
+    let interfaces: Vec<IpAddr> = if locals.is_empty() {
+        vec![if v6 {
+            Ipv6Addr::UNSPECIFIED.into()
+        } else {
+            Ipv4Addr::UNSPECIFIED.into()
+        }]
+    } else {
+        locals
+    };
+    for l in interfaces {
+        let r = match (group, l) {
+            (IpAddr::V4(g), IpAddr::V4(a)) => sock.join_multicast_v4(&g, &a),
+            (IpAddr::V6(g), IpAddr::V6(_)) => {
+                sock.join_multicast_v6(&g, crate::link::interface_index(l).unwrap_or(0))
+            }
+            _ => continue,
+        };
+        match r {
+            Ok(()) => joined += 1,
+            Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => joined += 1,
+            Err(e) => last_err = Some(e),
+        }
+    }
+    if joined == 0 {
+        return Err(last_err.unwrap_or_else(|| io::Error::from(io::ErrorKind::AddrNotAvailable)));
+    }
+    sock.set_nonblocking(true)?;
     Ok(sock)
 }
 
@@ -116,11 +244,15 @@ pub struct IoCounters {
     pub local_packets: u64,
     /// Packets handed to (or taken from) another device of this process with no socket.
     pub peer_packets: u64,
+    /// Datagrams to a multicast group that a device of this process sent, back from the
+    /// network: dropped, as the devices of the process had their copies already (see
+    /// `route_multicast`).
+    pub rx_mcast_own: u64,
 }
 
 impl IoCounters {
     /// Every counter by name, as `softrdma stat` prints them.
-    pub fn named(&self) -> [(&'static str, u64); 7] {
+    pub fn named(&self) -> [(&'static str, u64); 8] {
         [
             ("rx_datagrams", self.rx_datagrams),
             ("rx_dropped", self.rx_dropped),
@@ -129,6 +261,7 @@ impl IoCounters {
             ("tx_port_rewrites", self.tx_port_rewrites),
             ("local_packets", self.local_packets),
             ("peer_packets", self.peer_packets),
+            ("rx_mcast_own", self.rx_mcast_own),
         ]
     }
 }
@@ -302,6 +435,10 @@ pub(crate) struct Rx {
     batch: usize,
     /// Raw receive path: the UDP port whose packets are ours (`None`: a UDP socket).
     raw_port: Option<u16>,
+    /// A multicast group's side ([`group_socket`]; `local` is the group): datagrams from
+    /// these sources (this process's devices, which delivered their own copies) are dropped.
+    /// `None`: a unicast side.
+    own_sources: Option<Vec<IpAddr>>,
     /// Receive-side counters.
     pub(crate) counters: IoCounters,
     /// The last look of a polling thread found packets (so the next takes a batch).
@@ -341,9 +478,34 @@ impl Rx {
             headers: nsock::MultiHeaders::preallocate(batch, Some(cmsg)),
             batch,
             raw_port,
+            own_sources: None,
             counters: IoCounters::default(),
             streaming: false,
         }
+    }
+
+    /// The side of multicast group `group`, on a socket from [`group_socket`] (`raw_port`
+    /// as for [`Rx::new`]); datagrams from `own_sources` are dropped.
+    pub(crate) fn for_group(
+        sock: Arc<Socket>,
+        group: IpAddr,
+        batch: usize,
+        raw_port: Option<u16>,
+        own_sources: Vec<IpAddr>,
+    ) -> Rx {
+        let mut rx = Rx::new(sock, group, batch, raw_port);
+        rx.own_sources = Some(own_sources);
+        rx
+    }
+
+    /// The multicast group this side receives, if it is a group's.
+    pub(crate) fn group(&self) -> Option<IpAddr> {
+        self.own_sources.is_some().then_some(self.local)
+    }
+
+    /// The socket this side reads.
+    pub(crate) fn socket(&self) -> &Arc<Socket> {
+        &self.sock
     }
 
     /// Receive what is waiting (up to one batch) without blocking; rebuild each datagram's IP
@@ -460,7 +622,12 @@ impl Rx {
         if let Some(port) = self.raw_port {
             let slot = &mut self.slots[i * SLOT..(i + 1) * SLOT];
             match raw_packet(&mut slot[..len.min(SLOT)], port, truncated) {
-                RawVerdict::Ours(end) => self.meta.push(Meta {
+                RawVerdict::Ours { src, .. }
+                    if self.own_sources.as_ref().is_some_and(|o| o.contains(&src)) =>
+                {
+                    counters.rx_mcast_own += 1;
+                }
+                RawVerdict::Ours { end, .. } => self.meta.push(Meta {
                     slot: i,
                     start: 0,
                     end,
@@ -476,6 +643,14 @@ impl Rx {
         };
         if truncated || len == 0 || src.is_ipv4() != self.local.is_ipv4() {
             counters.rx_dropped += 1;
+            return;
+        }
+        if self
+            .own_sources
+            .as_ref()
+            .is_some_and(|o| o.contains(&src.ip()))
+        {
+            counters.rx_mcast_own += 1;
             return;
         }
         let dst = dst.unwrap_or(self.local);
@@ -502,8 +677,14 @@ impl Rx {
 /// What the raw receive path makes of one IPv4 packet.
 #[derive(Debug, PartialEq, Eq)]
 enum RawVerdict {
-    /// A UDP packet to our port, ending at this offset; its destination port now reads 4791.
-    Ours(usize),
+    /// A UDP packet to our port, ending at offset `end`, from `src`; its destination port
+    /// now reads 4791.
+    Ours {
+        /// Where it ends.
+        end: usize,
+        /// Its source address.
+        src: IpAddr,
+    },
     /// Some other UDP traffic of this host.
     NotOurs,
     /// Ours but unusable (truncated, malformed).
@@ -525,7 +706,10 @@ fn raw_packet(p: &mut [u8], port: u16, truncated: bool) -> RawVerdict {
         return RawVerdict::Bad;
     }
     d.set_dst_port(p, ROCEV2_UDP_PORT);
-    RawVerdict::Ours(d.len())
+    RawVerdict::Ours {
+        end: d.len(),
+        src: d.src.ip(),
+    }
 }
 
 /// The local address a datagram was sent to, from its `IP_PKTINFO` / `IPV6_PKTINFO`.
@@ -610,6 +794,78 @@ pub(crate) fn rebuild_headers(
 mod tests {
     use super::*;
     use std::net::{Ipv4Addr, UdpSocket};
+
+    /// Every datagram waiting on non-blocking `sock`, as (source, payload).
+    fn drain(sock: &Socket) -> Vec<(IpAddr, Vec<u8>)> {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let udp = UdpSocket::from(sock.try_clone().unwrap());
+        let mut out = Vec::new();
+        let mut buf = [0u8; 256];
+        while let Ok((n, from)) = udp.recv_from(&mut buf) {
+            out.push((from.ip(), buf[..n].to_vec()));
+        }
+        out
+    }
+
+    #[test]
+    fn a_group_socket_gets_its_groups_datagrams_to_its_port_on_lo() {
+        let group = IpAddr::V4(Ipv4Addr::new(239, 9, 9, 61));
+        let port = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0))
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let a = group_socket(group, port, &[IpAddr::V4(Ipv4Addr::LOCALHOST)], false).unwrap();
+        // A second member on the same interface, as another device or process: both get
+        // every datagram.
+        let b = group_socket(group, port, &["127.0.0.2".parse().unwrap()], false).unwrap();
+        // A socket of another group on the same port gets none of them.
+        let other = group_socket(
+            IpAddr::V4(Ipv4Addr::new(239, 9, 9, 62)),
+            port,
+            &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
+            false,
+        )
+        .unwrap();
+        let tx = udp_socket(SocketAddr::from(([127, 0, 0, 3], 0)), false).unwrap();
+        tx.send_to(b"to the group", &SocketAddr::new(group, port).into())
+            .unwrap();
+        tx.send_to(b"other port", &SocketAddr::new(group, port ^ 1).into())
+            .unwrap();
+        let from: IpAddr = "127.0.0.3".parse().unwrap();
+        for s in [&a, &b] {
+            assert_eq!(drain(s), [(from, b"to the group".to_vec())]);
+        }
+        assert!(drain(&other).is_empty());
+    }
+
+    #[test]
+    fn a_raw_group_socket_sees_its_groups_datagrams_to_its_port_with_their_ip_header() {
+        let group = Ipv4Addr::new(239, 9, 9, 63);
+        let port = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0))
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let Ok(raw) = group_socket(group.into(), port, &[Ipv4Addr::LOCALHOST.into()], true) else {
+            eprintln!("skipped: a raw socket needs root or CAP_NET_RAW");
+            return;
+        };
+        let tx = udp_socket(SocketAddr::from(([127, 0, 0, 3], 0)), false).unwrap();
+        tx.send_to(b"other port", &SocketAddr::from((group, port ^ 1)).into())
+            .unwrap();
+        tx.send_to(b"ours", &SocketAddr::from((group, port)).into())
+            .unwrap();
+        raw.set_nonblocking(false).unwrap();
+        raw.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        let mut buf = [0u8; 256];
+        let n = std::io::Read::read(&mut &raw, &mut buf).expect("the datagram to our port");
+        let d = wire::Datagram::parse(&buf[..n]).unwrap();
+        assert_eq!(d.src.ip(), IpAddr::from([127, 0, 0, 3]));
+        assert_eq!(d.dst, SocketAddr::from((group, port)));
+        assert_eq!(&buf[d.payload.clone()], b"ours");
+    }
 
     #[test]
     fn the_raw_socket_sees_only_datagrams_to_its_port() {

@@ -16,7 +16,35 @@
 //! it is for one of the device's own addresses (as a NIC loops back traffic between its own
 //! QPs; with [`RuntimeConfig::internal_paths`], in the engine's large internal segments
 //! without an ICRC), to another device of the same process when [`link`] joined them (its
-//! inbox and doorbell), or out of a UDP socket. [`IoCounters`] counts each.
+//! inbox and doorbell), or out of a UDP socket. [`IoCounters`] counts each. A datagram to
+//! a multicast group takes all three (see "Multicast groups").
+//!
+//! ## Multicast groups
+//!
+//! As Linux does for RoCEv2 (rdma_cm's `cma_iboe_join_multicast` sends the IGMP join,
+//! rxe's `rxe_mcast_add` adds the group's link-layer address), a device is a member of a
+//! group's IP address on the network while a QP of it is attached to the group: when the
+//! first QP attaches (`attach_mcast`, by any caller; the runtime compares the engine's
+//! [`Engine::mcast_epoch`] after every change), the runtime joins the group (the GID's
+//! IPv4-mapped address with `IP_ADD_MEMBERSHIP` on each interface address of the device,
+//! an IPv6 group with `IPV6_JOIN_GROUP` on each interface's index) with a socket bound to
+//! the group and the device's port (`SO_REUSEADDR` and `SO_REUSEPORT`: every device and
+//! process of the host that joins gets its copy), and leaves it when the last QP detaches
+//! or is destroyed, or the device closes. That socket is one more receive side: the same
+//! batched receive, header rebuilding (or the raw path's real headers for IPv4 groups on a
+//! raw-path device), ICRC check, capture and counters as unicast. Datagrams to a group
+//! leave through the interface of the device address they are sent from
+//! (`IP_MULTICAST_IF` / `IPV6_MULTICAST_IF`), with the kernel's default multicast TTL of 1:
+//! the group spans the link. [`Runtime::joined_groups`] lists the memberships.
+//!
+//! A datagram this process sends to a group reaches the devices of the process without the
+//! network (see `route_multicast`), and the network brings it back as well (the kernel
+//! loops multicast back to the host's members; on `lo` the datagram itself returns, with
+//! `IP_MULTICAST_LOOP` on or off). Loop stays on, so that other processes on the host
+//! receive it; each group side drops the datagrams whose source is an address of its
+//! device or of a device [`link()`]ed with it ([`IoCounters::rx_mcast_own`]). Two devices
+//! that share one address on distinct ports (a test setup) are not told apart by this:
+//! they do not see each other's datagrams to a group unless linked.
 //!
 //! ## Threads and locking
 //!
@@ -130,6 +158,7 @@ pub mod capture;
 mod config;
 mod io;
 pub mod link;
+mod mcast;
 mod memory;
 mod progress;
 pub mod rdma_cm;
@@ -284,6 +313,10 @@ struct Core<A> {
     /// (a daemon's connections; one that ended leaves a dead reference, pruned then).
     event_listeners: Vec<Weak<EventFd>>,
     rx_counters: IoCounters,
+    /// What the receive sides of groups the device left had counted.
+    rx_retired: IoCounters,
+    /// The engine's [`Engine::mcast_epoch`] when the device last joined and left groups.
+    groups_epoch: u64,
     /// Packets one of this device's QPs sent another, waiting to go back into the engine.
     local_rx: VecDeque<LocalPacket>,
     /// Spare transmit buffers: a packet for this device leaves in the buffer it was built
@@ -405,8 +438,9 @@ impl<A: Attachment> Core<A> {
     /// A datagram to a multicast group is for every device that joined it: this one (its
     /// QPs attached to the group get a copy each, the sender's included, as a NIC loops
     /// multicast back), the other devices of this process, and the network (the IP
-    /// multicast address; this device does not join IP groups on its socket yet, so groups
-    /// span one host's devices: on the daemon, every process of the host).
+    /// multicast address, which the devices of other processes and hosts joined: see
+    /// "Multicast groups" in the crate docs). The copy the network brings back to this
+    /// process is dropped on receipt, as these copies were delivered already.
     fn route_multicast(&mut self, net: &Net, t: engine::Transmit) {
         let mut copy = self
             .local_free
@@ -559,6 +593,9 @@ struct Shared<A> {
     rx: Mutex<Vec<io::Rx>>,
     /// The sockets `rx` reads (UDP sockets, or raw ones), polled without the `rx` lock.
     socks: Vec<Arc<socket2::Socket>>,
+    /// The multicast groups' receive sides (in `rx`, after the device's own) and the epoll
+    /// set their sockets are watched in.
+    groups: mcast::Groups,
     /// Packets other devices of this process handed this one. A leaf lock: nothing else is
     /// taken while it is held.
     inbox: Mutex<VecDeque<Vec<u8>>>,
@@ -671,7 +708,7 @@ impl<A: Attachment> Shared<A> {
     /// if a timer it does not know of is now earlier than its wakeup.
     fn process(&self, core: &mut Core<A>, rx: &[io::Rx], n: &[usize]) {
         let now = self.now();
-        let mut counters = IoCounters::default();
+        let mut counters = core.rx_retired;
         for (side, &n) in rx.iter().zip(n) {
             for i in 0..n {
                 if let Some(c) = &core.capture {
@@ -679,8 +716,7 @@ impl<A: Attachment> Shared<A> {
                 }
                 core.engine.handle_datagram(now, side.packet(i));
             }
-            counters.rx_datagrams += side.counters.rx_datagrams;
-            counters.rx_dropped += side.counters.rx_dropped;
+            mcast::add_rx_counters(&mut counters, side);
         }
         core.rx_counters = counters;
         core.run_due_timers(now);
@@ -698,6 +734,7 @@ impl<A: Attachment> Shared<A> {
     /// timer (an ACK's deadline included; published under this lock: see `wake_at`), or
     /// packets for this device wait for another round.
     fn after_change(&self, core: &mut Core<A>, now: Instant) {
+        self.sync_groups(core);
         core.pump(&self.net, now);
         core.notify(&self.async_fd);
         let mut next = core.poll_timeout().map_or(u64::MAX, Instant::as_nanos);
@@ -981,6 +1018,8 @@ impl<A: Attachment> Runtime<A> {
             events: VecDeque::new(),
             event_listeners: Vec::new(),
             rx_counters: IoCounters::default(),
+            rx_retired: IoCounters::default(),
+            groups_epoch: 0,
             local_rx: VecDeque::new(),
             local_free: Vec::new(),
             capture: Capture::from_env(),
@@ -995,6 +1034,13 @@ impl<A: Attachment> Runtime<A> {
             core: Mutex::new(core),
             rx: Mutex::new(rx),
             socks,
+            // IPv4 groups take the raw path where the device's IPv4 addresses do.
+            groups: mcast::Groups::new(
+                port,
+                all_raw && addrs.iter().any(IpAddr::is_ipv4),
+                config.rx_batch,
+            )
+            .map_err(io_err("epoll_create"))?,
             inbox: Mutex::new(VecDeque::new()),
             net: Net {
                 local: if loops_back {
@@ -1131,7 +1177,7 @@ impl<A: Attachment> Runtime<A> {
                 }
                 None => None,
             };
-            let mut fds = Vec::with_capacity(1 + shared.socks.len());
+            let mut fds = Vec::with_capacity(2 + shared.socks.len());
             fds.push(PollFd::new(notifier.as_fd(), PollFlags::POLLIN));
             fds.extend(
                 shared
@@ -1139,6 +1185,7 @@ impl<A: Attachment> Runtime<A> {
                     .iter()
                     .map(|s| PollFd::new(s.as_fd(), PollFlags::POLLIN)),
             );
+            fds.push(PollFd::new(shared.groups.poll.0.as_fd(), PollFlags::POLLIN));
             match ppoll(&mut fds, left, None) {
                 Ok(_) | Err(nix::errno::Errno::EINTR) => {}
                 Err(e) => return Err(io_err("ppoll")(e)),
@@ -1205,7 +1252,15 @@ impl<A: Attachment> Runtime<A> {
         let mut c = core.tx.counters;
         c.rx_datagrams = core.rx_counters.rx_datagrams;
         c.rx_dropped = core.rx_counters.rx_dropped;
+        c.rx_mcast_own = core.rx_counters.rx_mcast_own;
         c
+    }
+
+    /// The multicast groups the device is a member of on the network now: the IP address
+    /// of each group a QP of the device is attached to (see "Multicast groups" in the crate
+    /// docs), except those it could not join (logged).
+    pub fn joined_groups(&self) -> Vec<IpAddr> {
+        self.shared.joined_groups()
     }
 
     /// Every address of the device, GID order (the first is [`Runtime::local_addr`]'s).
@@ -1283,6 +1338,8 @@ impl<A: Attachment> Drop for Runtime<A> {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        // Whoever still holds the device's state (a peer's link) does not keep its groups.
+        self.shared.leave_groups();
     }
 }
 

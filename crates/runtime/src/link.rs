@@ -1,5 +1,6 @@
 //! The link under a device's address: its MTU decides the largest path MTU the port offers,
-//! as Linux Soft-RoCE derives the port's active MTU from its netdev.
+//! as Linux Soft-RoCE derives the port's active MTU from its netdev, and its interface is
+//! where the device joins multicast groups ([`interface_index`]).
 //!
 //! A RoCEv2 packet carries, besides its payload, up to 96 bytes of headers (IPv6 40, UDP 8,
 //! BTH 12, the largest extension headers 32, ICRC 4; the count rdma-core's `iboe_get_mtu`
@@ -29,11 +30,11 @@ pub fn ib_mtu_for_link(link_mtu: u32) -> Option<Mtu> {
     .find(|m| m.bytes() <= room as usize)
 }
 
-/// The MTU of the interface holding `addr`, from sysfs; `None` when the address is on no
-/// interface (a wildcard) or the MTU cannot be read.
-pub fn link_mtu(addr: IpAddr) -> Option<u32> {
+/// The name of the interface holding `addr`; `None` when the address is on no interface
+/// (a wildcard).
+pub fn interface_name(addr: IpAddr) -> Option<String> {
     let ifaces = nix::ifaddrs::getifaddrs().ok()?;
-    let name = ifaces
+    ifaces
         .filter_map(|ifa| {
             let a = ifa.address?;
             let ip = if let Some(v4) = a.as_sockaddr_in() {
@@ -43,7 +44,19 @@ pub fn link_mtu(addr: IpAddr) -> Option<u32> {
             };
             (ip == addr).then_some(ifa.interface_name)
         })
-        .next()?;
+        .next()
+}
+
+/// The index of the interface holding `addr` (what `IPV6_JOIN_GROUP` and
+/// `IPV6_MULTICAST_IF` name an interface by); `None` when it is on no interface.
+pub fn interface_index(addr: IpAddr) -> Option<u32> {
+    nix::net::if_::if_nametoindex(interface_name(addr)?.as_str()).ok()
+}
+
+/// The MTU of the interface holding `addr`, from sysfs; `None` when the address is on no
+/// interface (a wildcard) or the MTU cannot be read.
+pub fn link_mtu(addr: IpAddr) -> Option<u32> {
+    let name = interface_name(addr)?;
     let text = std::fs::read_to_string(format!("/sys/class/net/{name}/mtu")).ok()?;
     text.trim().parse().ok()
 }
@@ -112,6 +125,16 @@ mod tests {
         let b: IpAddr = "198.51.100.9".parse().unwrap();
         assert_eq!(port_mtu_of(&[a, b], Mtu::Mtu1024), Mtu::Mtu1024);
         assert_eq!(port_mtu_of(&[], Mtu::Mtu4096), Mtu::Mtu4096);
+    }
+
+    #[test]
+    fn loopback_addresses_are_on_lo() {
+        for a in ["127.0.0.1", "::1"] {
+            let a: IpAddr = a.parse().unwrap();
+            assert_eq!(interface_name(a).as_deref(), Some("lo"), "{a}");
+            assert_eq!(interface_index(a), Some(1), "{a}");
+        }
+        assert_eq!(interface_index("192.0.2.77".parse().unwrap()), None);
     }
 
     #[test]

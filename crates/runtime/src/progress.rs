@@ -125,6 +125,8 @@ fn wait<A: Attachment>(shared: &Shared<A>, spin: bool) -> (bool, bool) {
                 .iter()
                 .map(|s| PollFd::new(s.as_fd(), PollFlags::POLLIN)),
         );
+        // Readable while any joined multicast group's socket is.
+        fds.push(PollFd::new(shared.groups.poll.0.as_fd(), PollFlags::POLLIN));
     }
     if !spin {
         shared.sleeps.fetch_add(1, Ordering::Relaxed);
