@@ -183,3 +183,103 @@ fn a_datagram_to_a_group_reaches_every_qp_attached_to_it_and_no_other(backend: B
     drop((q1, q2, q3));
 }
 }
+
+/// Two embedded devices that are not linked, as in two processes, on one UDP port (as two
+/// hosts use 4791): a datagram to a group crosses the network to the other device, which
+/// joined the group's IP address when its QP attached and leaves it on the last detach.
+/// The sender's own QP gets one copy: the one the network brings back is dropped.
+#[test]
+fn a_datagram_to_a_group_reaches_a_device_of_another_process_through_the_network() {
+    use softrdma::BackendKind;
+    let group_ip: std::net::IpAddr = "239.1.2.9".parse().unwrap();
+    let group = Gid::from_ip(group_ip);
+    let open = |ip: &str, port: u16| {
+        softrdma::Device::builder(ip.parse().unwrap())
+            .backend(BackendKind::Embedded)
+            .port(port)
+            .remote_port(port)
+            .open()
+            .unwrap()
+    };
+    let da = open("127.0.0.1", 0);
+    let db = open("127.0.0.2", da.local_addr().port());
+    let side = |d: &softrdma::Device| {
+        let pd = d.alloc_pd().unwrap();
+        let cq = d.create_cq(16).unwrap();
+        let qp = pd.qp_builder(&cq, &cq).qp_type(QpType::Ud).build().unwrap();
+        let mr = pd.register(Buffer::zeroed(4096), all_access()).unwrap();
+        for i in 0..4u64 {
+            let off = i as usize * 256;
+            qp.recv(i, &[mr.sge(off..off + GRH_LEN + 64).unwrap()])
+                .unwrap();
+        }
+        (pd, cq, qp, mr)
+    };
+    let (pa, ca, qa, ma) = side(&da);
+    let (_pb, cb, qb, mb) = side(&db);
+    let (ra, rb) = (da.runtime(), db.runtime());
+    assert!(rb.joined_groups().is_empty());
+    qa.attach_mcast(group).unwrap();
+    qb.attach_mcast(group).unwrap();
+    assert_eq!(ra.joined_groups(), [group_ip]);
+    assert_eq!(rb.joined_groups(), [group_ip]);
+
+    let ah = pa.create_ah(group).unwrap();
+    ma.write(2048, b"across").unwrap();
+    let send = |wr_id| {
+        qa.send_ud(
+            wr_id,
+            &[ma.sge(2048..2054).unwrap()],
+            &ah,
+            softrdma::MULTICAST_QPN,
+            DEFAULT_QKEY,
+        )
+        .unwrap();
+        assert_eq!(ca.wait_ok(WAIT).unwrap().wr_id, wr_id);
+    };
+    send(10);
+    let wc = cb.wait_ok(WAIT).unwrap();
+    assert_eq!(
+        (wc.wr_id, wc.src_qp, wc.byte_len as usize),
+        (0, qa.qpn(), GRH_LEN + 6)
+    );
+    let mut got = [0u8; 6];
+    mb.read(GRH_LEN, &mut got).unwrap();
+    assert_eq!(&got, b"across");
+    // The sender's QP: its device's own copy.
+    let wc = ca.wait_ok(WAIT).unwrap();
+    assert_eq!((wc.wr_id, wc.src_qp), (0, qa.qpn()));
+    // The network brings the datagram back to the sender's device too (on lo the datagram
+    // itself returns): dropped there, not a second copy.
+    let start = std::time::Instant::now();
+    while ra.io_counters().rx_mcast_own == 0 {
+        assert!(
+            start.elapsed() < WAIT.unwrap(),
+            "the sender's own datagram never came back"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(rb.io_counters().rx_mcast_own, 0);
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert!(
+        ca.poll(4).unwrap().is_empty(),
+        "a second copy for the sender"
+    );
+    assert!(
+        cb.poll(4).unwrap().is_empty(),
+        "a second copy for the receiver"
+    );
+
+    // The last QP of device b leaves: so does the device, and nothing reaches it.
+    qb.detach_mcast(group).unwrap();
+    assert!(rb.joined_groups().is_empty());
+    let before = rb.io_counters().rx_datagrams;
+    send(11);
+    assert_eq!(ca.wait_ok(WAIT).unwrap().wr_id, 1);
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert!(cb.poll(4).unwrap().is_empty());
+    assert_eq!(rb.io_counters().rx_datagrams, before);
+    // Destroying the last attached QP leaves too.
+    drop(qa);
+    assert!(ra.joined_groups().is_empty());
+}
