@@ -20,7 +20,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use cm_programs::{
-    cmtime, managed_qp, perftest, rdma_server_client, rping, ucmatose, udaddy, Sides,
+    cmtime, managed_qp, mckey, perftest, rdma_server_client, rping, ucmatose, udaddy, Sides,
 };
 use hosts::Hosts;
 use netns_host::Host;
@@ -44,6 +44,10 @@ impl Sides for TwoHosts<'_> {
         self.a.addr
     }
 
+    fn client_addr(&self) -> &str {
+        self.b.addr
+    }
+
     fn assert_alive(&mut self) {
         self.a.daemon.assert_alive();
         self.b.daemon.assert_alive();
@@ -65,7 +69,7 @@ fn rdma_cm_programs_run_between_two_network_namespaces() {
         a: Host::new(&h.a, &h.addr_a),
         b: Host::new(&h.b, &h.addr_b),
     };
-    let runs: [(&str, Run); 11] = [
+    let runs: [(&str, Run); 12] = [
         // The server binds its own address: the device whose GID table holds it.
         ("rping", |s| {
             let own = s.a.addr;
@@ -73,6 +77,9 @@ fn rdma_cm_programs_run_between_two_network_namespaces() {
         }),
         ("ucmatose", |s| ucmatose(s)),
         ("udaddy", |s| udaddy(s)),
+        // The receiver's daemon joins the group's IP address on its veth; the sender's
+        // datagrams to the group cross the link.
+        ("mckey", |s| mckey(s, "239.7.8.9")),
         ("rdma_server+rdma_client", |s| rdma_server_client(s)),
         ("cmtime", |s| cmtime(s)),
         ("managed_qp", |s| managed_qp(s)),

@@ -25,6 +25,8 @@ pub trait Sides {
     fn client(&self, prog: &str, args: &[&str]) -> Command;
     /// The address the client connects to.
     fn server_addr(&self) -> &str;
+    /// The address of the client's device (what it binds where a program asks for one).
+    fn client_addr(&self) -> &str;
     /// Fails the test if a daemon the sides use has exited (it must outlive every program).
     fn assert_alive(&mut self);
     /// How many services the server's device listens on now, where that can be read (a
@@ -328,6 +330,60 @@ pub fn cmtime(sides: &mut impl Sides) {
         "cmtime: the server exited: {}",
         describe(&s)
     );
+}
+
+/// mckey: a receiver on the server's side joins `group` and waits for 5 datagrams; senders
+/// on the client's side (each joins, sends 5, leaves) run until it has them all (what a
+/// sender sends before the receiver joined is lost, as on a network). Each binds its own
+/// device's address.
+pub fn mckey(sides: &mut impl Sides, group: &str) {
+    require("mckey", "rdmacm-utils");
+    rdmacm_lib::install_beside(&library_dir());
+    let server = sides.server_addr().to_string();
+    let client = sides.client_addr().to_string();
+    let mut receiver = Guard(Some(
+        sides
+            .server("mckey", &["-m", group, "-b", &server, "-C", "5"])
+            .spawn()
+            .expect("spawn receiver"),
+    ));
+    let start = Instant::now();
+    let mut senders = 0;
+    let sender = loop {
+        let sender = run(
+            sides.client("mckey", &["-m", group, "-b", &client, "-C", "5", "-s"]),
+            LIMIT,
+        );
+        senders += 1;
+        let child = receiver.0.as_mut().expect("running");
+        if child.try_wait().expect("wait").is_some() || start.elapsed() > LIMIT {
+            break sender;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let (r, timed_out) = finish(receiver, Duration::from_secs(5));
+    assert!(
+        !timed_out,
+        "mckey: the receiver never got its datagrams ({senders} senders ran): {}\nthe last sender: {}",
+        describe(&r),
+        describe(&sender)
+    );
+    ok("mckey", &r, &sender);
+    ok("mckey", &sender, &r);
+    let joined = format!("joined dgid: ::ffff:{group}");
+    for o in [&r, &sender] {
+        let t = stdout(o);
+        assert!(t.contains(&joined), "mckey: {}", describe(o));
+        assert!(t.contains("return status 0"), "mckey: {}", describe(o));
+    }
+    // Printed once the receiver has all 5 (after "receiving data transfers").
+    let t = stdout(&r);
+    assert!(
+        t.contains("receiving data transfers") && t.contains("data transfers complete"),
+        "mckey: {}",
+        describe(&r)
+    );
+    sides.assert_alive();
 }
 
 /// perftest's result row: first column the message size, second the iteration count.
