@@ -26,9 +26,12 @@
 //! kept after its DISCONNECTED gets `RDMA_CM_EVENT_TIMEWAIT_EXIT` when the connection's
 //! time-wait ends.
 //!
+//! Multicast joins cross hosts as the kernel's do for RoCEv2: attaching the id's QP makes
+//! the device join the group's IP address on its interface (the kernel's rdma_cm sends
+//! the IGMP join), so `mckey` reaches other processes and other hosts; a send-only join
+//! attaches nothing and joins nothing.
+//!
 //! What it does not (each fails cleanly, with the errno named):
-//! - multicast groups reach the QPs of one host (the devices of a process, or every
-//!   process of a daemon): the device does not join IP multicast groups on the network;
 //! - rsockets (every `r*` call: `ENOSYS`);
 //! - a SIDR answer (`rdma_accept` on a UDP id) without a QP on the id (`EOPNOTSUPP`: the
 //!   answer takes its Q_Key from the id's QP);
