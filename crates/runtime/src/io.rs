@@ -155,12 +155,15 @@ pub(crate) fn group_socket(
         .collect();
     match group {
         IpAddr::V4(g) => {
-            sock.set_multicast_all_v4(false)?;
+            // Best effort (as on the device's sockets): bound to the group, the socket only
+            // ever gets that group's datagrams; with the option it also gets them only from
+            // the interfaces it joined on.
+            let _ = sock.set_multicast_all_v4(false);
             let bind_port = if raw { 0 } else { port };
             sock.bind(&SocketAddr::from((g, bind_port)).into())?;
         }
         IpAddr::V6(g) => {
-            sock.set_multicast_all_v6(false)?;
+            let _ = sock.set_multicast_all_v6(false);
             // A group of interface- or link-local scope names an interface, as a link-local
             // address does: bind with the first local's.
             let scope = if g.segments()[0] & 0x000f <= 2 {
