@@ -54,4 +54,50 @@ fn main() {
         "cargo:rustc-cdylib-link-arg=-Wl,--version-script={}",
         map_path.display()
     );
+    link_soname(&out, "librdmacm.so", "librdmacm.so.1");
+}
+
+/// Leaves the library under its soname, `librdmacm.so.1` -> `librdmacm.so`, in the two folders
+/// cargo puts it: the profile's (`target/<profile>`, where `cargo build -p` copies it) and
+/// its `deps` (where it is linked, and the only fresh copy when it was built as a
+/// dependency, e.g. for another crate's tests). Programs load the soname; cargo cannot name a
+/// cdylib so, and without the link every user would make it by hand.
+///
+/// The link is relative, so it follows the target folder when that moves, and it is made
+/// before the library is linked (a build script runs first): until then it dangles. Cargo
+/// has no hook after linking, and the folders above OUT_DIR are the only ones a build script
+/// knows; a layout other than `<profile>/build/<pkg>-<hash>/out` gets a warning, no link.
+fn link_soname(out: &std::path::Path, file: &str, soname: &str) {
+    let profile = out
+        .parent()
+        .and_then(std::path::Path::parent)
+        .filter(|b| b.file_name().is_some_and(|n| n == "build"))
+        .and_then(std::path::Path::parent);
+    let Some(profile) = profile else {
+        println!(
+            "cargo:warning=OUT_DIR {} is not under <profile>/build: {soname} not linked",
+            out.display()
+        );
+        return;
+    };
+    for dir in [profile.to_path_buf(), profile.join("deps")] {
+        let link = dir.join(soname);
+        if std::fs::read_link(&link).is_ok_and(|t| t == std::path::Path::new(file)) {
+            continue;
+        }
+        // A new link under a name of this process, renamed over the old one: builds running
+        // side by side, and programs loading the library meanwhile, never find it missing.
+        let tmp = dir.join(format!(".{soname}.{}", std::process::id()));
+        let _ = std::fs::remove_file(&tmp);
+        let made = std::fs::create_dir_all(&dir)
+            .and_then(|()| std::os::unix::fs::symlink(file, &tmp))
+            .and_then(|()| std::fs::rename(&tmp, &link));
+        if let Err(e) = made {
+            let _ = std::fs::remove_file(&tmp);
+            println!(
+                "cargo:warning=cannot link {} -> {file}: {e}",
+                link.display()
+            );
+        }
+    }
 }
