@@ -157,10 +157,16 @@ impl RxeVm {
         std::fs::write(&stamp, &script).expect("write the preparation stamp");
     }
 
-    /// `run-vm.sh args` with the scratch folder as `W` (not started).
+    /// `run-vm.sh args` with the scratch folder as `W` (not started). Without the test's
+    /// `LD_LIBRARY_PATH`: cargo points it at target/<profile> and its deps, where the
+    /// drop-ins sit under their sonames, and the tool's `ldd` closure must copy the host's
+    /// libibverbs into the VM, not ours (a relative link there resolves to nothing).
     fn command(&self, args: &[&str]) -> Command {
         let mut c = Command::new("bash");
-        c.arg(&self.tool).args(args).env("W", &self.work);
+        c.arg(&self.tool)
+            .args(args)
+            .env("W", &self.work)
+            .env_remove("LD_LIBRARY_PATH");
         c
     }
 
