@@ -225,6 +225,51 @@ pub fn daemon_devices(daemon_binary: Option<&Path>) -> Result<Vec<DaemonDeviceIn
         .collect())
 }
 
+/// The node GUID (host order) the verbs interface shows for a device on `addr` receiving on
+/// UDP `port`: "SR", then the port, then the low 32 bits of the address, as an EUI-64 is
+/// made from a MAC. Stable across restarts and distinct for the devices of a host; the
+/// engine has no GUID of its own to offer. What `ibv_query_device` and
+/// `/sys/class/infiniband/<dev>/node_guid` (under `softrdma exec`) must agree on.
+pub fn node_guid(addr: IpAddr, port: u16) -> u64 {
+    let low = match addr {
+        IpAddr::V4(a) => u64::from(u32::from(a)),
+        IpAddr::V6(a) => (u128::from(a) as u64) & 0xffff_ffff,
+    };
+    0x5352_0000_0000_0000 | (u64::from(port) << 32) | low
+}
+
+/// What `ibv_query_port` says about a port's link beyond [`crate::PortAttr`]. A soft port
+/// has no physical link to measure: these are the figures the drop-in libibverbs reports
+/// (4X EDR, 100 Gb/s; rxe's capability flags), decided here once for every layer that
+/// shows them (the drop-in's queries, the sysfs view of `softrdma exec`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PortLink {
+    /// `active_width`: `IB_WIDTH_4X` (2).
+    pub active_width: u8,
+    /// `active_speed`: `IB_SPEED_EDR` (32), 25 Gb/s per lane.
+    pub active_speed: u8,
+    /// `phys_state`: 5 (LinkUp) on an active port, 3 (Disabled) on a down one.
+    pub phys_state: u8,
+    /// `port_cap_flags`: `IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS`.
+    pub cap_flags: u32,
+}
+
+impl PortLink {
+    /// The link figures of a port in `state`.
+    pub fn of(state: engine::PortState) -> PortLink {
+        PortLink {
+            active_width: 2,
+            active_speed: 32,
+            phys_state: match state {
+                engine::PortState::Active => 5,
+                _ => 3,
+            },
+            cap_flags: (1 << 16) | (1 << 26),
+        }
+    }
+}
+
 impl Device {
     /// The handle-level verbs of this device, for FFI layers (see [`crate::raw`]).
     pub fn raw(&self) -> RawDevice<'_> {
