@@ -658,8 +658,12 @@ impl G {
             st.remote_qpn = rec.remote_qpn;
             st.conn = (st.req_responder_resources, st.req_initiator_depth);
         }
+        // As rdma-core's ucma_get_device: the id has the device's PD with its context (a
+        // failed allocation leaves it NULL; rdma_create_qp then tries again).
+        let pd = crate::qp::device_pd(self, d).unwrap_or(std::ptr::null_mut());
         let id = self.cid(k);
         id.cid.verbs = ctx;
+        id.cid.pd = pd;
         id.cid.port_num = 1;
         write_sa(&mut id.cid.route.addr.src, local, lport);
         write_sa(&mut id.cid.route.addr.dst, peer, rec.peer.port);

@@ -121,11 +121,16 @@ fn bind(id: *mut rdma_cm_id, addr: *mut libc::sockaddr) -> Result<(), c_int> {
             port
         };
         let ctx = dev.map(|d| g.devs[d].ctx);
+        let pd = match dev {
+            Some(d) => crate::qp::device_pd(g, d)?,
+            None => std::ptr::null_mut(),
+        };
         let sgid = gid_of(ip);
         let id = g.cid(k);
         write_sa(&mut id.cid.route.addr.src, ip, port);
         if let Some(ctx) = ctx {
             id.cid.verbs = ctx;
+            id.cid.pd = pd;
             id.cid.port_num = 1;
             id.cid.route.addr.ibaddr.sgid = ibv_gid { raw: sgid };
             id.cid.route.addr.ibaddr.pkey = 0xffffu16.to_be();
@@ -203,8 +208,12 @@ fn resolve_addr(
             sport
         };
         let (ctx, mtu) = (g.devs[d].ctx, g.devs[d].mtu);
+        let pd = crate::qp::device_pd(g, d)?;
         let id_ = g.cid(k);
         id_.cid.verbs = ctx;
+        if id_.cid.pd.is_null() {
+            id_.cid.pd = pd;
+        }
         id_.cid.port_num = 1;
         write_sa(&mut id_.cid.route.addr.src, src, sport);
         write_sa(&mut id_.cid.route.addr.dst, dst, dport);

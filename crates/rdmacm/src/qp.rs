@@ -8,8 +8,11 @@ use crate::cma::{self, ret, with, St, G};
 use crate::ffi::*;
 use crate::id;
 
-/// The PD rdma-core uses when the caller gives none: one per device, made on first use.
-fn device_pd(g: &mut G, d: usize) -> Result<*mut ibv_pd, c_int> {
+/// The PD rdma-core uses when the caller gives none: one per device, made on first use. An
+/// id shows it in `rdma_cm_id.pd` from the moment it has a device (rdma-core's
+/// `ucma_get_device`), and programs use it before any QP exists (pyverbs wraps it at bind
+/// and route resolution, then creates QPs and AHs on it).
+pub(crate) fn device_pd(g: &mut G, d: usize) -> Result<*mut ibv_pd, c_int> {
     if g.devs[d].pd.is_null() {
         // SAFETY: a context of ours.
         let pd = unsafe { (g.v.alloc_pd)(g.devs[d].ctx) };
