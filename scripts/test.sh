@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every softrdma test: formatting, lints, unit, property, simulation, conformance and
 # interop tests. Installs the Debian packages the tests drive when absent (tshark,
-# python3-scapy, tcpdump, iproute2, ibverbs-utils, perftest, python3-pyverbs, and for the
-# kernel Soft-RoCE VM qemu-system-x86, busybox-static, cpio, kmod, rdmacm-utils,
+# python3-scapy, tcpdump, iproute2, ibverbs-utils, perftest, python3-pyverbs, ucx-utils, and
+# for the kernel Soft-RoCE VM qemu-system-x86, busybox-static, cpio, kmod, rdmacm-utils,
 # ibverbs-providers, rdma-core); those checks are never skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +25,9 @@ command -v cpio >/dev/null 2>&1 || need+=(cpio)
 command -v rping >/dev/null 2>&1 || need+=(rdmacm-utils)
 [ -e /etc/libibverbs.d/rxe.driver ] || need+=(ibverbs-providers)
 dpkg -s rdma-core >/dev/null 2>&1 || need+=(rdma-core)
+# `softrdma exec` (crates/cli/tests/exec.rs) runs UCX's ucx_info on the drop-ins.
+command -v ucx_info >/dev/null 2>&1 || need+=(ucx-utils)
+command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
 # The rdma_cm layout test (crates/rdmacm/tests/layout.rs) compiles against rdma-core's headers.
 [ -e /usr/include/rdma/rdma_cma.h ] || need+=(librdmacm-dev)
 [ -e /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)

@@ -3,7 +3,9 @@
 //! This is the top layer of softrdma. It holds `softrdma decode`, a tcpdump-style decoder
 //! for RoCEv2 captures built on the `wire` codec, and the device tools built on the
 //! `softrdma` API: `devinfo`, `pingpong`, the perftest-compatible benchmarks ([`perf`]) with
-//! their raw-socket [`baseline`], and `demo`; and [`stat`], the host daemon's counters.
+//! their raw-socket [`baseline`], and `demo`; [`stat`], the host daemon's counters; and
+//! [`exec`], which runs any RDMA program on softrdma (drop-ins, daemon, and a private view
+//! of `/sys/class/infiniband` and `/dev/infiniband`).
 //!
 //! The device tools open softrdmad's device when a daemon answers and serves their address,
 //! else an embedded one, as the API does; `--backend` chooses (see [`tool::DeviceOptions`]),
@@ -16,6 +18,7 @@ pub mod capture;
 pub mod decode;
 pub mod demo;
 pub mod devinfo;
+pub mod exec;
 pub mod link;
 pub mod perf;
 pub mod pingpong;

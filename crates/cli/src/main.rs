@@ -1,5 +1,6 @@
 //! `softrdma`: command-line tools for softrdma: decode, devinfo, pingpong, the
-//! perftest-compatible benchmarks, demo, and stat (the host daemon's counters).
+//! perftest-compatible benchmarks, demo, stat (the host daemon's counters), and exec (run
+//! any RDMA program on softrdma).
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
@@ -10,7 +11,7 @@ use clap::{Parser, Subcommand};
 use softrdma_cli::perf::{PerfArgs, Test};
 use softrdma_cli::tool::ToolError;
 use softrdma_cli::{
-    decode_capture, demo, devinfo, perf, pingpong, stat, DecodeError, DecodeSummary,
+    decode_capture, demo, devinfo, exec, perf, pingpong, stat, DecodeError, DecodeSummary,
 };
 
 /// RDMA in software: tools for softrdma.
@@ -62,6 +63,14 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Show the counters of the host daemon softrdmad and of each of its devices.
     Stat(stat::StatArgs),
+    /// Run a program on softrdma: the drop-in libibverbs.so.1 and librdmacm.so.1 first on
+    /// its library path, softrdmad found or started, and softrdma's devices in
+    /// /sys/class/infiniband and /dev/infiniband of a private view of the system.
+    Exec(exec::ExecArgs),
+    /// Make sure softrdmad answers, starting it when none does, and exit (what `exec` runs
+    /// so that the daemon it starts is not the program's child).
+    #[command(name = "start-daemon", hide = true)]
+    StartDaemon,
 }
 
 fn summary_line(s: &DecodeSummary) -> String {
@@ -178,6 +187,8 @@ fn main() -> ExitCode {
         Command::SendLat(a) => bench(Test::SendLat, &a),
         Command::AtomicLat(a) => bench(Test::AtomicLat, &a),
         Command::Demo(a) => finish("demo", demo::run(&a, &mut out)),
+        Command::Exec(a) => exec::main(&a),
+        Command::StartDaemon => exec::start_daemon_main(),
         Command::Stat(a) => match stat::run(&a, &mut out) {
             Ok(()) => ExitCode::SUCCESS,
             Err(stat::StatError::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {
