@@ -1,6 +1,8 @@
 //! The library exports exactly the symbols of Debian's librdmacm.so.1, each with its
 //! version node, and carries the soname programs ask for.
 
+#[path = "../../ibverbs/tests/common/mod.rs"]
+mod common;
 mod rdmacm_lib;
 
 use std::collections::BTreeSet;
@@ -67,24 +69,6 @@ fn the_soname_is_librdmacm_so_1() {
 
 #[test]
 fn the_build_leaves_the_library_under_its_soname() {
-    // build.rs links librdmacm.so.1 -> librdmacm.so in both folders cargo puts the library: the
-    // profile's (`cargo build -p` copies it there) and deps (where it is linked).
-    let exe = std::env::current_exe().expect("test executable path");
-    let deps = exe.parent().expect("target/<profile>/deps");
-    let profile = deps.parent().expect("target/<profile>");
-    for dir in [profile, deps] {
-        let link = dir.join("librdmacm.so.1");
-        assert_eq!(
-            std::fs::read_link(&link).ok(),
-            Some(std::path::PathBuf::from("librdmacm.so")),
-            "{}",
-            link.display()
-        );
-    }
-    // In deps it names the library these tests load.
-    let canon = |p: std::path::PathBuf| std::fs::canonicalize(&p).unwrap_or(p);
-    assert_eq!(
-        canon(deps.join("librdmacm.so.1")),
-        canon(deps.join("librdmacm.so"))
-    );
+    // build.rs (softrdma-dropin-build) links it.
+    common::assert_left_under_soname("rdmacm");
 }

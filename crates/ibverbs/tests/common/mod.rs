@@ -106,6 +106,28 @@ pub fn c_program(src: &Path, libs: &[&str], (header, dev_package): (&str, &str))
     bin
 }
 
+/// Fails unless the build left drop-in `lib{name}.so` under its soname: a relative
+/// `lib{name}.so.1 -> lib{name}.so` link in both folders cargo puts the library, the
+/// profile's (`cargo build -p` copies it there) and deps (where it is linked, and where the
+/// link must name the library the calling test loads).
+pub fn assert_left_under_soname(name: &str) {
+    let (file, soname) = (format!("lib{name}.so"), format!("lib{name}.so.1"));
+    let exe = std::env::current_exe().expect("test executable path");
+    let deps = exe.parent().expect("target/<profile>/deps");
+    let profile = deps.parent().expect("target/<profile>");
+    for dir in [profile, deps] {
+        let link = dir.join(&soname);
+        assert_eq!(
+            std::fs::read_link(&link).ok(),
+            Some(PathBuf::from(&file)),
+            "{}",
+            link.display()
+        );
+    }
+    let canon = |p: PathBuf| std::fs::canonicalize(&p).unwrap_or(p);
+    assert_eq!(canon(deps.join(&soname)), canon(deps.join(&file)));
+}
+
 /// A UDP port free right now on every loopback address (the devices bind it).
 pub fn free_udp_port() -> u16 {
     let s = std::net::UdpSocket::bind("0.0.0.0:0").expect("bind udp");
