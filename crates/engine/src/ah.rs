@@ -31,7 +31,7 @@ impl<M: Memory + ?Sized> Engine<M> {
         if self.pds.get(pd.0).is_none() {
             return Err(VerbsError::InvalidPd);
         }
-        if !attr.is_global || attr.flow_label > 0xf_ffff {
+        if !attr.is_global {
             return Err(VerbsError::InvalidAh);
         }
         let sgid = self
@@ -55,7 +55,7 @@ impl<M: Memory + ?Sized> Engine<M> {
             mtu: self.config.mtu.bytes() as u32,
             hop_limit: attr.hop_limit,
             traffic_class: attr.traffic_class,
-            flow_label: attr.flow_label,
+            flow_label: attr.grh_flow_label(),
             udp_src_port: 0,
             // Datagrams always take the network path: their size limit is the port's.
             internal: false,

@@ -45,6 +45,7 @@ pub(crate) struct Path {
     pub(crate) mtu: u32,
     pub(crate) hop_limit: u8,
     pub(crate) traffic_class: u8,
+    /// The 20-bit flow label ([`crate::AhAttr::grh_flow_label`]).
     pub(crate) flow_label: u32,
     pub(crate) udp_src_port: u16,
     /// The destination is served by the host's own process (`EngineConfig::internal_addresses`):
@@ -545,11 +546,11 @@ impl<M: Memory + ?Sized> Engine<M> {
             internal,
             hop_limit: a.ah_attr.hop_limit,
             traffic_class: a.ah_attr.traffic_class,
-            flow_label: a.ah_attr.flow_label,
+            flow_label: a.ah_attr.grh_flow_label(),
             udp_src_port: self
                 .config
                 .udp_src_port
-                .unwrap_or_else(|| udp_src_port(a.ah_attr.flow_label, qpn, a.dest_qp_num)),
+                .unwrap_or_else(|| udp_src_port(a.ah_attr.grh_flow_label(), qpn, a.dest_qp_num)),
         })
     }
 

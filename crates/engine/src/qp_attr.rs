@@ -354,7 +354,8 @@ pub struct AhAttr {
     pub hop_limit: u8,
     /// IP traffic class (DSCP and ECN bits).
     pub traffic_class: u8,
-    /// IPv6 flow label (20 bits).
+    /// IPv6 flow label. The GRH holds 20 bits; the higher bits of the `u32` are accepted and
+    /// ignored, as Linux does (UCX passes `~path_index` here, see [`AhAttr::grh_flow_label`]).
     pub flow_label: u32,
     /// Destination LID; unused on RoCE.
     pub dlid: u16,
@@ -366,6 +367,19 @@ pub struct AhAttr {
     pub port_num: u8,
     /// Whether the GRH fields above are valid; RoCE requires it.
     pub is_global: bool,
+}
+
+/// The 20 bits of an IPv6 / GRH flow label.
+pub const FLOW_LABEL_MASK: u32 = 0x000f_ffff;
+
+impl AhAttr {
+    /// The flow label the packets carry: the low 20 bits of [`AhAttr::flow_label`]. Linux
+    /// takes any `u32` from `ibv_modify_qp` and `ibv_create_ah` and keeps 20 of them on the
+    /// wire and in the UDP source port (`rdma_get_udp_sport`); UCX relies on it, setting
+    /// `~(path factor × path index)` on RoCE.
+    pub const fn grh_flow_label(&self) -> u32 {
+        self.flow_label & FLOW_LABEL_MASK
+    }
 }
 
 impl Default for AhAttr {

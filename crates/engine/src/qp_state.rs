@@ -25,9 +25,6 @@ const MAX_TIMER_CODE: u8 = 31;
 /// Largest 3-bit retry count (`retry_cnt`, `rnr_retry`; 7 means "infinite" for `rnr_retry`).
 const MAX_RETRY: u8 = 7;
 
-/// Largest 20-bit IPv6 / GRH flow label.
-const MAX_FLOW_LABEL: u32 = 0x000f_ffff;
-
 /// Largest 4-bit service level.
 const MAX_SL: u8 = 15;
 
@@ -517,13 +514,7 @@ fn check_ah(
         ah.sgid_index.into(),
         limits.gid_table_len.into(),
     )?;
-    in_range(
-        attr,
-        names.flow_label,
-        ah.flow_label.into(),
-        0,
-        MAX_FLOW_LABEL.into(),
-    )?;
+    // No check of the flow label: the GRH keeps its low 20 bits ([`AhAttr::grh_flow_label`]).
     in_range(attr, names.sl, ah.sl.into(), 0, MAX_SL.into())
 }
 
@@ -532,7 +523,6 @@ struct AhFieldNames {
     port_num: &'static str,
     is_global: &'static str,
     sgid_index: &'static str,
-    flow_label: &'static str,
     sl: &'static str,
 }
 
@@ -541,7 +531,6 @@ const AH_NAMES: AhFieldNames = AhFieldNames {
     port_num: "ah_attr.port_num",
     is_global: "ah_attr.is_global",
     sgid_index: "ah_attr.grh.sgid_index",
-    flow_label: "ah_attr.grh.flow_label",
     sl: "ah_attr.sl",
 };
 
@@ -550,7 +539,6 @@ const ALT_AH_NAMES: AhFieldNames = AhFieldNames {
     port_num: "alt_ah_attr.port_num",
     is_global: "alt_ah_attr.is_global",
     sgid_index: "alt_ah_attr.grh.sgid_index",
-    flow_label: "alt_ah_attr.grh.flow_label",
     sl: "alt_ah_attr.sl",
 };
 

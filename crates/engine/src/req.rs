@@ -164,7 +164,7 @@ fn ip_header(
                 IpAddr::V4(a) => a.to_ipv6_mapped(),
             },
             traffic_class,
-            flow_label: flow_label & 0xf_ffff,
+            flow_label,
             hop_limit,
             payload_len: 0,
         }),

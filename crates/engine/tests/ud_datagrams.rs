@@ -140,7 +140,8 @@ fn ud_over_ipv6_puts_the_ipv6_header_in_the_grh() {
                 sgid_index: 0,
                 hop_limit: 7,
                 traffic_class: 0x28,
-                flow_label: 0x1_2345,
+                // Bits above the 20 a GRH holds are accepted and dropped, as on Linux.
+                flow_label: 0xfff1_2345,
                 is_global: true,
                 ..Default::default()
             },
