@@ -56,6 +56,7 @@ mod cq_ex;
 mod device;
 mod events;
 mod qp_ex;
+mod strs;
 mod stubs;
 mod verbs;
 

@@ -174,41 +174,6 @@ pub unsafe extern "C" fn ibv_read_sysfs_file() -> c_int {
     -1
 }
 
-/// `ibv_wc_status_str`: the same words as libibverbs.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_wc_status_str(status: u32) -> *const c_char {
-    const S: [&core::ffi::CStr; 24] = [
-        c"success",
-        c"local length error",
-        c"local QP operation error",
-        c"local EE context operation error",
-        c"local protection error",
-        c"Work Request Flushed Error",
-        c"memory management operation error",
-        c"bad response error",
-        c"local access error",
-        c"remote invalid request error",
-        c"remote access error",
-        c"remote operation error",
-        c"transport retry counter exceeded",
-        c"RNR retry counter exceeded",
-        c"local RDD violation error",
-        c"remote invalid RD request",
-        c"aborted error",
-        c"invalid EE context number",
-        c"invalid EE context state",
-        c"fatal error",
-        c"response timeout error",
-        c"general error",
-        c"TM error",
-        c"TM rendezvous error",
-    ];
-    S.get(status as usize)
-        .copied()
-        .unwrap_or(c"unknown")
-        .as_ptr()
-}
-
 symver!(
     ibv_fork_init,
     ibv_is_fork_initialized,
@@ -218,5 +183,4 @@ symver!(
     ibv_dofork_range,
     ibv_get_sysfs_path,
     ibv_read_sysfs_file,
-    ibv_wc_status_str,
 );

@@ -11,8 +11,11 @@ struct Lib(P);
 
 impl Lib {
     fn open() -> Lib {
-        let path = CString::new(common::built_library().to_string_lossy().into_owned())
-            .expect("path without NUL");
+        Lib::open_path(&common::built_library())
+    }
+
+    fn open_path(path: &std::path::Path) -> Lib {
+        let path = CString::new(path.to_string_lossy().into_owned()).expect("path without NUL");
         // SAFETY: a valid C string; the library's constructors are Rust statics only.
         let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
         assert!(!h.is_null(), "dlopen failed");
@@ -145,18 +148,42 @@ fn unsupported_calls_fail_with_eopnotsupp_and_driver_registration_is_harmless() 
     // SAFETY: NULL is refused before anything is read.
     assert!(unsafe { ex(std::ptr::null_mut()) }.is_null());
     assert_eq!(errno(), libc::EOPNOTSUPP);
-    // SAFETY: const char *ibv_wc_status_str(enum ibv_wc_status).
-    let s: unsafe extern "C" fn(u32) -> *const std::ffi::c_char =
-        unsafe { std::mem::transmute(lib.sym("ibv_wc_status_str")) };
-    // SAFETY: returns static C strings.
-    let txt = |v| {
-        unsafe { std::ffi::CStr::from_ptr(s(v)) }
-            .to_string_lossy()
-            .into_owned()
-    };
-    assert_eq!(txt(0), "success");
-    assert_eq!(txt(12), "transport retry counter exceeded");
-    assert_eq!(txt(1000), "unknown");
+}
+
+#[test]
+fn the_string_calls_say_what_debians_libibverbs_says() {
+    let debian = std::path::Path::new("/usr/lib/x86_64-linux-gnu/libibverbs.so.1");
+    if !debian.exists() {
+        eprintln!("skipped: no libibverbs1 to compare with (apt-get install libibverbs1)");
+        return;
+    }
+    let (ours, theirs) = (Lib::open(), Lib::open_path(debian));
+    type Str = unsafe extern "C" fn(c_int) -> *const std::ffi::c_char;
+    for name in [
+        "ibv_wc_status_str",
+        "ibv_event_type_str",
+        "ibv_port_state_str",
+        "ibv_node_type_str",
+    ] {
+        // SAFETY: const char *ibv_*_str(enum ...): an int in, a static C string out.
+        let (a, b) = unsafe {
+            (
+                std::mem::transmute::<P, Str>(ours.sym(name)),
+                std::mem::transmute::<P, Str>(theirs.sym(name)),
+            )
+        };
+        // Every value of each enum and some either side of it.
+        for v in -2..40 {
+            // SAFETY: both return static NUL-terminated strings for any value.
+            let (x, y) = unsafe {
+                (
+                    std::ffi::CStr::from_ptr(a(v)),
+                    std::ffi::CStr::from_ptr(b(v)),
+                )
+            };
+            assert_eq!(x, y, "{name}({v})");
+        }
+    }
 }
 
 #[test]
