@@ -22,8 +22,8 @@
 //! ```
 
 use engine::{
-    AccessFlags, AhHandle, MrHandle, MwBind, MwHandle, RecvWr, SendFlags, SendOp, SendPayload,
-    SendWr, Sge, SgeList, UdDest, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, AhHandle, MrHandle, MwBind, MwHandle, NetworkHdr, RecvWr, SendFlags, SendOp,
+    SendPayload, SendWr, Sge, SgeList, UdDest, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
@@ -154,11 +154,21 @@ pub struct Cqe {
     pub wc_flags: u32,
     /// P_Key index.
     pub pkey_index: u16,
+    /// The network header of a received datagram ([`NET_HDR_NONE`], [`NET_HDR_IPV4`],
+    /// [`NET_HDR_IPV6`]).
+    pub network_hdr: u8,
     /// Zero.
-    pub reserved0: u16,
+    pub reserved0: u8,
     /// Zero.
     pub reserved: [u32; 4],
 }
+
+/// [`Cqe::network_hdr`] of a completion without a datagram.
+pub const NET_HDR_NONE: u8 = 0;
+/// [`Cqe::network_hdr`]: the datagram came in IPv4.
+pub const NET_HDR_IPV4: u8 = 4;
+/// [`Cqe::network_hdr`]: the datagram came in IPv6.
+pub const NET_HDR_IPV6: u8 = 6;
 
 /// Bytes of a [`SendWqe`].
 pub const SEND_WQE_LEN: usize = size_of::<SendWqe>();
@@ -534,6 +544,11 @@ impl Cqe {
             src_qp: c.src_qp,
             wc_flags: c.wc_flags.bits(),
             pkey_index: c.pkey_index,
+            network_hdr: match c.network_hdr {
+                NetworkHdr::None => NET_HDR_NONE,
+                NetworkHdr::Ipv4 => NET_HDR_IPV4,
+                NetworkHdr::Ipv6 => NET_HDR_IPV6,
+            },
             ..Cqe::default()
         }
     }
@@ -571,6 +586,17 @@ impl Cqe {
         wc.src_qp = self.src_qp;
         wc.wc_flags = WcFlags::from_bits_truncate(self.wc_flags);
         wc.pkey_index = self.pkey_index;
+        wc.network_hdr = match self.network_hdr {
+            NET_HDR_NONE => NetworkHdr::None,
+            NET_HDR_IPV4 => NetworkHdr::Ipv4,
+            NET_HDR_IPV6 => NetworkHdr::Ipv6,
+            other => {
+                return Err(WqeError::Completion {
+                    what: "network header",
+                    value: other.into(),
+                })
+            }
+        };
         Ok(wc)
     }
 }
@@ -713,10 +739,18 @@ mod tests {
         wc.imm_data = 0x0102_0304;
         wc.qp_num = 0x00ab_cdef;
         wc.src_qp = 3;
-        wc.wc_flags = WcFlags::WITH_IMM;
-        let e = Cqe::of(&wc);
-        let back = Cqe::read_from_bytes(e.as_bytes()).unwrap();
-        assert_eq!(back.completion().unwrap(), wc);
+        wc.wc_flags = WcFlags::WITH_IMM | WcFlags::GRH;
+        for net in [NetworkHdr::None, NetworkHdr::Ipv4, NetworkHdr::Ipv6] {
+            wc.network_hdr = net;
+            let e = Cqe::of(&wc);
+            let back = Cqe::read_from_bytes(e.as_bytes()).unwrap();
+            assert_eq!(back.completion().unwrap(), wc);
+        }
+        let bad = Cqe {
+            network_hdr: 5,
+            ..Cqe::of(&wc)
+        };
+        assert!(bad.completion().is_err());
     }
 
     proptest! {

@@ -153,6 +153,20 @@ bitflags! {
     }
 }
 
+/// The network header a received datagram came in (Linux's `ib_wc.network_hdr_type`): what
+/// the 40-byte GRH area of a UD receive buffer holds. A RoCEv2 NIC reports it in the
+/// completion; mlx5 puts it in `ibv_wc.sl`, where UCX's `ud_verbs` reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum NetworkHdr {
+    /// Not a datagram receive (no GRH area).
+    #[default]
+    None,
+    /// An IPv4 header, in the area's last 20 bytes (RoCEv2 annex A17.4.5.2).
+    Ipv4,
+    /// An IPv6 header, the whole area.
+    Ipv6,
+}
+
 /// One completion, as `ibv_poll_cq` returns it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -179,6 +193,8 @@ pub struct WorkCompletion {
     pub wc_flags: WcFlags,
     /// P_Key index of the packet (receives; always 0 here).
     pub pkey_index: u16,
+    /// The network header of a received datagram (with [`WcFlags::GRH`]).
+    pub network_hdr: NetworkHdr,
 }
 
 impl Default for WorkCompletion {
@@ -203,6 +219,7 @@ impl WorkCompletion {
             src_qp: 0,
             wc_flags: WcFlags::empty(),
             pkey_index: 0,
+            network_hdr: NetworkHdr::None,
         }
     }
 }

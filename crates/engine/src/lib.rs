@@ -129,7 +129,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::net::IpAddr;
 
 pub use counters::{Counter, Counters};
-pub use cq::{CqHandle, WcFlags, WcOpcode, WcStatus, WorkCompletion};
+pub use cq::{CqHandle, NetworkHdr, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 pub use device::{
     AtomicCap, DeviceAttr, EngineConfig, Gid, Ipv4IdentPolicy, LinkLayer, PortAttr, PortState,
     DEFAULT_ACK_COALESCE, MAX_INTERNAL_MTU,

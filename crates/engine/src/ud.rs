@@ -12,7 +12,7 @@ use wire::{
 
 use crate::ah::AhHandle;
 use crate::counters::Counter;
-use crate::cq::{WcFlags, WcOpcode};
+use crate::cq::{NetworkHdr, WcFlags, WcOpcode};
 use crate::error::VerbsError;
 use crate::memory::Memory;
 use crate::qp::{Path, Qp};
@@ -219,6 +219,10 @@ pub(crate) fn handle_request<M: Memory + ?Sized>(
         return false;
     };
     let g = grh(pkt.ip.src(), packet);
+    let net = match pkt.ip.src() {
+        IpAddr::V4(_) => NetworkHdr::Ipv4,
+        IpAddr::V6(_) => NetworkHdr::Ipv6,
+    };
     let total = (GRH_LEN + pkt.payload.len()) as u64;
     let mut status = WcStatus::Success;
     if total > r.len {
@@ -237,6 +241,7 @@ pub(crate) fn handle_request<M: Memory + ?Sized>(
         wc.byte_len = total as u32;
         wc.src_qp = src_qp;
         wc.wc_flags |= WcFlags::GRH;
+        wc.network_hdr = net;
         if let Some(imm) = imm {
             wc.imm_data = imm;
             wc.wc_flags |= WcFlags::WITH_IMM;

@@ -49,7 +49,7 @@ pub(crate) fn tail(extended: bool) -> ibv_cq_ex_tail {
         ops[READ_SRC_QP] = read_src_qp as unsafe extern "C" fn(C) -> u32 as usize;
         ops[READ_WC_FLAGS] = read_wc_flags as unsafe extern "C" fn(C) -> u32 as usize;
         ops[READ_SLID] = read_zero_u32 as unsafe extern "C" fn(C) -> u32 as usize;
-        ops[READ_SL] = read_zero_u8 as unsafe extern "C" fn(C) -> u8 as usize;
+        ops[READ_SL] = read_sl as unsafe extern "C" fn(C) -> u8 as usize;
         ops[READ_DLID_PATH_BITS] = read_zero_u8 as unsafe extern "C" fn(C) -> u8 as usize;
     }
     ibv_cq_ex_tail {
@@ -208,7 +208,12 @@ unsafe extern "C" fn read_zero_u32(_c: *mut ibv_cq) -> u32 {
     0
 }
 
-/// SL and DLID path bits: RoCE has none.
+unsafe extern "C" fn read_sl(c: *mut ibv_cq) -> u8 {
+    // SAFETY: the program's extended CQ.
+    unsafe { read(c, crate::verbs::sl_of) }
+}
+
+/// DLID path bits: RoCE has none.
 unsafe extern "C" fn read_zero_u8(_c: *mut ibv_cq) -> u8 {
     0
 }

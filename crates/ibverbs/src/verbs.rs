@@ -148,8 +148,12 @@ unsafe fn cq_ok<'a>(cq: *mut ibv_cq) -> Result<(&'a Cq, &'a Ctx), c_int> {
     Ok((q, cx))
 }
 
+/// The errno a failed verb returns. It is left in `errno` too, as rdma-core's verbs leave the
+/// failed system call's: programs print it with `%m` (UCX does, after `ibv_modify_qp`).
 pub(crate) fn verr(e: softrdma::Error) -> c_int {
-    e.errno()
+    let errno = e.errno();
+    crate::set_errno(errno);
+    errno
 }
 
 // ---- PD ----
@@ -755,7 +759,7 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_in
                 wc_flags: w.wc_flags.bits(),
                 pkey_index: w.pkey_index,
                 slid: 0,
-                sl: 0,
+                sl: sl_of(w),
                 dlid_path_bits: 0,
             };
             // SAFETY: the caller's array holds `n` entries and done + i < done + got <= n.
@@ -775,6 +779,19 @@ pub(crate) fn imm_of(w: &engine::WorkCompletion) -> u32 {
         w.invalidated_rkey
     } else {
         w.imm_data.to_be()
+    }
+}
+
+/// `ibv_wc.sl`. RoCE has no service levels; for a received datagram a RoCE NIC reports the
+/// packet type there instead (mlx5: bit 3 for a UDP-encapsulated RoCEv2 frame, bits 2:0 the
+/// L3 header, 1 IPv6 or 2 IPv4). UCX's `ud_verbs` reads it to find the destination GID in
+/// the GRH area, and drops every datagram whose GID it cannot find.
+pub(crate) fn sl_of(w: &engine::WorkCompletion) -> u8 {
+    const ROCE_V2: u8 = 0x8;
+    match w.network_hdr {
+        engine::NetworkHdr::None => 0,
+        engine::NetworkHdr::Ipv6 => ROCE_V2 | 1,
+        engine::NetworkHdr::Ipv4 => ROCE_V2 | 2,
     }
 }
 
