@@ -225,6 +225,8 @@ pub(crate) struct Ctx {
     pub(crate) shared: Arc<Shared>,
     entry: &'static DevEntry,
     _cmd_fd: OwnedFd,
+    /// `context->async_fd`: readable while the device's async-event descriptor is.
+    pub(crate) async_watch: crate::watch::Watch,
 }
 
 impl Ctx {
@@ -438,7 +440,12 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
     // SAFETY: `fd` was just created and is owned by nobody else.
     let cmd_fd = unsafe { OwnedFd::from_raw_fd(fd) };
     // Readable when an asynchronous event may be waiting (ibv_get_async_event takes it).
-    let async_fd = shared.dev.async_event_fd().as_raw_fd();
+    let Some(async_watch) = crate::watch::Watch::new() else {
+        release_device(entry);
+        return fail(libc::EMFILE);
+    };
+    async_watch.add(shared.dev.async_event_fd().as_raw_fd());
+    let async_fd = async_watch.raw();
     let ctx = Box::new(Ctx {
         vctx: verbs_context {
             query_port: Some(query_port_op),
@@ -460,6 +467,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         shared,
         entry,
         _cmd_fd: cmd_fd,
+        async_watch,
     });
     let p = Box::into_raw(ctx);
     // SAFETY: `p` is a live Box allocation; taking a field address does not move it.

@@ -127,9 +127,10 @@ fn signal(fd: BorrowedFd<'_>) {
 }
 
 /// `ibv_get_async_event`: the next event of the context's device, blocking until there is
-/// one. `context->async_fd` is readable exactly while events wait here (on the daemon, an
-/// event of another connection of the host, or one that arrives while this call takes
-/// others, can leave it readable once with nothing to take).
+/// one, or -1 with `EAGAIN` when the program made `async_fd` non-blocking and none waits.
+/// `context->async_fd` is readable exactly while events wait here (on the daemon, an
+/// event of another connection of the host, one that arrives while this call takes others,
+/// or one for an object already destroyed can leave it readable once with nothing to take).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_async_event(
     c: *mut ibv_context,
@@ -171,6 +172,12 @@ pub unsafe extern "C" fn ibv_get_async_event(
                     return 0;
                 }
             }
+        }
+        if cx.async_watch.nonblocking() {
+            // UCX's async thread reads with O_NONBLOCK after each wake-up; blocking here
+            // would hang its teardown, which joins that thread.
+            set_errno(libc::EAGAIN);
+            return -1;
         }
         if let Err(e) = raw.wait_async_event(None) {
             set_errno(e.errno());

@@ -28,8 +28,11 @@
 //! busy-polling programs leave the daemon room to run (the `softrdma` crate's policy:
 //! `SOFTRDMA_POLL_YIELD=0` turns that off, `1` turns it on for both backends).
 //!
-//! Completion channels are real descriptors (the CQ's eventfd on either backend), and so is
-//! `context->async_fd` (readable while `ibv_get_async_event` has an event to give).
+//! Completion channels are real descriptors, readable while one of their CQs has an event,
+//! and so is `context->async_fd` (readable while `ibv_get_async_event` has an event to
+//! give); made non-blocking by the program, they turn an empty `ibv_get_cq_event` or
+//! `ibv_get_async_event` into `EAGAIN`, as rdma-core's do (each is an epoll descriptor
+//! of the program's own).
 //!
 //! Beyond the classic verbs: memory windows (`ibv_alloc_mw`, `ibv_bind_mw`,
 //! `IBV_WR_BIND_MW`), extended QPs (`ibv_create_qp_ex` and the `wr_*` post API of
@@ -59,6 +62,7 @@ mod qp_ex;
 mod strs;
 mod stubs;
 mod verbs;
+mod watch;
 
 /// Set the calling thread's `errno`.
 pub(crate) fn set_errno(e: i32) {

@@ -1,7 +1,7 @@
 //! PD, MR, CQ, completion channels, QPs, and the data path of `context->ops`.
 
 use core::ffi::{c_int, c_void};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::sync::Mutex;
 
 use engine::{
@@ -47,7 +47,8 @@ pub(crate) struct Cq {
 #[repr(C)]
 struct Channel {
     ibv: ibv_comp_channel,
-    fd: OwnedFd,
+    /// `ibv.fd`: readable while one of its CQs has an event.
+    watch: crate::watch::Watch,
     cqs: Mutex<Vec<usize>>,
 }
 
@@ -488,20 +489,16 @@ pub unsafe extern "C" fn ibv_create_comp_channel(c: *mut ibv_context) -> *mut ib
     if let Err(e) = unsafe { ctx_ok(c) } {
         return fail(e);
     }
-    // SAFETY: no memory arguments; the result is checked.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-    if fd < 0 {
+    let Some(watch) = crate::watch::Watch::new() else {
         return fail(libc::EMFILE);
-    }
-    // SAFETY: a fresh descriptor owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    };
     let ch = Box::new(Channel {
         ibv: ibv_comp_channel {
             context: c,
-            fd: fd.as_raw_fd(),
+            fd: watch.raw(),
             refcnt: 0,
         },
-        fd,
+        watch,
         cqs: Mutex::new(Vec::new()),
     });
     Box::into_raw(ch) as *mut ibv_comp_channel
@@ -589,14 +586,8 @@ pub(crate) unsafe fn create_cq(
         unsafe {
             let chan = &*(channel as *mut Channel);
             let mut cqs = chan.cqs.lock().unwrap_or_else(|p| p.into_inner());
-            if cqs.is_empty() {
-                // The channel's fd becomes the CQ's notifier: readable on its events.
-                libc::dup3(
-                    (*cq).raw.event_fd().as_raw_fd(),
-                    chan.fd.as_raw_fd(),
-                    libc::O_CLOEXEC,
-                );
-            }
+            // The channel's fd is readable on this CQ's events (and its other CQs').
+            chan.watch.add((*cq).raw.event_fd().as_raw_fd());
             cqs.push(cq as usize);
             (*channel).refcnt += 1;
         }
@@ -642,6 +633,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         // SAFETY: the channel outlives its CQs (destroy_comp_channel refuses while used).
         unsafe {
             let chan = &*(q.ibv.channel as *mut Channel);
+            chan.watch.remove(q.raw.event_fd().as_raw_fd());
             chan.cqs
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -685,9 +677,14 @@ pub unsafe extern "C" fn ibv_get_cq_event(
                 revents: 0,
             });
         }
+        if chan.watch.nonblocking() {
+            // rdma-core reads the channel's descriptor: no event and O_NONBLOCK is EAGAIN.
+            crate::set_errno(libc::EAGAIN);
+            return -1;
+        }
         if fds.is_empty() {
             fds.push(libc::pollfd {
-                fd: chan.fd.as_raw_fd(),
+                fd: chan.watch.raw(),
                 events: libc::POLLIN,
                 revents: 0,
             });

@@ -4,7 +4,8 @@
 //! it, builds the reply's AH from the work completion and the receive buffer
 //! (`ibv_init_ah_from_wc` and `ibv_create_ah_from_wc`, compared with the packet's header),
 //! and sends "pong" through it; the requester must receive it from the responder's QP and
-//! address. The responder then checks that bad input fails with rdma-core's errno. Over
+//! address. The responder then checks that bad input fails with rdma-core's errno; the
+//! requester takes the reply's event from a completion channel shared by its two CQs. Over
 //! IPv4 (two addresses) and IPv6 (::1, the one IPv6 address a test host surely has), on a
 //! `softrdmad` of each test's own and on embedded devices.
 //!

@@ -12,6 +12,10 @@
  *     label 0x12345) and waits for the reply, which must come from the responder's QP and
  *     address. Prints "REQUESTER OK".
  *
+ * Both CQs of each side share one completion channel; the requester waits for the reply
+ * on the channel's descriptor (an event of its second CQ), then makes the descriptor
+ * non-blocking and expects ibv_get_cq_event to fail with EAGAIN, as rdma-core's does.
+ *
  * Each prints the hop limit, traffic class and flow label of the GRH it received
  * ("GRH hop_limit=33 traffic_class=32 flow_label=0x12345"): where the device delivers the
  * packet's own header, both show the requester's values (the reply's AH carried them back).
@@ -20,6 +24,8 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <infiniband/verbs.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -53,6 +59,7 @@ struct side {
 	struct ibv_context *ctx;
 	struct ibv_pd *pd;
 	struct ibv_mr *mr;
+	struct ibv_comp_channel *ch;
 	struct ibv_cq *scq, *rcq;
 	struct ibv_qp *qp;
 	union ibv_gid own;
@@ -88,8 +95,10 @@ static void setup(struct side *s)
 	s->buf = calloc(1, BUF);
 	s->mr = ibv_reg_mr(s->pd, s->buf, BUF, IBV_ACCESS_LOCAL_WRITE);
 	CHECK(s->mr, "ibv_reg_mr");
-	s->scq = ibv_create_cq(s->ctx, 4, NULL, NULL, 0);
-	s->rcq = ibv_create_cq(s->ctx, 4, NULL, NULL, 0);
+	s->ch = ibv_create_comp_channel(s->ctx);
+	CHECK(s->ch, "ibv_create_comp_channel: %s", strerror(errno));
+	s->scq = ibv_create_cq(s->ctx, 4, NULL, s->ch, 0);
+	s->rcq = ibv_create_cq(s->ctx, 4, NULL, s->ch, 0);
 	CHECK(s->scq && s->rcq, "ibv_create_cq");
 	struct ibv_qp_init_attr init = {
 		.send_cq = s->scq,
@@ -271,6 +280,9 @@ static int responder(const char *peer_ip, const char *ready)
 	CHECK(wc.opcode == IBV_WC_RECV, "opcode %d", wc.opcode);
 	CHECK(wc.wc_flags & IBV_WC_GRH, "no IBV_WC_GRH");
 	CHECK(wc.byte_len == GRH + 5, "byte_len %u", wc.byte_len);
+	/* RoCE has no SL: the packet type is there, as mlx5 reports it and UCX's ud_verbs reads
+	 * it (bit 3: RoCEv2; bits 2:0: 2 IPv4, 1 IPv6). */
+	CHECK(wc.sl == (v4 ? 0xa : 0x9), "sl %#x for an IPv%d datagram", wc.sl, v4 ? 4 : 6);
 	CHECK(strcmp((char *)s.buf + GRH, "ping") == 0, "payload %.8s", s.buf + GRH);
 	check_grh(s.buf, &peer, &s.own, v4);
 	print_grh(s.buf, v4);
@@ -326,10 +338,26 @@ static int requester(const char *peer_ip, const char *qpn_s)
 	};
 	struct ibv_ah *ah = ibv_create_ah(s.pd, &attr);
 	CHECK(ah, "ibv_create_ah: %s", strerror(errno));
+	CHECK(ibv_req_notify_cq(s.rcq, 0) == 0, "ibv_req_notify_cq");
 	send_to(&s, ah, qpn, "ping");
 	wait_wc(s.scq, "send");
 
+	/* The reply's event comes through the channel's descriptor, though the receive CQ is
+	 * the second CQ of the channel. */
+	struct pollfd p = { .fd = s.ch->fd, .events = POLLIN };
+	CHECK(poll(&p, 1, 15000) == 1, "the channel's fd never became readable");
+	struct ibv_cq *ev_cq;
+	void *ev_ctx;
+	CHECK(ibv_get_cq_event(s.ch, &ev_cq, &ev_ctx) == 0, "ibv_get_cq_event");
+	CHECK(ev_cq == s.rcq, "the event names the send CQ, not the receive CQ");
+	ibv_ack_cq_events(ev_cq, 1);
 	struct ibv_wc wc = wait_wc(s.rcq, "reply");
+	int fl = fcntl(s.ch->fd, F_GETFL);
+	CHECK(fl >= 0 && fcntl(s.ch->fd, F_SETFL, fl | O_NONBLOCK) == 0, "fcntl");
+	errno = 0;
+	CHECK(ibv_get_cq_event(s.ch, &ev_cq, &ev_ctx) == -1 && errno == EAGAIN,
+	      "ibv_get_cq_event on a quiet non-blocking channel: errno %d (%s)", errno,
+	      strerror(errno));
 	CHECK(wc.src_qp == qpn, "reply from QP %u, not %u", wc.src_qp, qpn);
 	CHECK(wc.wc_flags & IBV_WC_GRH, "reply without IBV_WC_GRH");
 	CHECK(strcmp((char *)s.buf + GRH, "pong") == 0, "reply payload %.8s", s.buf + GRH);

@@ -1,8 +1,9 @@
 # An SRQ limit event through the drop-in: rdma-core's own test resources (tests/base.py) make
 # an RC pair, the server's SRQ is armed with limit 2 and holds 2 receives, one SEND takes one:
 # context->async_fd must become readable, ibv_get_async_event must name the SRQ's event, and
-# after it the descriptor must be quiet again.
-import ctypes, os, select, sys
+# after it the descriptor must be quiet again. Made non-blocking by the program (as UCX does),
+# the descriptor turns an empty ibv_get_async_event into EAGAIN instead of a wait.
+import ctypes, errno, fcntl, os, select, sys
 import pyverbs.enums as e
 from pyverbs.srq import SrqAttr
 from tests.base import RCResources
@@ -55,6 +56,12 @@ ev = server.ctx.get_async_event()
 assert ev.event_type == e.IBV_EVENT_SRQ_LIMIT_REACHED, ev.event_type
 ev.ack()
 assert not readable(fd, 0), "async_fd still readable with no event left"
+fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+verbs = ctypes.CDLL("libibverbs.so.1", use_errno=True)
+event = ctypes.create_string_buffer(16)  # struct ibv_async_event
+rc = verbs.ibv_get_async_event(ctypes.c_void_p(ibv_context(server.ctx)), event)
+assert rc == -1, "ibv_get_async_event gave an event that was not there"
+assert ctypes.get_errno() == errno.EAGAIN, os.strerror(ctypes.get_errno())
 print("SRQ limit event OK", flush=True)
 # Leave without pyverbs' teardown: the process's exit releases every object (softrdmad
 # reclaims what a connection held).
