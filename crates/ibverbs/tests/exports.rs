@@ -6,14 +6,19 @@ mod common;
 use std::collections::BTreeSet;
 use std::process::Command;
 
-fn dynamic_exports(lib: &std::path::Path) -> BTreeSet<String> {
+/// `objdump -T lib`: the dynamic symbol table.
+fn symbol_table(lib: &std::path::Path) -> String {
     let out = Command::new("objdump")
         .arg("-T")
         .arg(lib)
         .output()
         .expect("objdump (binutils) runs");
-    assert!(out.status.success(), "objdump failed");
-    String::from_utf8_lossy(&out.stdout)
+    assert!(out.status.success(), "objdump failed on {}", lib.display());
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn dynamic_exports(lib: &std::path::Path) -> BTreeSet<String> {
+    symbol_table(lib)
         .lines()
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
@@ -65,12 +70,7 @@ fn every_imported_symbol_is_exported_with_its_version_node_and_nothing_else() {
 
 /// `name@(NODE)` of each libibverbs symbol `lib` imports.
 fn verbs_imports(lib: &std::path::Path) -> BTreeSet<String> {
-    let out = Command::new("objdump")
-        .arg("-T")
-        .arg(lib)
-        .output()
-        .expect("objdump (binutils) runs");
-    String::from_utf8_lossy(&out.stdout)
+    symbol_table(lib)
         .lines()
         .filter_map(|l| {
             // "<addr> DF *UND* <size> (<VERSION>) <name>".
