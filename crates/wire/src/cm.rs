@@ -14,6 +14,14 @@
 //!
 //! LAP and APR (alternate path migration) and ClassPortInfo are not modeled; their attribute
 //! IDs parse as [`WireError::UnsupportedCmAttribute`].
+//!
+//! ## ECE
+//! REQ and REP carry Enhanced Connection Establishment ([`Ece`]) where Linux puts it
+//! (`include/rdma/ibta_vol1_c12.h`, `cm_format_req`/`cm_format_rep`): the 24-bit vendor ID in
+//! bytes IBA 12.6 reserves (REQ bytes 5–7; REP bytes 15, 19 and 23, high to low) and the
+//! vendor's option bits in the MAD header's attribute modifier. That is why a REQ's or REP's
+//! Repr is parsed with the header's attribute modifier, and why [`CmMadRepr::header`] takes
+//! it from the message. Every other CM message has an attribute modifier of zero.
 
 use core::fmt;
 
@@ -134,6 +142,19 @@ impl<const N: usize> fmt::Debug for PrivateData<N> {
         }
         f.write_str("]")
     }
+}
+
+/// Enhanced Connection Establishment: which vendor's options a side speaks and which of
+/// them it asks for (REQ) or grants (REP), as Linux's CM carries them (`struct
+/// rdma_ucm_ece`; rdma-core's `struct ibv_ece`). All zero is "no ECE", what every CM that
+/// predates it sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Ece {
+    /// The vendor's IEEE OUI (24 bits; the rest is cut on emit).
+    pub vendor_id: u32,
+    /// The vendor-defined option bits, carried in the MAD header's attribute modifier
+    /// (Linux's `ece.attr_mod`, rdma-core's `ibv_ece.options`).
+    pub options: u32,
 }
 
 /// The transport service a REQ asks for (IBA 12.6.5, 2 bits).
@@ -311,6 +332,8 @@ mod field {
     /// REQ (table 99).
     pub mod req {
         use crate::bytes::Bits;
+        /// Reserved in IBA 12.6.5; Linux's `CM_REQ_VENDOR_ID` (ECE).
+        pub const VENDOR_ID: Bits = Bits::at(5, 24);
         pub const SERVICE_ID: Bits = Bits::at(8, 64);
         pub const LOCAL_CA_GUID: Bits = Bits::at(16, 64);
         pub const LOCAL_QKEY: Bits = Bits::at(28, 32);
@@ -379,8 +402,13 @@ mod field {
         use crate::bytes::Bits;
         pub const LOCAL_QKEY: Bits = Bits::at(8, 32);
         pub const LOCAL_QPN: Bits = Bits::at(12, 24);
+        /// The reserved byte after each of the three 24-bit fields: Linux's
+        /// `CM_REP_VENDOR_ID_H`, `_M` and `_L` (ECE).
+        pub const VENDOR_ID_H: Bits = Bits::at(15, 8);
         pub const LOCAL_EECN: Bits = Bits::at(16, 24);
+        pub const VENDOR_ID_M: Bits = Bits::at(19, 8);
         pub const STARTING_PSN: Bits = Bits::at(20, 24);
+        pub const VENDOR_ID_L: Bits = Bits::at(23, 8);
         pub const RESPONDER_RESOURCES: Bits = Bits::at(24, 8);
         pub const INITIATOR_DEPTH: Bits = Bits::at(25, 8);
         pub const TARGET_ACK_DELAY: Bits = Bits::at(26, 5);
@@ -633,6 +661,10 @@ impl<T: AsRef<[u8]>> Req<T> {
     pub fn local_comm_id(&self) -> u32 {
         self.get(field::LOCAL_COMM_ID) as u32
     }
+    /// The ECE vendor ID (24 bits; 0 without ECE).
+    pub fn vendor_id(&self) -> u32 {
+        self.get(field::req::VENDOR_ID) as u32
+    }
     /// The service the sender wants to reach.
     pub fn service_id(&self) -> ServiceId {
         ServiceId(self.get(field::req::SERVICE_ID))
@@ -742,6 +774,9 @@ impl<T: AsRef<[u8]>> Req<T> {
 pub struct ReqRepr {
     /// The sender's communication ID.
     pub local_comm_id: u32,
+    /// The ECE the sender asks for: the vendor ID in the message, the options in the MAD
+    /// header's attribute modifier.
+    pub ece: Ece,
     /// The service asked for.
     pub service_id: ServiceId,
     /// The sender's CA GUID.
@@ -800,10 +835,15 @@ impl ReqRepr {
         Mtu::from_ibv(self.path_mtu)
     }
 
-    /// Read the fields.
-    pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &Req<&T>) -> ReqRepr {
+    /// Read the fields; `attribute_modifier` is the MAD header's, which holds the ECE
+    /// options.
+    pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &Req<&T>, attribute_modifier: u32) -> ReqRepr {
         ReqRepr {
             local_comm_id: p.local_comm_id(),
+            ece: Ece {
+                vendor_id: p.vendor_id(),
+                options: attribute_modifier,
+            },
             service_id: p.service_id(),
             local_ca_guid: p.local_ca_guid(),
             local_qkey: p.local_qkey(),
@@ -836,6 +876,7 @@ impl ReqRepr {
     fn write(&self, b: &mut [u8]) {
         use field::req::*;
         set_bits(b, field::LOCAL_COMM_ID, self.local_comm_id.into());
+        set_bits(b, VENDOR_ID, self.ece.vendor_id.into());
         set_bits(b, SERVICE_ID, self.service_id.0);
         set_bits(b, LOCAL_CA_GUID, self.local_ca_guid);
         set_bits(b, LOCAL_QKEY, self.local_qkey.0.into());
@@ -1075,6 +1116,11 @@ impl<T: AsRef<[u8]>> Rep<T> {
     pub fn local_ca_guid(&self) -> u64 {
         self.get(field::rep::LOCAL_CA_GUID)
     }
+    /// The ECE vendor ID (24 bits from three reserved bytes; 0 without ECE).
+    pub fn vendor_id(&self) -> u32 {
+        use field::rep::{VENDOR_ID_H, VENDOR_ID_L, VENDOR_ID_M};
+        (self.get(VENDOR_ID_H) << 16 | self.get(VENDOR_ID_M) << 8 | self.get(VENDOR_ID_L)) as u32
+    }
     /// The private data.
     pub fn private_data(&self) -> &[u8] {
         &self.buf.as_ref()[field::rep::PRIVATE_DATA..CM_MSG_LEN]
@@ -1112,13 +1158,17 @@ pub struct RepRepr {
     pub srq: bool,
     /// The sender's CA GUID.
     pub local_ca_guid: u64,
+    /// The ECE the sender grants: the vendor ID in the message, the options in the MAD
+    /// header's attribute modifier.
+    pub ece: Ece,
     /// Private data.
     pub private_data: PrivateData<REP_PRIVATE_DATA_LEN>,
 }
 
 impl RepRepr {
-    /// Read the fields.
-    pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &Rep<&T>) -> RepRepr {
+    /// Read the fields; `attribute_modifier` is the MAD header's, which holds the ECE
+    /// options.
+    pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &Rep<&T>, attribute_modifier: u32) -> RepRepr {
         RepRepr {
             local_comm_id: p.local_comm_id(),
             remote_comm_id: p.remote_comm_id(),
@@ -1134,6 +1184,10 @@ impl RepRepr {
             rnr_retry_count: p.rnr_retry_count(),
             srq: p.srq(),
             local_ca_guid: p.local_ca_guid(),
+            ece: Ece {
+                vendor_id: p.vendor_id(),
+                options: attribute_modifier,
+            },
             private_data: PrivateData::read(p.buf.as_ref(), field::rep::PRIVATE_DATA),
         }
     }
@@ -1143,6 +1197,10 @@ impl RepRepr {
         write_ids(b, self.local_comm_id, self.remote_comm_id);
         set_bits(b, LOCAL_QKEY, self.local_qkey.0.into());
         set_bits(b, LOCAL_QPN, self.local_qpn.value().into());
+        let vendor = u64::from(self.ece.vendor_id);
+        set_bits(b, VENDOR_ID_H, vendor >> 16);
+        set_bits(b, VENDOR_ID_M, vendor >> 8);
+        set_bits(b, VENDOR_ID_L, vendor);
         set_bits(b, LOCAL_EECN, self.local_eecn.into());
         set_bits(b, STARTING_PSN, self.starting_psn.value().into());
         set_bits(b, RESPONDER_RESOURCES, self.responder_resources.into());
@@ -1472,14 +1530,20 @@ impl CmMessage {
         }
     }
 
-    /// Parse the 232 message bytes after a MAD header carrying attribute `id`.
-    pub fn parse(id: CmAttrId, msg: &[u8]) -> Result<CmMessage, WireError> {
+    /// Parse the 232 message bytes after a MAD header carrying attribute `id` and
+    /// `attribute_modifier` (a REQ's or REP's ECE options; ignored for the others).
+    pub fn parse(
+        id: CmAttrId,
+        attribute_modifier: u32,
+        msg: &[u8],
+    ) -> Result<CmMessage, WireError> {
         check_len(msg.len(), CM_MSG_LEN, HeaderKind::Cm)?;
+        let m = attribute_modifier;
         Ok(match id {
-            CmAttrId::REQ => CmMessage::Req(ReqRepr::parse(&Req::new_unchecked(msg))),
+            CmAttrId::REQ => CmMessage::Req(ReqRepr::parse(&Req::new_unchecked(msg), m)),
             CmAttrId::MRA => CmMessage::Mra(MraRepr::parse(&Mra::new_unchecked(msg))),
             CmAttrId::REJ => CmMessage::Rej(RejRepr::parse(&Rej::new_unchecked(msg))),
-            CmAttrId::REP => CmMessage::Rep(RepRepr::parse(&Rep::new_unchecked(msg))),
+            CmAttrId::REP => CmMessage::Rep(RepRepr::parse(&Rep::new_unchecked(msg), m)),
             CmAttrId::RTU => CmMessage::Rtu(IdsRepr::parse_rtu(&Rtu::new_unchecked(msg))),
             CmAttrId::DREQ => CmMessage::Dreq(DreqRepr::parse(&Dreq::new_unchecked(msg))),
             CmAttrId::DREP => CmMessage::Drep(IdsRepr::parse_drep(&Drep::new_unchecked(msg))),
@@ -1493,7 +1557,18 @@ impl CmMessage {
         })
     }
 
-    /// Write the 232 message bytes at the start of `buf`, reserved bits zero.
+    /// The attribute modifier of the MAD header this message goes out with: a REQ's or
+    /// REP's ECE options, 0 for every other message.
+    pub const fn attribute_modifier(&self) -> u32 {
+        match self {
+            CmMessage::Req(r) => r.ece.options,
+            CmMessage::Rep(r) => r.ece.options,
+            _ => 0,
+        }
+    }
+
+    /// Write the 232 message bytes at the start of `buf`, reserved bits zero (the ECE
+    /// options go in the header: [`CmMessage::attribute_modifier`]).
     pub fn emit(&self, buf: &mut [u8]) -> Result<(), WireError> {
         let Some(b) = buf.get_mut(..CM_MSG_LEN) else {
             return Err(WireError::BufferTooSmall {
@@ -1517,7 +1592,9 @@ impl CmMessage {
 }
 
 /// A whole CM MAD: the transaction ID and the message (the other header fields of a CM
-/// message are fixed: base version 1, class 0x07, class version 2, method Send, status 0).
+/// message are fixed — base version 1, class 0x07, class version 2, method Send, status 0 —
+/// or the message's: the attribute ID, and a REQ's or REP's ECE options as the attribute
+/// modifier).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CmMadRepr {
     /// Transaction ID; a REP, REJ or MRA answering a REQ carries the REQ's.
@@ -1555,7 +1632,11 @@ impl CmMadRepr {
         if h.method != MadMethod::SEND {
             return Err(WireError::UnexpectedMadMethod { method: h.method.0 });
         }
-        let message = CmMessage::parse(CmAttrId(h.attribute_id), &mad[MAD_HEADER_LEN..MAD_LEN])?;
+        let message = CmMessage::parse(
+            CmAttrId(h.attribute_id),
+            h.attribute_modifier,
+            &mad[MAD_HEADER_LEN..MAD_LEN],
+        )?;
         Ok(CmMadRepr {
             transaction_id: h.transaction_id,
             message,
@@ -1573,7 +1654,7 @@ impl CmMadRepr {
             class_specific: 0,
             transaction_id: self.transaction_id,
             attribute_id: self.message.attr_id().0,
-            attribute_modifier: 0,
+            attribute_modifier: self.message.attribute_modifier(),
         }
     }
 
@@ -1668,7 +1749,119 @@ mod tests {
         assert_eq!(b[44..48], [0xd9, 0xcf, 0x53, 0b1010_0111]);
         assert_eq!(b[50], 0x37);
         assert_eq!(b[51], 0xf8);
-        assert_eq!(CmMessage::parse(CmAttrId::REQ, &b), Ok(CmMessage::Req(r)));
+        assert_eq!(
+            CmMessage::parse(CmAttrId::REQ, 0, &b),
+            Ok(CmMessage::Req(r))
+        );
+    }
+
+    #[test]
+    fn ece_sits_where_linux_puts_it_in_a_req() {
+        let ece = Ece {
+            vendor_id: 0x12_3456,
+            options: 0xdead_beef,
+        };
+        let m = CmMadRepr {
+            transaction_id: 7,
+            message: CmMessage::Req(ReqRepr {
+                local_comm_id: 0xa1a2_a3a4,
+                ece,
+                service_id: ServiceId(0x0106_0000_0000_1d2f),
+                ..ReqRepr::default()
+            }),
+        };
+        let mut b = [0u8; MAD_LEN];
+        m.emit(&mut b).unwrap();
+        // the attribute modifier (MAD header bytes 20..24) holds the options
+        assert_eq!(b[20..24], [0xde, 0xad, 0xbe, 0xef]);
+        // REQ bytes 5..8 (MAD bytes 29..32) the vendor ID, byte 4 stays reserved, and the
+        // neighbours are untouched
+        let msg = &b[MAD_HEADER_LEN..];
+        assert_eq!(
+            msg[..9],
+            [0xa1, 0xa2, 0xa3, 0xa4, 0, 0x12, 0x34, 0x56, 0x01]
+        );
+        assert_eq!(CmMadRepr::parse(&b), Ok(m));
+    }
+
+    #[test]
+    fn ece_sits_where_linux_puts_it_in_a_rep() {
+        let ece = Ece {
+            vendor_id: 0x12_3456,
+            options: 0x0102_0304,
+        };
+        let m = CmMadRepr {
+            transaction_id: 7,
+            message: CmMessage::Rep(RepRepr {
+                local_qpn: Qpn::new(0xaa_aaaa),
+                local_eecn: 0xbb_bbbb,
+                starting_psn: Psn::new(0xcc_cccc),
+                responder_resources: 0xdd,
+                ece,
+                ..RepRepr::default()
+            }),
+        };
+        let mut b = [0u8; MAD_LEN];
+        m.emit(&mut b).unwrap();
+        assert_eq!(b[20..24], [1, 2, 3, 4]);
+        // REP bytes 15, 19 and 23: high, middle and low byte, each after a 24-bit field
+        let msg = &b[MAD_HEADER_LEN..];
+        assert_eq!(
+            msg[12..25],
+            [0xaa, 0xaa, 0xaa, 0x12, 0xbb, 0xbb, 0xbb, 0x34, 0xcc, 0xcc, 0xcc, 0x56, 0xdd]
+        );
+        assert_eq!(CmMadRepr::parse(&b), Ok(m));
+    }
+
+    #[test]
+    fn a_vendor_id_wider_than_24_bits_is_cut_and_other_messages_carry_no_modifier() {
+        let wide = Ece {
+            vendor_id: 0xff12_3456,
+            options: 9,
+        };
+        for message in [
+            CmMessage::Req(ReqRepr {
+                ece: wide,
+                ..ReqRepr::default()
+            }),
+            CmMessage::Rep(RepRepr {
+                ece: wide,
+                ..RepRepr::default()
+            }),
+        ] {
+            let mut b = [0u8; MAD_LEN];
+            CmMadRepr {
+                transaction_id: 1,
+                message,
+            }
+            .emit(&mut b)
+            .unwrap();
+            let back = match CmMadRepr::parse(&b).unwrap().message {
+                CmMessage::Req(r) => r.ece,
+                CmMessage::Rep(r) => r.ece,
+                other => panic!("{other:?}"),
+            };
+            assert_eq!(
+                back,
+                Ece {
+                    vendor_id: 0x12_3456,
+                    options: 9
+                }
+            );
+        }
+        // an RTU with a modifier on the wire parses, and goes out with none
+        let rtu = CmMadRepr {
+            transaction_id: 1,
+            message: CmMessage::Rtu(IdsRepr::default()),
+        };
+        let mut b = [0u8; MAD_LEN];
+        rtu.emit(&mut b).unwrap();
+        b[20..24].copy_from_slice(&[0xff; 4]);
+        let parsed = CmMadRepr::parse(&b).unwrap();
+        assert_eq!(parsed, rtu);
+        let mut out = [0xa5u8; MAD_LEN];
+        parsed.emit(&mut out).unwrap();
+        assert_eq!(out[20..24], [0; 4]);
     }
 
     #[test]

@@ -72,11 +72,11 @@ pub use atomic::{
 };
 pub use bth::{Bth, BthRepr, BTH_LEN, DEFAULT_PKEY};
 pub use cm::{
-    CmAttrId, CmMadRepr, CmMessage, CmMsgRef, CmPathRepr, DreqRepr, IdsRepr, MraRepr, PrivateData,
-    RejRepr, RejectReason, RepRepr, ReqRepr, ServiceType, SidrRepRepr, SidrReqRepr, SidrStatus,
-    CM_ARI_LEN, CM_CLASS_VERSION, CM_MGMT_CLASS, CM_MSG_LEN, CM_PATH_LEN, DREP_PRIVATE_DATA_LEN,
-    DREQ_PRIVATE_DATA_LEN, MRA_PRIVATE_DATA_LEN, REJ_PRIVATE_DATA_LEN, REP_PRIVATE_DATA_LEN,
-    REQ_PRIVATE_DATA_LEN, RTU_PRIVATE_DATA_LEN, SIDR_REP_PRIVATE_DATA_LEN,
+    CmAttrId, CmMadRepr, CmMessage, CmMsgRef, CmPathRepr, DreqRepr, Ece, IdsRepr, MraRepr,
+    PrivateData, RejRepr, RejectReason, RepRepr, ReqRepr, ServiceType, SidrRepRepr, SidrReqRepr,
+    SidrStatus, CM_ARI_LEN, CM_CLASS_VERSION, CM_MGMT_CLASS, CM_MSG_LEN, CM_PATH_LEN,
+    DREP_PRIVATE_DATA_LEN, DREQ_PRIVATE_DATA_LEN, MRA_PRIVATE_DATA_LEN, REJ_PRIVATE_DATA_LEN,
+    REP_PRIVATE_DATA_LEN, REQ_PRIVATE_DATA_LEN, RTU_PRIVATE_DATA_LEN, SIDR_REP_PRIVATE_DATA_LEN,
     SIDR_REQ_PRIVATE_DATA_LEN,
 };
 pub use cma::{CmaAddrs, CmaHeader, CmaHeaderRepr, PortSpace, ServiceId, CMA_HEADER_LEN};

@@ -188,6 +188,7 @@ fn every_rping_cm_mad_decodes_as_tshark_shows_it_and_reemits_exactly() {
             rnr_retry_count: 7,
             srq: false,
             local_ca_guid: 0x5054_00ff_fe50_0011,
+            ece: Ece::default(),
             private_data: PrivateData::default(),
         }
     );
@@ -251,11 +252,51 @@ fn every_ucmatose_cm_mad_decodes_as_tshark_shows_it_and_reemits_exactly() {
     assert_eq!(dreq.remote_qpn_eecn, Qpn::new(0x12));
 }
 
+/// Where ECE goes, checked against a kernel REQ and REP: the captured MAD parses with no ECE
+/// (Linux 6.1's rdma_cm sends vendor ID 0 and attribute modifier 0 when the user set none),
+/// and giving the same message an ECE changes exactly the bytes Linux's
+/// `include/rdma/ibta_vol1_c12.h` names: the attribute modifier (MAD bytes 20..24) and REQ
+/// bytes 5..8, or REP bytes 15, 19 and 23 (MAD bytes 24 further on).
+#[test]
+fn ece_takes_the_bytes_a_kernel_req_and_rep_leave_zero() {
+    let raw = cm_mads("rxe-cm-rping.pcap");
+    let ece = Ece {
+        vendor_id: 0x0a_0b0c,
+        options: 0x1122_3344,
+    };
+    for (i, name, vendor_at) in [(2, "REQ", [29, 30, 31]), (3, "REP", [39, 43, 47])] {
+        let mut m = CmMadRepr::parse(&raw[i]).unwrap();
+        let got = match &mut m.message {
+            CmMessage::Req(r) => &mut r.ece,
+            CmMessage::Rep(r) => &mut r.ece,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(*got, Ece::default(), "the kernel's {name} carries no ECE");
+        for at in vendor_at.iter().copied().chain(20..24) {
+            assert_eq!(raw[i][at], 0, "{name} byte {at}");
+        }
+        *got = ece;
+        let mut out = [0u8; MAD_LEN];
+        m.emit(&mut out).unwrap();
+        let changed: Vec<usize> = (0..MAD_LEN).filter(|&j| out[j] != raw[i][j]).collect();
+        let mut want: Vec<usize> = (20..24).chain(vendor_at).collect();
+        want.sort_unstable();
+        assert_eq!(changed, want, "the bytes ECE changes in the {name}");
+        assert_eq!(out[20..24], [0x11, 0x22, 0x33, 0x44]);
+        assert_eq!(vendor_at.map(|j| out[j]), [0x0a, 0x0b, 0x0c]);
+        assert_eq!(CmMadRepr::parse(&out), Ok(m));
+    }
+}
+
 /// One of every message we model, each field set to something distinguishable.
 fn one_of_each() -> Vec<CmMadRepr> {
     let pd = |n: usize| -> Vec<u8> { (0..n).map(|i| (i * 7 + 1) as u8).collect() };
     let mut req = kernel_req(0x123456, 0xabcdef, 0x12345, 18515, 7, 7);
     req.local_comm_id = 0x1111_2222;
+    req.ece = Ece {
+        vendor_id: 0x00_02c9,
+        options: 0x8000_0001,
+    };
     req.private_data = {
         let mut b = [0u8; REQ_PRIVATE_DATA_LEN];
         CmaHeaderRepr {
@@ -295,6 +336,10 @@ fn one_of_each() -> Vec<CmMadRepr> {
             target_ack_delay: 15,
             rnr_retry_count: 7,
             local_ca_guid: 0x0200_00ff_fe00_0002,
+            ece: Ece {
+                vendor_id: 0x00_02c9,
+                options: 0x0000_0001,
+            },
             private_data: PrivateData::from_slice(&pd(196)).unwrap(),
             ..RepRepr::default()
         }),
@@ -329,6 +374,16 @@ fn one_of_each() -> Vec<CmMadRepr> {
             qkey: Qkey(0x0123_4567),
             add_info: PrivateData::default(),
             private_data: PrivateData::from_slice(&pd(136)).unwrap(),
+        }),
+        // rdma_reject_ece's reason
+        CmMessage::Rej(RejRepr {
+            local_comm_id: 3,
+            remote_comm_id: 0x1111_2223,
+            message_rejected: CmMsgRef::Req,
+            reject_info_len: 0,
+            reason: RejectReason::VENDOR_OPTION_NOT_SUPPORTED,
+            ari: PrivateData::default(),
+            private_data: PrivateData::default(),
         }),
     ];
     msgs.into_iter()
@@ -442,7 +497,7 @@ fn every_message_we_emit_round_trips_and_decodes_cleanly_in_tshark() {
         ids,
         [
             "0x0010", "0x0011", "0x0012", "0x0013", "0x0014", "0x0015", "0x0016", "0x0017",
-            "0x0018"
+            "0x0018", "0x0012"
         ],
         "every packet is a MAD with its attribute"
     );
@@ -496,8 +551,32 @@ fn every_message_we_emit_round_trips_and_decodes_cleanly_in_tshark() {
     );
     assert_eq!(
         rest.lines().collect::<Vec<_>>(),
-        ["||0x001c|", "0x000042|0x000077||", "|||0x000042"]
+        [
+            "||0x001c|",
+            "0x000042|0x000077||",
+            "|||0x000042",
+            "||0x0023|"
+        ]
     );
+    // the ECE options in the REQ's and REP's attribute modifier, none anywhere else
+    let modifiers = tshark(
+        &path,
+        &[
+            "-Y",
+            "infiniband.mad",
+            "-T",
+            "fields",
+            "-e",
+            "infiniband.mad.attributemodifier",
+        ],
+    );
+    let modifiers: Vec<&str> = modifiers.lines().collect();
+    assert_eq!(modifiers[0], "0x80000001");
+    assert_eq!(modifiers[3], "0x00000001");
+    assert!(modifiers
+        .iter()
+        .enumerate()
+        .all(|(i, m)| [0, 3].contains(&i) || *m == "0x00000000"));
     let bad = tshark(
         &path,
         &["-Y", "_ws.malformed || _ws.expert.severity >= 0x00600000"],

@@ -13,14 +13,16 @@ const ATTRS: [u16; 9] = [
     0x0010, 0x0011, 0x0012, 0x0013, 0x0014, 0x0015, 0x0016, 0x0017, 0x0018,
 ];
 
-/// A 256-byte CM MAD with a valid header for one of the modeled messages and random content.
+/// A 256-byte CM MAD with a valid header for one of the modeled messages, a random attribute
+/// modifier (a REQ's or REP's ECE options) and random content.
 fn arb_cm_mad() -> impl Strategy<Value = Vec<u8>> {
     (
         prop::sample::select(&ATTRS[..]),
         any::<u64>(),
+        any::<u32>(),
         prop::collection::vec(any::<u8>(), CM_MSG_LEN),
     )
-        .prop_map(|(attr, tid, body)| {
+        .prop_map(|(attr, tid, modifier, body)| {
             let mut b = vec![0u8; MAD_LEN];
             MadHeaderRepr {
                 base_version: 1,
@@ -29,6 +31,7 @@ fn arb_cm_mad() -> impl Strategy<Value = Vec<u8>> {
                 method: MadMethod::SEND,
                 transaction_id: tid,
                 attribute_id: attr,
+                attribute_modifier: modifier,
                 ..MadHeaderRepr::default()
             }
             .emit(&mut b)
@@ -66,6 +69,21 @@ proptest! {
         for (i, (&o, &b)) in out[..MAD_LEN].iter().zip(&bytes).enumerate() {
             prop_assert_eq!(o & !b, 0, "byte {} gained bits", i);
         }
+        // the attribute modifier is a REQ's or REP's ECE options, and nothing for the others
+        let modifier = &bytes[20..24];
+        let ece = match m.message {
+            CmMessage::Req(r) => Some(r.ece),
+            CmMessage::Rep(r) => Some(r.ece),
+            _ => None,
+        };
+        match ece {
+            Some(ece) => {
+                prop_assert_eq!(&out[20..24], modifier);
+                prop_assert_eq!(ece.options.to_be_bytes(), [modifier[0], modifier[1], modifier[2], modifier[3]]);
+                prop_assert!(ece.vendor_id <= 0xff_ffff);
+            }
+            None => prop_assert_eq!(&out[20..24], &[0u8; 4]),
+        }
     }
 
     #[test]
@@ -87,7 +105,7 @@ proptest! {
             let _ = MadHeaderRepr::parse(&h);
         }
         for id in ATTRS {
-            let _ = CmMessage::parse(CmAttrId(id), &bytes);
+            let _ = CmMessage::parse(CmAttrId(id), 0xffff_ffff, &bytes);
         }
         if let Err(e) = CmMadRepr::parse(&bytes) {
             let _ = e.to_string();
