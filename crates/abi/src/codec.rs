@@ -21,7 +21,7 @@ use engine::{
     MwType, PdHandle, PortAttr, PortState, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType,
     ReregFlags, SrqAttr, SrqAttrMask, SrqHandle,
 };
-use wire::{Mtu, RejectReason, ServiceId};
+use wire::{Ece, Mtu, RejectReason, ServiceId};
 
 use crate::proto::{DeviceInfo, ProtoError};
 use crate::wqe::Cqe;
@@ -457,6 +457,12 @@ wire_struct! {
         min_rnr_timer: u8,
         src_port: u16,
         qp_num: u32,
+        ece: Ece,
+    }
+    // Any 32 bits encode: the wire cuts a vendor ID to its 24 bits, as Linux's does.
+    Ece: Default {
+        vendor_id: u32,
+        options: u32,
     }
     ConnectRequest {
         id: CommId,
@@ -468,6 +474,7 @@ wire_struct! {
         responder_resources: u8,
         initiator_depth: u8,
         private_data: Vec<u8>,
+        ece: Ece,
         datagram: bool,
     }
     DeviceInfo {
@@ -538,7 +545,11 @@ impl Wire for CmEvent {
     fn put(&self, w: &mut Writer) {
         match self {
             CmEvent::ConnectRequest(r) => w.put(&1u8).put(&**r),
-            CmEvent::Established { id, private_data } => w.put(&2u8).put(id).put(private_data),
+            CmEvent::Established {
+                id,
+                private_data,
+                ece,
+            } => w.put(&2u8).put(id).put(private_data).put(ece),
             CmEvent::Rejected {
                 id,
                 reason,
@@ -562,7 +573,13 @@ impl Wire for CmEvent {
                 id,
                 remote_qpn,
                 private_data,
-            } => w.put(&9u8).put(id).put(remote_qpn).put(private_data),
+                ece,
+            } => w
+                .put(&9u8)
+                .put(id)
+                .put(remote_qpn)
+                .put(private_data)
+                .put(ece),
             CmEvent::TimeWaitExit { id } => w.put(&10u8).put(id),
             _ => w.put(&0u8),
         };
@@ -573,6 +590,7 @@ impl Wire for CmEvent {
             2 => CmEvent::Established {
                 id: r.take()?,
                 private_data: r.take()?,
+                ece: r.take()?,
             },
             3 => CmEvent::Rejected {
                 id: r.take()?,
@@ -600,6 +618,7 @@ impl Wire for CmEvent {
                 id: r.take()?,
                 remote_qpn: r.take()?,
                 private_data: r.take()?,
+                ece: r.take()?,
             },
             10 => CmEvent::TimeWaitExit { id: r.take()? },
             _ => return Err(ProtoError::Invalid("CM event kind")),

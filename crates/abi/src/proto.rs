@@ -60,11 +60,12 @@ use crate::wqe::Cqe;
 
 /// First four bytes of every message: `"SRDM"`.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"SRDM");
-/// The protocol version this crate speaks (8: connections whose QP the client moves —
+/// The protocol version this crate speaks (9: ECE in `ConnParam`, `ConnectRequest` and the
+/// ESTABLISHED and CONNECT_RESPONSE events; 8: connections whose QP the client moves —
 /// `ConnParam::qp_num`, [`Request::CmEstablish`], [`Request::CmInitQpAttr`]; 5: the
 /// connection manager's requests and events; 4: messages are generated from their tables
 /// and carry the engine's types whole).
-pub const VERSION: u16 = 8;
+pub const VERSION: u16 = 9;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 16;
 /// Largest body accepted (inline data and completion batches fit easily).
@@ -1025,6 +1026,10 @@ mod tests {
         param.retry_count = 3;
         param.src_port = 40_000;
         param.qp_num = 0x12_3456;
+        param.ece = cm::Ece {
+            vendor_id: 0x00_02c9,
+            options: 0x8000_0001,
+        };
         let peer = IpAddr::from([10, 0, 0, 2]);
         let service_id = ServiceId(0x0106_0000_0000_1d4f);
         vec![
@@ -1267,6 +1272,10 @@ mod tests {
             responder_resources: 4,
             initiator_depth: 2,
             private_data: b"req".to_vec(),
+            ece: cm::Ece {
+                vendor_id: 0x12_3456,
+                options: 0xffff_ffff,
+            },
             datagram: false,
         };
         let cm_events = [
@@ -1274,6 +1283,10 @@ mod tests {
             CmEvent::Established {
                 id: CommId(5),
                 private_data: vec![7; 196],
+                ece: cm::Ece {
+                    vendor_id: 1,
+                    options: 2,
+                },
             },
             CmEvent::Rejected {
                 id: CommId(5),
@@ -1289,6 +1302,7 @@ mod tests {
             CmEvent::ConnectRequest(Box::new(cm::ConnectRequest {
                 datagram: true,
                 remote_qpn: 0,
+                ece: cm::Ece::default(),
                 ..request.clone()
             })),
             CmEvent::Resolved {
@@ -1306,6 +1320,10 @@ mod tests {
                 id: CommId(10),
                 remote_qpn: 0xab_cdef,
                 private_data: vec![5; 196],
+                ece: cm::Ece {
+                    vendor_id: 3,
+                    options: 4,
+                },
             },
             CmEvent::TimeWaitExit { id: CommId(11) },
         ];
@@ -1456,8 +1474,9 @@ mod tests {
         assert!(Header::parse(&h).is_ok());
         h[8..12].copy_from_slice(&(MAX_BODY + 1).to_le_bytes());
         assert_eq!(Header::parse(&h), Err(ProtoError::TooLong(MAX_BODY + 1)));
-        h[4] = 9;
-        assert_eq!(Header::parse(&h), Err(ProtoError::BadVersion(9)));
+        let other = VERSION + 1;
+        h[4..6].copy_from_slice(&other.to_le_bytes());
+        assert_eq!(Header::parse(&h), Err(ProtoError::BadVersion(other)));
         h[0] = 0;
         assert!(matches!(Header::parse(&h), Err(ProtoError::BadMagic(_))));
     }

@@ -6,7 +6,7 @@
 
 use std::net::IpAddr;
 
-use wire::{RejectReason, ServiceId};
+use wire::{Ece, RejectReason, ServiceId};
 
 use crate::CommId;
 
@@ -37,6 +37,10 @@ pub struct ConnParam {
     /// (`rdma_conn_param.qp_num`, an id without a QP): the CM then touches no QP. Unused
     /// when the CM is given the QP.
     pub qp_num: u32,
+    /// The ECE the REQ or REP carries, as given (Linux's CM sends what rdma_cm hands it;
+    /// what a side answers with is its consumer's choice, see rdma-core's `rdma_accept`).
+    /// All zero: none.
+    pub ece: Ece,
 }
 
 impl Default for ConnParam {
@@ -54,6 +58,7 @@ impl Default for ConnParam {
             min_rnr_timer: 12,
             src_port: 0,
             qp_num: 0,
+            ece: Ece::default(),
         }
     }
 }
@@ -90,6 +95,9 @@ pub struct ConnectRequest {
     pub initiator_depth: u8,
     /// The peer's private data, the IP CM header removed (as rdma_cm hands it to users).
     pub private_data: Vec<u8>,
+    /// The REQ's ECE (`rdma_get_remote_ece` on the new id); all zero when the peer sent
+    /// none, and for a SIDR request.
+    pub ece: Ece,
     /// A SIDR request (rdma_cm's UDP port space): the peer asks which UD QP serves the
     /// service. Accepting answers with a UD QP's number and Q_Key; there is no connection
     /// and no QP state to change, and `remote_qpn` and the READ/ATOMIC depths are 0.
@@ -109,6 +117,9 @@ pub enum CmEvent {
         /// The REP's private data on the active side (all 196 bytes, as rdma_cm delivers
         /// them); empty on the passive side.
         private_data: Vec<u8>,
+        /// The REP's ECE on the active side; all zero on the passive side (its peer's came
+        /// with the request).
+        ece: Ece,
     },
     /// Active side of a connection whose QP the consumer moves: the peer accepted
     /// (`RDMA_CM_EVENT_CONNECT_RESPONSE`). The consumer takes its QP to RTR and RTS (the
@@ -121,6 +132,8 @@ pub enum CmEvent {
         remote_qpn: u32,
         /// The REP's private data (all 196 bytes).
         private_data: Vec<u8>,
+        /// The REP's ECE (`rdma_get_remote_ece`).
+        ece: Ece,
     },
     /// The peer (or its CM, when nothing listens) rejected the request; the QP is in ERR
     /// (`RDMA_CM_EVENT_REJECTED`).
@@ -128,7 +141,8 @@ pub enum CmEvent {
         /// The connection, now gone.
         id: CommId,
         /// Why (IBA 12.6.7.2): 8, invalid service ID, when nothing listens; 28 when the
-        /// peer's consumer said no.
+        /// peer's consumer said no; 35 when it refused the ECE options asked for
+        /// (`rdma_reject_ece`).
         reason: RejectReason,
         /// The REJ's private data (148 bytes).
         private_data: Vec<u8>,

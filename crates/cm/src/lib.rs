@@ -46,6 +46,7 @@ mod consumer;
 
 pub use consumer::{CmEvent, ConnParam, ConnectRequest};
 pub use engine::Instant;
+pub use wire::Ece;
 use wire::{
     CmMadRepr, CmMessage, CmMsgRef, DreqRepr, IdsRepr, MraRepr, PrivateData, RejRepr, RejectReason,
     RepRepr, ReqRepr, ServiceId, SidrRepRepr, SidrReqRepr, WireError,

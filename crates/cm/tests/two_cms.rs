@@ -319,6 +319,53 @@ fn a_lost_rep_is_resent_and_a_duplicate_req_is_answered_with_it() {
     assert_eq!(p.b.state(b_id), Some(State::Established));
 }
 
+/// ECE rides in the REQ and REP (vendor ID in the message, options in the MAD header), so a
+/// resent or re-answered message must carry it again: lose the first REQ and the first
+/// REP, and what arrives still has each side's values.
+#[test]
+fn ece_crosses_in_the_req_and_the_rep_and_survives_their_retransmissions() {
+    let mut p = Pair::new();
+    p.lose = Box::new(|from_a, name, n| n == 0 && (from_a && name == "REQ" || name == "REP"));
+    let asked = Ece {
+        vendor_id: 0x00_02c9,
+        options: 0x8000_0003,
+    };
+    let granted = Ece {
+        vendor_id: 0x00_02c9,
+        options: 0x0000_0001,
+    };
+    let a_id = p.a.connect(
+        p.now,
+        p.ip_b,
+        ReqRepr {
+            ece: asked,
+            ..req(b"")
+        },
+    );
+    p.flush();
+    assert!(p.tick(), "the REQ is resent");
+    let Some(Event::ConnectRequest { id: b_id, req, .. }) = p.b.poll_event() else {
+        panic!("the resent REQ arrives")
+    };
+    assert_eq!(req.ece, asked);
+    p.b.accept(
+        p.now,
+        b_id,
+        RepRepr {
+            ece: granted,
+            ..rep()
+        },
+    )
+    .unwrap();
+    p.flush();
+    assert_eq!(p.a.poll_event(), None, "the first REP is lost");
+    run_until_quiet(&mut p);
+    let reply = established(&mut p.a).expect("a REP arrives again");
+    assert_eq!(reply.ece, granted);
+    assert!(p.sent(true, "REQ") >= 2 && p.sent(false, "REP") >= 2);
+    assert_eq!(p.a.state(a_id), Some(State::Established));
+}
+
 #[test]
 fn a_lost_rtu_is_recovered_when_the_rep_comes_again() {
     let mut p = Pair::new();
@@ -521,6 +568,20 @@ fn the_consumer_rejects_with_private_data() {
         p.b.reject(b_id, RejectReason::CONSUMER_DEFINED, b""),
         Err(CmError::UnknownId(_))
     ));
+}
+
+#[test]
+fn a_consumer_refusing_the_ece_asked_for_rejects_with_reason_35() {
+    let mut p = Pair::new();
+    let (a_id, b_id) = request(&mut p);
+    p.b.reject(b_id, RejectReason::VENDOR_OPTION_NOT_SUPPORTED, b"")
+        .unwrap();
+    p.flush();
+    let Some(Event::Rejected { id, rej }) = p.a.poll_event() else {
+        panic!("expected a reject")
+    };
+    assert_eq!((id, rej.reason.0), (a_id, 35));
+    assert_eq!(rej.message_rejected, CmMsgRef::Req);
 }
 
 #[test]

@@ -295,7 +295,9 @@ pub unsafe extern "C" fn softrdma_cm_get_event(c: *mut ibv_context, out: *mut Cm
                 r.initiator_depth = q.initiator_depth;
                 r.set_private_data(&q.private_data);
             }
-            CmEvent::Established { id, private_data } => {
+            CmEvent::Established {
+                id, private_data, ..
+            } => {
                 r.kind = event::ESTABLISHED;
                 r.comm_id = id.0;
                 r.set_private_data(&private_data);
@@ -304,6 +306,7 @@ pub unsafe extern "C" fn softrdma_cm_get_event(c: *mut ibv_context, out: *mut Cm
                 id,
                 remote_qpn,
                 private_data,
+                ..
             } => {
                 r.kind = event::CONNECT_RESPONSE;
                 r.comm_id = id.0;

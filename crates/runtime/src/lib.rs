@@ -185,7 +185,9 @@ pub use capture::Capture;
 pub use cm::CmError;
 pub use config::{RuntimeConfig, RxPath, SrcPortPolicy};
 pub use io::IoCounters;
-pub use rdma_cm::{CmChannel, CmConfig, CmCounters, CmEvent, CommId, ConnParam, ConnectRequest};
+pub use rdma_cm::{
+    CmChannel, CmConfig, CmCounters, CmEvent, CommId, ConnParam, ConnectRequest, Ece,
+};
 pub use wire::{PortSpace, RejectReason, ServiceId};
 
 /// Why a runtime could not start or an operation failed.

@@ -34,6 +34,14 @@
 //! [`CmEvent::ConnectResponse`] with [`EngineGuard::cm_establish`], which sends the RTU.
 //! The runtime then touches no QP, not even on a REJ or a disconnect.
 //!
+//! ## ECE
+//! [`ConnParam::ece`] goes into the REQ (connect) or the REP (accept) exactly as given, as
+//! Linux's CM sends what rdma_cm hands it; the peer's arrives as [`ConnectRequest::ece`]
+//! and, on the active side, with [`CmEvent::Established`] or [`CmEvent::ConnectResponse`].
+//! Choosing what to answer (rdma-core's `rdma_accept` echoes the REQ's vendor ID with its
+//! own options) and refusing options ([`EngineGuard::cm_reject`] with reason 35) is the
+//! consumer's business: the runtime negotiates nothing.
+//!
 //! ## Whose PSN is whose
 //! A REQ's or REP's starting PSN is the first PSN its *sender* expects to receive: the
 //! peer starts sending from it. That is how Linux's CM reads both (`ib_send_cm_req` keeps
@@ -56,7 +64,7 @@ use wire::{
     ReqRepr, ServiceId, ServiceType, SidrRepRepr, SidrReqRepr, SidrStatus, CMA_HEADER_LEN, MAD_LEN,
 };
 
-pub use cm::{CmConfig, CmEvent, CommId, ConnParam, ConnectRequest};
+pub use cm::{CmConfig, CmEvent, CommId, ConnParam, ConnectRequest, Ece};
 
 use crate::{lock_leaf, Attachment, EngineGuard, Notifier, RuntimeError, SendEngine};
 
@@ -358,10 +366,11 @@ impl CmHost {
                 let Some(channel) = self.conns.get(&id).map(|c| c.channel.clone()) else {
                     return;
                 };
-                let private_data = match reply {
+                let (private_data, ece) = match reply {
                     // Active: the REP names the peer's QP; RTR and RTS before the RTU goes.
                     Some(rep) => {
                         let private_data = rep.private_data.as_bytes().to_vec();
+                        let ece = rep.ece;
                         if let Some(c) = self.conns.get_mut(&id) {
                             c.rep = Some(rep);
                         }
@@ -378,11 +387,15 @@ impl CmHost {
                             let _ = self.cm.disconnect(now, id, &[]);
                             return;
                         }
-                        private_data
+                        (private_data, ece)
                     }
-                    None => Vec::new(),
+                    None => (Vec::new(), Ece::default()),
                 };
-                channel.push(CmEvent::Established { id, private_data });
+                channel.push(CmEvent::Established {
+                    id,
+                    private_data,
+                    ece,
+                });
             }
             // Active, the consumer moves its QP: it reads the attributes, moves the QP and
             // establishes (the RTU leaves then).
@@ -394,6 +407,7 @@ impl CmHost {
                     id,
                     remote_qpn: rep.local_qpn.value(),
                     private_data: rep.private_data.as_bytes().to_vec(),
+                    ece: rep.ece,
                 };
                 c.rep = Some(rep);
                 c.channel.push(event);
@@ -474,6 +488,7 @@ impl CmHost {
             responder_resources: 0,
             initiator_depth: 0,
             private_data,
+            ece: Ece::default(),
             datagram: true,
         };
         let conn = Conn::datagram(
@@ -529,6 +544,7 @@ impl CmHost {
             responder_resources: req.responder_resources,
             initiator_depth: req.initiator_depth,
             private_data,
+            ece: req.ece,
             datagram: false,
         };
         let service_id = req.service_id;
@@ -744,6 +760,7 @@ impl CmHost {
                 local_ack_timeout: param.ack_timeout.min(31),
                 ..CmPathRepr::default()
             },
+            ece: param.ece,
             private_data,
             ..ReqRepr::default()
         };
@@ -893,6 +910,7 @@ impl CmHost {
             // rxe's local CA ACK delay (what Linux sends from rxe, see wire's captures)
             target_ack_delay: 15,
             rnr_retry_count: param.rnr_retry_count.min(7),
+            ece: param.ece,
             private_data,
             ..RepRepr::default()
         };

@@ -11,7 +11,7 @@ use engine::{
     Sge, WcOpcode, WcStatus, WorkCompletion,
 };
 use runtime::{
-    CmChannel, CmConfig, CmEvent, ConnParam, ConnectRequest, PortSpace, RejectReason, Runtime,
+    CmChannel, CmConfig, CmEvent, ConnParam, ConnectRequest, Ece, PortSpace, RejectReason, Runtime,
     RuntimeConfig, ServiceId,
 };
 
@@ -196,7 +196,10 @@ fn connect(a: &Device, b: &Device, hello: &[u8], reply: &[u8]) -> Connected {
     b.rt.lock()
         .post_recv(b_qp, RecvWr::new(1, &[b.sge(0, 64)][..]))
         .unwrap();
-    let CmEvent::Established { id, private_data } = a.event() else {
+    let CmEvent::Established {
+        id, private_data, ..
+    } = a.event()
+    else {
         panic!("the connector is established by the REP")
     };
     assert_eq!(id, a_id);
@@ -309,6 +312,71 @@ fn a_listener_that_rejects_sends_its_private_data_to_the_connector() {
         other => panic!("expected a rejection, got {other:?}"),
     }
     assert_eq!(a.state(qp), QpState::Err);
+}
+
+/// What each side gives as ECE reaches the other: the REQ's at the listener, the REP's at
+/// the connector, whether the runtime moves the connector's QP (ESTABLISHED) or the
+/// connector does (CONNECT_RESPONSE).
+#[test]
+fn ece_given_by_each_side_reaches_the_other_in_the_req_and_the_rep() {
+    let (a, b) = pair();
+    b.rt.lock().cm_listen(&b.channel, SERVICE).unwrap();
+    let asked = Ece {
+        vendor_id: 0x00_02c9,
+        options: 0x8000_0003,
+    };
+    let granted = Ece {
+        vendor_id: 0x00_02c9,
+        options: 0x0000_0002,
+    };
+    for managed in [false, true] {
+        let a_qp = a.qp();
+        let mut param = ConnParam::with_private_data(b"ece");
+        param.ece = asked;
+        param.qp_num = a_qp;
+        let qp = (!managed).then_some(a_qp);
+        let a_id =
+            a.rt.lock()
+                .cm_connect(&a.channel, qp, b.ip(), SERVICE, &param)
+                .unwrap();
+        let CmEvent::ConnectRequest(req) = b.event() else {
+            panic!("the listener gets the request")
+        };
+        assert_eq!(req.ece, asked, "the REQ's ECE at the listener");
+        let mut answer = ConnParam::default();
+        answer.ece = granted;
+        let b_qp = b.qp();
+        b.rt.lock()
+            .cm_accept(&b.channel, req.id, Some(b_qp), &answer)
+            .unwrap();
+        let got = match a.event() {
+            CmEvent::Established { id, ece, .. } if !managed => {
+                assert_eq!(id, a_id);
+                ece
+            }
+            CmEvent::ConnectResponse { id, ece, .. } if managed => {
+                assert_eq!(id, a_id);
+                for state in [QpState::Init, QpState::Rtr, QpState::Rts] {
+                    move_qp(&a, a_id, a_qp, state);
+                }
+                a.rt.lock().cm_establish(&a.channel, a_id).unwrap();
+                ece
+            }
+            other => panic!("unexpected {other:?}"),
+        };
+        assert_eq!(got, granted, "the REP's ECE at the connector");
+        match b.event() {
+            CmEvent::Established { id, ece, .. } => {
+                assert_eq!(id, req.id);
+                assert_eq!(
+                    ece,
+                    Ece::default(),
+                    "the listener had its peer's in the request"
+                );
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
 }
 
 #[test]

@@ -44,7 +44,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-pub use runtime::{CmEvent, CommId, ConnParam, ConnectRequest};
+pub use runtime::{CmEvent, CommId, ConnParam, ConnectRequest, Ece};
 pub use wire::{PortSpace, RejectReason, ServiceId};
 
 use crate::device::Device;
@@ -205,6 +205,7 @@ impl ConnectionManager {
                 id,
                 peer: peer.ip(),
                 private_data: Vec::new(),
+                ece: Ece::default(),
             },
         ))
     }
@@ -466,6 +467,7 @@ impl Request {
             id,
             peer,
             private_data: Vec::new(),
+            ece: Ece::default(),
         })
     }
 
@@ -512,14 +514,19 @@ pub struct Connection {
     peer: IpAddr,
     /// The REP's private data, on the connecting side.
     private_data: Vec<u8>,
+    /// The REP's ECE, on the connecting side.
+    ece: Ece,
 }
 
 impl Connection {
     /// What the wait for the connection's first event brought.
     fn connected(mut self, ev: Result<CmEvent>) -> Result<Connection> {
         match ev? {
-            CmEvent::Established { private_data, .. } => {
+            CmEvent::Established {
+                private_data, ece, ..
+            } => {
                 self.private_data = private_data;
+                self.ece = ece;
                 Ok(self)
             }
             CmEvent::Rejected { reason, .. } => Err(Error::CmRejected { reason }),
@@ -547,6 +554,13 @@ impl Connection {
     /// delivers it: the REP's whole private-data field); empty on the accepting side.
     pub fn private_data(&self) -> &[u8] {
         &self.private_data
+    }
+
+    /// On the connecting side, the ECE the listener answered with (`rdma_get_remote_ece`:
+    /// the REP's vendor ID and options); all zero on the accepting side, whose peer's ECE
+    /// came with the request ([`ConnectRequest::ece`]).
+    pub fn remote_ece(&self) -> Ece {
+        self.ece
     }
 
     /// Close the connection (`rdma_disconnect`): the QP goes to ERR (its outstanding WRs

@@ -8,7 +8,7 @@ mod common;
 use std::net::SocketAddr;
 
 use common::{all_access, open_pair_on, WAIT};
-use softrdma::cm::{CmEvent, ConnParam, RejectReason};
+use softrdma::cm::{CmEvent, ConnParam, Ece, RejectReason};
 use softrdma::{BackendKind, Buffer, Device, Error, QpState, QpType, DEFAULT_QKEY, GRH_LEN};
 
 /// What one side needs: a device, a PD, a CQ, a buffer registered on it.
@@ -53,18 +53,25 @@ on_both_backends! {
 
         let acm = a.dev.connection_manager().unwrap();
         let to = peer(&b, port);
+        // ECE each way, as it crosses in the REQ and the REP
+        let asked = Ece { vendor_id: 0x00_02c9, options: 5 };
+        let granted = Ece { vendor_id: 0x00_02c9, options: 4 };
         std::thread::scope(|s| {
             let server = s.spawn(|| {
                 let req = listener.next_request(WAIT).unwrap();
                 assert_eq!(req.peer().ip(), a.dev.local_addr().ip());
                 assert_eq!(&req.private_data()[..5], b"hello");
                 assert_eq!(req.details().remote_qpn, a_qp.qpn());
-                req.accept(&b_qp, &ConnParam::with_private_data(b"welcome"), WAIT).unwrap()
+                assert_eq!(req.details().ece, asked);
+                let mut welcome = ConnParam::with_private_data(b"welcome");
+                welcome.ece = granted;
+                req.accept(&b_qp, &welcome, WAIT).unwrap()
             });
-            let conn = acm
-                .connect(&a_qp, to, &ConnParam::with_private_data(b"hello"), WAIT)
-                .unwrap();
+            let mut hello = ConnParam::with_private_data(b"hello");
+            hello.ece = asked;
+            let conn = acm.connect(&a_qp, to, &hello, WAIT).unwrap();
             assert_eq!(&conn.private_data()[..7], b"welcome");
+            assert_eq!(conn.remote_ece(), granted);
             assert_eq!(a_qp.query().unwrap().qp_state, QpState::Rts);
             let b_conn = server.join().unwrap();
             assert_eq!(b_qp.query().unwrap().qp_state, QpState::Rts);
