@@ -15,7 +15,7 @@ use engine::{
     AccessFlags, AhAttr, AsyncEvent, DeviceAttr, Gid, MwBind, MwType, PortAttr, QpAttr, QpAttrMask,
     QpInitAttr, QpState, RecvWr, ReregFlags, SendWr, SrqAttr, SrqAttrMask, UdDest, WorkCompletion,
 };
-use wire::ServiceId;
+use wire::{RejectReason, ServiceId};
 use zerocopy::FromBytes;
 
 use crate::proto::{DeviceInfo, Header, ProtoError, Request, Response, HEADER_LEN, VERSION};
@@ -762,16 +762,18 @@ impl Client {
         })
     }
 
-    /// `rdma_reject` of request `id`.
+    /// `rdma_reject` (reason 28) or `rdma_reject_ece` (reason 35) of request `id`.
     pub fn cm_reject(
         &mut self,
         channel: u32,
         id: CommId,
+        reason: RejectReason,
         private_data: &[u8],
     ) -> Result<(), ClientError> {
         self.done(&Request::CmReject {
             channel,
             id,
+            reason,
             private_data: private_data.to_vec(),
         })
     }

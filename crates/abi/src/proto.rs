@@ -53,19 +53,19 @@ use engine::{
 use std::net::IpAddr;
 
 use cm::{CmEvent, CommId, ConnParam};
-use wire::ServiceId;
+use wire::{RejectReason, ServiceId};
 
 pub use crate::codec::{Reader, Wire, Writer};
 use crate::wqe::Cqe;
 
 /// First four bytes of every message: `"SRDM"`.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"SRDM");
-/// The protocol version this crate speaks (9: ECE in `ConnParam`, `ConnectRequest` and the
-/// ESTABLISHED and CONNECT_RESPONSE events; 8: connections whose QP the client moves —
+/// The protocol version this crate speaks (10: [`Request::CmReject`] carries the reason; 9:
+/// ECE in `ConnParam`, `ConnectRequest` and the ESTABLISHED and CONNECT_RESPONSE events; 8: connections whose QP the client moves —
 /// `ConnParam::qp_num`, [`Request::CmEstablish`], [`Request::CmInitQpAttr`]; 5: the
 /// connection manager's requests and events; 4: messages are generated from their tables
 /// and carry the engine's types whole).
-pub const VERSION: u16 = 9;
+pub const VERSION: u16 = 10;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 16;
 /// Largest body accepted (inline data and completion batches fit easily).
@@ -638,12 +638,14 @@ messages! {
             /// What this side asks for.
             param: ConnParam,
         },
-        /// Reject connection request `id` (`rdma_reject`).
+        /// Reject connection request `id` (`rdma_reject`, `rdma_reject_ece`).
         50 CM_REJECT => CmReject {
             /// The channel holding the connection.
             channel: u32,
             /// The request's connection.
             id: CommId,
+            /// Consumer defined (28) or vendor option not supported (35).
+            reason: RejectReason,
             /// For the peer (at most 148 bytes).
             private_data: Vec<u8>,
         },
@@ -1058,6 +1060,7 @@ mod tests {
             Request::CmReject {
                 channel: 1,
                 id: CommId(9),
+                reason: RejectReason::VENDOR_OPTION_NOT_SUPPORTED,
                 private_data: vec![1, 2, 3],
             },
             Request::CmDisconnect {

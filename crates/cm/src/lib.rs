@@ -205,18 +205,25 @@ pub enum CmError {
     /// The message could not be built (private data too long, buffer too small).
     #[error(transparent)]
     Wire(#[from] WireError),
+    /// A consumer rejected with a reason that is not its to give: only consumer defined
+    /// (28) and vendor option not supported (35), as Linux's ucma allows.
+    #[error("a consumer may not reject with reason {0:?}")]
+    NotAConsumerReason(RejectReason),
 }
 
 impl CmError {
     /// The errno librdmacm returns for it: an unknown ID or a call in the wrong state is
-    /// `EINVAL`, a service with a listener already `EADDRINUSE`, private data too long
-    /// `EINVAL`.
+    /// `EINVAL`, a service with a listener already `EADDRINUSE`, private data too long or a
+    /// reject reason not a consumer's `EINVAL`.
     pub fn errno(&self) -> i32 {
         const EINVAL: i32 = 22;
         const EADDRINUSE: i32 = 98;
         match self {
             CmError::AlreadyListening(_) => EADDRINUSE,
-            CmError::UnknownId(_) | CmError::WrongState { .. } | CmError::Wire(_) => EINVAL,
+            CmError::UnknownId(_)
+            | CmError::WrongState { .. }
+            | CmError::Wire(_)
+            | CmError::NotAConsumerReason(_) => EINVAL,
         }
     }
 }

@@ -1113,10 +1113,11 @@ impl<'d> Conn<'d> {
             Request::CmReject {
                 channel,
                 id,
+                reason,
                 private_data,
             } => {
                 let c = self.cm_chan(channel)?;
-                d.devices[c.dev].cm(|g| g.cm_reject(&c.ch, id, &private_data))?;
+                d.devices[c.dev].cm(|g| g.cm_reject(&c.ch, id, reason, &private_data))?;
                 Ok(Response::Done)
             }
             Request::CmDisconnect {

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use abi::cm_ffi::{self, event, CmAddr, CmEventRec, CmParam};
 use softrdma::cm::{CmEvent, CommId, ConnParam, ServiceId};
+use softrdma::raw::RejectReason;
 use softrdma::RawCmChannel;
 
 use crate::abi::{ibv_context, ibv_qp, ibv_qp_attr};
@@ -250,7 +251,8 @@ pub unsafe extern "C" fn softrdma_cm_reject(
         let (_, ch) = channel(c)?;
         // SAFETY: the caller's `len` bytes.
         let d = unsafe { bytes(data, len) }?;
-        ch.reject(CommId(comm_id), d).map_err(|e| e.errno())
+        ch.reject(CommId(comm_id), RejectReason::CONSUMER_DEFINED, d)
+            .map_err(|e| e.errno())
     })())
 }
 

@@ -995,12 +995,28 @@ impl CmHost {
         ids.len()
     }
 
-    fn reject(&mut self, id: CommId, private_data: &[u8]) -> Result<(), CmError> {
+    fn reject(
+        &mut self,
+        id: CommId,
+        reason: RejectReason,
+        private_data: &[u8],
+    ) -> Result<(), CmError> {
+        // Linux's ucma_reject: a consumer says "no" (28) or "not those ECE options" (35);
+        // the other reasons are the CM's own.
+        if ![
+            RejectReason::CONSUMER_DEFINED,
+            RejectReason::VENDOR_OPTION_NOT_SUPPORTED,
+        ]
+        .contains(&reason)
+        {
+            return Err(CmError::NotAConsumerReason(reason));
+        }
         if self.conns.get(&id).is_some_and(|c| c.datagram) {
+            // A SIDR_REP has a status, not a reason (Linux's cma_send_sidr_rep with
+            // IB_SIDR_REJECT whatever the reason).
             self.reject_sidr(id, private_data)?;
         } else {
-            self.cm
-                .reject(id, RejectReason::CONSUMER_DEFINED, private_data)?;
+            self.cm.reject(id, reason, private_data)?;
         }
         self.conns.remove(&id);
         Ok(())
@@ -1316,17 +1332,21 @@ impl<A: Attachment> EngineGuard<'_, A> {
         core.cm.init_qp_attr(&core.engine, id, state)
     }
 
-    /// Reject connection request `id` of `channel` with `private_data` (`rdma_reject`: REJ
-    /// reason 28, consumer defined).
+    /// Reject connection request `id` of `channel` with `reason` and `private_data`:
+    /// [`RejectReason::CONSUMER_DEFINED`] (28) for `rdma_reject`,
+    /// [`RejectReason::VENDOR_OPTION_NOT_SUPPORTED`] (35) for `rdma_reject_ece`; any other
+    /// reason is refused ([`cm::CmError::NotAConsumerReason`]), as Linux's ucma refuses it.
+    /// A SIDR request is refused with status "rejected", whichever of the two.
     pub fn cm_reject(
         &mut self,
         channel: &CmChannel,
         id: CommId,
+        reason: RejectReason,
         private_data: &[u8],
     ) -> Result<(), RuntimeError> {
         self.core.cm.owned(channel, id)?;
         self.dirty = true;
-        Ok(self.core.cm.reject(id, private_data)?)
+        Ok(self.core.cm.reject(id, reason, private_data)?)
     }
 
     /// Close established connection `id` of `channel` (`rdma_disconnect`): its QP goes to
@@ -1618,7 +1638,9 @@ mod tests {
         let Some(CmEvent::ConnectRequest(req)) = b.channel.get_event() else {
             panic!("no request")
         };
-        b.host.reject(req.id, b"no").unwrap();
+        b.host
+            .reject(req.id, RejectReason::CONSUMER_DEFINED, b"no")
+            .unwrap();
         shuttle(&mut a, &mut b);
         match a.channel.get_event() {
             Some(CmEvent::Unresolved {

@@ -297,7 +297,12 @@ fn a_listener_that_rejects_sends_its_private_data_to_the_connector() {
     let (a, b) = pair();
     let (qp, id, req) = request(&a, &b, b"");
     b.rt.lock()
-        .cm_reject(&b.channel, req.id, b"go away")
+        .cm_reject(
+            &b.channel,
+            req.id,
+            RejectReason::CONSUMER_DEFINED,
+            b"go away",
+        )
         .unwrap();
     match a.event() {
         CmEvent::Rejected {
@@ -377,6 +382,41 @@ fn ece_given_by_each_side_reaches_the_other_in_the_req_and_the_rep() {
             other => panic!("unexpected {other:?}"),
         }
     }
+}
+
+/// `rdma_reject_ece`: the connector learns its ECE options were refused (reason 35), not
+/// merely that the listener said no; a reason that is the CM's own (here 8) is refused to
+/// the consumer, and the request stays to be answered.
+#[test]
+fn a_listener_refusing_the_ece_asked_for_rejects_with_reason_35() {
+    let (a, b) = pair();
+    let (qp, id, req) = request(&a, &b, b"");
+    let e =
+        b.rt.lock()
+            .cm_reject(&b.channel, req.id, RejectReason::INVALID_SERVICE_ID, b"")
+            .unwrap_err();
+    assert!(matches!(
+        e,
+        runtime::RuntimeError::Cm(runtime::CmError::NotAConsumerReason(_))
+    ));
+    b.rt.lock()
+        .cm_reject(
+            &b.channel,
+            req.id,
+            RejectReason::VENDOR_OPTION_NOT_SUPPORTED,
+            b"",
+        )
+        .unwrap();
+    match a.event() {
+        CmEvent::Rejected {
+            id: rid, reason, ..
+        } => {
+            assert_eq!(rid, id);
+            assert_eq!(reason.0, 35);
+        }
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+    assert_eq!(a.state(qp), QpState::Err);
 }
 
 #[test]

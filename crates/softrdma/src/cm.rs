@@ -473,9 +473,19 @@ impl Request {
 
     /// Refuse the request; the peer sees it rejected (consumer-defined reason) with
     /// `private_data` (at most 148 bytes).
-    pub fn reject(mut self, private_data: &[u8]) -> Result<()> {
+    pub fn reject(self, private_data: &[u8]) -> Result<()> {
+        self.reject_with(RejectReason::CONSUMER_DEFINED, private_data)
+    }
+
+    /// Refuse the ECE options the request asks for ([`ConnectRequest::ece`]): the peer sees
+    /// it rejected with reason 35, vendor option not supported (`rdma_reject_ece`).
+    pub fn reject_ece(self, private_data: &[u8]) -> Result<()> {
+        self.reject_with(RejectReason::VENDOR_OPTION_NOT_SUPPORTED, private_data)
+    }
+
+    fn reject_with(mut self, reason: RejectReason, private_data: &[u8]) -> Result<()> {
         let id = self.req().id;
-        self.cm.inner.channel.reject(id, private_data)?;
+        self.cm.inner.channel.reject(id, reason, private_data)?;
         self.req = None;
         Ok(())
     }
@@ -484,7 +494,8 @@ impl Request {
 impl Drop for Request {
     fn drop(&mut self) {
         if let Some(req) = &self.req {
-            if let Err(e) = self.cm.inner.channel.reject(req.id, &[]) {
+            let reason = RejectReason::CONSUMER_DEFINED;
+            if let Err(e) = self.cm.inner.channel.reject(req.id, reason, &[]) {
                 tracing::debug!(error = %e, "rejecting a dropped request");
             }
         }

@@ -24,7 +24,7 @@ use engine::{
     SrqAttr, SrqAttrMask, WorkCompletion,
 };
 
-pub use crate::cm::{CmEvent, CommId, ConnParam, ServiceId};
+pub use crate::cm::{CmEvent, CommId, ConnParam, Ece, RejectReason, ServiceId};
 pub use crate::provider::{Lkey, QpHandle, Qpn, RawMr, RawQp, Rkey};
 use crate::provider::{Provider, ProviderCq};
 use crate::BackendKind;
@@ -159,9 +159,11 @@ impl RawCmChannel {
         self.ch.init_qp_attr(id, state)
     }
 
-    /// `rdma_reject`: refuse request `id` (REJ reason 28, consumer defined).
-    pub fn reject(&self, id: CommId, private_data: &[u8]) -> Result<()> {
-        self.ch.reject(id, private_data)
+    /// Refuse request `id`: `rdma_reject` with [`RejectReason::CONSUMER_DEFINED`] (28),
+    /// `rdma_reject_ece` with [`RejectReason::VENDOR_OPTION_NOT_SUPPORTED`] (35); no other
+    /// reason is a consumer's to give (`EINVAL`).
+    pub fn reject(&self, id: CommId, reason: RejectReason, private_data: &[u8]) -> Result<()> {
+        self.ch.reject(id, reason, private_data)
     }
 
     /// `rdma_disconnect`: close connection `id` (its QP to ERR, then a DREQ);

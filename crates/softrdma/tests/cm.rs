@@ -114,6 +114,18 @@ on_both_backends! {
             assert_eq!(e.errno(), 111, "ECONNREFUSED");
         });
         assert_eq!(a_qp.query().unwrap().qp_state, QpState::Err);
+        // Refusing the ECE asked for says so: reason 35, vendor option not supported.
+        let a_qp = a.pd.qp_builder(&a.cq, &a.cq).build().unwrap();
+        std::thread::scope(|s| {
+            s.spawn(|| listener.next_request(WAIT).unwrap().reject_ece(b"").unwrap());
+            let mut param = ConnParam::default();
+            param.ece = Ece { vendor_id: 0x00_02c9, options: 1 };
+            let e = acm.connect(&a_qp, peer(&b, port), &param, WAIT).unwrap_err();
+            assert!(
+                matches!(e, Error::CmRejected { reason } if reason == RejectReason::VENDOR_OPTION_NOT_SUPPORTED),
+                "{e:?}"
+            );
+        });
         // Where nothing listens, the peer's CM itself rejects (invalid service ID).
         drop(listener);
         let a_qp = a.pd.qp_builder(&a.cq, &a.cq).build().unwrap();

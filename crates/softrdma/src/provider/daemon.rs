@@ -21,7 +21,7 @@ use engine::{
     UdDest, VerbsError, WcOpcode, WcStatus, WorkCompletion,
 };
 use runtime::{CmEvent, CommId, ConnParam, EngineGuard};
-use wire::ServiceId;
+use wire::{RejectReason, ServiceId};
 
 use super::locate::{self, DaemonConfig};
 use super::{
@@ -1251,8 +1251,11 @@ impl ProviderCmChannel for DaemonCmChannel {
         Ok(self.dev()?.c().cm_init_qp_attr(self.handle, id, state)?)
     }
 
-    fn reject(&self, id: CommId, private_data: &[u8]) -> Result<()> {
-        Ok(self.dev()?.c().cm_reject(self.handle, id, private_data)?)
+    fn reject(&self, id: CommId, reason: RejectReason, private_data: &[u8]) -> Result<()> {
+        Ok(self
+            .dev()?
+            .c()
+            .cm_reject(self.handle, id, reason, private_data)?)
     }
 
     fn disconnect(&self, id: CommId, private_data: &[u8]) -> Result<()> {

@@ -13,7 +13,7 @@ use engine::{
     ReregFlags, SendWr, SrqAttr, SrqAttrMask, SrqHandle, UdDest, WorkCompletion,
 };
 use runtime::{CmChannel, CmEvent, CommId, ConnParam, CqNotifier, EngineGuard, Runtime};
-use wire::ServiceId;
+use wire::{RejectReason, ServiceId};
 
 use super::{
     device_closed, BackendKind, Lkey, Provider, ProviderCmChannel, ProviderCq, QpHandle, Qpn,
@@ -408,8 +408,11 @@ impl ProviderCmChannel for EmbeddedCmChannel {
         Ok(self.rt()?.lock().cm_init_qp_attr(&self.ch, id, state)?)
     }
 
-    fn reject(&self, id: CommId, private_data: &[u8]) -> Result<()> {
-        Ok(self.rt()?.lock().cm_reject(&self.ch, id, private_data)?)
+    fn reject(&self, id: CommId, reason: RejectReason, private_data: &[u8]) -> Result<()> {
+        Ok(self
+            .rt()?
+            .lock()
+            .cm_reject(&self.ch, id, reason, private_data)?)
     }
 
     fn disconnect(&self, id: CommId, private_data: &[u8]) -> Result<()> {

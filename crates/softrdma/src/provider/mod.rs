@@ -26,7 +26,7 @@ use engine::{
     ReregFlags, SendWr, SrqAttr, SrqAttrMask, SrqHandle, UdDest, WorkCompletion,
 };
 use runtime::{CmEvent, CommId, ConnParam, EngineGuard, Runtime};
-use wire::ServiceId;
+use wire::{RejectReason, ServiceId};
 
 use crate::{Error, Result};
 
@@ -333,8 +333,8 @@ pub(crate) trait ProviderCmChannel: Send + Sync + fmt::Debug {
     fn establish(&self, id: CommId) -> Result<()>;
     /// `rdma_init_qp_attr`: what takes connection `id`'s QP to `state`.
     fn init_qp_attr(&self, id: CommId, state: QpState) -> Result<(QpAttr, QpAttrMask)>;
-    /// `rdma_reject` of request `id`.
-    fn reject(&self, id: CommId, private_data: &[u8]) -> Result<()>;
+    /// `rdma_reject` (reason 28) or `rdma_reject_ece` (35) of request `id`.
+    fn reject(&self, id: CommId, reason: RejectReason, private_data: &[u8]) -> Result<()>;
     /// `rdma_disconnect` of connection `id`.
     fn disconnect(&self, id: CommId, private_data: &[u8]) -> Result<()>;
     /// `rdma_destroy_id`: let go of connection `id` in whatever state; one that ended on
