@@ -19,20 +19,23 @@
 //! | `softrdma_cm_accept` | `int (struct ibv_context *, uint32_t comm_id, struct ibv_qp *, const CmParam *)`: an RC QP for a connection (NULL as for connect), a UD QP for a SIDR request |
 //! | `softrdma_cm_establish` | `int (struct ibv_context *, uint32_t comm_id)`: the RTU of a connection whose QP the caller moves, after CONNECT_RESPONSE |
 //! | `softrdma_cm_init_qp_attr` | `int (struct ibv_context *, uint32_t comm_id, struct ibv_qp_attr *, int *mask)`: the attributes that take the connection's QP to `attr->qp_state` (INIT, RTR, RTS) |
-//! | `softrdma_cm_reject` | `int (struct ibv_context *, uint32_t comm_id, const void *data, uint8_t len)` |
+//! | `softrdma_cm_reject` | `int (struct ibv_context *, uint32_t comm_id, uint16_t reason, const void *data, uint8_t len)`: reason 28 (consumer defined; 0 means it too) or 35 (vendor option not supported, `rdma_reject_ece`), `EINVAL` for any other |
 //! | `softrdma_cm_disconnect` | `int (struct ibv_context *, uint32_t comm_id, const void *data, uint8_t len)` |
 //! | `softrdma_cm_destroy_id` | `int (struct ibv_context *, uint32_t comm_id)` |
 //! | `softrdma_cm_get_event` | `int (struct ibv_context *, CmEventRec *)`: 0 with an event, `EAGAIN` without |
 
 use std::net::{IpAddr, Ipv6Addr};
 
+use wire::Ece;
+
 /// The version node libibverbs binds the private symbols to (standalone, never chained to
 /// the public `IBVERBS_1.x` nodes).
 pub const VERSION_NODE: &str = "SOFTRDMA_PRIVATE_1";
 
 /// Bumped whenever a record or a signature of this module changes; librdmacm refuses a
-/// libibverbs that reports another.
-pub const ABI_VERSION: u32 = 3;
+/// libibverbs that reports another (4: ECE in [`CmParam`] and [`CmEventRec`], the reject
+/// reason in `softrdma_cm_reject`).
+pub const ABI_VERSION: u32 = 4;
 
 /// `softrdma_cm_abi_version`.
 pub const SYM_ABI_VERSION: &str = "softrdma_cm_abi_version";
@@ -130,6 +133,10 @@ pub struct CmParam {
     /// With no QP given: the QP number the REQ or REP announces (the caller moves that QP
     /// itself, `rdma_conn_param.qp_num`).
     pub qp_num: u32,
+    /// The ECE vendor ID the REQ or REP carries (24 bits; 0: no ECE).
+    pub ece_vendor_id: u32,
+    /// The ECE options the REQ or REP carries (its MAD header's attribute modifier).
+    pub ece_options: u32,
 }
 
 impl Default for CmParam {
@@ -146,6 +153,8 @@ impl Default for CmParam {
             src_port: 0,
             reserved: [0; 2],
             qp_num: 0,
+            ece_vendor_id: 0,
+            ece_options: 0,
         }
     }
 }
@@ -156,6 +165,20 @@ impl CmParam {
     pub fn private_data(&self) -> &[u8] {
         let n = usize::from(self.private_data_len).min(PRIVATE_DATA_MAX);
         &self.private_data[..n]
+    }
+
+    /// The ECE to send.
+    pub fn ece(&self) -> Ece {
+        Ece {
+            vendor_id: self.ece_vendor_id,
+            options: self.ece_options,
+        }
+    }
+
+    /// Send `ece`.
+    pub fn set_ece(&mut self, ece: Ece) {
+        self.ece_vendor_id = ece.vendor_id;
+        self.ece_options = ece.options;
     }
 }
 
@@ -214,6 +237,11 @@ pub struct CmEventRec {
     pub private_data: [u8; PRIVATE_DATA_MAX],
     /// RESOLVED: the Q_Key the peer's UD QP takes.
     pub qkey: u32,
+    /// CONNECT_REQUEST: the REQ's ECE vendor ID; ESTABLISHED (active side) and
+    /// CONNECT_RESPONSE: the REP's; else 0.
+    pub ece_vendor_id: u32,
+    /// The ECE options that come with `ece_vendor_id`.
+    pub ece_options: u32,
 }
 
 impl Default for CmEventRec {
@@ -231,6 +259,8 @@ impl Default for CmEventRec {
             private_data_len: 0,
             private_data: [0; PRIVATE_DATA_MAX],
             qkey: 0,
+            ece_vendor_id: 0,
+            ece_options: 0,
         }
     }
 }
@@ -247,6 +277,20 @@ impl CmEventRec {
     pub fn private_data(&self) -> &[u8] {
         let n = usize::from(self.private_data_len).min(PRIVATE_DATA_MAX);
         &self.private_data[..n]
+    }
+
+    /// The peer's ECE the event reports.
+    pub fn ece(&self) -> Ece {
+        Ece {
+            vendor_id: self.ece_vendor_id,
+            options: self.ece_options,
+        }
+    }
+
+    /// Report `ece`.
+    pub fn set_ece(&mut self, ece: Ece) {
+        self.ece_vendor_id = ece.vendor_id;
+        self.ece_options = ece.options;
     }
 }
 
@@ -269,8 +313,8 @@ mod tests {
     #[test]
     fn records_have_a_fixed_size() {
         assert_eq!(size_of::<CmAddr>(), 24);
-        assert_eq!(size_of::<CmParam>(), 272);
-        assert_eq!(size_of::<CmEventRec>(), 336);
+        assert_eq!(size_of::<CmParam>(), 280);
+        assert_eq!(size_of::<CmEventRec>(), 344);
     }
 
     #[test]

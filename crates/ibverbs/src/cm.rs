@@ -80,6 +80,7 @@ fn conn_param(p: *const CmParam) -> Result<ConnParam, c_int> {
     }
     c.src_port = p.src_port;
     c.qp_num = p.qp_num;
+    c.ece = p.ece();
     Ok(c)
 }
 
@@ -244,6 +245,7 @@ pub unsafe extern "C" fn softrdma_cm_init_qp_attr(
 pub unsafe extern "C" fn softrdma_cm_reject(
     c: *mut ibv_context,
     comm_id: u32,
+    reason: u16,
     data: *const c_void,
     len: u8,
 ) -> c_int {
@@ -251,8 +253,13 @@ pub unsafe extern "C" fn softrdma_cm_reject(
         let (_, ch) = channel(c)?;
         // SAFETY: the caller's `len` bytes.
         let d = unsafe { bytes(data, len) }?;
-        ch.reject(CommId(comm_id), RejectReason::CONSUMER_DEFINED, d)
-            .map_err(|e| e.errno())
+        // As Linux's ucma_reject: 0 is consumer defined; the CM refuses what is not a
+        // consumer's reason.
+        let reason = match reason {
+            0 => RejectReason::CONSUMER_DEFINED,
+            r => RejectReason(r),
+        };
+        ch.reject(CommId(comm_id), reason, d).map_err(|e| e.errno())
     })())
 }
 
@@ -296,24 +303,29 @@ pub unsafe extern "C" fn softrdma_cm_get_event(c: *mut ibv_context, out: *mut Cm
                 r.responder_resources = q.responder_resources;
                 r.initiator_depth = q.initiator_depth;
                 r.set_private_data(&q.private_data);
+                r.set_ece(q.ece);
             }
             CmEvent::Established {
-                id, private_data, ..
+                id,
+                private_data,
+                ece,
             } => {
                 r.kind = event::ESTABLISHED;
                 r.comm_id = id.0;
                 r.set_private_data(&private_data);
+                r.set_ece(ece);
             }
             CmEvent::ConnectResponse {
                 id,
                 remote_qpn,
                 private_data,
-                ..
+                ece,
             } => {
                 r.kind = event::CONNECT_RESPONSE;
                 r.comm_id = id.0;
                 r.remote_qpn = remote_qpn;
                 r.set_private_data(&private_data);
+                r.set_ece(ece);
             }
             CmEvent::Rejected {
                 id,

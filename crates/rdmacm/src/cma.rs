@@ -101,8 +101,12 @@ pub(crate) struct IdSt {
     pub afonly: bool,
     /// `RDMA_OPTION_ID_ACK_TIMEOUT` (0: the device's default).
     pub ack_timeout: u8,
-    /// `rdma_set_local_ece`.
+    /// `rdma_set_local_ece` (zeroed when a QP is made on the id, as rdma-core's
+    /// `init_ece` takes the QP's, which this device has none of).
     pub local_ece: ibv_ece,
+    /// The peer's ECE (`rdma_get_remote_ece`): the REQ's on a passive id, the REP's on an
+    /// active one.
+    pub remote_ece: ibv_ece,
     /// From the connect request: what rdma_accept(NULL) answers with.
     pub req_responder_resources: u8,
     /// From the connect request.
@@ -137,6 +141,7 @@ impl IdSt {
             afonly: false,
             ack_timeout: 0,
             local_ece: ibv_ece::default(),
+            remote_ece: ibv_ece::default(),
             req_responder_resources: 0,
             req_initiator_depth: 0,
             remote_qpn: 0,
@@ -497,12 +502,19 @@ impl G {
         };
         let (event, status, data) = match rec.kind {
             dev_ev::ESTABLISHED => {
+                if st.state == St::Connecting {
+                    // The REP, on an id whose QP the device moved: rdma-core's
+                    // ucma_process_conn_resp_ece keeps its vendor ID (its options went to
+                    // the QP, which this device does not take).
+                    st.remote_ece.vendor_id = rec.ece_vendor_id;
+                }
                 st.state = St::Connected;
                 (ev::ESTABLISHED, 0, rec.private_data())
             }
             dev_ev::CONNECT_RESPONSE => {
                 st.state = St::Replied;
                 st.remote_qpn = rec.remote_qpn;
+                st.remote_ece = ece_of(rec);
                 (ev::CONNECT_RESPONSE, 0, rec.private_data())
             }
             dev_ev::REJECTED => {
@@ -614,7 +626,7 @@ impl G {
         let Some(l) = listener else {
             // Nobody listens any more: say so to the peer.
             // SAFETY: a context of ours.
-            unsafe { (self.v.cm.reject)(ctx, rec.comm_id, std::ptr::null(), 0) };
+            unsafe { (self.v.cm.reject)(ctx, rec.comm_id, 0, std::ptr::null(), 0) };
             return;
         };
         let lsync = self.ids.get(&l).and_then(|s| s.sync_chan).is_some();
@@ -633,7 +645,7 @@ impl G {
                 Ok(c) => Some(c),
                 Err(_) => {
                     // SAFETY: a context of ours.
-                    unsafe { (self.v.cm.reject)(ctx, rec.comm_id, std::ptr::null(), 0) };
+                    unsafe { (self.v.cm.reject)(ctx, rec.comm_id, 0, std::ptr::null(), 0) };
                     return;
                 }
             }
@@ -657,6 +669,9 @@ impl G {
             st.req_responder_resources = rec.initiator_depth.min(max_rd);
             st.remote_qpn = rec.remote_qpn;
             st.conn = (st.req_responder_resources, st.req_initiator_depth);
+            // rdma-core's ucma_process_conn_req: the REQ's ECE, for rdma_get_remote_ece
+            // and for the REP's vendor ID.
+            st.remote_ece = ece_of(rec);
         }
         // As rdma-core's ucma_get_device: the id has the device's PD with its context (a
         // failed allocation leaves it NULL; rdma_create_qp then tries again).
@@ -792,7 +807,7 @@ impl G {
         if let (Some(d), Some(c)) = (st.dev, st.comm) {
             self.comms.remove(&(d, c));
             // SAFETY: a context of ours.
-            unsafe { (self.v.cm.reject)(self.devs[d].ctx, c, std::ptr::null(), 0) };
+            unsafe { (self.v.cm.reject)(self.devs[d].ctx, c, 0, std::ptr::null(), 0) };
         }
         if let Some(c) = st.sync_chan {
             self.free_chan(c);
@@ -855,6 +870,15 @@ impl G {
         // rdma-core: the QP number the id's QP has, or with none the caller's.
         out.qp_num = p.qp_num & 0xff_ffff;
         Ok(out)
+    }
+}
+
+/// The ECE a device event reports, as `struct ibv_ece` holds it.
+fn ece_of(rec: &CmEventRec) -> ibv_ece {
+    ibv_ece {
+        vendor_id: rec.ece_vendor_id,
+        options: rec.ece_options,
+        comp_mask: 0,
     }
 }
 

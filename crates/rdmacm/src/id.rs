@@ -329,7 +329,11 @@ fn connect(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> Result<usize, c_int>
             return Err(libc::EINVAL);
         }
         let (dst, dport) = storage_ip(&id_.cid.route.addr.dst).ok_or(libc::EINVAL)?;
-        let param = g.param(k, p, REQ_PRIVATE_DATA_MAX, None)?;
+        let mut param = g.param(k, p, REQ_PRIVATE_DATA_MAX, None)?;
+        // rdma-core's ucma_copy_ece_param_to_kern_req: the REQ asks for the id's own ECE.
+        let local_ece = g.ids.get(&k).ok_or(libc::EINVAL)?.local_ece;
+        param.ece_vendor_id = local_ece.vendor_id;
+        param.ece_options = local_ece.options;
         let sid = (u64::from(id_.cid.ps) << 16) | u64::from(dport);
         let peer = cma::cm_addr(dst, dport);
         let mut comm = 0u32;
@@ -386,6 +390,9 @@ fn accept(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> Result<usize, c_int> 
         }
         let (d, comm) = (st.dev.ok_or(libc::EINVAL)?, st.comm.ok_or(libc::EINVAL)?);
         let defaults = (st.req_responder_resources, st.req_initiator_depth);
+        // rdma-core's ucma_copy_ece_param_to_kern_rep: the REP answers with the REQ's
+        // vendor ID ("the same ID as received") and this side's options.
+        let (ece_vendor_id, ece_options) = (st.remote_ece.vendor_id, st.local_ece.options);
         let qp = g.cid(k).cid.qp;
         let datagram = matches!(g.cid(k).cid.ps, ps::UDP | ps::IPOIB);
         if qp.is_null() && datagram {
@@ -401,7 +408,9 @@ fn accept(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> Result<usize, c_int> 
         } else {
             REP_PRIVATE_DATA_MAX
         };
-        let param: CmParam = g.param(k, p, max, Some(defaults))?;
+        let mut param: CmParam = g.param(k, p, max, Some(defaults))?;
+        param.ece_vendor_id = ece_vendor_id;
+        param.ece_options = ece_options;
         // SAFETY: our context, the id's QP, a record living for the call.
         let r = unsafe { (g.v.cm.accept)(g.devs[d].ctx, comm, qp, &param) };
         if r != 0 {
@@ -425,10 +434,20 @@ pub unsafe extern "C" fn rdma_reject(
     private_data: *const c_void,
     private_data_len: u8,
 ) -> c_int {
-    ret(reject(id, private_data, private_data_len))
+    ret(reject(
+        id,
+        private_data,
+        private_data_len,
+        REJ_CONSUMER_DEFINED,
+    ))
 }
 
-fn reject(id: *mut rdma_cm_id, data: *const c_void, len: u8) -> Result<(), c_int> {
+/// REJ reason 28: the consumer refused (`rdma_reject`).
+const REJ_CONSUMER_DEFINED: u16 = 28;
+/// REJ reason 35: the consumer refused the ECE options asked for (`rdma_reject_ece`).
+const REJ_VENDOR_OPTION_NOT_SUPPORTED: u16 = 35;
+
+fn reject(id: *mut rdma_cm_id, data: *const c_void, len: u8, reason: u16) -> Result<(), c_int> {
     if usize::from(len) > REJ_PRIVATE_DATA_MAX || (len > 0 && data.is_null()) {
         return Err(libc::EINVAL);
     }
@@ -440,7 +459,7 @@ fn reject(id: *mut rdma_cm_id, data: *const c_void, len: u8) -> Result<(), c_int
         let (d, comm) = (st.dev.ok_or(libc::EINVAL)?, st.comm.ok_or(libc::EINVAL)?);
         st.state = St::Closed;
         // SAFETY: our context; the caller's `len` bytes at `data`.
-        let r = unsafe { (g.v.cm.reject)(g.devs[d].ctx, comm, data, len) };
+        let r = unsafe { (g.v.cm.reject)(g.devs[d].ctx, comm, reason, data, len) };
         if r != 0 {
             return Err(r);
         }
@@ -454,9 +473,13 @@ pub unsafe extern "C" fn rdma_reject_ece(
     private_data: *const c_void,
     private_data_len: u8,
 ) -> c_int {
-    // The REJ goes out as rdma_reject's (reason 28, consumer-defined): the device's CM
-    // does not offer ECE's "vendor option not supported" reason.
-    ret(reject(id, private_data, private_data_len))
+    // As rdma-core: IBTA's "vendor option not supported".
+    ret(reject(
+        id,
+        private_data,
+        private_data_len,
+        REJ_VENDOR_OPTION_NOT_SUPPORTED,
+    ))
 }
 
 #[no_mangle]
@@ -698,8 +721,12 @@ pub unsafe extern "C" fn rdma_set_local_ece(id: *mut rdma_cm_id, ece: *mut ibv_e
         if e.vendor_id == 0 || e.comp_mask != 0 {
             return Err(libc::EINVAL);
         }
-        // Kept, never sent: the device's CM carries no ECE in its REQ/REP.
-        g.id(id)?.1.local_ece = e;
+        // Sent in the REQ (rdma_connect), or as the REP's options (rdma_accept).
+        g.id(id)?.1.local_ece = ibv_ece {
+            vendor_id: e.vendor_id,
+            options: e.options,
+            comp_mask: 0,
+        };
         Ok(())
     }))
 }
@@ -707,14 +734,17 @@ pub unsafe extern "C" fn rdma_set_local_ece(id: *mut rdma_cm_id, ece: *mut ibv_e
 #[no_mangle]
 pub unsafe extern "C" fn rdma_get_remote_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int {
     ret(with(|g| {
-        let (k, _) = g.id(id)?;
+        let (k, st) = g.id(id)?;
+        // rdma-core: all zero (and success) when the peer sent none or has not answered.
+        let remote = ibv_ece {
+            comp_mask: 0,
+            ..st.remote_ece
+        };
         if ece.is_null() || !g.cid(k).cid.qp.is_null() {
             return Err(libc::EINVAL);
         }
-        // The peer's ECE never reaches us: all zero, what rdma-core reports for a peer
-        // that sent none.
         // SAFETY: the caller's struct ibv_ece.
-        unsafe { *ece = ibv_ece::default() };
+        unsafe { *ece = remote };
         Ok(())
     }))
 }

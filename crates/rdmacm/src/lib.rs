@@ -26,6 +26,14 @@
 //! kept after its DISCONNECTED gets `RDMA_CM_EVENT_TIMEWAIT_EXIT` when the connection's
 //! time-wait ends.
 //!
+//! ECE crosses the wire as rdma-core and the kernel carry it (vendor ID in the REQ/REP,
+//! options in the MAD's attribute modifier): `rdma_set_local_ece` goes into the REQ, a
+//! passive id answers in the REP with the REQ's vendor ID and its own options,
+//! `rdma_get_remote_ece` reports the peer's (all zero before it answered), and
+//! `rdma_reject_ece` rejects with reason 35. As in rdma-core, only ids without a QP set or
+//! read it (EINVAL otherwise); the device's QPs have no ECE of their own (`ibv_query_ece`:
+//! EOPNOTSUPP), so, as rdma-core does on such a device, `rdma_create_qp` clears the id's.
+//!
 //! Multicast joins cross hosts as the kernel's do for RoCEv2: attaching the id's QP makes
 //! the device join the group's IP address on its interface (the kernel's rdma_cm sends
 //! the IGMP join), so `mckey` reaches other processes and other hosts; a send-only join
@@ -35,7 +43,7 @@
 //! - rsockets (every `r*` call: `ENOSYS`);
 //! - a SIDR answer (`rdma_accept` on a UDP id) without a QP on the id (`EOPNOTSUPP`: the
 //!   answer takes its Q_Key from the id's QP);
-//! - ECE is stored and never sent (`rdma_get_remote_ece` reports none).
+//! - ECE in a SIDR_REP (Linux puts a vendor ID there too; UD ids send and see none).
 //!
 //! Exports carry the version nodes of Debian's librdmacm.so.1 (`exports.txt`, bound by
 //! `build.rs`). No C pointer is trusted to be non-NULL, and no id, channel or event pointer

@@ -160,6 +160,11 @@ fn create_qp(id: *mut rdma_cm_id, attr: &mut ibv_qp_init_attr_ex_head) -> Result
         let id_ = g.cid(k);
         id_.cid.qp = qp;
         id_.cid.pd = pd;
+        // rdma-core's init_ece: the id's ECE becomes its QP's, and this device's QPs have
+        // none (ibv_query_ece: EOPNOTSUPP), so an earlier rdma_set_local_ece is dropped.
+        if let Some(st) = g.ids.get_mut(&k) {
+            st.local_ece = ibv_ece::default();
+        }
         Ok(())
     })
 }

@@ -66,7 +66,7 @@ pub(crate) struct Cm {
         *mut u32,
     ) -> c_int,
     pub accept: unsafe extern "C" fn(*mut ibv_context, u32, *mut ibv_qp, *const CmParam) -> c_int,
-    pub reject: unsafe extern "C" fn(*mut ibv_context, u32, *const c_void, u8) -> c_int,
+    pub reject: unsafe extern "C" fn(*mut ibv_context, u32, u16, *const c_void, u8) -> c_int,
     pub disconnect: unsafe extern "C" fn(*mut ibv_context, u32, *const c_void, u8) -> c_int,
     pub destroy_id: unsafe extern "C" fn(*mut ibv_context, u32) -> c_int,
     pub get_event: unsafe extern "C" fn(*mut ibv_context, *mut CmEventRec) -> c_int,

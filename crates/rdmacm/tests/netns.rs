@@ -20,7 +20,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use cm_programs::{
-    cmtime, managed_qp, mckey, perftest, rdma_server_client, rping, ucmatose, udaddy, Sides,
+    cmtime, ece, managed_qp, mckey, perftest, rdma_server_client, rping, ucmatose, udaddy, Sides,
 };
 use hosts::Hosts;
 use netns_host::Host;
@@ -69,7 +69,7 @@ fn rdma_cm_programs_run_between_two_network_namespaces() {
         a: Host::new(&h.a, &h.addr_a),
         b: Host::new(&h.b, &h.addr_b),
     };
-    let runs: [(&str, Run); 12] = [
+    let runs: [(&str, Run); 13] = [
         // The server binds its own address: the device whose GID table holds it.
         ("rping", |s| {
             let own = s.a.addr;
@@ -83,6 +83,7 @@ fn rdma_cm_programs_run_between_two_network_namespaces() {
         ("rdma_server+rdma_client", |s| rdma_server_client(s)),
         ("cmtime", |s| cmtime(s)),
         ("managed_qp", |s| managed_qp(s)),
+        ("ece", |s| ece(s)),
         // The port reports the MTU the 1500-byte link carries, so no packet is too big for
         // the veth.
         ("ib_write_bw -R", |s| perftest(s, "ib_write_bw", "65536")),

@@ -12,7 +12,8 @@ use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
 
 use cm_programs::{
-    cmtime, managed_qp, mckey, perftest, rdma_server_client, rping, ucmatose, udaddy, Sides, LIMIT,
+    cmtime, ece, managed_qp, mckey, perftest, rdma_server_client, rping, ucmatose, udaddy, Sides,
+    LIMIT,
 };
 use common::{describe, free_udp_port, require, run, verbs_command, Backend, On, TestDaemon};
 
@@ -148,6 +149,16 @@ fn qps_the_programs_move_themselves_connect_between_two_embedded_devices() {
 #[test]
 fn qps_the_programs_move_themselves_connect_on_the_daemon() {
     managed_qp(&mut OneHost::new(Backend::Daemon));
+}
+
+#[test]
+fn ece_set_on_each_side_reaches_the_other_and_a_refusal_says_35_between_two_embedded_devices() {
+    ece(&mut OneHost::new(Backend::Embedded));
+}
+
+#[test]
+fn ece_set_on_each_side_reaches_the_other_and_a_refusal_says_35_on_the_daemon() {
+    ece(&mut OneHost::new(Backend::Daemon));
 }
 
 #[test]

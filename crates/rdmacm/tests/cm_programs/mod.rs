@@ -6,9 +6,10 @@
 
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::common::{c_program, describe, finish, free_tcp_port, library_dir, require, run, Guard};
@@ -415,19 +416,23 @@ pub fn perftest(sides: &mut impl Sides, prog: &str, size: &str) {
     );
 }
 
-/// `tests/programs/managed_qp.c`, compiled once per test process against Debian's
-/// librdmacm and libibverbs (the drop-ins replace both at run time).
-fn managed_qp_program() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/managed_qp.c");
-        c_program(
-            &src,
-            &["-lrdmacm", "-libverbs"],
-            ("/usr/include/rdma/rdma_cma.h", "librdmacm-dev"),
-        )
-    })
-    .clone()
+/// `tests/programs/{name}.c`, compiled once per test process against Debian's librdmacm
+/// and libibverbs (the drop-ins replace both at run time).
+fn test_program(name: &'static str) -> PathBuf {
+    static BINS: Mutex<BTreeMap<&str, PathBuf>> = Mutex::new(BTreeMap::new());
+    let mut bins = BINS.lock().unwrap_or_else(|p| p.into_inner());
+    bins.entry(name)
+        .or_insert_with(|| {
+            let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/programs")
+                .join(format!("{name}.c"));
+            c_program(
+                &src,
+                &["-lrdmacm", "-libverbs"],
+                ("/usr/include/rdma/rdma_cma.h", "librdmacm-dev"),
+            )
+        })
+        .clone()
 }
 
 /// A connection whose QPs the programs move themselves (`tests/programs/managed_qp.c`:
@@ -436,7 +441,7 @@ fn managed_qp_program() -> PathBuf {
 /// way, then a disconnect both sides see, and the end of its time-wait (both print
 /// "done" only after TIMEWAIT_EXIT).
 pub fn managed_qp(sides: &mut impl Sides) {
-    let bin = managed_qp_program();
+    let bin = test_program("managed_qp");
     let bin = bin.to_str().expect("a UTF-8 temporary path");
     let server = sides.server_addr().to_string();
     let (s, c) = pair(
@@ -475,4 +480,49 @@ pub fn managed_qp(sides: &mut impl Sides) {
     assert_eq!(field(&ct, "dest_qp_num "), s_qp);
     assert_eq!(field(&st, "sq_psn "), field(&ct, "rq_psn "));
     assert_eq!(field(&ct, "sq_psn "), field(&st, "rq_psn "));
+}
+
+/// ECE between two rdma_cm programs (`tests/programs/ece.c`, ids without a QP as rdma-core
+/// requires): the client's `rdma_set_local_ece` reaches the server's `rdma_get_remote_ece`
+/// in the REQ, the server's options come back in the REP with the REQ's vendor ID, and a
+/// second request refused with `rdma_reject_ece` is REJECTED with status 35 at the client.
+pub fn ece(sides: &mut impl Sides) {
+    let bin = test_program("ece");
+    let bin = bin.to_str().expect("a UTF-8 temporary path");
+    let server = sides.server_addr().to_string();
+    let (s, c) = pair(
+        sides,
+        bin,
+        &["-s", "-p", PORT],
+        &["-c", "-a", &server, "-p", PORT],
+        true,
+    );
+    ok("ece", &s, &c);
+    ok("ece", &c, &s);
+    let (st, ct) = (stdout(&s), stdout(&c));
+    for (out, want) in [
+        (
+            &st,
+            "request ece: vendor 0x00c0de options 0x5eed0001 comp_mask 0",
+        ),
+        (
+            &st,
+            "second request ece: vendor 0x00c0de options 0xbad comp_mask 0",
+        ),
+        (&st, "ece server: done"),
+        (
+            &ct,
+            "ece before the answer: vendor 0x000000 options 0x0 comp_mask 0",
+        ),
+        (&ct, "reply ece: vendor 0x00c0de options 0xacce comp_mask 0"),
+        (&ct, "second connection refused: status 35"),
+        (&ct, "ece client: done"),
+    ] {
+        assert!(
+            out.contains(want),
+            "ece: no \"{want}\" in\nserver: {}\nclient: {}",
+            describe(&s),
+            describe(&c)
+        );
+    }
 }
