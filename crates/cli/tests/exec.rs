@@ -4,94 +4,17 @@
 //! process on a control socket of its own (one device, `srxe0`, on 127.0.0.1); the drop-ins
 //! are the ones `cargo test` just built, under the sonames their build scripts link.
 
+mod exec_env;
 mod tools;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use daemon::host::{Device, DeviceConfig};
-use daemon::memory::SharedRegions;
-use daemon::server::{self, Daemon, Stats};
+use exec_env::{exec, lib_dir, require, test_daemon, DEV};
 use tools::{scratch, softrdma, Proc};
 
 const LIMIT: Duration = Duration::from_secs(120);
-
-/// The test daemon's device.
-const DEV: &str = "srxe0";
-
-/// The daemon of this test process: its control socket and UDP port.
-fn test_daemon() -> &'static (PathBuf, u16) {
-    static D: OnceLock<(PathBuf, u16)> = OnceLock::new();
-    D.get_or_init(|| {
-        let regions = SharedRegions::default();
-        // A port found free can be taken by another test before the device binds it.
-        for _ in 0..20 {
-            let port = std::net::UdpSocket::bind("127.0.0.1:0")
-                .and_then(|s| s.local_addr())
-                .expect("free udp port")
-                .port();
-            let config = DeviceConfig {
-                name: DEV.into(),
-                addrs: vec!["127.0.0.1".parse().unwrap()],
-                port,
-                remote_port: port,
-                ..Default::default()
-            };
-            let Ok(dev) = Device::start(config, regions.clone()) else {
-                continue;
-            };
-            let socket = scratch(&format!("exec-{}.sock", std::process::id()));
-            let listener = server::bind_control_socket(&socket).expect("control socket");
-            let daemon = Arc::new(Daemon {
-                devices: vec![dev],
-                regions,
-                stats: Stats::default(),
-            });
-            std::thread::spawn(move || server::serve(daemon, listener));
-            return (socket, port);
-        }
-        panic!("no UDP port free for the test daemon");
-    })
-}
-
-/// A folder holding the drop-ins under their sonames: links to the `.so.1` links the build
-/// scripts leave beside the libraries this `cargo test` built (target/<profile>/deps).
-fn lib_dir() -> PathBuf {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let exe = std::env::current_exe().expect("test executable");
-        let deps = exe.parent().expect("target/<profile>/deps");
-        let dir = scratch(&format!("exec-libs-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("create the library folder");
-        for so in ["libibverbs.so.1", "librdmacm.so.1"] {
-            let built = deps.join(so);
-            assert!(
-                built.is_file(),
-                "{} missing: the build script of the drop-in should link it",
-                built.display()
-            );
-            let link = dir.join(so);
-            let _ = std::fs::remove_file(&link);
-            std::os::unix::fs::symlink(&built, &link).expect("link the drop-in");
-        }
-        dir
-    })
-    .clone()
-}
-
-/// `softrdma exec --lib-dir <the drop-ins> -- PROGRAM ARGS` on the test daemon.
-fn exec(program: &[&str]) -> Command {
-    let dir = lib_dir();
-    let mut c = softrdma(&["exec", "--lib-dir", dir.to_str().expect("utf-8 path"), "--"]);
-    c.args(program)
-        .env("SOFTRDMA_DAEMON_SOCKET", &test_daemon().0)
-        .env("SOFTRDMA_DAEMON_SPAWN", "0")
-        .env_remove("SOFTRDMA_BACKEND")
-        .env_remove("SOFTRDMA_DEVICE");
-    c
-}
 
 /// Run a shell script under `softrdma exec`; its output, after requiring success.
 fn exec_sh(script: &str) -> String {
@@ -103,29 +26,6 @@ fn value<'a>(out: &'a str, key: &str) -> &'a str {
     out.lines()
         .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
         .unwrap_or_else(|| panic!("no {key}= in\n{out}"))
-}
-
-/// Make sure `prog` is installed, installing Debian `package` with apt-get if not.
-fn require(prog: &str, package: &str) {
-    let on_path = || {
-        Command::new("sh")
-            .args(["-c", &format!("command -v {prog}")])
-            .stdout(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if on_path() {
-        return;
-    }
-    let st = Command::new("apt-get")
-        .args(["install", "-y", "--no-install-recommends", package])
-        .env("DEBIAN_FRONTEND", "noninteractive")
-        .stdout(Stdio::null())
-        .status();
-    assert!(
-        on_path(),
-        "{prog} missing and `apt-get install {package}` did not provide it ({st:?})"
-    );
 }
 
 #[test]
