@@ -109,6 +109,13 @@ impl Proc {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Whether it has exited (it is then waited for, its output still to collect).
+    pub fn exited(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_none_or(|c| !matches!(c.try_wait(), Ok(None)))
+    }
+
     /// The OS process id.
     pub fn id(&self) -> u32 {
         self.child.as_ref().map_or(0, Child::id)
