@@ -25,8 +25,10 @@ command -v cpio >/dev/null 2>&1 || need+=(cpio)
 command -v rping >/dev/null 2>&1 || need+=(rdmacm-utils)
 [ -e /etc/libibverbs.d/rxe.driver ] || need+=(ibverbs-providers)
 dpkg -s rdma-core >/dev/null 2>&1 || need+=(rdma-core)
-# `softrdma exec` (crates/cli/tests/exec.rs) runs UCX's ucx_info on the drop-ins.
-command -v ucx_info >/dev/null 2>&1 || need+=(ucx-utils)
+# `softrdma exec` (crates/cli/tests/exec.rs, ucx.rs) runs UCX's ucx_info and ucx_perftest
+# on the drop-ins.
+command -v ucx_info >/dev/null 2>&1 && command -v ucx_perftest >/dev/null 2>&1 \
+  || need+=(ucx-utils)
 command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
 # The rdma_cm layout test (crates/rdmacm/tests/layout.rs) compiles against rdma-core's headers.
 [ -e /usr/include/rdma/rdma_cma.h ] || need+=(librdmacm-dev)
