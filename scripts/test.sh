@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every softrdma test: formatting, lints, unit, property, simulation, conformance and
 # interop tests. Installs the Debian packages the tests drive when absent (tshark,
-# python3-scapy, tcpdump, iproute2, ibverbs-utils, perftest, python3-pyverbs, ucx-utils, and
+# python3-scapy, tcpdump, iproute2, ibverbs-utils, perftest, python3-pyverbs, ucx-utils,
+# openmpi-bin and libopenmpi-dev, and
 # for the kernel Soft-RoCE VM qemu-system-x86, busybox-static, cpio, kmod, rdmacm-utils,
 # ibverbs-providers, rdma-core); those checks are never skipped.
 set -euo pipefail
@@ -30,6 +31,9 @@ dpkg -s rdma-core >/dev/null 2>&1 || need+=(rdma-core)
 command -v ucx_info >/dev/null 2>&1 && command -v ucx_perftest >/dev/null 2>&1 \
   || need+=(ucx-utils)
 command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
+# OpenMPI over UCX on softrdma (crates/cli/tests/mpi.rs): mpirun and mpicc.
+command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin)
+command -v mpicc >/dev/null 2>&1 || need+=(libopenmpi-dev)
 # The rdma_cm layout test (crates/rdmacm/tests/layout.rs) compiles against rdma-core's headers.
 [ -e /usr/include/rdma/rdma_cma.h ] || need+=(librdmacm-dev)
 [ -e /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)

@@ -5,6 +5,7 @@
 //! are the ones `cargo test` just built, under the sonames their build scripts link.
 
 mod exec_env;
+mod hosts;
 mod tools;
 
 use std::path::Path;

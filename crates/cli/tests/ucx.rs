@@ -12,13 +12,13 @@ mod exec_env;
 mod hosts;
 mod tools;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use exec_env::{exec, exec_args, on_daemon, require, DEV};
+use exec_env::{describe, exec, in_ns, require, NsDaemon, DEV};
 use hosts::Hosts;
-use tools::{bin, scratch, Proc};
+use tools::{bin, Proc};
 
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -123,15 +123,6 @@ fn free_tcp_port() -> u16 {
         .port()
 }
 
-fn describe(what: &str, o: &Output) -> String {
-    format!(
-        "{what} ({}):\nstdout:\n{}\nstderr:\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 /// The client's `Final:` row: the iterations, then its seven figures (50%ile, average and
 /// overall latency, average and overall bandwidth, average and overall message rate).
 fn final_row(stdout: &str) -> Option<(u64, Vec<f64>)> {
@@ -224,84 +215,6 @@ fn ucx_perftest_runs_between_two_processes_on_one_host() {
             server_addr: "127.0.0.1",
         },
     );
-}
-
-/// The `softrdmad` that `softrdma exec` started in a network namespace, stopped on drop.
-struct NsDaemon {
-    socket: PathBuf,
-    pid: Option<u32>,
-    /// The device serving the namespace's address.
-    dev: String,
-}
-
-impl NsDaemon {
-    /// Run a program under `softrdma exec` in `ns` with no daemon on the control socket, as
-    /// a user's first program does: exec starts one, in the namespace. It must serve `addr`.
-    fn start(ns: &str, addr: &str) -> NsDaemon {
-        let socket = scratch(&format!("ucx-{ns}.sock"));
-        let _ = std::fs::remove_file(&socket);
-        let o = Proc::spawn(
-            &format!("softrdma exec in {ns}"),
-            in_ns(ns, &socket, &["true"]),
-        )
-        .wait(LIMIT);
-        // Whatever happened, a daemon that answers is ours to stop.
-        let client = abi::client::Client::connect(&socket);
-        let mut d = NsDaemon {
-            pid: client.as_ref().ok().map(|c| c.daemon_pid()),
-            socket,
-            dev: String::new(),
-        };
-        assert!(o.status.success(), "{}", describe("softrdma exec true", &o));
-        let devices = client
-            .and_then(|mut c| c.list_devices())
-            .unwrap_or_else(|e| panic!("no daemon answers on {}: {e}", d.socket.display()));
-        let ip: std::net::IpAddr = addr.parse().expect("an IP address");
-        d.dev = devices
-            .iter()
-            .find(|x| x.addrs.contains(&ip))
-            .unwrap_or_else(|| {
-                panic!("the daemon exec started in {ns} serves no {addr}: {devices:?}")
-            })
-            .name
-            .clone();
-        d
-    }
-}
-
-impl Drop for NsDaemon {
-    fn drop(&mut self) {
-        let Some(pid) = self.pid else { return };
-        let pid = pid.to_string();
-        let gone = || {
-            std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
-                s.rsplit(')')
-                    .next()
-                    .unwrap_or("")
-                    .trim_start()
-                    .starts_with('Z')
-            })
-        };
-        let _ = Command::new("kill").args(["-TERM", &pid]).status();
-        let t0 = Instant::now();
-        while !gone() && t0.elapsed() < Duration::from_secs(5) {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        if !gone() {
-            let _ = Command::new("kill").args(["-KILL", &pid]).status();
-        }
-        let _ = std::fs::remove_file(&self.socket);
-    }
-}
-
-/// `softrdma exec -- PROGRAM` in namespace `ns`, on the daemon at `socket` (started when
-/// none answers).
-fn in_ns(ns: &str, socket: &Path, program: &[&str]) -> Command {
-    let args = exec_args(program);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut c = Hosts::exec(ns, bin(), &args);
-    on_daemon(&mut c, socket, true);
-    c
 }
 
 #[test]

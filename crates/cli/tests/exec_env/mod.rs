@@ -1,19 +1,25 @@
 //! What the tests of `softrdma exec` share: a `softrdmad` served from the test process on a
 //! control socket of its own (one device, [`DEV`], on 127.0.0.1), the drop-ins this
-//! `cargo test` built, `softrdma exec` on them, and the Debian programs the tests run. Used
-//! beside `tools` (as `crate::tools`).
+//! `cargo test` built, `softrdma exec` on them, the Debian programs the tests run, and a
+//! `softrdmad` of a network namespace's own ([`NsDaemon`]). Used beside `tools` and `hosts`
+//! (as `crate::tools`, `crate::hosts`).
 
 #![allow(dead_code)] // each test binary uses a different subset
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use daemon::host::{Device, DeviceConfig};
 use daemon::memory::SharedRegions;
 use daemon::server::{self, Daemon, Stats};
 
-use crate::tools::{scratch, softrdma};
+use crate::hosts::Hosts;
+use crate::tools::{bin, scratch, softrdma, Proc};
+
+/// How long a `softrdma exec` that only starts a daemon may take.
+const START_LIMIT: Duration = Duration::from_secs(120);
 
 /// The test daemon's device.
 pub const DEV: &str = "srxe0";
@@ -128,4 +134,91 @@ pub fn require(prog: &str, package: &str) {
         on_path(),
         "{prog} missing and `apt-get install {package}` did not provide it ({st:?})"
     );
+}
+
+pub fn describe(what: &str, o: &Output) -> String {
+    format!(
+        "{what} ({}):\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// The `softrdmad` that `softrdma exec` started in a network namespace, stopped on drop.
+pub struct NsDaemon {
+    pub socket: PathBuf,
+    pid: Option<u32>,
+    /// The device serving the namespace's address.
+    pub dev: String,
+}
+
+impl NsDaemon {
+    /// Run a program under `softrdma exec` in `ns` with no daemon on the control socket, as
+    /// a user's first program does: exec starts one, in the namespace. It must serve `addr`.
+    pub fn start(ns: &str, addr: &str) -> NsDaemon {
+        let socket = scratch(&format!("exec-{ns}.sock"));
+        let _ = std::fs::remove_file(&socket);
+        let o = Proc::spawn(
+            &format!("softrdma exec in {ns}"),
+            in_ns(ns, &socket, &["true"]),
+        )
+        .wait(START_LIMIT);
+        // Whatever happened, a daemon that answers is ours to stop.
+        let client = abi::client::Client::connect(&socket);
+        let mut d = NsDaemon {
+            pid: client.as_ref().ok().map(|c| c.daemon_pid()),
+            socket,
+            dev: String::new(),
+        };
+        assert!(o.status.success(), "{}", describe("softrdma exec true", &o));
+        let devices = client
+            .and_then(|mut c| c.list_devices())
+            .unwrap_or_else(|e| panic!("no daemon answers on {}: {e}", d.socket.display()));
+        let ip: std::net::IpAddr = addr.parse().expect("an IP address");
+        d.dev = devices
+            .iter()
+            .find(|x| x.addrs.contains(&ip))
+            .unwrap_or_else(|| {
+                panic!("the daemon exec started in {ns} serves no {addr}: {devices:?}")
+            })
+            .name
+            .clone();
+        d
+    }
+}
+
+impl Drop for NsDaemon {
+    fn drop(&mut self) {
+        let Some(pid) = self.pid else { return };
+        let pid = pid.to_string();
+        let gone = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+                s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
+        };
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let t0 = Instant::now();
+        while !gone() && t0.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if !gone() {
+            let _ = Command::new("kill").args(["-KILL", &pid]).status();
+        }
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+/// `softrdma exec -- PROGRAM` in namespace `ns`, on the daemon at `socket` (started when
+/// none answers).
+pub fn in_ns(ns: &str, socket: &Path, program: &[&str]) -> Command {
+    let args = exec_args(program);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut c = Hosts::exec(ns, bin(), &args);
+    on_daemon(&mut c, socket, true);
+    c
 }
