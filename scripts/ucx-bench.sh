@@ -218,11 +218,12 @@ run() {
     local final
     final=$(grep -h '^Final:' "$out.client" | head -1 || true)
     if [ -n "$final" ]; then
-        # Final: iterations, 50%ile, average, overall latency, average, overall MB/s,
-        # average, overall msg/s
+        # Final: iterations, then latency (50%ile, average, overall), MB/s (average,
+        # overall) and msg/s (average, overall); each "average" covers the last
+        # progress report's interval only, "overall" the whole run.
         # shellcheck disable=SC2086
         set -- $final
-        RES[$i#$tl]="$3 $4 $6 $8"
+        RES[$i#$tl]="$3 $5 $7 $9"
         return
     fi
     local why
@@ -263,8 +264,10 @@ done <<<"$ROWS"
 ucx=$(ucx_info -v 2>/dev/null | sed -n 's/^# Version //p' | head -1)
 echo "ucx_perftest (UCX ${ucx:-?}) on softrdma ($B): $WHERE."
 echo "$N iterations after $W warm-up ones unless the row says (-n per row below: fewer for"
-echo "large messages); 8-byte messages unless -s says. Latency in usec (lower is better),"
-echo "bandwidth MB/s and message rate msg/s (higher is better); x tcp = figure / tcp's."
+echo "large messages); 8-byte messages unless -s says. Latency in usec (lower is better):"
+echo "the median of the latest iterations UCX keeps, and the mean over the whole run;"
+echo "bandwidth MB/s and message rate msg/s over the whole run (higher is better);"
+echo "x tcp = figure / tcp's."
 echo
 printf '%-36s %-9s %11s %11s %11s %8s %8s\n' test figure rc_verbs ud_verbs tcp "rc x tcp" "ud x tcp"
 for n in $(seq "$i"); do
@@ -272,7 +275,7 @@ for n in $(seq "$i"); do
     label=${LABEL[$n]}
     iters=$(sed -n "${n}p" <<<"$ROWS" | cut -d'|' -f4)
     [ -n "$iters" ] && label+=" (-n $iters)"
-    if [ "${KIND[$n]}" = lat ]; then figs="p50_usec:1 avg_usec:2"; else figs="MB/s:3 msg/s:4"; fi
+    if [ "${KIND[$n]}" = lat ]; then figs="p50_usec:1 mean_usec:2"; else figs="MB/s:3 msg/s:4"; fi
     for f in $figs; do
         name=${f%:*} col=${f#*:}
         vals=()

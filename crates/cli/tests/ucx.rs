@@ -123,8 +123,9 @@ fn free_tcp_port() -> u16 {
         .port()
 }
 
-/// The client's `Final:` row: the iterations, then its seven figures (50%ile, average and
-/// overall latency, average and overall bandwidth, average and overall message rate).
+/// The client's `Final:` row: the iterations, then its seven figures (latency: 50%ile, mean
+/// since the last progress report, mean overall; bandwidth and message rate: since the last
+/// report, overall).
 fn final_row(stdout: &str) -> Option<(u64, Vec<f64>)> {
     let row = stdout
         .lines()
