@@ -641,11 +641,14 @@ pub unsafe extern "C" fn ibv_query_gid(
     index: c_int,
     gid: *mut [u8; 16],
 ) -> c_int {
+    // -1 with errno set, as rdma-core's (EINVAL for a port or index the device has not).
     // SAFETY: see `ctx`.
     let Some(cx) = (unsafe { ctx(c) }) else {
+        set_errno(libc::EINVAL);
         return -1;
     };
     if gid.is_null() {
+        set_errno(libc::EINVAL);
         return -1;
     }
     match gid_of(cx, port, index) {
@@ -654,7 +657,10 @@ pub unsafe extern "C" fn ibv_query_gid(
             unsafe { gid.write(g) };
             0
         }
-        Err(_) => -1,
+        Err(e) => {
+            set_errno(e);
+            -1
+        }
     }
 }
 

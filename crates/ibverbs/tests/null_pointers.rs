@@ -151,6 +151,18 @@ fn unsupported_calls_fail_with_eopnotsupp_and_driver_registration_is_harmless() 
 }
 
 #[test]
+fn ibv_query_gid_fails_with_minus_one_and_einval() {
+    let lib = Lib::open();
+    // SAFETY: int ibv_query_gid(struct ibv_context *, uint8_t, int, union ibv_gid *).
+    let q: unsafe extern "C" fn(P, u8, c_int, P) -> c_int =
+        unsafe { std::mem::transmute(lib.sym("ibv_query_gid")) };
+    let mut gid = [0u8; 16];
+    // SAFETY: a NULL context is refused before anything is read.
+    let r = unsafe { q(std::ptr::null_mut(), 1, 0, gid.as_mut_ptr().cast()) };
+    assert_eq!((r, errno()), (-1, libc::EINVAL));
+}
+
+#[test]
 fn the_string_calls_say_what_debians_libibverbs_says() {
     let debian = std::path::Path::new("/usr/lib/x86_64-linux-gnu/libibverbs.so.1");
     if !debian.exists() {
