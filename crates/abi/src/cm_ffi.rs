@@ -26,7 +26,8 @@
 
 use std::net::{IpAddr, Ipv6Addr};
 
-use wire::Ece;
+/// The ECE of a REQ or REP, as the records carry it.
+pub use wire::Ece;
 
 /// The version node libibverbs binds the private symbols to (standalone, never chained to
 /// the public `IBVERBS_1.x` nodes).
@@ -133,10 +134,8 @@ pub struct CmParam {
     /// With no QP given: the QP number the REQ or REP announces (the caller moves that QP
     /// itself, `rdma_conn_param.qp_num`).
     pub qp_num: u32,
-    /// The ECE vendor ID the REQ or REP carries (24 bits; 0: no ECE).
-    pub ece_vendor_id: u32,
-    /// The ECE options the REQ or REP carries (its MAD header's attribute modifier).
-    pub ece_options: u32,
+    /// The ECE the REQ or REP carries (vendor ID 0: none).
+    pub ece: Ece,
 }
 
 impl Default for CmParam {
@@ -153,8 +152,7 @@ impl Default for CmParam {
             src_port: 0,
             reserved: [0; 2],
             qp_num: 0,
-            ece_vendor_id: 0,
-            ece_options: 0,
+            ece: Ece::default(),
         }
     }
 }
@@ -165,20 +163,6 @@ impl CmParam {
     pub fn private_data(&self) -> &[u8] {
         let n = usize::from(self.private_data_len).min(PRIVATE_DATA_MAX);
         &self.private_data[..n]
-    }
-
-    /// The ECE to send.
-    pub fn ece(&self) -> Ece {
-        Ece {
-            vendor_id: self.ece_vendor_id,
-            options: self.ece_options,
-        }
-    }
-
-    /// Send `ece`.
-    pub fn set_ece(&mut self, ece: Ece) {
-        self.ece_vendor_id = ece.vendor_id;
-        self.ece_options = ece.options;
     }
 }
 
@@ -237,11 +221,9 @@ pub struct CmEventRec {
     pub private_data: [u8; PRIVATE_DATA_MAX],
     /// RESOLVED: the Q_Key the peer's UD QP takes.
     pub qkey: u32,
-    /// CONNECT_REQUEST: the REQ's ECE vendor ID; ESTABLISHED (active side) and
-    /// CONNECT_RESPONSE: the REP's; else 0.
-    pub ece_vendor_id: u32,
-    /// The ECE options that come with `ece_vendor_id`.
-    pub ece_options: u32,
+    /// CONNECT_REQUEST: the REQ's ECE; ESTABLISHED (active side) and CONNECT_RESPONSE: the
+    /// REP's; else none.
+    pub ece: Ece,
 }
 
 impl Default for CmEventRec {
@@ -259,8 +241,7 @@ impl Default for CmEventRec {
             private_data_len: 0,
             private_data: [0; PRIVATE_DATA_MAX],
             qkey: 0,
-            ece_vendor_id: 0,
-            ece_options: 0,
+            ece: Ece::default(),
         }
     }
 }
@@ -277,20 +258,6 @@ impl CmEventRec {
     pub fn private_data(&self) -> &[u8] {
         let n = usize::from(self.private_data_len).min(PRIVATE_DATA_MAX);
         &self.private_data[..n]
-    }
-
-    /// The peer's ECE the event reports.
-    pub fn ece(&self) -> Ece {
-        Ece {
-            vendor_id: self.ece_vendor_id,
-            options: self.ece_options,
-        }
-    }
-
-    /// Report `ece`.
-    pub fn set_ece(&mut self, ece: Ece) {
-        self.ece_vendor_id = ece.vendor_id;
-        self.ece_options = ece.options;
     }
 }
 

@@ -80,7 +80,7 @@ fn conn_param(p: *const CmParam) -> Result<ConnParam, c_int> {
     }
     c.src_port = p.src_port;
     c.qp_num = p.qp_num;
-    c.ece = p.ece();
+    c.ece = p.ece;
     Ok(c)
 }
 
@@ -303,7 +303,7 @@ pub unsafe extern "C" fn softrdma_cm_get_event(c: *mut ibv_context, out: *mut Cm
                 r.responder_resources = q.responder_resources;
                 r.initiator_depth = q.initiator_depth;
                 r.set_private_data(&q.private_data);
-                r.set_ece(q.ece);
+                r.ece = q.ece;
             }
             CmEvent::Established {
                 id,
@@ -313,7 +313,7 @@ pub unsafe extern "C" fn softrdma_cm_get_event(c: *mut ibv_context, out: *mut Cm
                 r.kind = event::ESTABLISHED;
                 r.comm_id = id.0;
                 r.set_private_data(&private_data);
-                r.set_ece(ece);
+                r.ece = ece;
             }
             CmEvent::ConnectResponse {
                 id,
@@ -325,7 +325,7 @@ pub unsafe extern "C" fn softrdma_cm_get_event(c: *mut ibv_context, out: *mut Cm
                 r.comm_id = id.0;
                 r.remote_qpn = remote_qpn;
                 r.set_private_data(&private_data);
-                r.set_ece(ece);
+                r.ece = ece;
             }
             CmEvent::Rejected {
                 id,

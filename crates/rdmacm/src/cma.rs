@@ -506,7 +506,7 @@ impl G {
                     // The REP, on an id whose QP the device moved: rdma-core's
                     // ucma_process_conn_resp_ece keeps its vendor ID (its options went to
                     // the QP, which this device does not take).
-                    st.remote_ece.vendor_id = rec.ece_vendor_id;
+                    st.remote_ece.vendor_id = rec.ece.vendor_id;
                 }
                 st.state = St::Connected;
                 (ev::ESTABLISHED, 0, rec.private_data())
@@ -876,8 +876,8 @@ impl G {
 /// The ECE a device event reports, as `struct ibv_ece` holds it.
 fn ece_of(rec: &CmEventRec) -> ibv_ece {
     ibv_ece {
-        vendor_id: rec.ece_vendor_id,
-        options: rec.ece_options,
+        vendor_id: rec.ece.vendor_id,
+        options: rec.ece.options,
         comp_mask: 0,
     }
 }

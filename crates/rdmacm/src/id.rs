@@ -4,7 +4,7 @@
 use core::ffi::{c_char, c_int, c_void};
 use std::net::IpAddr;
 
-use abi::cm_ffi::CmParam;
+use abi::cm_ffi::{CmParam, Ece};
 
 use crate::addr::{
     ephemeral_port, family, gid_of, kernel_source_for, read_sa, storage_ip, write_sa,
@@ -332,8 +332,10 @@ fn connect(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> Result<usize, c_int>
         let mut param = g.param(k, p, REQ_PRIVATE_DATA_MAX, None)?;
         // rdma-core's ucma_copy_ece_param_to_kern_req: the REQ asks for the id's own ECE.
         let local_ece = g.ids.get(&k).ok_or(libc::EINVAL)?.local_ece;
-        param.ece_vendor_id = local_ece.vendor_id;
-        param.ece_options = local_ece.options;
+        param.ece = Ece {
+            vendor_id: local_ece.vendor_id,
+            options: local_ece.options,
+        };
         let sid = (u64::from(id_.cid.ps) << 16) | u64::from(dport);
         let peer = cma::cm_addr(dst, dport);
         let mut comm = 0u32;
@@ -392,7 +394,10 @@ fn accept(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> Result<usize, c_int> 
         let defaults = (st.req_responder_resources, st.req_initiator_depth);
         // rdma-core's ucma_copy_ece_param_to_kern_rep: the REP answers with the REQ's
         // vendor ID ("the same ID as received") and this side's options.
-        let (ece_vendor_id, ece_options) = (st.remote_ece.vendor_id, st.local_ece.options);
+        let ece = Ece {
+            vendor_id: st.remote_ece.vendor_id,
+            options: st.local_ece.options,
+        };
         let qp = g.cid(k).cid.qp;
         let datagram = matches!(g.cid(k).cid.ps, ps::UDP | ps::IPOIB);
         if qp.is_null() && datagram {
@@ -409,8 +414,7 @@ fn accept(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> Result<usize, c_int> 
             REP_PRIVATE_DATA_MAX
         };
         let mut param: CmParam = g.param(k, p, max, Some(defaults))?;
-        param.ece_vendor_id = ece_vendor_id;
-        param.ece_options = ece_options;
+        param.ece = ece;
         // SAFETY: our context, the id's QP, a record living for the call.
         let r = unsafe { (g.v.cm.accept)(g.devs[d].ctx, comm, qp, &param) };
         if r != 0 {

@@ -147,7 +147,8 @@ impl<const N: usize> fmt::Debug for PrivateData<N> {
 /// Enhanced Connection Establishment: which vendor's options a side speaks and which of
 /// them it asks for (REQ) or grants (REP), as Linux's CM carries them (`struct
 /// rdma_ucm_ece`; rdma-core's `struct ibv_ece`). All zero is "no ECE", what every CM that
-/// predates it sends.
+/// predates it sends. `#[repr(C)]`: the device's C interface carries it as is.
+#[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Ece {
     /// The vendor's IEEE OUI (24 bits; the rest is cut on emit).
