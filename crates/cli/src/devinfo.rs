@@ -64,6 +64,17 @@ pub fn run(args: &DevinfoArgs) -> Result<()> {
 }
 
 /// `ibv_mtu` enum value of an MTU in bytes.
+/// A GUID as `ibv_devinfo` and sysfs write it: four groups of four hex digits.
+pub(crate) fn guid_text(g: u64) -> String {
+    format!(
+        "{:04x}:{:04x}:{:04x}:{:04x}",
+        g >> 48,
+        (g >> 32) & 0xffff,
+        (g >> 16) & 0xffff,
+        g & 0xffff
+    )
+}
+
 fn mtu_enum(bytes: usize) -> u32 {
     match bytes {
         256 => 1,
@@ -95,22 +106,13 @@ pub fn format_devinfo(
     verbose: bool,
 ) -> String {
     let mut s = String::new();
-    let guid = |g: u64| {
-        format!(
-            "{:04x}:{:04x}:{:04x}:{:04x}",
-            g >> 48,
-            (g >> 32) & 0xffff,
-            (g >> 16) & 0xffff,
-            g & 0xffff
-        )
-    };
     // `writeln!` into a String cannot fail.
     let _ = writeln!(s, "hca_id:\t{} (UDP {})", h.name, h.bound);
     let _ = writeln!(s, "\tbackend:\t\t\t{}", h.backend);
     let _ = writeln!(s, "\ttransport:\t\t\tInfiniBand (0)");
     let _ = writeln!(s, "\tfw_ver:\t\t\t\t{}", d.fw_ver);
-    let _ = writeln!(s, "\tnode_guid:\t\t\t{}", guid(d.node_guid));
-    let _ = writeln!(s, "\tsys_image_guid:\t\t\t{}", guid(d.sys_image_guid));
+    let _ = writeln!(s, "\tnode_guid:\t\t\t{}", guid_text(d.node_guid));
+    let _ = writeln!(s, "\tsys_image_guid:\t\t\t{}", guid_text(d.sys_image_guid));
     let _ = writeln!(s, "\tvendor_id:\t\t\t{:#06x}", d.vendor_id);
     let _ = writeln!(s, "\tvendor_part_id:\t\t\t{}", d.vendor_part_id);
     let _ = writeln!(s, "\thw_ver:\t\t\t\t{:#x}", d.hw_ver);

@@ -55,6 +55,7 @@ use nix::sched::CloneFlags;
 use softrdma::raw::PortLink;
 use softrdma::{BackendKind, Device, Gid};
 
+use crate::devinfo::guid_text;
 use crate::tool::BackendArg;
 
 /// The drop-ins the program must load, by soname.
@@ -432,17 +433,6 @@ pub const COVERED: [(&str, &[&str]); 2] = [
     ("/sys/class", &["infiniband", "infiniband_verbs"]),
     ("/dev", &["infiniband"]),
 ];
-
-/// The sysfs node GUID form: four groups of four hex digits.
-fn guid_text(g: u64) -> String {
-    format!(
-        "{:04x}:{:04x}:{:04x}:{:04x}",
-        g >> 48,
-        (g >> 32) & 0xffff,
-        (g >> 16) & 0xffff,
-        g & 0xffff
-    )
-}
 
 /// A port's `rate` as the kernel words it (`rate_show` in drivers/infiniband/core/sysfs.c):
 /// the lane speed times the width, e.g. `100 Gb/sec (4X EDR)`.
