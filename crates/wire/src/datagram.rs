@@ -11,6 +11,7 @@ use std::net::SocketAddr;
 
 use crate::error::{HeaderKind, WireError};
 use crate::icrc::{self, ICRC_LEN};
+use crate::ipv4::Ipv4;
 use crate::packet::IpRepr;
 use crate::udp::{Udp, UdpRepr, UDP_HEADER_LEN};
 
@@ -83,6 +84,37 @@ impl Datagram {
     }
 }
 
+impl Datagram {
+    /// Write `ident` as the IPv4 identification of `pkt` (the whole IPv4 RoCEv2 packet this
+    /// was parsed from, ICRC last), with the header checksum and the ICRC that cover it; the
+    /// ICRC is moved, not recomputed ([`icrc::icrc_for_ipv4_ident`]). For a host that sends
+    /// the packet as segment `ident` of a GSO train (see [`crate::train`]). Nothing to do for
+    /// IPv6, which has no identification.
+    pub fn set_ipv4_ident(&self, pkt: &mut [u8], ident: u16) -> Result<(), WireError> {
+        if self.udp != crate::ipv4::IPV4_HEADER_LEN || !self.src.is_ipv4() {
+            return Ok(());
+        }
+        let end = self.len();
+        let short = WireError::Truncated {
+            header: HeaderKind::Icrc,
+            needed: self.payload.start + ICRC_LEN,
+            available: end,
+        };
+        if end < self.payload.start + ICRC_LEN {
+            return Err(short);
+        }
+        let mut ip = Ipv4::new_checked(&mut pkt[..self.udp])?;
+        let old = ip.ident();
+        ip.set_ident(ident);
+        ip.fill_checksum();
+        let tail = &mut pkt[end - ICRC_LEN..end];
+        let moved =
+            icrc::icrc_for_ipv4_ident(icrc::read_icrc(tail), end, old, ident).ok_or(short)?;
+        tail.copy_from_slice(&icrc::icrc_bytes(moved));
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,6 +170,21 @@ mod tests {
         assert!(RoceV2Packet::parse_checked(&p).is_err());
         d.set_dst_port(&mut p, crate::ROCEV2_UDP_PORT);
         assert!(RoceV2Packet::parse_checked(&p).is_ok());
+    }
+
+    #[test]
+    fn a_new_ident_keeps_the_icrc_valid_for_the_packet_as_it_goes_out() {
+        let mut p = packet();
+        let d = Datagram::parse(&p).unwrap();
+        for id in [1, 2, 63, 0xffff, 0] {
+            d.set_ipv4_ident(&mut p, id).unwrap();
+            let parsed = RoceV2Packet::parse_checked(&p).unwrap();
+            let IpRepr::V4(v4) = parsed.ip else {
+                panic!("not IPv4")
+            };
+            assert_eq!(v4.ident, id);
+            assert!(Ipv4::new_checked(&p[..20]).unwrap().verify_checksum());
+        }
     }
 
     #[test]

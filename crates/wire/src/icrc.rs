@@ -318,6 +318,28 @@ const INV_BYTES_LOW: [u32; 256] = inv_byte_shifts(1);
 /// x^-(8 · 256 · i) mod P for i below 256.
 const INV_BYTES_HIGH: [u32; 256] = inv_byte_shifts(256);
 
+/// Entry i is x^(8 · step · i) mod P: `step · i` bytes of CRC (zeros fed to the register).
+const fn byte_shifts(step: usize) -> [u32; 256] {
+    let mut unit = ONE;
+    let mut i = 0;
+    while i < 8 * step {
+        unit = times_x(unit);
+        i += 1;
+    }
+    let mut t = [ONE; 256];
+    let mut k = 1;
+    while k < t.len() {
+        t[k] = mul_mod_p(t[k - 1], unit);
+        k += 1;
+    }
+    t
+}
+
+/// x^(8i) mod P for i below 256.
+const BYTES_LOW: [u32; 256] = byte_shifts(1);
+/// x^(8 · 256 · i) mod P for i below 256.
+const BYTES_HIGH: [u32; 256] = byte_shifts(256);
+
 /// Entry i is `i · x^4 mod P` for i holding only the x^28..x^31 coefficients (a register's
 /// low four bits): four steps of the CRC register at once.
 const TIMES_X4: [u32; 16] = {
@@ -362,6 +384,39 @@ fn inv_byte_shift(n: u16) -> u32 {
     )
 }
 
+/// x^(8n) mod P: `n` bytes of CRC, for `n` below 2^16.
+fn byte_shift(n: u16) -> u32 {
+    let [high, low] = n.to_be_bytes();
+    mul_mod_p_fast(BYTES_LOW[usize::from(low)], BYTES_HIGH[usize::from(high)])
+}
+
+/// Bytes the CRC takes after the IPv4 identification of a packet of IPv4 total length
+/// `ip_total_len` (ICRC included), plus 4 for the x^32 factor of the final value: the shift
+/// between a change of the ID and the change it makes to the ICRC. `None` outside the
+/// lengths a RoCEv2 packet can have.
+fn ident_shift(ip_total_len: usize) -> Option<u16> {
+    let min = IPV4_HEADER_LEN + UDP_HEADER_LEN + BTH_LEN + ICRC_LEN;
+    if !(min..=usize::from(u16::MAX)).contains(&ip_total_len) {
+        return None;
+    }
+    u16::try_from(ip_total_len - ICRC_LEN - crate::ipv4::IDENT_END + 4).ok()
+}
+
+/// The ICRC an IPv4 RoCEv2 packet of IPv4 total length `ip_total_len` (ICRC included) has
+/// with identification `new` when it is `icrc` with identification `old`: the CRC is
+/// linear, so a change of the ID changes it by a term that depends only on the change and
+/// on how many bytes follow the ID. Two table-driven multiplications mod P, no pass over
+/// the packet: what a host that sends a GSO train needs, as the kernel numbers the
+/// segments' IDs (see [`crate::train`]). `None` for a length no RoCEv2 packet has.
+pub fn icrc_for_ipv4_ident(icrc: u32, ip_total_len: usize, old: u16, new: u16) -> Option<u32> {
+    let shift = ident_shift(ip_total_len)?;
+    // The ID's first byte (its low bit first) holds the coefficients at bits 16..24 of the
+    // reflected register, the second those at 24..32: as `ipv4_ident_for_icrc` reads them.
+    let [hi, lo] = (old ^ new).to_be_bytes();
+    let d = u32::from_le_bytes([0, 0, hi, lo]);
+    Some(icrc ^ mul_mod_p_fast(d, byte_shift(shift)))
+}
+
 /// The IPv4 identification for which an IPv4 RoCEv2 packet's ICRC would be `carried`, from the
 /// ICRC `computed` over the packet as it is (showing identification `ident`) and its IPv4
 /// total length, ICRC included: `Some(ident)` when the two are equal, else the one ID that
@@ -382,16 +437,7 @@ pub fn ipv4_ident_for_icrc(
     computed: u32,
     carried: u32,
 ) -> Option<u16> {
-    let min = IPV4_HEADER_LEN + UDP_HEADER_LEN + BTH_LEN + ICRC_LEN;
-    if !(min..=usize::from(u16::MAX)).contains(&ip_total_len) {
-        return None;
-    }
-    // Bytes the CRC takes after the identification, then 4 more for its x^32 factor: below
-    // 2^16, as the total length is.
-    let after = ip_total_len - ICRC_LEN - crate::ipv4::IDENT_END;
-    let Ok(shift) = u16::try_from(after + 4) else {
-        return None;
-    };
+    let shift = ident_shift(ip_total_len)?;
     let d = mul_mod_p_fast(computed ^ carried, inv_byte_shift(shift));
     // d(x) has degree below 16 when it is an ID's difference: the first byte of the field
     // (its low bit first) fills bits 16..24, the second bits 24..32.
@@ -802,6 +848,32 @@ mod tests {
         assert_eq!(ipv4_ident_for_icrc(0, 0x1_0000, 1, 2), None);
         assert_eq!(ipv4_ident_for_icrc(9, 44, 5, 5), Some(9));
         assert_eq!(ipv4_ident_for_icrc(9, 0xffff, 5, 5), Some(9));
+    }
+
+    #[test]
+    fn a_new_ident_moves_the_icrc_as_a_full_pass_computes_it() {
+        for len in [0, 1, 3, 200, 1000, 4096, 9000, 65_000] {
+            let mut pkt = v4_packet(0, len);
+            let total = pkt.len();
+            let base = compute(&pkt[..total - ICRC_LEN]).unwrap();
+            for (old, new) in [(0, 1), (0, 63), (1, 2), (0x1234, 0xfedc), (0xffff, 0)] {
+                set_ident(&mut pkt, old);
+                let from = compute(&pkt[..total - ICRC_LEN]).unwrap();
+                set_ident(&mut pkt, new);
+                let want = compute(&pkt[..total - ICRC_LEN]).unwrap();
+                assert_eq!(
+                    icrc_for_ipv4_ident(from, total, old, new),
+                    Some(want),
+                    "len {len}, {old} -> {new}"
+                );
+                // And the inverse finds the ID back.
+                assert_eq!(ipv4_ident_for_icrc(old, total, from, want), Some(new));
+            }
+            set_ident(&mut pkt, 0);
+            assert_eq!(icrc_for_ipv4_ident(base, total, 0, 0), Some(base));
+        }
+        assert_eq!(icrc_for_ipv4_ident(1, 43, 0, 1), None);
+        assert_eq!(icrc_for_ipv4_ident(1, 0x1_0000, 0, 1), None);
     }
 
     #[test]

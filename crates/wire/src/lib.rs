@@ -17,6 +17,8 @@
 //! - [`Psn`] does 24-bit sequence arithmetic that stays right across wrap-around.
 //! - [`icrc`] computes and checks the invariant CRC of IBTA Annex A17, and finds the IPv4
 //!   identification a packet's ICRC holds for when a UDP socket hid it.
+//! - [`train`] says which packets ride one GSO train (`UDP_SEGMENT` / `UDP_GRO`) and where
+//!   the packets of a train handed over whole lie.
 //! - [`mad`] is the common header of the management datagrams QP1 exchanges; [`cm`] the
 //!   connection manager's messages in them ([`CmMadRepr`]: REQ, REP, RTU, REJ, MRA, DREQ,
 //!   DREP, SIDR_REQ, SIDR_REP), and [`cma`] the rdma_cm layer on top (service IDs from port
@@ -63,6 +65,7 @@ pub mod mad;
 pub mod opcode;
 pub mod packet;
 pub mod reth;
+pub mod train;
 pub mod types;
 pub mod udp;
 

@@ -1,0 +1,218 @@
+//! GSO trains: several RoCEv2 packets in one UDP payload, as a host hands them to the kernel
+//! with `UDP_SEGMENT` (one `sendmsg`, cut into equal datagrams) and as the kernel hands them
+//! to a receiver with `UDP_GRO`.
+//!
+//! A train is consecutive packets of one QP: the same destination QP, each PSN one past the
+//! one before, every segment as long as the first but the last (which may be shorter), the
+//! first a FIRST or MIDDLE packet (whose payload is exactly the path MTU). The rules let a
+//! receiver that is handed a train whole with no segment size (a raw socket, on a path
+//! where nothing cut the train: loopback, veth) find where its packets lie
+//! ([`segment_len`]), and keep a single packet from ever being read as a train but by data
+//! that imitates the next packet's BTH at an MTU boundary (whose pieces then fail their
+//! ICRC).
+//!
+//! Linux numbers the IPv4 identification of a train's segments from the socket's base ID,
+//! one up per segment; the base is 0 on an unconnected socket that sets DF (its
+//! `ip_select_ident_segs`, then `inet_gso_segment`). The ICRC covers the ID, so a sender
+//! seals segment `k` for ID `k` ([`crate::Datagram::set_ipv4_ident`]).
+
+use crate::bth::{Bth, BTH_LEN};
+use crate::icrc::ICRC_LEN;
+use crate::types::{Mtu, Psn, Qpn};
+
+/// Most segments a host puts in one train (Linux takes up to 128 per `sendmsg`).
+pub const MAX_SEGMENTS: usize = 64;
+
+/// Most bytes of UDP payload in one train: what an IPv4 datagram can carry.
+pub const MAX_BYTES: usize = 65_507;
+
+/// What decides whether a packet rides a train: read from its UDP payload (BTH first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Link {
+    /// The destination QP.
+    pub dest_qp: Qpn,
+    /// The packet's PSN.
+    pub psn: Psn,
+    /// A FIRST or MIDDLE packet: its payload is a whole path MTU, and a train may start
+    /// with it.
+    pub may_lead: bool,
+}
+
+impl Link {
+    /// The link of the RoCEv2 packet whose UDP payload is `payload`; `None` when it has no
+    /// valid BTH (such a packet goes alone).
+    pub fn of(payload: &[u8]) -> Option<Link> {
+        let bth = Bth::new_checked(payload).ok()?;
+        let op = bth.opcode().ok()?;
+        Some(Link {
+            dest_qp: bth.dest_qp(),
+            psn: bth.psn(),
+            may_lead: op.is_first() || op.is_middle(),
+        })
+    }
+
+    /// Whether the packet `next` may follow the packet `self` in a train.
+    pub fn is_followed_by(self, next: Link) -> bool {
+        next.dest_qp == self.dest_qp && next.psn == self.psn.add(1)
+    }
+}
+
+/// The length of the first packet in `payload`, a UDP payload handed over whole: all of it
+/// when it is one RoCEv2 packet, the segment size when it is a train (see the module docs).
+/// A few comparisons: only a FIRST or MIDDLE packet is looked at further, at the five
+/// lengths a packet of its opcode can have.
+pub fn segment_len(payload: &[u8]) -> usize {
+    let Some(first) = Link::of(payload) else {
+        return payload.len();
+    };
+    if !first.may_lead {
+        return payload.len();
+    }
+    let Ok(op) = Bth::new_unchecked(payload).opcode() else {
+        return payload.len();
+    };
+    Mtu::ALL
+        .iter()
+        .map(|mtu| op.header_len() + mtu.bytes() + ICRC_LEN)
+        .find(|&seg| is_train(payload, seg, first))
+        .unwrap_or(payload.len())
+}
+
+/// Whether `payload` cut every `seg` bytes is a train led by `first`: every piece after the
+/// first starts with the next PSN of the same QP, and the last is long enough for a packet.
+fn is_train(payload: &[u8], seg: usize, first: Link) -> bool {
+    if seg >= payload.len() || payload.len() > seg * MAX_SEGMENTS {
+        return false;
+    }
+    let mut prev = first;
+    let mut at = seg;
+    while at < payload.len() {
+        let rest = &payload[at..];
+        if rest.len() < BTH_LEN + ICRC_LEN {
+            return false;
+        }
+        match Link::of(rest) {
+            Some(next) if prev.is_followed_by(next) => prev = next,
+            _ => return false,
+        }
+        at += seg;
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::packet::{emit_packet, IpRepr, TransportRepr};
+    use crate::{BthRepr, Datagram, Ipv4Repr, Opcode, RethRepr, Rkey};
+
+    /// The UDP payload of an RC packet of `op` to QP 0x11 with PSN `psn` and `len` payload
+    /// bytes of `fill`.
+    fn payload(op: Opcode, psn: u32, len: usize, fill: u8) -> Vec<u8> {
+        let ip = IpRepr::V4(Ipv4Repr {
+            src: [10, 0, 0, 1].into(),
+            dst: [10, 0, 0, 2].into(),
+            tos: 0,
+            ident: 0,
+            dont_frag: true,
+            ttl: 64,
+            payload_len: 0,
+        });
+        let mut t = TransportRepr::new(BthRepr::new(op, Qpn::new(0x11), Psn::new(psn)));
+        if op.ext().reth {
+            t.reth = Some(RethRepr {
+                va: 0x1000,
+                rkey: Rkey::new(7),
+                dma_len: 1 << 16,
+            });
+        }
+        let data = vec![fill; len];
+        let mut buf = vec![0u8; len + 128];
+        let n = emit_packet(&ip, 49152, crate::ROCEV2_UDP_PORT, &t, &data, &mut buf).unwrap();
+        let d = Datagram::parse(&buf[..n]).unwrap();
+        buf[d.payload].to_vec()
+    }
+
+    #[test]
+    fn a_train_of_middles_and_a_last_is_cut_at_the_middles_length() {
+        for mtu in Mtu::ALL {
+            let m = mtu.bytes();
+            let mut train = Vec::new();
+            for i in 0..5 {
+                train.extend(payload(
+                    Opcode::RcRdmaWriteMiddle,
+                    0xff_fffe + i,
+                    m,
+                    i as u8,
+                ));
+            }
+            train.extend(payload(Opcode::RcRdmaWriteLast, 3, 100, 9));
+            assert_eq!(segment_len(&train), BTH_LEN + m + ICRC_LEN, "{mtu:?}");
+        }
+    }
+
+    #[test]
+    fn a_write_first_alone_or_leading_is_cut_at_its_own_length() {
+        let first = payload(Opcode::RcRdmaWriteFirst, 7, 1024, 1);
+        assert_eq!(segment_len(&first), first.len());
+        let mut train = first.clone();
+        train.extend(payload(Opcode::RcRdmaWriteLast, 8, 1000, 2));
+        assert_eq!(segment_len(&train), first.len());
+    }
+
+    #[test]
+    fn single_packets_are_whole() {
+        for (op, len) in [
+            (Opcode::RcSendOnly, 2),
+            (Opcode::RcSendOnly, 4096),
+            (Opcode::RcSendLast, 3000),
+            (Opcode::RcSendMiddle, 4096),
+            (Opcode::RcRdmaReadResponseMiddle, 1024),
+        ] {
+            let p = payload(op, 1, len, 0x5a);
+            assert_eq!(segment_len(&p), p.len(), "{op:?}");
+        }
+        assert_eq!(segment_len(&[]), 0);
+        assert_eq!(segment_len(&[0xff; 7]), 7);
+    }
+
+    #[test]
+    fn pieces_that_skip_a_psn_or_change_qp_are_no_train() {
+        let mut gap = payload(Opcode::RcSendMiddle, 1, 256, 0);
+        gap.extend(payload(Opcode::RcSendMiddle, 3, 256, 0));
+        assert_eq!(segment_len(&gap), gap.len());
+        let mut two = payload(Opcode::RcSendMiddle, 1, 256, 0);
+        let mut other = payload(Opcode::RcSendLast, 2, 256, 0);
+        other[5..8].copy_from_slice(&[0, 0, 0x12]);
+        two.extend(other);
+        assert_eq!(segment_len(&two), two.len());
+    }
+
+    #[test]
+    fn links_follow_across_the_psn_wrap() {
+        let a = Link::of(&payload(Opcode::RcSendFirst, 0xff_ffff, 256, 0)).unwrap();
+        let b = Link::of(&payload(Opcode::RcSendMiddle, 0, 256, 0)).unwrap();
+        assert!(a.may_lead && a.is_followed_by(b) && !b.is_followed_by(a));
+        assert!(
+            !Link::of(&payload(Opcode::RcSendOnly, 0, 2, 0))
+                .unwrap()
+                .may_lead
+        );
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        let mut x = 0x9e37_79b9u32;
+        for n in 0..2000 {
+            let junk: Vec<u8> = (0..n % 700)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 17;
+                    x ^= x << 5;
+                    x as u8
+                })
+                .collect();
+            assert!(segment_len(&junk) <= junk.len());
+        }
+    }
+}
