@@ -84,6 +84,12 @@ pub struct RuntimeConfig {
     pub ack_coalesce: Duration,
     /// Datagrams received per `recvmmsg` call (1 to 64).
     pub rx_batch: usize,
+    /// UDP segmentation offload: consecutive full-size packets of a QP leave as one GSO
+    /// train (`UDP_SEGMENT`, one `sendmsg` the kernel cuts into the datagrams; see
+    /// `wire::train`), and the UDP socket takes trains whole (`UDP_GRO`). Each packet keeps
+    /// its own ICRC, sealed for the IPv4 ID the kernel gives its segment. Default on;
+    /// where the kernel refuses a train the device sends packet by packet from then on.
+    pub gso: bool,
     /// Port MTU (the largest path MTU a QP may use). The port offers less when the link
     /// under `addr` cannot carry it (see [`crate::link`]).
     pub mtu: Mtu,
@@ -125,6 +131,7 @@ impl RuntimeConfig {
             busy_poll: Duration::ZERO,
             ack_coalesce: Duration::ZERO,
             rx_batch: 32,
+            gso: true,
             mtu: Mtu::Mtu4096,
             device: DeviceAttr::default(),
             rng_seed: None,

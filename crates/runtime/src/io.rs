@@ -6,24 +6,30 @@
 
 use std::collections::BTreeMap;
 use std::io;
-use std::io::IoSliceMut;
+use std::io::IoSlice;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::os::fd::AsRawFd;
+use std::ops::Range;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Arc;
 
-use nix::sys::socket::{self as nsock, ControlMessageOwned, MsgFlags, SockaddrStorage};
+use nix::sys::socket::{self as nsock, MsgFlags, SockaddrStorage};
 use smallvec::SmallVec;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use wire::{IpRepr, Ipv4, Ipv4Repr, Ipv6, Ipv6Repr, Udp, UdpRepr, ROCEV2_UDP_PORT};
 
+use crate::capture::Capture;
 use crate::config::SrcPortPolicy;
+use crate::mmsg;
 
 /// Room in front of every receive slot for the rebuilt headers (IPv6 40 + UDP 8; IPv4 uses
 /// the last 28 bytes).
 pub(crate) const HEADROOM: usize = 48;
-/// Largest UDP payload we accept: a 4096-byte MTU packet plus every RoCE header, with room.
+/// Largest UDP payload of one packet: a 4096-byte MTU packet plus every RoCE header, with
+/// room.
 pub(crate) const MAX_DATAGRAM: usize = 8192;
-const SLOT: usize = HEADROOM + MAX_DATAGRAM;
+/// Largest UDP payload of a train (`UDP_GRO`, or a raw socket that sees a GSO train uncut):
+/// what an IP datagram can carry.
+const MAX_TRAIN: usize = 65_536;
 /// Socket buffer sizes asked for (the kernel caps them at `net.core.{r,w}mem_max`).
 const SOCKET_BUFFER: usize = 4 << 20;
 
@@ -212,12 +218,15 @@ pub(crate) fn group_socket(
     Ok(sock)
 }
 
-/// The receiving socket, non-blocking; with packet info enabled when it is bound to the
+/// The receiving socket, non-blocking, taking trains whole if `gro`; with packet info enabled when it is bound to the
 /// unspecified address (bound to one address, every datagram is for that address, and the
 /// control message would only cost each receive).
-pub(crate) fn rx_socket(addr: SocketAddr) -> io::Result<Socket> {
+pub(crate) fn rx_socket(addr: SocketAddr, gro: bool) -> io::Result<Socket> {
     let sock = udp_socket(addr, false)?;
     sock.set_nonblocking(true)?;
+    if gro {
+        set_gro(&sock, true);
+    }
     if !addr.ip().is_unspecified() {
         return Ok(sock);
     }
@@ -229,16 +238,30 @@ pub(crate) fn rx_socket(addr: SocketAddr) -> io::Result<Socket> {
     Ok(sock)
 }
 
+/// Turn `UDP_GRO` on or off: whether the kernel may hand this socket a train of datagrams
+/// (of one sender, to one port, all of one size but the last) as one, with the segment size
+/// in a control message. Best effort: without it every datagram comes alone.
+pub(crate) fn set_gro(sock: &Socket, on: bool) {
+    if let Err(e) = nsock::setsockopt(sock, nsock::sockopt::UdpGroSegment, &on) {
+        tracing::debug!(error = %e, "cannot set UDP_GRO");
+    }
+}
+
 /// Counters of the socket layer and of the routes that bypass it (the engine counts
 /// everything after them).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct IoCounters {
-    /// Datagrams received and handed to the engine.
+    /// Packets received and handed to the engine (each packet of a GRO train counts).
     pub rx_datagrams: u64,
     /// Datagrams dropped before the engine: truncated, empty, wrong family.
     pub rx_dropped: u64,
-    /// Datagrams sent.
+    /// Datagrams sent (each packet of a GSO train counts).
     pub tx_datagrams: u64,
+    /// GSO trains sent: one `sendmsg` that the kernel cuts into several datagrams.
+    pub tx_trains: u64,
+    /// Datagrams that came as GSO/GRO trains of several packets (their packets count in
+    /// `rx_datagrams`).
+    pub rx_trains: u64,
     /// Packets the engine emitted that could not be sent (send error, unparsable header).
     pub tx_errors: u64,
     /// Packets sent from the fixed port after rewriting the source port and ICRC.
@@ -255,11 +278,13 @@ pub struct IoCounters {
 
 impl IoCounters {
     /// Every counter by name, as `softrdma stat` prints them.
-    pub fn named(&self) -> [(&'static str, u64); 8] {
+    pub fn named(&self) -> [(&'static str, u64); 10] {
         [
             ("rx_datagrams", self.rx_datagrams),
+            ("rx_trains", self.rx_trains),
             ("rx_dropped", self.rx_dropped),
             ("tx_datagrams", self.tx_datagrams),
+            ("tx_trains", self.tx_trains),
             ("tx_errors", self.tx_errors),
             ("tx_port_rewrites", self.tx_port_rewrites),
             ("local_packets", self.local_packets),
@@ -278,14 +303,65 @@ struct Local {
     per_port: BTreeMap<u16, Option<Socket>>,
 }
 
+impl Local {
+    /// The socket that sends from `port`: the fixed one for the fixed port, or when no
+    /// socket could be bound to `port`.
+    fn socket(&self, port: u16) -> &Socket {
+        match self.per_port.get(&port) {
+            Some(Some(s)) => s,
+            _ => &self.fixed,
+        }
+    }
+}
+
+/// Trains kept open at once (one per QP sending; the oldest leaves when another starts).
+const MAX_OPEN_TRAINS: usize = 16;
+
+/// Packets of one QP that leave as one `UDP_SEGMENT` send (see [`wire::train`]).
+#[derive(Debug)]
+struct Train {
+    /// The local address (index into `Tx::locals`) and source port: the socket.
+    local: usize,
+    port: u16,
+    to: SocketAddr,
+    /// The segment size: the first packet's UDP payload length.
+    seg: usize,
+    /// The last packet's link.
+    last: wire::train::Link,
+    /// A shorter packet ended it.
+    closed: bool,
+    /// UDP payload bytes so far.
+    bytes: usize,
+    /// Each packet whole, as the engine emitted it (with its segment's IPv4 ID), and where
+    /// its UDP payload lies.
+    packets: SmallVec<[(Vec<u8>, Range<usize>); 8]>,
+}
+
+impl Train {
+    /// Whether a packet of `len` payload bytes and `link` may ride next.
+    fn takes(&self, link: wire::train::Link, len: usize) -> bool {
+        !self.closed
+            && len <= self.seg
+            && self.last.is_followed_by(link)
+            && self.packets.len() < wire::train::MAX_SEGMENTS
+            && self.bytes + len <= wire::train::MAX_BYTES
+    }
+}
+
 /// The sending side: for each local address, one socket per UDP source port (opened
-/// lazily), or the fixed one.
+/// lazily), or the fixed one; the trains of packets that leave together.
 #[derive(Debug)]
 pub(crate) struct Tx {
     locals: Vec<Local>,
     remote_port: u16,
     policy: SrcPortPolicy,
     fixed_port: u16,
+    /// Send consecutive full-size packets of a QP as GSO trains (`UDP_SEGMENT`); cleared
+    /// for good when the kernel refuses one.
+    gso: bool,
+    trains: Vec<Train>,
+    /// Packet buffers back from trains that left.
+    spare: Vec<Vec<u8>>,
     pub(crate) counters: IoCounters,
 }
 
@@ -296,6 +372,7 @@ impl Tx {
         remote_port: u16,
         policy: SrcPortPolicy,
         fixed_port: u16,
+        gso: bool,
     ) -> Tx {
         Tx {
             locals: fixed
@@ -309,6 +386,9 @@ impl Tx {
             remote_port,
             policy,
             fixed_port,
+            gso,
+            trains: Vec::new(),
+            spare: Vec::new(),
             counters: IoCounters::default(),
         }
     }
@@ -318,9 +398,18 @@ impl Tx {
         self.remote_port = port;
     }
 
-    /// Send the whole IP packet `pkt` (as the engine emitted it) to `dst`, from the local
-    /// address it names as its source (the first one if it names none of them).
-    pub(crate) fn send(&mut self, pkt: &mut [u8], dst: IpAddr) {
+    /// Send the whole IP packet in `buf[..len]` (as the engine emitted it) to `dst`, from
+    /// the local address it names as its source (the first one if it names none of them),
+    /// and record it in `capture` as it goes out. A packet that may ride a GSO train waits
+    /// in one, and `buf` is swapped for a spare: [`Tx::flush`] sends the trains.
+    pub(crate) fn send(
+        &mut self,
+        buf: &mut Vec<u8>,
+        len: usize,
+        dst: IpAddr,
+        capture: Option<&Capture>,
+    ) {
+        let pkt = &mut buf[..len];
         let Ok(mut d) = wire::Datagram::parse(pkt) else {
             self.counters.tx_errors += 1;
             return;
@@ -334,59 +423,191 @@ impl Tx {
             self.counters.tx_errors += 1;
             return;
         };
-        let to = SockAddr::from(SocketAddr::new(dst, self.remote_port));
+        let to = SocketAddr::new(dst, self.remote_port);
         let src_port = d.src.port();
-        let per_qp = self.policy == SrcPortPolicy::PerQp && src_port != self.fixed_port;
-        let local = &mut self.locals[li];
-        let sock = if per_qp {
-            let ip = local.ip;
-            local
-                .per_port
-                .entry(src_port)
-                .or_insert_with(|| match udp_socket(SocketAddr::new(ip, src_port), true) {
-                    Ok(s) => Some(s),
-                    Err(e) => {
-                        tracing::warn!(port = src_port, error = %e, "cannot bind UDP source port; using the fixed port for it");
-                        None
-                    }
-                })
-                .as_ref()
+        let port = self.source_port(li, src_port);
+        if port != src_port {
+            // The ICRC covers the UDP source port: rewrite both.
+            if d.set_src_port(pkt, port).is_err() {
+                self.counters.tx_errors += 1;
+                return;
+            }
+            self.counters.tx_port_rewrites += 1;
+        }
+        let payload = d.payload.clone();
+        let link = if self.gso {
+            wire::train::Link::of(&pkt[payload.clone()])
         } else {
             None
         };
-        let result = match sock {
-            Some(s) => s.send_to(&pkt[d.payload.clone()], &to),
-            None => {
-                if src_port != self.fixed_port {
-                    // The ICRC covers the UDP source port: rewrite both.
-                    if d.set_src_port(pkt, self.fixed_port).is_err() {
-                        self.counters.tx_errors += 1;
+        if let Some(link) = link {
+            let open = self.trains.iter().position(|t| {
+                t.local == li && t.port == port && t.to == to && t.last.dest_qp == link.dest_qp
+            });
+            if let Some(i) = open {
+                let t = &mut self.trains[i];
+                if t.takes(link, payload.len()) {
+                    // Segment k leaves with IPv4 ID k: seal it for that ID.
+                    let k = u16::try_from(t.packets.len()).unwrap_or(u16::MAX);
+                    if d.set_ipv4_ident(pkt, k).is_ok() {
+                        if let Some(c) = capture {
+                            c.record(pkt);
+                        }
+                        t.closed = payload.len() < t.seg;
+                        t.bytes += payload.len();
+                        t.last = link;
+                        let spare = self.spare.pop().unwrap_or_else(|| vec![0; buf.len()]);
+                        t.packets.push((std::mem::replace(buf, spare), payload));
                         return;
                     }
-                    self.counters.tx_port_rewrites += 1;
                 }
-                local.fixed.send_to(&pkt[d.payload.clone()], &to)
+                // The QP's next packet does not ride: what the train holds goes first.
+                self.flush_train(i);
             }
-        };
+            if link.may_lead {
+                if let Some(c) = capture {
+                    c.record(pkt);
+                }
+                if self.trains.len() >= MAX_OPEN_TRAINS {
+                    self.flush_train(0);
+                }
+                let spare = self.spare.pop().unwrap_or_else(|| vec![0; buf.len()]);
+                let mut packets = SmallVec::new();
+                let seg = payload.len();
+                packets.push((std::mem::replace(buf, spare), payload));
+                self.trains.push(Train {
+                    local: li,
+                    port,
+                    to,
+                    seg,
+                    last: link,
+                    closed: false,
+                    bytes: seg,
+                    packets,
+                });
+                return;
+            }
+        }
+        if let Some(c) = capture {
+            c.record(pkt);
+        }
+        let result = self.locals[li]
+            .socket(port)
+            .send_to(&pkt[payload], &SockAddr::from(to));
+        self.count_sent(result.map(drop), 1, dst);
+    }
+
+    /// The source port a packet the engine sent from `port` leaves from: its own where the
+    /// policy is per-QP ports and a socket is (or can be) bound to it, else the fixed port.
+    fn source_port(&mut self, li: usize, port: u16) -> u16 {
+        if self.policy != SrcPortPolicy::PerQp || port == self.fixed_port {
+            return self.fixed_port;
+        }
+        let local = &mut self.locals[li];
+        let ip = local.ip;
+        let bound = local.per_port.entry(port).or_insert_with(|| {
+            match udp_socket(SocketAddr::new(ip, port), true) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::warn!(port, error = %e, "cannot bind UDP source port; using the fixed port for it");
+                    None
+                }
+            }
+        });
+        if bound.is_some() {
+            port
+        } else {
+            self.fixed_port
+        }
+    }
+
+    /// Count `packets` sent, or lost to a send error (the transport retransmits them).
+    fn count_sent(&mut self, result: io::Result<()>, packets: u64, dst: IpAddr) {
         match result {
-            Ok(_) => self.counters.tx_datagrams += 1,
+            Ok(()) => self.counters.tx_datagrams += packets,
             Err(e) => {
-                self.counters.tx_errors += 1;
+                self.counters.tx_errors += packets;
                 tracing::debug!(%dst, error = %e, "send failed; the transport will retransmit");
             }
         }
     }
+
+    /// Send every open train.
+    pub(crate) fn flush(&mut self) {
+        while !self.trains.is_empty() {
+            self.flush_train(0);
+        }
+    }
+
+    /// Send open train `i`: one `sendmsg` whose `UDP_SEGMENT` cuts it into its packets,
+    /// gathered straight from their buffers. A kernel that refuses the train (a device
+    /// without checksum offload, a path MTU below the segment) gets its packets one by one,
+    /// and no train again.
+    fn flush_train(&mut self, i: usize) {
+        let mut t = self.trains.remove(i);
+        let n = t.packets.len();
+        let sock = self.locals[t.local].socket(t.port);
+        let result = if n == 1 {
+            let (b, r) = &t.packets[0];
+            sock.send_to(&b[r.clone()], &SockAddr::from(t.to)).map(drop)
+        } else {
+            let iov: SmallVec<[IoSlice<'_>; 8]> = t
+                .packets
+                .iter()
+                .map(|(b, r)| IoSlice::new(&b[r.clone()]))
+                .collect();
+            let seg = u16::try_from(t.seg).unwrap_or(u16::MAX);
+            let gso = [nsock::ControlMessage::UdpGsoSegments(&seg)];
+            let to = SockaddrStorage::from(t.to);
+            nsock::sendmsg(sock.as_raw_fd(), &iov, &gso, MsgFlags::empty(), Some(&to))
+                .map(drop)
+                .map_err(io::Error::from)
+        };
+        let refused = n > 1
+            && matches!(
+                result.as_ref().map_err(io::Error::raw_os_error),
+                Err(Some(libc::EIO | libc::EINVAL))
+            );
+        if refused {
+            tracing::warn!(to = %t.to, error = ?result, "the kernel refuses UDP GSO trains here; sending packet by packet");
+            self.gso = false;
+            for (b, r) in &mut t.packets {
+                // Back to the ID a lone datagram leaves with.
+                let sent = match wire::Datagram::parse(b) {
+                    Ok(d) if d.set_ipv4_ident(b, 0).is_ok() => self.locals[t.local]
+                        .socket(t.port)
+                        .send_to(&b[r.clone()], &SockAddr::from(t.to))
+                        .map(drop),
+                    _ => Err(io::Error::from(io::ErrorKind::InvalidData)),
+                };
+                self.count_sent(sent, 1, t.to.ip());
+            }
+        } else {
+            if n > 1 && result.is_ok() {
+                self.counters.tx_trains += 1;
+            }
+            self.count_sent(result, n as u64, t.to.ip());
+        }
+        self.spare.extend(t.packets.into_iter().map(|(b, _)| b));
+    }
 }
 
-/// Where one received packet lies.
+/// Where one received datagram lies: one packet, or a train of them.
 #[derive(Debug, Clone, Copy)]
 struct Meta {
     /// Which slot holds it.
     slot: usize,
-    /// Where the (rebuilt or real) IP header starts in the slot.
+    /// Where its UDP payload lies in the slot.
     start: usize,
-    /// Where the packet ends in the slot.
     end: usize,
+    /// The length of each packet but the last (all of it for one packet).
+    seg: usize,
+    /// Who sent it to whom (the UDP path rebuilds the headers from them).
+    src: SocketAddr,
+    dst: IpAddr,
+    /// The raw path: the IPv4 and UDP headers the datagram came with, from which each
+    /// packet of a train gets its own.
+    header: [u8; wire::train::IPV4_TRAIN_HEADER_LEN],
 }
 
 /// A raw IPv4/UDP socket bound to `addr`'s address: it sees every UDP packet to that address
@@ -433,8 +654,12 @@ pub(crate) struct Rx {
     sock: Arc<Socket>,
     local: IpAddr,
     slots: Vec<u8>,
+    /// Bytes per slot: the headroom and the largest datagram this side takes.
+    slot_len: usize,
     meta: Vec<Meta>,
-    headers: nsock::MultiHeaders<SockaddrStorage>,
+    /// The next packet [`Rx::next_packet`] hands out: datagram, packet within it.
+    cursor: (usize, usize),
+    mrecv: mmsg::MultiRecv,
     batch: usize,
     /// Raw receive path: the UDP port whose packets are ours (`None`: a UDP socket).
     raw_port: Option<u16>,
@@ -448,12 +673,6 @@ pub(crate) struct Rx {
     pub(crate) streaming: bool,
 }
 
-// SAFETY: `MultiHeaders` is !Send only because it holds raw pointers; they point into its own
-// heap allocations (control-message buffers and addresses), which move with it, and every use
-// goes through `&mut self` (the runtime keeps the `Rx` behind a mutex).
-#[allow(unsafe_code)]
-unsafe impl Send for Rx {}
-
 impl core::fmt::Debug for Rx {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Rx")
@@ -466,19 +685,25 @@ impl core::fmt::Debug for Rx {
 impl Rx {
     /// `raw_port`: `sock` is a raw socket ([`raw_rx_socket`]) and packets to this UDP port
     /// are ours.
-    pub(crate) fn new(sock: Arc<Socket>, local: IpAddr, batch: usize, raw_port: Option<u16>) -> Rx {
+    /// `trains`: datagrams may come as trains (the socket has `UDP_GRO`, or is raw and
+    /// sees GSO trains uncut), so each slot takes the largest datagram.
+    pub(crate) fn new(
+        sock: Arc<Socket>,
+        local: IpAddr,
+        batch: usize,
+        raw_port: Option<u16>,
+        trains: bool,
+    ) -> Rx {
         let batch = batch.clamp(1, MAX_RX_BATCH);
-        let cmsg = if local.is_ipv6() {
-            nix::cmsg_space!(libc::in6_pktinfo)
-        } else {
-            nix::cmsg_space!(libc::in_pktinfo)
-        };
+        let slot_len = HEADROOM + if trains { MAX_TRAIN } else { MAX_DATAGRAM };
         Rx {
             sock,
             local,
-            slots: vec![0; SLOT * batch],
+            slots: vec![0; slot_len * batch],
+            slot_len,
             meta: Vec::with_capacity(batch),
-            headers: nsock::MultiHeaders::preallocate(batch, Some(cmsg)),
+            cursor: (0, 0),
+            mrecv: mmsg::MultiRecv::new(batch),
             batch,
             raw_port,
             own_sources: None,
@@ -496,7 +721,8 @@ impl Rx {
         raw_port: Option<u16>,
         own_sources: Vec<IpAddr>,
     ) -> Rx {
-        let mut rx = Rx::new(sock, group, batch, raw_port);
+        let trains = raw_port.is_some();
+        let mut rx = Rx::new(sock, group, batch, raw_port, trains);
         rx.own_sources = Some(own_sources);
         rx
     }
@@ -511,89 +737,44 @@ impl Rx {
         &self.sock
     }
 
-    /// Receive what is waiting (up to one batch) without blocking; rebuild each datagram's IP
-    /// and UDP headers. Returns the number of packets ready in [`Rx::packet`].
+    /// Receive what is waiting (up to one batch) without blocking. Returns the number of
+    /// packets ready for [`Rx::next_packet`] (a train holds several).
     pub(crate) fn recv_batch(&mut self) -> usize {
-        self.meta.clear();
-        // A raw socket delivers the IP header too: receive from the start of the slot.
-        let at = self.payload_offset();
-        // The slots' views live (and die) inside this block: the packets are rebuilt in the
-        // slots after it.
-        let raw = {
-            // An array, not a vector, so that a look for packets allocates nothing.
-            let mut slots = self.slots.chunks_mut(SLOT);
-            let mut iovs: [[IoSliceMut<'_>; 1]; MAX_RX_BATCH] = core::array::from_fn(|_| {
-                [IoSliceMut::new(
-                    slots.next().map_or(&mut [][..], |c| &mut c[at..]),
-                )]
-            });
-            let res = nsock::recvmmsg(
-                self.sock.as_raw_fd(),
-                &mut self.headers,
-                iovs[..self.batch].iter_mut(),
-                MsgFlags::MSG_DONTWAIT,
-                None,
-            );
-            let results = match res {
-                Ok(r) => r,
-                Err(nix::errno::Errno::EAGAIN) => return 0,
-                Err(e) => {
-                    tracing::debug!(error = %e, "recvmmsg failed");
-                    return 0;
-                }
-            };
-            let mut raw = SmallVec::<[_; MAX_RX_BATCH]>::new();
-            for m in results {
-                let truncated = m.flags.contains(MsgFlags::MSG_TRUNC);
-                let src = m.address.and_then(|a| storage_to_socket_addr(&a));
-                let dst = m.cmsgs().ok().and_then(pktinfo_dst);
-                raw.push((m.bytes, truncated, src, dst));
-            }
-            raw
-        };
-        for (i, (len, truncated, src, dst)) in raw.into_iter().enumerate() {
-            self.accept(i, len, truncated, src, dst);
-        }
-        self.counters.rx_datagrams += self.meta.len() as u64;
-        self.meta.len()
+        self.receive(self.batch)
     }
 
-    /// Receive one datagram if one is waiting, without blocking (one `recvmsg`: a thread
-    /// that polls for the next packet of a ping-pong pays for no second look, as a batch
-    /// would). Returns the number of packets ready in [`Rx::packet`] (0 or 1).
+    /// Receive one datagram if one is waiting, without blocking (a thread that polls for
+    /// the next packet of a ping-pong pays for no second look, as a batch would). Returns
+    /// the number of packets ready for [`Rx::next_packet`] (0 or 1, or those of a train).
     pub(crate) fn recv_one(&mut self) -> usize {
+        self.receive(1)
+    }
+
+    /// Receive up to `max` datagrams into the slots; list the usable ones.
+    fn receive(&mut self, max: usize) -> usize {
         self.meta.clear();
+        self.cursor = (0, 0);
+        // A raw socket delivers the IP header too: receive from the start of the slot.
         let at = self.payload_offset();
-        let mut cmsg = [0u8; 64];
-        let (len, truncated, src, dst) = {
-            let mut iov = [IoSliceMut::new(&mut self.slots[at..SLOT])];
-            // Packet info comes only on a socket bound to the unspecified address.
-            let wants_dst = self.local.is_unspecified();
-            let m = match nsock::recvmsg::<SockaddrStorage>(
-                self.sock.as_raw_fd(),
-                &mut iov,
-                wants_dst.then_some(&mut cmsg),
-                MsgFlags::MSG_DONTWAIT,
-            ) {
-                Ok(m) => m,
-                Err(nix::errno::Errno::EAGAIN) => return 0,
-                Err(e) => {
-                    tracing::debug!(error = %e, "recvmsg failed");
-                    return 0;
-                }
-            };
-            let truncated = m.flags.contains(MsgFlags::MSG_TRUNC);
-            let src = m.address.and_then(|a| storage_to_socket_addr(&a));
-            let dst = if wants_dst {
-                m.cmsgs().ok().and_then(pktinfo_dst)
-            } else {
-                None
-            };
-            (m.bytes, truncated, src, dst)
-        };
-        self.accept(0, len, truncated, src, dst);
-        self.counters.rx_datagrams += self.meta.len() as u64;
-        self.meta.len()
+        let mut got: SmallVec<[(usize, mmsg::Received); MAX_RX_BATCH]> = SmallVec::new();
+        let slots = &mut self.slots[..self.slot_len * max.min(self.batch)];
+        let res = self
+            .mrecv
+            .recv(self.sock.as_fd(), slots, self.slot_len, at, |i, r| {
+                got.push((i, r));
+            });
+        if let Err(e) = res {
+            if e != nix::errno::Errno::EAGAIN {
+                tracing::debug!(error = %e, "recvmmsg failed");
+            }
+            return 0;
+        }
+        let mut packets = 0;
+        for (i, r) in got {
+            packets += self.accept(i, r);
+        }
+        self.counters.rx_datagrams += packets as u64;
+        packets
     }
 
     /// Whether the IP and UDP headers of this side's packets are rebuilt (a UDP socket), not
@@ -611,42 +792,47 @@ impl Rx {
         }
     }
 
-    /// Check the datagram of `len` bytes received into slot `i` and, if it is usable,
-    /// rebuild its headers and list it in `meta`.
-    fn accept(
-        &mut self,
-        i: usize,
-        len: usize,
-        truncated: bool,
-        src: Option<SocketAddr>,
-        dst: Option<IpAddr>,
-    ) {
+    /// Check the datagram received into slot `i` and, if it is usable, list it in `meta`.
+    /// Returns how many packets it holds.
+    fn accept(&mut self, i: usize, r: mmsg::Received) -> usize {
+        let mmsg::Received {
+            len,
+            truncated,
+            src,
+            dst,
+            seg,
+        } = r;
         let counters = &mut self.counters;
+        let base = i * self.slot_len;
         if let Some(port) = self.raw_port {
-            let slot = &mut self.slots[i * SLOT..(i + 1) * SLOT];
-            match raw_packet(&mut slot[..len.min(SLOT)], port, truncated) {
+            let slot = &mut self.slots[base..base + self.slot_len];
+            match raw_packet(&mut slot[..len.min(self.slot_len)], port, truncated) {
                 RawVerdict::Ours { src, .. }
-                    if self.own_sources.as_ref().is_some_and(|o| o.contains(&src)) =>
+                    if self
+                        .own_sources
+                        .as_ref()
+                        .is_some_and(|o| o.contains(&src.ip())) =>
                 {
                     counters.rx_mcast_own += 1;
                 }
-                RawVerdict::Ours { end, .. } => self.meta.push(Meta {
-                    slot: i,
-                    start: 0,
-                    end,
-                }),
+                RawVerdict::Ours { payload, src, dst } => {
+                    // A raw socket sees a GSO train uncut, with no segment size: the train
+                    // rules tell where its packets lie.
+                    let seg = wire::train::segment_len(&slot[payload.clone()]);
+                    return self.list(i, payload, seg, src, dst);
+                }
                 RawVerdict::NotOurs => {}
                 RawVerdict::Bad => counters.rx_dropped += 1,
             }
-            return;
+            return 0;
         }
         let Some(src) = src else {
             counters.rx_dropped += 1;
-            return;
+            return 0;
         };
         if truncated || len == 0 || src.is_ipv4() != self.local.is_ipv4() {
             counters.rx_dropped += 1;
-            return;
+            return 0;
         }
         if self
             .own_sources
@@ -654,39 +840,109 @@ impl Rx {
             .is_some_and(|o| o.contains(&src.ip()))
         {
             counters.rx_mcast_own += 1;
-            return;
+            return 0;
         }
         let dst = dst.unwrap_or(self.local);
-        let slot = &mut self.slots[i * SLOT..(i + 1) * SLOT];
-        let Some(start) = rebuild_headers(slot, len, src, dst) else {
-            counters.rx_dropped += 1;
-            return;
-        };
-        self.meta.push(Meta {
-            slot: i,
-            start,
-            end: HEADROOM + len,
-        });
+        let seg = seg.filter(|&s| s > 0 && s < len).unwrap_or(len);
+        self.list(i, HEADROOM..HEADROOM + len, seg, src, dst)
     }
 
-    /// The `i`-th rebuilt packet of the last batch (a whole IP packet).
-    pub(crate) fn packet(&self, i: usize) -> &[u8] {
-        let m = self.meta[i];
-        let base = SLOT * m.slot;
-        &self.slots[base + m.start..base + m.end]
+    /// List the datagram whose UDP payload lies at `payload` in slot `i`, cut every `seg`
+    /// bytes; returns how many packets that makes.
+    fn list(
+        &mut self,
+        i: usize,
+        payload: Range<usize>,
+        seg: usize,
+        src: SocketAddr,
+        dst: IpAddr,
+    ) -> usize {
+        let packets = payload.len().div_ceil(seg.max(1));
+        if packets > 1 {
+            self.counters.rx_trains += 1;
+        }
+        let base = i * self.slot_len;
+        let mut header = [0; wire::train::IPV4_TRAIN_HEADER_LEN];
+        if self.raw_port.is_some() {
+            header.copy_from_slice(&self.slots[base..base + wire::train::IPV4_TRAIN_HEADER_LEN]);
+        }
+        self.meta.push(Meta {
+            slot: i,
+            start: payload.start,
+            end: payload.end,
+            seg: seg.max(1),
+            src,
+            dst,
+            header,
+        });
+        packets
+    }
+
+    /// The next packet of the last receive (a whole IP packet), in order, or `None` when
+    /// all were handed out. Each packet's IP and UDP headers are written in front of its
+    /// UDP payload as the handing out reaches it: for the second packet of a train and
+    /// after, over the end of the packet before it, which its caller is done with (so a
+    /// train needs no copy).
+    ///
+    /// The UDP path rebuilds the headers as the sender built them (IPv4 ID 0 and DF; the
+    /// `k`th packet of a train gets ID `k`, as the kernel numbered the segments of the train
+    /// the sender handed it, and the engine finds the right one when that guess is wrong:
+    /// see "Receive policy"). The raw path keeps the sender's header, with the lengths of
+    /// each packet and the ID of its segment.
+    pub(crate) fn next_packet(&mut self) -> Option<&[u8]> {
+        loop {
+            let (mi, k) = self.cursor;
+            let m = *self.meta.get(mi)?;
+            let at = m.start + k * m.seg;
+            let end = (at + m.seg).min(m.end);
+            self.cursor = if end >= m.end {
+                (mi + 1, 0)
+            } else {
+                (mi, k + 1)
+            };
+            let base = m.slot * self.slot_len;
+            let slot = &mut self.slots[base..base + self.slot_len];
+            let start = if self.raw_port.is_some() {
+                // The train's header (or the packet's own, when it came alone) is
+                // `m.start` bytes long: written over the end of the packet before.
+                at.checked_sub(m.start).filter(|&h| {
+                    m.end - m.start == end - at
+                        || wire::train::ipv4_segment_header(
+                            &m.header,
+                            &mut slot[h..at],
+                            k,
+                            end - at,
+                        )
+                        .is_ok()
+                })
+            } else {
+                let ident = if m.end - m.start > m.seg {
+                    u16::try_from(k).unwrap_or(u16::MAX)
+                } else {
+                    0
+                };
+                write_headers(slot, at, end - at, m.src, m.dst, ident)
+            };
+            match start {
+                Some(start) => return Some(&self.slots[base + start..base + end]),
+                None => self.counters.rx_dropped += 1,
+            }
+        }
     }
 }
 
 /// What the raw receive path makes of one IPv4 packet.
 #[derive(Debug, PartialEq, Eq)]
 enum RawVerdict {
-    /// A UDP packet to our port, ending at offset `end`, from `src`; its destination port
-    /// now reads 4791.
+    /// A UDP datagram to our port, from `src` to `dst`, its UDP payload at `payload`; its
+    /// destination port now reads 4791.
     Ours {
-        /// Where it ends.
-        end: usize,
-        /// Its source address.
-        src: IpAddr,
+        /// Where its UDP payload lies.
+        payload: Range<usize>,
+        /// Its source address and port.
+        src: SocketAddr,
+        /// Its destination address.
+        dst: IpAddr,
     },
     /// Some other UDP traffic of this host.
     NotOurs,
@@ -705,51 +961,28 @@ fn raw_packet(p: &mut [u8], port: u16, truncated: bool) -> RawVerdict {
     if d.dst.port() != port {
         return RawVerdict::NotOurs;
     }
-    if truncated {
+    if truncated || d.payload.start != wire::train::IPV4_TRAIN_HEADER_LEN {
         return RawVerdict::Bad;
     }
     d.set_dst_port(p, ROCEV2_UDP_PORT);
     RawVerdict::Ours {
-        end: d.len(),
-        src: d.src.ip(),
+        payload: d.payload,
+        src: d.src,
+        dst: d.dst.ip(),
     }
 }
 
-/// The local address a datagram was sent to, from its `IP_PKTINFO` / `IPV6_PKTINFO`.
-fn pktinfo_dst(cmsgs: impl Iterator<Item = ControlMessageOwned>) -> Option<IpAddr> {
-    let mut dst = None;
-    for c in cmsgs {
-        match c {
-            ControlMessageOwned::Ipv4PacketInfo(i) => {
-                dst = Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(i.ipi_addr.s_addr))));
-            }
-            ControlMessageOwned::Ipv6PacketInfo(i) => {
-                dst = Some(IpAddr::V6(Ipv6Addr::from(i.ipi6_addr.s6_addr)));
-            }
-            _ => {}
-        }
-    }
-    dst
-}
-
-fn storage_to_socket_addr(a: &SockaddrStorage) -> Option<SocketAddr> {
-    if let Some(v4) = a.as_sockaddr_in() {
-        Some(SocketAddr::from((v4.ip(), v4.port())))
-    } else {
-        a.as_sockaddr_in6()
-            .map(|v6| SocketAddr::from((v6.ip(), v6.port())))
-    }
-}
-
-/// Write the IP and UDP headers of a datagram of `len` bytes (at `slot[HEADROOM..]`) into
-/// the headroom, as the sender's engine built them: IPv4 with ID 0 and DF, UDP destination
-/// port 4791 (the port the ICRC was computed with, whatever port carried it), checksum 0.
-/// Returns where the packet starts.
-pub(crate) fn rebuild_headers(
+/// Write the IP and UDP headers of a datagram whose `len` bytes of UDP payload lie at
+/// `slot[at..]` in front of it, as the sender's engine built them: IPv4 with ID `ident` and
+/// DF, UDP destination port 4791 (the port the ICRC was computed with, whatever port
+/// carried it), checksum 0. Returns where the packet starts.
+pub(crate) fn write_headers(
     slot: &mut [u8],
+    at: usize,
     len: usize,
     src: SocketAddr,
     dst: IpAddr,
+    ident: u16,
 ) -> Option<usize> {
     let udp_len = len + wire::UDP_HEADER_LEN;
     let ip = match (src.ip(), dst) {
@@ -757,7 +990,7 @@ pub(crate) fn rebuild_headers(
             src: s,
             dst: d,
             tos: 0,
-            ident: 0,
+            ident,
             dont_frag: true,
             ttl: 64,
             payload_len: udp_len,
@@ -773,7 +1006,7 @@ pub(crate) fn rebuild_headers(
         _ => return None,
     };
     let hl = ip.header_len();
-    let start = HEADROOM - wire::UDP_HEADER_LEN - hl;
+    let start = at.checked_sub(wire::UDP_HEADER_LEN + hl)?;
     let udp = UdpRepr {
         src_port: src.port(),
         dst_port: ROCEV2_UDP_PORT,
@@ -781,13 +1014,10 @@ pub(crate) fn rebuild_headers(
         checksum: 0,
     };
     udp.emit(&mut Udp::new_unchecked(
-        &mut slot[HEADROOM - wire::UDP_HEADER_LEN..HEADROOM],
+        &mut slot[at - wire::UDP_HEADER_LEN..at],
     ));
     match ip {
-        IpRepr::V4(r) => {
-            let mut v = Ipv4::new_unchecked(&mut slot[start..start + hl]);
-            r.emit(&mut v);
-        }
+        IpRepr::V4(r) => r.emit(&mut Ipv4::new_unchecked(&mut slot[start..start + hl])),
         IpRepr::V6(r) => r.emit(&mut Ipv6::new_unchecked(&mut slot[start..start + hl])),
     }
     Some(start)

@@ -160,6 +160,7 @@ mod io;
 pub mod link;
 mod mcast;
 mod memory;
+mod mmsg;
 mod progress;
 pub mod rdma_cm;
 
@@ -391,6 +392,7 @@ impl<A: Attachment> Core<A> {
         while let Some(t) = self.engine.poll_transmit(now, &mut self.txbuf) {
             self.route(net, t);
         }
+        self.tx.flush();
     }
 
     /// Deliver one packet the engine built in `txbuf`: back into this engine when it is
@@ -424,9 +426,9 @@ impl<A: Attachment> Core<A> {
             self.tx.counters.tx_errors += 1;
             return;
         }
-        let (pkt, _) = self.txbuf.split_at_mut(t.len);
         if let Some(peer) = net.peer(t.dst) {
             // Another device of this process: hand it over, no socket either.
+            let pkt = &self.txbuf[..t.len];
             if let Some(c) = &self.capture {
                 c.record(pkt);
             }
@@ -434,7 +436,8 @@ impl<A: Attachment> Core<A> {
             self.tx.counters.peer_packets += 1;
             return;
         }
-        send_one(&mut self.tx, self.capture.as_deref(), pkt, t.dst);
+        self.tx
+            .send(&mut self.txbuf, t.len, t.dst, self.capture.as_deref());
     }
 
     /// A datagram to a multicast group is for every device that joined it: this one (its
@@ -460,8 +463,8 @@ impl<A: Attachment> Core<A> {
             peer.deliver(pkt.to_vec());
             self.tx.counters.peer_packets += 1;
         }
-        let (pkt, _) = self.txbuf.split_at_mut(t.len);
-        send_one(&mut self.tx, self.capture.as_deref(), pkt, t.dst);
+        self.tx
+            .send(&mut self.txbuf, t.len, t.dst, self.capture.as_deref());
     }
 
     /// When the engine or the connection manager next has a timer due.
@@ -536,14 +539,6 @@ fn record_received(c: &Capture, pkt: &[u8], rebuilt: bool) {
             c.record(&copy);
         }
         _ => c.record(pkt),
-    }
-}
-
-/// Send one packet the engine emitted, and record it.
-fn send_one(tx: &mut io::Tx, capture: Option<&Capture>, pkt: &mut [u8], dst: std::net::IpAddr) {
-    tx.send(pkt, dst);
-    if let Some(c) = capture {
-        c.record(pkt);
     }
 }
 
@@ -680,7 +675,7 @@ impl<A: Attachment> Shared<A> {
             .iter_mut()
             .map(io::Rx::recv_batch)
             .collect::<io::PerSocket>();
-        self.process(&mut core, &rx, &n);
+        self.process(&mut core, &mut rx);
         work + n.iter().sum::<usize>()
     }
 
@@ -705,18 +700,19 @@ impl<A: Attachment> Shared<A> {
         n
     }
 
-    /// Hand the packets `rx` just received (`n[i]` on the `i`th side) to the engine, run
+    /// Hand the packets `rx` just received to the engine, run
     /// due timers, send what the engine emits, signal waiters, and wake the progress thread
     /// if a timer it does not know of is now earlier than its wakeup.
-    fn process(&self, core: &mut Core<A>, rx: &[io::Rx], n: &[usize]) {
+    fn process(&self, core: &mut Core<A>, rx: &mut [io::Rx]) {
         let now = self.now();
         let mut counters = core.rx_retired;
-        for (side, &n) in rx.iter().zip(n) {
-            for i in 0..n {
+        for side in rx.iter_mut() {
+            let rebuilt = side.rebuilds_headers();
+            while let Some(pkt) = side.next_packet() {
                 if let Some(c) = &core.capture {
-                    record_received(c, side.packet(i), side.rebuilds_headers());
+                    record_received(c, pkt, rebuilt);
                 }
-                core.engine.handle_datagram(now, side.packet(i));
+                core.engine.handle_datagram(now, pkt);
             }
             mcast::add_rx_counters(&mut counters, side);
         }
@@ -786,7 +782,7 @@ impl<A: Attachment> Shared<A> {
             .collect();
         let total = n.iter().sum();
         if total > 0 {
-            self.process(core, &rx, &n);
+            self.process(core, &mut rx);
         } else if core.run_due_timers(now) {
             self.after_change(core, now);
         }
@@ -929,8 +925,8 @@ impl<A: Attachment> Runtime<A> {
         let mut udp = Vec::new();
         for &a in &addrs {
             let want = SocketAddr::new(a, port);
-            let sock =
-                io::rx_socket(want).map_err(|source| RuntimeError::Bind { addr: want, source })?;
+            let sock = io::rx_socket(want, config.gso)
+                .map_err(|source| RuntimeError::Bind { addr: want, source })?;
             // Port 0 asks the OS for one: learn which, and bind the other addresses to it.
             port = sock
                 .local_addr()
@@ -976,6 +972,7 @@ impl<A: Attachment> Runtime<A> {
                 *a,
                 config.rx_batch,
                 raw.then_some(port),
+                raw || config.gso,
             ));
             socks.push(rx_sock);
         }
@@ -1002,7 +999,7 @@ impl<A: Attachment> Runtime<A> {
             .rng_seed
             .map_or_else(random_seed, |s| s ^ 0x636d_5f73_6565_6421);
         let cm = rdma_cm::CmHost::new(config.cm, &addrs, config.device.node_guid, cm_seed);
-        let tx = io::Tx::new(udp, remote_port, config.src_port_policy, port);
+        let tx = io::Tx::new(udp, remote_port, config.src_port_policy, port, config.gso);
         // Internal segments are larger than any wire packet.
         let txlen = if config.internal_paths {
             engine::MAX_INTERNAL_MTU as usize + 4096

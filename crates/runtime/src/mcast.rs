@@ -56,6 +56,7 @@ impl Groups {
 /// goes leaves its counts in `Core::rx_retired`).
 pub(crate) fn add_rx_counters(into: &mut IoCounters, side: &io::Rx) {
     into.rx_datagrams += side.counters.rx_datagrams;
+    into.rx_trains += side.counters.rx_trains;
     into.rx_dropped += side.counters.rx_dropped;
     into.rx_mcast_own += side.counters.rx_mcast_own;
 }

@@ -17,8 +17,11 @@
 //! seals segment `k` for ID `k` ([`crate::Datagram::set_ipv4_ident`]).
 
 use crate::bth::{Bth, BTH_LEN};
+use crate::error::{HeaderKind, WireError};
 use crate::icrc::ICRC_LEN;
+use crate::ipv4::{Ipv4, IPV4_HEADER_LEN};
 use crate::types::{Mtu, Psn, Qpn};
+use crate::udp::{Udp, UDP_HEADER_LEN};
 
 /// Most segments a host puts in one train (Linux takes up to 128 per `sendmsg`).
 pub const MAX_SEGMENTS: usize = 64;
@@ -98,6 +101,49 @@ fn is_train(payload: &[u8], seg: usize, first: Link) -> bool {
         at += seg;
     }
     true
+}
+
+/// Bytes of IPv4 and UDP header in front of a train that a raw socket hands over uncut.
+pub const IPV4_TRAIN_HEADER_LEN: usize = IPV4_HEADER_LEN + UDP_HEADER_LEN;
+
+/// Write into `out` the IPv4 and UDP headers that segment `k` of a train, with `len` bytes
+/// of UDP payload, had on the wire, from `train`, the headers the train came with uncut (a
+/// raw socket's view): the train's own, with the segment's lengths and IPv4 ID (the
+/// train's plus `k`, as Linux numbers the segments), checksum filled in.
+pub fn ipv4_segment_header(
+    train: &[u8; IPV4_TRAIN_HEADER_LEN],
+    out: &mut [u8],
+    k: usize,
+    len: usize,
+) -> Result<(), WireError> {
+    let udp_len = UDP_HEADER_LEN + len;
+    let (Ok(total), Ok(k)) = (
+        u16::try_from(IPV4_HEADER_LEN + udp_len),
+        u16::try_from(k % 0x1_0000),
+    ) else {
+        return Err(WireError::LengthMismatch {
+            header: HeaderKind::Udp,
+            claimed: udp_len,
+            actual: usize::from(u16::MAX),
+        });
+    };
+    let available = out.len();
+    let out = out
+        .get_mut(..IPV4_TRAIN_HEADER_LEN)
+        .ok_or(WireError::Truncated {
+            header: HeaderKind::Ipv4,
+            needed: IPV4_TRAIN_HEADER_LEN,
+            available,
+        })?;
+    out.copy_from_slice(train);
+    let (ip, udp) = out.split_at_mut(IPV4_HEADER_LEN);
+    let mut ip = Ipv4::new_checked(ip)?;
+    ip.set_total_len(total);
+    let ident = ip.ident().wrapping_add(k);
+    ip.set_ident(ident);
+    ip.fill_checksum();
+    Udp::new_checked(udp)?.set_length(total - IPV4_HEADER_LEN as u16);
+    Ok(())
 }
 
 #[cfg(test)]
@@ -198,6 +244,76 @@ mod tests {
                 .unwrap()
                 .may_lead
         );
+    }
+
+    /// A train of `n` WRITE MIDDLE packets of `mtu` bytes and a shorter LAST, each sealed
+    /// as segment k (IPv4 ID k), as a sender hands it to the kernel: (the whole train with
+    /// the headers of its first packet and the train's lengths, each packet as it goes on
+    /// the wire).
+    fn sealed_train(n: u32, mtu: usize) -> (Vec<u8>, Vec<Vec<u8>>) {
+        let mut wire_packets = Vec::new();
+        let mut train = Vec::new();
+        for k in 0..=n {
+            let (op, len) = if k < n {
+                (Opcode::RcRdmaWriteMiddle, mtu)
+            } else {
+                (Opcode::RcRdmaWriteLast, 40)
+            };
+            let ip = IpRepr::V4(Ipv4Repr {
+                src: [10, 0, 0, 1].into(),
+                dst: [10, 0, 0, 2].into(),
+                tos: 0,
+                ident: 0,
+                dont_frag: true,
+                ttl: 64,
+                payload_len: 0,
+            });
+            let t = TransportRepr::new(BthRepr::new(op, Qpn::new(0x11), Psn::new(100 + k)));
+            let mut buf = vec![0u8; len + 128];
+            let data = vec![k as u8; len];
+            let end = emit_packet(&ip, 49152, crate::ROCEV2_UDP_PORT, &t, &data, &mut buf).unwrap();
+            buf.truncate(end);
+            let d = Datagram::parse(&buf).unwrap();
+            d.set_ipv4_ident(&mut buf, k as u16).unwrap();
+            if k == 0 {
+                train.extend_from_slice(&buf[..d.payload.start]);
+            }
+            train.extend_from_slice(&buf[d.payload]);
+            wire_packets.push(buf);
+        }
+        let total = train.len() as u16;
+        let mut ip = Ipv4::new_unchecked(&mut train[..]);
+        ip.set_total_len(total);
+        ip.set_ident(0);
+        ip.fill_checksum();
+        Udp::new_unchecked(&mut train[IPV4_HEADER_LEN..]).set_length(total - 20);
+        (train, wire_packets)
+    }
+
+    #[test]
+    fn a_train_seen_uncut_becomes_the_packets_that_were_on_the_wire() {
+        let (train, on_wire) = sealed_train(6, 1024);
+        let h = IPV4_TRAIN_HEADER_LEN;
+        let seg = segment_len(&train[h..]);
+        assert_eq!(seg, BTH_LEN + 1024 + ICRC_LEN);
+        let header: [u8; IPV4_TRAIN_HEADER_LEN] = train[..h].try_into().unwrap();
+        let mut at = h;
+        let mut k = 0;
+        while at < train.len() {
+            let len = seg.min(train.len() - at);
+            let mut pkt = vec![0u8; h + len];
+            ipv4_segment_header(&header, &mut pkt, k, len).unwrap();
+            pkt[h..].copy_from_slice(&train[at..at + len]);
+            assert_eq!(pkt, on_wire[k], "segment {k}");
+            crate::RoceV2Packet::parse_checked(&pkt).unwrap();
+            at += seg;
+            k += 1;
+        }
+        assert_eq!(k, on_wire.len());
+        let mut short = [0u8; 10];
+        assert!(ipv4_segment_header(&header, &mut short, 0, 10).is_err());
+        let mut out = [0u8; 28];
+        assert!(ipv4_segment_header(&header, &mut out, 0, 70_000).is_err());
     }
 
     #[test]
