@@ -100,6 +100,29 @@
 //! leaves from the receiving socket's port and the runtime rewrites the source port and
 //! recomputes the ICRC, so the peer's check always passes.
 //!
+//! ## GSO trains
+//!
+//! With [`RuntimeConfig::gso`] (the default), consecutive full-size packets of one QP to one
+//! destination wait in a train while the engine emits them (a FIRST or MIDDLE packet
+//! starts one; each next PSN of the QP of the same size joins; a shorter one ends it; at
+//! most 64 packets and 64 KB, see `wire::train`). At the end of the pass each train
+//! leaves in one `sendmsg` with `UDP_SEGMENT`, gathered straight from the packets'
+//! buffers, and the kernel (or the NIC) cuts it into the datagrams, numbering their IPv4
+//! IDs 0, 1, 2...: the runtime seals packet k's ICRC for ID k
+//! (`wire::Datagram::set_ipv4_ident`, no second CRC pass), so every datagram on the wire
+//! verifies by itself, for Linux rxe as for any RoCE NIC. Packets that cannot join a train
+//! (ACKs, READ requests, one-packet messages) leave alone, as before. A kernel that refuses
+//! a train (`EIO`: a device without checksum offload) gets that train packet by packet, and
+//! the device stops making trains.
+//!
+//! The UDP socket has `UDP_GRO`: the kernel hands it a train whole, with its segment size,
+//! and the runtime cuts it in place, writing each packet's rebuilt headers over the end of
+//! the packet before it, which the engine is done with (no copy); packet k of a train is
+//! rebuilt with ID k, what a softrdma sender sealed it for. A raw socket sees a train that
+//! crossed `lo` or a veth uncut and with no segment size: the train rules let
+//! `wire::train::segment_len` find the cut in at most five looks, and each packet gets the
+//! sender's header with its own lengths and ID, so the raw path's check stays exact.
+//!
 //! ## Ports
 //!
 //! RoCEv2 peers listen on UDP 4791 ([`RuntimeConfig::port`] and
@@ -139,15 +162,16 @@
 //! - **[`RxPath::Auto`] (`softrdmad`'s default).** Raw where the process may open a raw
 //!   socket, else UDP with the ID found as above.
 //!
-//! Sending is unaffected by the choice: packets leave with ID 0 and DF, which rxe and
-//! hardware RoCE NICs accept. A capture records a received packet with the ID the engine
+//! Sending is unaffected by the choice: packets leave with DF and ID 0 (ID k for the k-th
+//! packet of a GSO train), which rxe and hardware RoCE NICs accept. A capture records a received packet with the ID the engine
 //! found, so it decodes with a valid ICRC as it did on the wire.
 
 //! ## `unsafe`
 //!
 //! Three places, each with a `// SAFETY:` comment: the [`engine::Memory`] implementation over
-//! process memory (`memory`), `setsockopt(IP_MTU_DISCOVER)` (`io`), and the `Send` promise of
-//! the `recvmmsg` headers (`io`). [`EngineGuard::reg_mr`] is `unsafe`: its caller promises the
+//! process memory (`memory`), `setsockopt(IP_MTU_DISCOVER)` (`io`), and `recvmmsg` with its
+//! headers and control messages (`mmsg`: nix 0.30's leaves a slot's control buffer shrunk
+//! after a datagram without one). [`EngineGuard::reg_mr`] is `unsafe`: its caller promises the
 //! memory stays valid until it is deregistered.
 
 #![deny(unsafe_code)]

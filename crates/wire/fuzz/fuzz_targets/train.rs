@@ -1,0 +1,37 @@
+//! A raw socket's view of a datagram (IPv4 and UDP headers, then one packet or a GSO train)
+//! on arbitrary bytes: cutting it never panics, every cut lies within the payload, the pieces
+//! are what a train is made of (all as long as the first but the last, each after the first
+//! the next PSN of the same QP), and each piece gets headers whose lengths describe it.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use wire::train::{ipv4_segment_header, segment_len, Link, IPV4_TRAIN_HEADER_LEN};
+
+fuzz_target!(|data: &[u8]| {
+    let Some((header, payload)) = data.split_first_chunk::<IPV4_TRAIN_HEADER_LEN>() else {
+        let seg = segment_len(data);
+        assert!(seg <= data.len());
+        return;
+    };
+    let seg = segment_len(payload);
+    assert!(seg <= payload.len());
+    if seg == payload.len() {
+        return;
+    }
+    assert!(seg > 0);
+    let mut prev: Option<Link> = None;
+    for (k, piece) in payload.chunks(seg).enumerate() {
+        let link = Link::of(piece).expect("every piece of a train has a BTH");
+        if let Some(p) = prev {
+            assert!(p.is_followed_by(link), "piece {k} does not follow");
+        } else {
+            assert!(link.may_lead);
+        }
+        prev = Some(link);
+        let mut out = vec![0u8; IPV4_TRAIN_HEADER_LEN + piece.len()];
+        if ipv4_segment_header(header, &mut out, k, piece.len()).is_ok() {
+            let ip = wire::Ipv4::new_checked(&out[..]).unwrap();
+            assert_eq!(usize::from(ip.total_len()), out.len());
+        }
+    }
+});
