@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every softrdma test: formatting, lints, unit, property, simulation, conformance and
 # interop tests. Installs the Debian packages the tests drive when absent (tshark,
-# python3-scapy, tcpdump, iproute2, ibverbs-utils, perftest, python3-pyverbs, ucx-utils,
+# python3-scapy, tcpdump, ethtool, iproute2, ibverbs-utils, perftest, python3-pyverbs, ucx-utils,
 # openmpi-bin and libopenmpi-dev, and
 # for the kernel Soft-RoCE VM qemu-system-x86, busybox-static, cpio, kmod, rdmacm-utils,
 # ibverbs-providers, rdma-core); those checks are never skipped.
@@ -12,6 +12,7 @@ need=()
 command -v tshark >/dev/null 2>&1 || need+=(tshark)
 /usr/bin/python3 -c 'import scapy.contrib.roce' >/dev/null 2>&1 || need+=(python3-scapy)
 command -v tcpdump >/dev/null 2>&1 || need+=(tcpdump)
+command -v ethtool >/dev/null 2>&1 || need+=(ethtool)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v ibv_devinfo >/dev/null 2>&1 || need+=(ibverbs-utils)
 command -v ib_write_bw >/dev/null 2>&1 || need+=(perftest)

@@ -411,9 +411,8 @@ fn two_daemons_on_two_hosts_carry_send_write_and_read_over_a_1500_byte_link() {
     // And they crossed the veth: a's end carried at least the UDP payload of every packet a's
     // daemon sent and received (a GSO train crosses a veth uncut, as one frame with one IPv4
     // and UDP header, so frames are fewer than packets: count bytes).
-    let payload = |s: &Stats, dir: &str| {
-        c(s, &format!("{dir}_bytes")) - 28 * c(s, &format!("{dir}_packets"))
-    };
+    let payload =
+        |s: &Stats, dir: &str| c(s, &format!("{dir}_bytes")) - 28 * c(s, &format!("{dir}_packets"));
     assert!(link_counter(&h.a, &h.va, "tx_bytes") >= payload(&sa, "tx"));
     assert!(link_counter(&h.a, &h.va, "rx_bytes") >= payload(&sa, "rx"));
 }

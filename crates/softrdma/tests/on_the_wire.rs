@@ -97,7 +97,11 @@ fn ipv4_packets_carry_df_id_zero_the_qp_source_port_and_a_valid_icrc() {
     for ip in &seen {
         let flags_frag = u16::from_be_bytes([ip[6], ip[7]]);
         assert_eq!(flags_frag, 0x4000, "DF set, not a fragment");
-        assert_eq!(u16::from_be_bytes([ip[4], ip[5]]), 0, "IP ID 0 (a train's first)");
+        assert_eq!(
+            u16::from_be_bytes([ip[4], ip[5]]),
+            0,
+            "IP ID 0 (a train's first)"
+        );
         let cut = cut_train(ip);
         if cut.len() > 1 {
             trains += 1;
@@ -107,7 +111,11 @@ fn ipv4_packets_carry_df_id_zero_the_qp_source_port_and_a_valid_icrc() {
     assert!(trains > 0, "the SEND left as one train");
     assert!(pkts.len() >= 3, "only {} packets", pkts.len());
     for (k, ip) in &pkts {
-        assert_eq!(u16::from(ip[4]) << 8 | u16::from(ip[5]), *k as u16, "segment {k}'s ID");
+        assert_eq!(
+            u16::from(ip[4]) << 8 | u16::from(ip[5]),
+            *k as u16,
+            "segment {k}'s ID"
+        );
         // On a port other than 4791 the ICRC is computed as if the port were 4791 (see the
         // runtime docs, "Ports"): put it back, and nothing else, before checking.
         let mut ip = ip.clone();

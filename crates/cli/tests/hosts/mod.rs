@@ -35,6 +35,8 @@ pub struct Hosts {
     pub b: String,
     /// The veth end in a.
     pub va: String,
+    /// The veth end in b.
+    pub vb: String,
     /// Address of host a.
     pub addr_a: String,
     /// Address of host b.
@@ -48,10 +50,11 @@ impl Hosts {
             a: format!("softrdma-{tag}-{pid}-a"),
             b: format!("softrdma-{tag}-{pid}-b"),
             va: format!("sr{tag}{pid}a"),
+            vb: format!("sr{tag}{pid}b"),
             addr_a: format!("10.77.{subnet}.1"),
             addr_b: format!("10.77.{subnet}.2"),
         };
-        let vb = format!("sr{tag}{pid}b");
+        let vb = h.vb.clone();
         // Leftovers of an earlier run of this very process id would make `add` fail.
         let _ = ip(&["netns", "del", &h.a]);
         let _ = ip(&["netns", "del", &h.b]);

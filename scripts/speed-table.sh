@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
-# The latency table of issue 12: the embedded device against softrdmad, on one host
+# The speed tables of issues 12 and 15: the embedded device against softrdmad, on one host
 # (loopback) and between two network namespaces over a veth, idle and beside a CPU-bound
-# process. Every row prints the same run's UDP ping-pong baseline (`--baseline`).
+# process. Every row prints the same run's baselines (`--baseline`): for a latency test the
+# UDP ping-pong, for a bandwidth test the UDP stream, the UDP GSO/GRO stream and the TCP
+# stream.
 #
-#   sudo scripts/latency-table.sh [ITERS] [TESTS] [PATHS] [LOADS]
-#   e.g. sudo scripts/latency-table.sh 20000 "write_lat send_lat" "host ns" "idle load"
+#   sudo scripts/speed-table.sh [ITERS] [TESTS] [PATHS] [LOADS]
+#   e.g. sudo scripts/speed-table.sh 20000 "write_lat send_lat" "host ns" "idle load"
+#        sudo scripts/speed-table.sh 5000 "write_bw read_bw send_bw" "host ns" idle
 #
 # host: embedded = two processes on 127.0.0.2 / 127.0.0.1, each its own device;
 #       daemon   = one softrdmad serving 127.0.0.1, both processes on its device.
-# ns:   two namespaces (srl1 10.77.0.1, srl2 10.77.0.2) joined by a veth; embedded = one
-#       device per process, daemon = one softrdmad per namespace.
+# ns:   two namespaces (srl1 10.77.0.1, srl2 10.77.0.2) joined by a veth of MTU $MTU (1500
+#       unless set); embedded = one device per process, daemon = one softrdmad per namespace.
 # load: `while :; do :; done` runs beside the benchmark.
 # Needs root (namespaces); builds the release binaries first. BACKENDS="daemon" limits the
-# backends, DARGS passes options to softrdmad.
+# backends, DARGS passes options to softrdmad, SIZE sets the message size (default: the
+# tool's), REPEAT runs each row that many times.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-20000}
@@ -35,6 +39,8 @@ setup_ns() {
         ip -n srl1 link set srlv1 up
         ip -n srl2 link set srlv2 up
     fi
+    ip -n srl1 link set srlv1 mtu "${MTU:-1500}"
+    ip -n srl2 link set srlv2 mtu "${MTU:-1500}"
 }
 
 # run BACKEND PATH TEST LOAD: one row.
@@ -71,23 +77,40 @@ run() {
         (while :; do :; done) &
         hog=$!
     fi
+    local size=() mtu=()
+    [ -n "${SIZE:-}" ] && size=(-s "$SIZE")
+    [[ "$t" == *_lat ]] && [ -z "${SIZE:-}" ] && size=(-s 2)
+    # A 1500-byte link carries 1024-byte RoCE MTU packets.
+    [ "$path" = ns ] && [ "${MTU:-1500}" -lt 4200 ] && mtu=(-m 1024)
     SOFTRDMA_BACKEND=$be SOFTRDMA_DAEMON_SPAWN=0 SOFTRDMA_DAEMON_SOCKET=$s1 "${ns1[@]}" \
-        "$B/softrdma" "$t" -s 2 -n "$N" -B "$a1" -p "$p" --udp-port $port >"$TMP/srv" 2>&1 &
+        "$B/softrdma" "$t" "${size[@]}" "${mtu[@]}" -n "$N" -B "$a1" -p "$p" --udp-port $port \
+        >"$TMP/srv" 2>&1 &
     local srv=$!
     sleep 0.3
     SOFTRDMA_BACKEND=$be SOFTRDMA_DAEMON_SPAWN=0 SOFTRDMA_DAEMON_SOCKET=$s2 timeout 600 "${ns2[@]}" \
-        "$B/softrdma" "$t" -s 2 -n "$N" -B "$a2" -p "$p" --udp-port $port --baseline "$a1" \
-        >"$TMP/cli" 2>&1 || true
+        "$B/softrdma" "$t" "${size[@]}" "${mtu[@]}" -n "$N" -B "$a2" -p "$p" --udp-port $port \
+        --baseline "$a1" >"$TMP/cli" 2>&1 || true
     wait "$srv" || true
     [ -n "$hog" ] && kill "$hog"
     for d in "${daemons[@]}"; do kill "$d"; wait "$d" 2>/dev/null || true; done
     local row base
     row=$(grep -E "^ *[0-9]+ +$N " "$TMP/cli" | head -1 || true)
-    base=$(grep -A2 "UDP" "$TMP/cli" | grep -E "^ *[0-9]" | head -1 || true)
     if [ -z "$row" ]; then
         echo "| $t | $path | $be | $load | failed: $(tail -1 "$TMP/cli") |"
         return
     fi
+    if [[ "$t" == *_bw ]]; then
+        # The baseline row: bytes, datagram, UDP, UDP GSO, TCP, then the ratios.
+        base=$(grep -A1 "UDP GSO\[" "$TMP/cli" | grep -E "^ *[0-9]" | head -1 || true)
+        # shellcheck disable=SC2086
+        set -- $row
+        local avg=$4
+        # shellcheck disable=SC2086
+        set -- $base
+        echo "| $t | $path | $be | $load | $avg | ${3:-?} | ${4:-?} | ${5:-?} | ${8:-?} |"
+        return
+    fi
+    base=$(grep -A2 "UDP" "$TMP/cli" | grep -E "^ *[0-9]" | head -1 || true)
     # shellcheck disable=SC2086
     set -- $row
     local typ=$5 avg=$6 p999=$9
@@ -96,14 +119,20 @@ run() {
     echo "| $t | $path | $be | $load | $typ | $avg | $p999 | ${3:-?} | ${4:-?} |"
 }
 
-echo "| test | path | backend | load | typical us | avg us | 99.9% us | UDP ping-pong typ | UDP avg |"
-echo "|---|---|---|---|---|---|---|---|---|"
+case "$TESTS" in
+*_bw*) echo "| test | path | backend | load | MB/s | UDP MB/s | UDP GSO MB/s | TCP MB/s | softrdma/TCP |"
+       echo "|---|---|---|---|---|---|---|---|---|" ;;
+*) echo "| test | path | backend | load | typical us | avg us | 99.9% us | UDP ping-pong typ | UDP avg |"
+   echo "|---|---|---|---|---|---|---|---|---|" ;;
+esac
 [[ " $PATHS " == *" ns "* ]] && setup_ns
 for t in $TESTS; do
     for path in $PATHS; do
         for load in $LOADS; do
             for be in ${BACKENDS:-embedded daemon}; do
-                run "$be" "$path" "$t" "$load"
+                for _ in $(seq "${REPEAT:-1}"); do
+                    run "$be" "$path" "$t" "$load"
+                done
             done
         done
     done
