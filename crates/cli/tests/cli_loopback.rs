@@ -243,10 +243,15 @@ fn baseline_prints_raw_socket_figures_and_ratios_under_the_tables() {
     );
     assert!(bw.contains("BW average[Gb/sec]"), "{bw}");
     assert!(
-        bw.contains("UDP stream[Gb/sec]") && bw.contains("TCP stream[Gb/sec]"),
+        bw.contains("UDP stream[Gb/sec]")
+            && bw.contains("UDP GSO[Gb/sec]")
+            && bw.contains("TCP stream[Gb/sec]"),
         "{bw}"
     );
-    assert!(bw.contains("softrdma/UDP"), "{bw}");
+    assert!(
+        bw.contains("softrdma/UDP") && bw.contains("softrdma/UDP-GSO"),
+        "{bw}"
+    );
     let lat = run_ok(
         &[
             "write_lat",

@@ -6,7 +6,8 @@
 //! only the client needs them. The two talk over TCP (`-p`, default 18515): the client sends
 //! its parameters as one text line, both run the QP handshake of `softrdma::handshake`, then
 //! each message size is one `SIZE` / `READY` / `DONE` exchange around the measured run, and
-//! `--baseline` adds raw-socket measurements on the same two addresses (see
+//! `--baseline` adds raw-socket measurements on the same two addresses (UDP, UDP with
+//! GSO/GRO, TCP; see
 //! [`crate::baseline`]). `--loopback` runs both sides in this process (server on
 //! 127.0.0.2, client on 127.0.0.1).
 //!
@@ -198,8 +199,8 @@ pub struct PerfArgs {
     /// Atomic operation of the atomic tests.
     #[arg(short = 'A', long = "atomic_type", value_enum, default_value_t = AtomicType::FETCH_AND_ADD)]
     pub atomic_type: AtomicType,
-    /// Also measure raw sockets on the same path (UDP ping-pong; UDP and TCP streams) and
-    /// print them and the ratio under the table.
+    /// Also measure raw sockets on the same path (UDP ping-pong; UDP, UDP GSO/GRO and TCP
+    /// streams) and print them and the ratio under the table.
     #[arg(long)]
     pub baseline: bool,
     /// Run server and client in this process on loopback (127.0.0.2 and 127.0.0.1). Each
@@ -784,6 +785,11 @@ pub struct BaselineRow {
     pub udp_lat: Option<LatStats>,
     /// Bandwidth tests: UDP stream, bytes per second received.
     pub udp_bw: Option<f64>,
+    /// Bandwidth tests: the UDP stream sent with `UDP_SEGMENT` and received with `UDP_GRO`,
+    /// bytes per second received (`None`: the path does not offload).
+    pub udp_gso_bw: Option<f64>,
+    /// Bandwidth tests: the same stream's datagrams (GRO segments) per second received.
+    pub udp_gso_dgrams: Option<f64>,
     /// Bandwidth tests: TCP stream, bytes per second received.
     pub tcp_bw: Option<f64>,
     /// Bandwidth tests: memcpy of message-size buffers in the client process, bytes per
@@ -1032,6 +1038,8 @@ fn baseline_row(
         dgram,
         udp_lat: None,
         udp_bw: None,
+        udp_gso_bw: None,
+        udp_gso_dgrams: None,
         tcp_bw: None,
         memcpy_bw: None,
         memcpy_dram_bw: None,
@@ -1051,6 +1059,11 @@ fn baseline_row(
             .map_or(Duration::from_millis(500), |r| r.elapsed);
         let dur = rdma.clamp(Duration::from_millis(300), Duration::from_secs(3));
         row.udp_bw = Some(baseline::udp_stream(ctrl, local, server, dgram, dur)?.rate());
+        if let Some(g) = baseline::udp_gso_stream(ctrl, local, server, dgram, dur)? {
+            row.udp_gso_bw = Some(g.rate());
+            let s = g.span.as_secs_f64();
+            row.udp_gso_dgrams = (s > 0.0 && g.datagrams > 0).then(|| g.datagrams as f64 / s);
+        }
         let chunk = (size as usize).clamp(1, 1 << 20);
         row.tcp_bw = Some(baseline::tcp_stream(ctrl, server, chunk, dur)?.rate());
         row.memcpy_bw = Some(memcpy_rate(
@@ -1104,24 +1117,38 @@ fn print_baseline(out: &mut dyn Write, test: Test, s: &Summary, gbits: bool) {
         }
     } else {
         let u = report::bw_unit_label(gbits);
-        let _ = writeln!(out, " UDP stream of datagrams as large as the RoCEv2 ones; TCP stream of message-size writes:");
+        let _ = writeln!(out, " UDP stream of datagrams as large as the RoCEv2 ones; the same sent in trains of up to {} with UDP_SEGMENT", baseline::GSO_MAX_SEGMENTS);
         let _ = writeln!(
             out,
-            " #bytes     datagram[B]  UDP stream[{u}]  TCP stream[{u}]  softrdma/UDP  softrdma/TCP"
+            " and received with UDP_GRO (UDP GSO); TCP stream of message-size writes:"
+        );
+        let _ = writeln!(
+            out,
+            " #bytes     datagram[B]  UDP stream[{u}]  UDP GSO[{u}]  TCP stream[{u}]  softrdma/UDP  softrdma/UDP-GSO  softrdma/TCP"
         );
         for b in &s.baseline {
             let Some(r) = s.bw.iter().find(|r| r.size == b.size) else {
                 continue;
             };
             let (ub, tb) = (b.udp_bw.unwrap_or(0.0), b.tcp_bw.unwrap_or(0.0));
+            // n/a: the path does not offload (see `baseline::udp_gso_stream`).
+            let (gso, gso_ratio) = match b.udp_gso_bw {
+                Some(g) => (
+                    format!("{:.2}", report::bw_units(g, gbits)),
+                    ratio(r.avg_bytes_per_sec(), g),
+                ),
+                None => ("n/a".to_string(), "-".to_string()),
+            };
             let _ = writeln!(
                 out,
-                " {:<10} {:<12} {:<18.2} {:<18.2} {:<13} {}",
+                " {:<10} {:<12} {:<19.2} {:<16} {:<19.2} {:<13} {:<17} {}",
                 b.size,
                 b.dgram,
                 report::bw_units(ub, gbits),
+                gso,
                 report::bw_units(tb, gbits),
                 ratio(r.avg_bytes_per_sec(), ub),
+                gso_ratio,
                 ratio(r.avg_bytes_per_sec(), tb)
             );
         }
@@ -1140,17 +1167,23 @@ fn print_baseline(out: &mut dyn Write, test: Test, s: &Summary, gbits: bool) {
             );
             let _ = writeln!(
                 out,
-                " #bytes     softrdma[Mmsg/s]  UDP stream[Mdgram/s]  softrdma/UDP"
+                " #bytes     softrdma[Mmsg/s]  UDP stream[Mdgram/s]  softrdma/UDP  UDP GSO[Mdgram/s]  softrdma/UDP-GSO"
             );
             for (b, r, ub) in one_packet {
                 let dgrams = ub / b.dgram.max(1) as f64 / 1e6;
+                let (gso, gso_ratio) = match b.udp_gso_dgrams {
+                    Some(g) => (format!("{:.3}", g / 1e6), ratio(r.mpps(), g / 1e6)),
+                    None => ("n/a".to_string(), "-".to_string()),
+                };
                 let _ = writeln!(
                     out,
-                    " {:<10} {:<17.3} {:<21.3} {}",
+                    " {:<10} {:<17.3} {:<21.3} {:<13} {:<18} {}",
                     b.size,
                     r.mpps(),
                     dgrams,
-                    ratio(r.mpps(), dgrams)
+                    ratio(r.mpps(), dgrams),
+                    gso,
+                    gso_ratio
                 );
             }
         }
