@@ -288,6 +288,7 @@ pub fn run(args: &DemoArgs, out: &mut dyn Write) -> Result<()> {
             all: false,
             iters: Some(iters),
             tx_depth: None,
+            qps: 1,
             duration: None,
             port: 0,
             report_gbits: false,

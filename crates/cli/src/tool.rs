@@ -357,6 +357,38 @@ impl Ctrl {
         Ok(remote)
     }
 
+    /// [`Ctrl::connect_qp`] for several QPs: the peer has as many, and QP `i` here connects
+    /// to its QP `i`. The endpoints go in batches, both sides writing one before reading the
+    /// peer's, so that thousands take a few round trips and no side blocks on a full socket.
+    /// One sync at the end, as for one QP (whose exchange this is, byte for byte).
+    pub fn connect_qps(
+        &mut self,
+        qps: &[Qp],
+        mr: Option<RemoteMr>,
+        opts: &ConnectOptions,
+    ) -> Result<Vec<Endpoint>> {
+        /// Endpoints per batch: 256 of at most 54 bytes stay far below any socket buffer.
+        const BATCH: usize = 256;
+        let mut s = Duplex(&mut self.r, &mut self.w);
+        let mut remotes = Vec::with_capacity(qps.len());
+        for chunk in qps.chunks(BATCH) {
+            let mut msg = Vec::with_capacity(chunk.len() * 64);
+            for qp in chunk {
+                msg.extend_from_slice(&softrdma::handshake::encode(&qp.endpoint(mr)?));
+            }
+            s.write_all(&msg)
+                .and_then(|()| s.flush())
+                .map_err(softrdma::HandshakeError::Io)?;
+            for qp in chunk {
+                let remote = softrdma::handshake::read_endpoint(&mut s)?;
+                qp.connect_with(&remote, opts)?;
+                remotes.push(remote);
+            }
+        }
+        softrdma::handshake::sync(&mut s)?;
+        Ok(remotes)
+    }
+
     /// Set (or clear) a read timeout.
     pub fn set_read_timeout(&self, t: Option<Duration>) -> Result<()> {
         self.w

@@ -173,6 +173,84 @@ fn write_bw_between_two_processes_prints_the_perftest_table() {
 }
 
 #[test]
+fn write_bw_over_four_qps_spreads_the_messages_and_reports_them_all() {
+    let server = Proc::spawn(
+        "write_bw -q 4 server",
+        softrdma(&[
+            "write_bw",
+            "-p",
+            "27140",
+            "-B",
+            "127.0.3.20",
+            "--udp-port",
+            "28140",
+        ]),
+    );
+    let out = Proc::spawn(
+        "write_bw -q 4 client",
+        softrdma(&[
+            "write_bw",
+            "127.0.3.20",
+            "-p",
+            "27140",
+            "-B",
+            "127.0.3.21",
+            "--udp-port",
+            "28140",
+            "-q",
+            "4",
+            "-s",
+            "16384",
+            // Not a multiple of 4: one QP carries a message more than the others.
+            "-n",
+            "201",
+        ]),
+    )
+    .success(LIMIT);
+    let server_out = server.success(LIMIT);
+    for o in [&out, &server_out] {
+        assert!(o.contains(" Number of qps   : 4\t"), "{o}");
+        // Each side's QPs, each connected to one of the other side's.
+        assert_eq!(o.matches(" local address: ").count(), 4, "{o}");
+        assert_eq!(o.matches(" remote address: ").count(), 4, "{o}");
+        assert!(o.contains(" CPU per message : "), "{o}");
+    }
+    let row = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("16384 "))
+        .unwrap_or_else(|| panic!("no 16384-byte row:\n{out}"));
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cols[1], "201", "iterations column (all QPs): {row}");
+    assert!(cols[3].parse::<f64>().unwrap() > 0.0, "average BW: {row}");
+    assert!(cols[4].parse::<f64>().unwrap() > 0.0, "message rate: {row}");
+    let cpu = out
+        .lines()
+        .find_map(|l| l.strip_prefix(" CPU per message : "))
+        .unwrap_or_else(|| panic!("no CPU line:\n{out}"));
+    assert!(cpu.contains("for 201 messages"), "{cpu}");
+}
+
+#[test]
+fn zero_qps_is_refused_before_anything_starts() {
+    let out = run(&["write_bw", "--loopback", "-p", "0", "-q", "0"], LIMIT);
+    assert!(!out.status.success(), "-q 0 must fail");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("invalid value '0' for '--qp <N>'") && err.contains("1..=16384"),
+        "{err}"
+    );
+    // Latency tests run one QP, as perftest's do.
+    let out = run(&["write_lat", "--loopback", "-p", "0", "-q", "2"], LIMIT);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "-q 2 on a latency test must fail"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("-q is for bandwidth tests"), "{err}");
+}
+
+#[test]
 fn every_benchmark_runs_in_loopback_mode() {
     for (i, test) in [
         "write_bw",

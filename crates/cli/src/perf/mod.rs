@@ -175,6 +175,12 @@ pub struct PerfArgs {
     #[arg(short = 't', long = "tx-depth", alias = "tx_depth",
           value_parser = clap::value_parser!(u32).range(1..=8192))]
     pub tx_depth: Option<u32>,
+    /// Connected RC QPs between the two sides (bandwidth tests; perftest's -q): the messages
+    /// go round-robin over them, each QP keeps its share of the -t work requests outstanding
+    /// (at least one), and all complete on one CQ. -n counts messages over all QPs.
+    #[arg(short = 'q', long = "qp", value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_QPS)))]
+    pub qps: u32,
     /// Run each size for this many seconds instead of a number of iterations (bandwidth).
     #[arg(short = 'D', long, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub duration: Option<u64>,
@@ -260,7 +266,13 @@ struct Params {
     tx_depth: u32,
     mtu: u32,
     cas: bool,
+    /// Connected QPs (`-q`).
+    qps: u32,
 }
+
+/// Most QPs `-q` asks for (perftest's limit); the device's `max_qp` and `max_cqe` may allow
+/// fewer, which [`Side::new`] reports.
+pub const MAX_QPS: u32 = 16384;
 
 /// Largest message (perftest's -a limit) and so the largest region each side registers.
 const MAX_SIZE: u64 = 1 << 23;
@@ -295,6 +307,17 @@ impl Params {
                 "-D is for bandwidth tests; latency tests run -n iterations".into(),
             ));
         }
+        if !(1..=MAX_QPS).contains(&a.qps) {
+            return Err(ToolError::Usage(format!(
+                "-q {}: the number of QPs must be 1..={MAX_QPS}",
+                a.qps
+            )));
+        }
+        if test.is_lat() && a.qps > 1 {
+            return Err(ToolError::Usage(
+                "-q is for bandwidth tests; latency tests run one QP".into(),
+            ));
+        }
         Ok(Params {
             test,
             sizes,
@@ -303,20 +326,22 @@ impl Params {
             tx_depth: a.tx_depth.unwrap_or(if test.is_lat() { 1 } else { 128 }),
             mtu: a.mtu,
             cas: a.atomic_type == AtomicType::CMP_AND_SWAP,
+            qps: a.qps,
         })
     }
 
     fn to_line(&self) -> String {
         let sizes: Vec<String> = self.sizes.iter().map(u64::to_string).collect();
         format!(
-            "PARAMS test={} sizes={} iters={} duration_ms={} tx_depth={} mtu={} cas={}",
+            "PARAMS test={} sizes={} iters={} duration_ms={} tx_depth={} mtu={} cas={} qps={}",
             self.test.name(),
             sizes.join(","),
             self.iters,
             self.duration_ms,
             self.tx_depth,
             self.mtu,
-            u8::from(self.cas)
+            u8::from(self.cas),
+            self.qps
         )
     }
 
@@ -335,6 +360,8 @@ impl Params {
             tx_depth: 0,
             mtu: 0,
             cas: false,
+            // A client that predates -q runs one.
+            qps: 1,
         };
         let mut seen_test = false;
         for kv in it {
@@ -353,6 +380,7 @@ impl Params {
                 "tx_depth" => p.tx_depth = u32::try_from(num(v)?).map_err(|_| bad(k))?,
                 "mtu" => p.mtu = u32::try_from(num(v)?).map_err(|_| bad(k))?,
                 "cas" => p.cas = num(v)? != 0,
+                "qps" => p.qps = u32::try_from(num(v)?).map_err(|_| bad(k))?,
                 // Later clients may send more; ignore what we do not know.
                 _ => {}
             }
@@ -365,6 +393,8 @@ impl Params {
             || !(1..=1_000_000_000).contains(&p.iters)
             || p.duration_ms > 3_600_000
             || !(1..=8192).contains(&p.tx_depth)
+            || !(1..=MAX_QPS).contains(&p.qps)
+            || (p.test.is_lat() && p.qps != 1)
             || parse_mtu(p.mtu).is_err()
         {
             return Err(bad("values out of range"));
@@ -375,21 +405,42 @@ impl Params {
     fn max_size(&self) -> u64 {
         self.sizes.iter().copied().max().unwrap_or(8).max(8)
     }
+
+    /// Work requests one QP may have outstanding: its share of `-t`, at least one. (perftest
+    /// gives every QP the whole `-t`; here `-t` is what is outstanding in all, so that every
+    /// `-q` puts the same load on the path and 10 000 QPs do not flood it.)
+    fn depth_per_qp(&self) -> u32 {
+        self.tx_depth.div_ceil(self.qps).max(1)
+    }
+
+    /// Receives each QP keeps posted on the side that receives SENDs: its share of
+    /// [`RX_DEPTH`], raised to twice what the sender keeps outstanding on it when the share
+    /// is smaller, never above `RX_DEPTH` (as with one QP, a deeper sender may meet RNR NAKs).
+    fn recvs_per_qp(&self) -> u32 {
+        (RX_DEPTH / self.qps)
+            .max(2 * self.depth_per_qp())
+            .min(RX_DEPTH)
+    }
 }
 
 /// Everything one side of a benchmark holds.
 struct Side {
     dev: Device,
     _pd: Pd,
+    /// The send CQ, shared by every QP, as perftest shares one.
     scq: Cq,
+    /// The receive CQ, shared likewise.
     rcq: Cq,
-    qp: Qp,
+    /// The connected QPs (`-q`); latency tests have one.
+    qps: Vec<Qp>,
     /// `[0, max)`: what this side sends / where READ results land; `[max, 2 max)`: where the
     /// peer's ping-pong writes land.
     mr: MemoryRegion<Buffer>,
     max: u64,
-    /// Receives currently posted.
-    recvs_posted: u32,
+    /// Receives currently posted, per QP.
+    recvs_posted: Vec<u32>,
+    /// Receives each QP keeps posted.
+    recvs_per_qp: u32,
     mode: PollMode,
 }
 
@@ -420,14 +471,35 @@ impl Side {
         let mode = PollMode::from_flags(a.events, a.busy);
         let dev = open_perf_device(ip, a, mode)?;
         let pd = dev.alloc_pd()?;
-        let send_depth = p.tx_depth.max(128) + 1;
-        let scq = dev.create_cq(send_depth + 64)?;
-        let rcq = dev.create_cq(RX_DEPTH + 64)?;
-        let qp = pd
-            .qp_builder(&scq, &rcq)
-            .max_send_wr(send_depth)
-            .max_recv_wr(RX_DEPTH)
-            .build()?;
+        let n = p.qps;
+        // One QP keeps the room it always had: latency loops leave up to LAT_SIGNAL_EVERY
+        // sends unsignaled. Several keep their share of -t, and a signaled one more.
+        let send_depth = if n == 1 {
+            p.tx_depth.max(128) + 1
+        } else {
+            p.depth_per_qp() + 1
+        };
+        let recv_depth = p.recvs_per_qp();
+        // Every QP's signaled sends (and posted receives) may complete before one poll.
+        let scq_depth = u64::from(n) * u64::from(send_depth) + 64;
+        let rcq_depth = u64::from(n) * u64::from(recv_depth) + 64;
+        check_limits(
+            &dev,
+            n,
+            send_depth.max(recv_depth),
+            scq_depth.max(rcq_depth),
+        )?;
+        let scq = dev.create_cq(scq_depth as u32)?;
+        let rcq = dev.create_cq(rcq_depth as u32)?;
+        let mut qps = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            qps.push(
+                pd.qp_builder(&scq, &rcq)
+                    .max_send_wr(send_depth)
+                    .max_recv_wr(recv_depth)
+                    .build()?,
+            );
+        }
         let max = p.max_size();
         let mr = pd.register(Buffer::zeroed((2 * max) as usize), all_access())?;
         let mut side = Side {
@@ -435,10 +507,11 @@ impl Side {
             _pd: pd,
             scq,
             rcq,
-            qp,
+            qps,
             mr,
             max,
-            recvs_posted: 0,
+            recvs_posted: vec![0; n as usize],
+            recvs_per_qp: recv_depth,
             mode,
         };
         if p.test.is_send() {
@@ -454,11 +527,26 @@ impl Side {
         Ok(o)
     }
 
-    /// Keep [`RX_DEPTH`] receives posted, each able to take the largest message.
+    /// The first QP: the one of latency tests, and the one whose addresses the header shows.
+    fn qp(&self) -> &Qp {
+        // `Side::new` creates at least one (-q is 1 or more).
+        &self.qps[0]
+    }
+
+    /// Keep `recvs_per_qp` receives posted on every QP.
     fn fill_recvs(&mut self) -> Result<()> {
-        while self.recvs_posted < RX_DEPTH {
-            self.qp.recv(0, &[self.mr.sge(0..self.max as usize)?])?;
-            self.recvs_posted += 1;
+        for k in 0..self.qps.len() {
+            self.fill_recvs_of(k)?;
+        }
+        Ok(())
+    }
+
+    /// Keep `recvs_per_qp` receives posted on QP `k`, each able to take the largest message;
+    /// a receive's `wr_id` is its QP's index.
+    fn fill_recvs_of(&mut self, k: usize) -> Result<()> {
+        while self.recvs_posted[k] < self.recvs_per_qp {
+            self.qps[k].recv(k as u64, &[self.mr.sge(0..self.max as usize)?])?;
+            self.recvs_posted[k] += 1;
         }
         Ok(())
     }
@@ -493,11 +581,18 @@ impl Side {
         wait_cq(cq, max, self.mode, STALL)
     }
 
-    /// Take receive completions from the receive CQ (without waiting) and repost.
+    /// Take receive completions from the receive CQ (without waiting) and repost on the
+    /// QPs they came from.
     fn reap_recvs(&mut self) -> Result<u64> {
         let v = check_all(self.rcq.poll(64)?)?;
-        self.recvs_posted -= v.len() as u32;
-        self.fill_recvs()?;
+        for wc in &v {
+            let k = usize::try_from(wc.wr_id)
+                .ok()
+                .filter(|&k| k < self.qps.len())
+                .ok_or_else(|| ToolError::Verify(format!("a receive with wr_id {}", wc.wr_id)))?;
+            self.recvs_posted[k] = self.recvs_posted[k].saturating_sub(1);
+            self.fill_recvs_of(k)?;
+        }
         Ok(v.len() as u64)
     }
 
@@ -557,6 +652,32 @@ impl Side {
     }
 }
 
+/// Say clearly when `n` QPs with queues of `wr` entries and CQs of `cqe` entries are more than
+/// the device offers, rather than fail on the first QP or CQ past its limit.
+fn check_limits(dev: &Device, n: u32, wr: u32, cqe: u64) -> Result<()> {
+    let a = dev.query_device();
+    if n > a.max_qp {
+        return Err(ToolError::Unsupported(format!(
+            "-q {n}: the device offers at most {} QPs (max_qp)",
+            a.max_qp
+        )));
+    }
+    if wr > a.max_qp_wr {
+        return Err(ToolError::Unsupported(format!(
+            "a queue of {wr} work requests is more than the device's max_qp_wr {}: lower -t",
+            a.max_qp_wr
+        )));
+    }
+    if cqe > u64::from(a.max_cqe) {
+        return Err(ToolError::Unsupported(format!(
+            "-q {n} needs a CQ of {cqe} entries (each QP's outstanding work requests), more \
+             than the device's max_cqe {}: lower -q or -t",
+            a.max_cqe
+        )));
+    }
+    Ok(())
+}
+
 /// Fail on the first completion that is not a success.
 fn check_all(v: Vec<WorkCompletion>) -> Result<Vec<WorkCompletion>> {
     for wc in &v {
@@ -611,13 +732,51 @@ fn work_request(
     Ok(wr)
 }
 
-/// The client's side of one bandwidth run.
+/// Where one QP of a bandwidth run stands.
+#[derive(Debug, Clone, Copy, Default)]
+struct QpRun {
+    /// Messages posted.
+    posted: u64,
+    /// Messages completed (a signaled completion completes every earlier WR of its QP).
+    done: u64,
+    /// Messages this QP posts in all (`u64::MAX` until a timed run's deadline).
+    target: u64,
+}
+
+/// A bandwidth WR's `wr_id`: the QP's index above [`WR_SEQ_BITS`], the QP's own message
+/// number below.
+const WR_SEQ_BITS: u32 = 40;
+
+/// The client's side of one bandwidth run: `p.iters` messages (or `p.duration_ms`), message
+/// i on QP i mod n, at most `-t` outstanding in all and each QP's share of it on one QP.
+///
+/// With more QPs than `-t`, only `-t` of them have a message outstanding at any time: the
+/// load is the same for every `-q`, so the cost per message shows what the QPs cost.
 fn bw_client(side: &Side, p: &Params, size: u64, remote: &RemoteMr) -> Result<BwResult> {
-    let tx = u64::from(p.tx_depth);
-    let cq_mod = (tx / 4).clamp(1, 100);
+    let n = side.qps.len();
+    let window = u64::from(p.tx_depth);
+    let depth = u64::from(p.depth_per_qp());
+    // Each QP signals one WR in cq_mod of its own. Its unsignaled tail (< cq_mod) waits for
+    // its next signaled WR; the tails of all QPs together stay below the window, so a full
+    // window always holds a signaled WR.
+    let cq_mod = (depth / 4).clamp(1, 100);
     let timed = p.duration_ms > 0;
-    let mut target = if timed { u64::MAX } else { p.iters };
+    let mut qps: Vec<QpRun> = (0..n as u64)
+        .map(|k| QpRun {
+            // Round-robin: QP k gets iters / n messages, one more if k < iters mod n.
+            target: if timed {
+                u64::MAX
+            } else {
+                p.iters / n as u64 + u64::from(k < p.iters % n as u64)
+            },
+            ..QpRun::default()
+        })
+        .collect();
+    let mut total = if timed { u64::MAX } else { p.iters };
     let (mut posted, mut done) = (0u64, 0u64);
+    let mut next = 0usize;
+    // After a timed run's deadline: QPs whose last WR was unsignaled, owed one signaled WR.
+    let mut owed: Vec<usize> = Vec::new();
     let mut marks = Vec::new();
     let show = timed || size * p.iters >= 1 << 30;
     let pb = progress_bar(
@@ -625,24 +784,89 @@ fn bw_client(side: &Side, p: &Params, size: u64, remote: &RemoteMr) -> Result<Bw
         &format!("{size} B"),
         show,
     );
+    let post = |k: usize, q: &mut QpRun| -> Result<()> {
+        q.posted += 1;
+        let signaled = q.posted.is_multiple_of(cq_mod) || q.posted == q.target;
+        side.qps[k].post_send(work_request(
+            p.test,
+            p.cas,
+            side,
+            size,
+            remote,
+            ((k as u64) << WR_SEQ_BITS) | q.posted,
+            signaled,
+        )?)?;
+        Ok(())
+    };
     let start = Instant::now();
     let deadline = start + Duration::from_millis(p.duration_ms);
     loop {
-        while posted < target && posted - done < tx {
-            if timed && target == u64::MAX && Instant::now() >= deadline {
-                target = posted + 1;
+        if total == u64::MAX {
+            // Strictly round-robin: the next message waits for its QP to have room.
+            while posted - done < window {
+                let q = &mut qps[next];
+                if q.posted - q.done >= depth {
+                    break;
+                }
+                post(next, q)?;
+                posted += 1;
+                next = (next + 1) % n;
             }
-            posted += 1;
-            let signaled = posted.is_multiple_of(cq_mod) || posted == target;
-            side.qp.post_send(work_request(
-                p.test, p.cas, side, size, remote, posted, signaled,
-            )?)?;
+            if Instant::now() >= deadline {
+                // Stop: each QP ends on a signaled WR, so that its every message is seen
+                // to complete.
+                total = 0;
+                for (k, q) in qps.iter_mut().enumerate() {
+                    q.target = q.posted;
+                    if !q.posted.is_multiple_of(cq_mod) {
+                        q.target += 1;
+                        owed.push(k);
+                    }
+                    total += q.target;
+                }
+            }
+        } else if timed {
+            let mut err = None;
+            owed.retain(|&k| {
+                let q = &mut qps[k];
+                if q.posted - q.done >= depth || err.is_some() {
+                    return true;
+                }
+                match post(k, q) {
+                    Ok(()) => false,
+                    Err(e) => {
+                        err = Some(e);
+                        true
+                    }
+                }
+            });
+            if let Some(e) = err {
+                return Err(e);
+            }
+        } else {
+            while posted < total && posted - done < window {
+                let q = &mut qps[next];
+                if q.posted - q.done >= depth {
+                    break;
+                }
+                post(next, q)?;
+                posted += 1;
+                next = (next + 1) % n;
+            }
         }
-        if done >= target {
+        if done >= total && owed.is_empty() {
             break;
         }
         for wc in side.wait(&side.scq, 64)? {
-            done = done.max(wc.wr_id);
+            let k = (wc.wr_id >> WR_SEQ_BITS) as usize;
+            let seq = wc.wr_id & ((1 << WR_SEQ_BITS) - 1);
+            let q = qps.get_mut(k).ok_or_else(|| {
+                ToolError::Verify(format!("a completion with wr_id {:#x}", wc.wr_id))
+            })?;
+            if seq > q.done {
+                done += seq - q.done;
+                q.done = seq;
+            }
         }
         let t = start.elapsed();
         marks.push((t, done));
@@ -658,7 +882,7 @@ fn bw_client(side: &Side, p: &Params, size: u64, remote: &RemoteMr) -> Result<Bw
         size,
         iters: done,
         elapsed,
-        peak_bytes_per_sec: report::peak_rate(size, &marks, elapsed, done),
+        peak_bytes_per_sec: report::peak_rate(size, &marks, elapsed, done, window),
     })
 }
 
@@ -677,7 +901,7 @@ fn lat_client(side: &mut Side, p: &Params, size: u64, remote: &RemoteMr) -> Resu
         match p.test {
             Test::WriteLat => {
                 side.mr.write(last, &[tag])?;
-                side.qp.post_send(work_request(
+                side.qp().post_send(work_request(
                     p.test,
                     p.cas,
                     side,
@@ -689,7 +913,7 @@ fn lat_client(side: &mut Side, p: &Params, size: u64, remote: &RemoteMr) -> Resu
                 side.wait_byte(max + last, tag)?;
             }
             Test::SendLat => {
-                side.qp.post_send(work_request(
+                side.qp().post_send(work_request(
                     p.test, p.cas, side, size, remote, i, signaled,
                 )?)?;
                 // Replace the receive the last answer took while this send is on its way
@@ -697,10 +921,10 @@ fn lat_client(side: &mut Side, p: &Params, size: u64, remote: &RemoteMr) -> Resu
                 side.fill_recvs()?;
                 let rcq = side.rcq.clone();
                 side.wait(&rcq, 1)?;
-                side.recvs_posted -= 1;
+                side.recvs_posted[0] -= 1;
             }
             _ => {
-                side.qp
+                side.qp()
                     .post_send(work_request(p.test, p.cas, side, size, remote, i, true)?)?;
                 side.wait(&side.scq, 1)?;
             }
@@ -732,7 +956,7 @@ fn lat_server(side: &mut Side, p: &Params, size: u64, remote: &RemoteMr) -> Resu
             Test::WriteLat => {
                 side.wait_byte(max + last, tag)?;
                 side.mr.write(last, &[tag])?;
-                side.qp.post_send(work_request(
+                side.qp().post_send(work_request(
                     p.test,
                     p.cas,
                     side,
@@ -747,10 +971,10 @@ fn lat_server(side: &mut Side, p: &Params, size: u64, remote: &RemoteMr) -> Resu
                 side.wait(&rcq, 1)?;
                 // Answer first: reposting the receive is off the latency path (hundreds
                 // more are posted).
-                side.qp.post_send(work_request(
+                side.qp().post_send(work_request(
                     p.test, p.cas, side, size, remote, i, signaled,
                 )?)?;
-                side.recvs_posted -= 1;
+                side.recvs_posted[0] -= 1;
                 side.fill_recvs()?;
             }
             _ => return Ok(()),
@@ -771,6 +995,8 @@ pub struct Summary {
     pub lat: Vec<LatStats>,
     /// Baseline rows, one per size, when `--baseline` was given.
     pub baseline: Vec<BaselineRow>,
+    /// Bandwidth tests: the CPU time the measured runs took.
+    pub cpu: Option<CpuUse>,
 }
 
 /// The raw-socket figures for one size.
@@ -911,7 +1137,7 @@ fn header(
     out: &mut dyn Write,
     p: &Params,
     side: &Side,
-    remote: &softrdma::Endpoint,
+    remotes: &[softrdma::Endpoint],
     args: &PerfArgs,
 ) -> Result<()> {
     let (test, dev, gbits) = (p.test, &side.dev, args.report_gbits);
@@ -920,7 +1146,6 @@ fn header(
         .busy_poll
         .or(args.embedded_busy_poll)
         .filter(|_| dev.try_runtime().is_some());
-    let local = &side.qp.endpoint(None)?;
     let _ = writeln!(out, "{RULE}");
     let _ = writeln!(out, "                    {}", test.title(p.cas));
     let _ = writeln!(
@@ -934,9 +1159,16 @@ fn header(
         " Backend         : {}",
         crate::tool::backend_description(dev)
     );
-    let _ = writeln!(out, " Number of qps   : 1\t\tTransport type : IB");
+    let _ = writeln!(out, " Number of qps   : {}\t\tTransport type : IB", p.qps);
     let _ = writeln!(out, " Connection type : RC\t\tUsing SRQ      : OFF");
-    if !test.is_lat() {
+    if !test.is_lat() && p.qps > 1 {
+        let _ = writeln!(
+            out,
+            " TX depth        : {} ({} per QP)",
+            p.tx_depth,
+            p.depth_per_qp()
+        );
+    } else if !test.is_lat() {
         let _ = writeln!(out, " TX depth        : {}", p.tx_depth);
     }
     let _ = writeln!(out, " Mtu             : {}[B]", p.mtu);
@@ -951,8 +1183,16 @@ fn header(
         let _ = writeln!(out, " Duration        : {} [sec]", p.duration_ms / 1000);
     }
     let _ = writeln!(out, "{RULE}");
-    let _ = writeln!(out, "{}", crate::tool::address_line("local", local));
-    let _ = writeln!(out, "{}", crate::tool::address_line("remote", remote));
+    // Every pair, as perftest prints them, up to a screenful.
+    let shown = side.qps.len().min(ADDRESS_LINES);
+    for (qp, remote) in side.qps.iter().zip(remotes).take(shown) {
+        let local = qp.endpoint(None)?;
+        let _ = writeln!(out, "{}", crate::tool::address_line("local", &local));
+        let _ = writeln!(out, "{}", crate::tool::address_line("remote", remote));
+    }
+    if side.qps.len() > shown {
+        let _ = writeln!(out, " ... and {} more pairs of QPs", side.qps.len() - shown);
+    }
     let _ = writeln!(out, "{RULE}");
     if test.is_lat() {
         let _ = writeln!(out, "{}", report::lat_header());
@@ -961,6 +1201,104 @@ fn header(
     }
     let _ = out.flush();
     Ok(())
+}
+
+/// Pairs of QPs whose addresses the header lists.
+const ADDRESS_LINES: usize = 8;
+
+/// CPU time this process and this thread used (user + system, `getrusage`).
+fn cpu_time() -> (Duration, Duration) {
+    use nix::sys::resource::{getrusage, UsageWho};
+    use nix::sys::time::TimeValLike;
+    let of = |who| {
+        getrusage(who).map_or(Duration::ZERO, |u| {
+            let us = u.user_time().num_microseconds() + u.system_time().num_microseconds();
+            Duration::from_micros(u64::try_from(us).unwrap_or(0))
+        })
+    };
+    (of(UsageWho::RUSAGE_SELF), of(UsageWho::RUSAGE_THREAD))
+}
+
+/// CPU time (user + system) process `pid` used, from `/proc/PID/stat` (in clock ticks);
+/// `None` where that cannot be read.
+fn process_cpu_time(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name, in parentheses, may hold spaces: fields count from the last ')'.
+    let mut after = stat.get(stat.rfind(')')? + 1..)?.split_ascii_whitespace();
+    // utime and stime are fields 14 and 15 of proc(5), the 12th and 13th after the name.
+    let utime: u64 = after.nth(11)?.parse().ok()?;
+    let stime: u64 = after.next()?.parse().ok()?;
+    let tick = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok()??;
+    let tick = u64::try_from(tick).ok().filter(|&t| t > 0)?;
+    Some(Duration::from_nanos((utime + stime) * 1_000_000_000 / tick))
+}
+
+/// CPU times at one instant: this process, this thread, and the device's softrdmad.
+#[derive(Debug, Clone, Copy)]
+struct CpuMark {
+    process: Duration,
+    thread: Duration,
+    daemon: Option<Duration>,
+}
+
+/// CPU time spent on a number of messages: the cost per operation, comparable across `-q`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CpuUse {
+    /// Messages the time was spent on.
+    pub messages: u64,
+    /// The whole process (its every thread: the benchmark's, and an embedded device's
+    /// progress thread; with `--loopback` the server side's too).
+    pub process: Duration,
+    /// The thread that posts and polls.
+    pub thread: Duration,
+    /// The device's softrdmad, when it is one (all its clients: on one host, both sides).
+    pub daemon: Option<Duration>,
+}
+
+impl CpuUse {
+    /// Start measuring: call [`CpuUse::stop`] with what this returns.
+    fn start(dev: &Device) -> CpuMark {
+        let (process, thread) = cpu_time();
+        CpuMark {
+            process,
+            thread,
+            daemon: dev.daemon_info().and_then(|(_, pid)| process_cpu_time(pid)),
+        }
+    }
+
+    /// Add the CPU time since `started` and `messages` more messages.
+    fn stop(&mut self, dev: &Device, started: CpuMark, messages: u64) {
+        let now = CpuUse::start(dev);
+        self.process += now.process.saturating_sub(started.process);
+        self.thread += now.thread.saturating_sub(started.thread);
+        if let (Some(a), Some(b)) = (started.daemon, now.daemon) {
+            *self.daemon.get_or_insert(Duration::ZERO) += b.saturating_sub(a);
+        }
+        self.messages += messages;
+    }
+
+    /// The line under a bandwidth table: CPU per message, and where it went.
+    fn line(&self) -> String {
+        let per = |d: Duration| d.as_secs_f64() * 1e6 / self.messages.max(1) as f64;
+        let others = self.process.saturating_sub(self.thread);
+        let mut line = format!(
+            " CPU per message : {:.3} usec (getrusage user+sys of this process: {:.3} s for {} \
+             messages; posting/polling thread {:.3} usec, other threads {:.3} usec)",
+            per(self.process),
+            self.process.as_secs_f64(),
+            self.messages,
+            per(self.thread),
+            per(others)
+        );
+        if let Some(d) = self.daemon {
+            line.push_str(&format!(
+                "; softrdmad {:.3} usec ({:.3} s, all its clients)",
+                per(d),
+                d.as_secs_f64()
+            ));
+        }
+        line
+    }
 }
 
 fn client(test: Test, args: &PerfArgs, host: &str, out: &mut dyn Write) -> Result<Summary> {
@@ -975,19 +1313,21 @@ fn client(test: Test, args: &PerfArgs, host: &str, out: &mut dyn Write) -> Resul
     let server_ip = ctrl.peer_ip()?;
     let mut side = Side::new(&p, local_ip, args)?;
     let local_mr = side.mr.remote(..)?;
-    let remote = ctrl.connect_qp(&side.qp, Some(local_mr), &Side::connect_opts(&p, args)?)?;
-    let rmr = remote
-        .mr
+    let remotes = ctrl.connect_qps(&side.qps, Some(local_mr), &Side::connect_opts(&p, args)?)?;
+    let rmr = remotes
+        .first()
+        .and_then(|r| r.mr)
         .ok_or_else(|| ToolError::Protocol("the server advertised no memory region".into()))?;
     // The path MTU the QP got (the smallest of -m, both ports' active MTUs): what the header
     // shows, as perftest does, and the datagram size of the baseline.
-    let path_mtu = side.qp.query()?.path_mtu.bytes();
+    let path_mtu = side.qp().query()?.path_mtu.bytes();
     let p = Params {
         mtu: u32::try_from(path_mtu).unwrap_or(p.mtu),
         ..p
     };
-    header(out, &p, &side, &remote, args)?;
+    header(out, &p, &side, &remotes, args)?;
     let mut summary = Summary::default();
+    let mut cpu = CpuUse::default();
     for &size in &p.sizes {
         // Clear where the peer's ping-pong writes land, so tags restart cleanly.
         let max = side.max as usize;
@@ -1003,13 +1343,19 @@ fn client(test: Test, args: &PerfArgs, host: &str, out: &mut dyn Write) -> Resul
                 summary.lat.push(s);
             }
         } else {
+            let started = CpuUse::start(&side.dev);
             let r = bw_client(&side, &p, size, &rmr)?;
+            cpu.stop(&side.dev, started, r.iters);
             ctrl.send(&format!("DONE {}", r.iters))?;
             ctrl.expect("DONE")?;
             let _ = writeln!(out, "{}", report::bw_row(&r, args.report_gbits));
             summary.bw.push(r);
         }
         let _ = out.flush();
+    }
+    if !test.is_lat() {
+        let _ = writeln!(out, "{}", cpu.line());
+        summary.cpu = Some(cpu);
     }
     let _ = writeln!(out, "{RULE}");
     if args.baseline {
@@ -1247,11 +1593,19 @@ fn server(test: Test, args: &PerfArgs, listener: &TcpListener, out: &mut dyn Wri
     };
     ctrl.send("OK")?;
     let local_mr = side.mr.remote(..)?;
-    let remote = ctrl.connect_qp(&side.qp, Some(local_mr), &Side::connect_opts(&p, args)?)?;
-    let rmr = remote
-        .mr
+    let remotes = ctrl.connect_qps(&side.qps, Some(local_mr), &Side::connect_opts(&p, args)?)?;
+    let rmr = remotes
+        .first()
+        .and_then(|r| r.mr)
         .ok_or_else(|| ToolError::Protocol("the client advertised no memory region".into()))?;
-    header(out, &p, &side, &remote, args)?;
+    header(out, &p, &side, &remotes, args)?;
+    // The server's own cost per message: the responder's side of the same messages.
+    let mut cpu = CpuUse::default();
+    let done_count = |w: &[String]| -> Result<u64> {
+        w.first()
+            .and_then(|x| x.parse().ok())
+            .ok_or_else(|| ToolError::Protocol("bad DONE".into()))
+    };
     loop {
         let line = ctrl.recv()?;
         let words: Vec<String> = line.split_ascii_whitespace().map(str::to_string).collect();
@@ -1264,6 +1618,7 @@ fn server(test: Test, args: &PerfArgs, listener: &TcpListener, out: &mut dyn Wri
                     .ok_or_else(|| ToolError::Protocol(format!("bad SIZE line {line:?}")))?;
                 let max = side.max as usize;
                 side.mr.write(max, &vec![0u8; size as usize])?;
+                let started = CpuUse::start(&side.dev);
                 ctrl.send("READY")?;
                 match test {
                     Test::WriteLat | Test::SendLat => {
@@ -1276,11 +1631,7 @@ fn server(test: Test, args: &PerfArgs, listener: &TcpListener, out: &mut dyn Wri
                         while got < expected {
                             got += side.reap_recvs()?;
                             if expected == u64::MAX && ctrl.readable()? {
-                                let w = ctrl.expect("DONE")?;
-                                expected = w
-                                    .first()
-                                    .and_then(|x| x.parse().ok())
-                                    .ok_or_else(|| ToolError::Protocol("bad DONE".into()))?;
+                                expected = done_count(&ctrl.expect("DONE")?)?;
                             } else if got < expected {
                                 // Sleep on the receive CQ briefly rather than spin: the
                                 // progress thread needs the core more.
@@ -1292,9 +1643,14 @@ fn server(test: Test, args: &PerfArgs, listener: &TcpListener, out: &mut dyn Wri
                                 side.rcq.clear_notification();
                             }
                         }
+                        cpu.stop(&side.dev, started, expected);
+                    }
+                    _ if test.is_lat() => {
+                        ctrl.expect("DONE")?;
                     }
                     _ => {
-                        ctrl.expect("DONE")?;
+                        let n = done_count(&ctrl.expect("DONE")?)?;
+                        cpu.stop(&side.dev, started, n);
                     }
                 }
                 ctrl.send("DONE")?;
@@ -1303,6 +1659,9 @@ fn server(test: Test, args: &PerfArgs, listener: &TcpListener, out: &mut dyn Wri
             Some("BYE") => break,
             _ => return Err(ToolError::Protocol(format!("unexpected {line:?}"))),
         }
+    }
+    if !test.is_lat() {
+        let _ = writeln!(out, "{}", cpu.line());
     }
     let _ = writeln!(out, "{RULE}");
     Ok(())
@@ -1322,6 +1681,7 @@ mod tests {
             tx_depth: 64,
             mtu: 1024,
             cas: false,
+            qps: 100,
         };
         assert_eq!(Params::from_line(&p.to_line()).unwrap(), p);
         for bad in [
@@ -1333,9 +1693,44 @@ mod tests {
             "PARAMS test=write_bw sizes=2 iters=1 tx_depth=1 mtu=1000",
             "PARAMS test=write_bw sizes=99999999999 iters=1 tx_depth=1 mtu=1024",
             "PARAMS test=write_bw sizes=2 iters=1 tx_depth=1 mtu=1024 junk",
+            "PARAMS test=write_bw sizes=2 iters=1 tx_depth=1 mtu=1024 qps=0",
+            "PARAMS test=write_bw sizes=2 iters=1 tx_depth=1 mtu=1024 qps=16385",
+            "PARAMS test=write_lat sizes=2 iters=1 tx_depth=1 mtu=1024 qps=2",
         ] {
             assert!(Params::from_line(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn cpu_time_of_a_process_reads_from_proc() {
+        // Burn a little CPU so that at least one clock tick is counted.
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_millis(30) {
+            std::hint::black_box(t0.elapsed());
+        }
+        let own = process_cpu_time(std::process::id()).expect("/proc/self/stat");
+        assert!(own > Duration::ZERO);
+        assert_eq!(process_cpu_time(u32::MAX), None);
+    }
+
+    #[test]
+    fn qps_share_the_tx_depth_and_receives() {
+        let p = |tx_depth, qps| Params {
+            test: Test::SendBw,
+            sizes: vec![65536],
+            iters: 1,
+            duration_ms: 0,
+            tx_depth,
+            mtu: 4096,
+            cas: false,
+            qps,
+        };
+        assert_eq!(p(128, 1).depth_per_qp(), 128);
+        assert_eq!(p(128, 1).recvs_per_qp(), RX_DEPTH);
+        assert_eq!(p(128, 3).depth_per_qp(), 43);
+        assert_eq!(p(128, 10000).depth_per_qp(), 1);
+        assert_eq!(p(128, 10000).recvs_per_qp(), 2);
+        assert_eq!(p(8192, 2).recvs_per_qp(), RX_DEPTH);
     }
 
     #[test]

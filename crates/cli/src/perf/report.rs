@@ -79,15 +79,22 @@ pub fn bw_row(r: &BwResult, gbits: bool) -> String {
 }
 
 /// Peak rate over windows of the run: the best bytes/second over any stretch holding at least
-/// a twentieth of the messages (shorter windows would measure one burst, not the link).
+/// a twentieth of the messages and more than `in_flight`, the messages that may be
+/// outstanding at once (shorter windows would measure one burst of completions, not the link).
 /// `marks` are (time since start, messages completed by then), in order.
-pub fn peak_rate(size: u64, marks: &[(Duration, u64)], total: Duration, iters: u64) -> f64 {
+pub fn peak_rate(
+    size: u64,
+    marks: &[(Duration, u64)],
+    total: Duration,
+    iters: u64,
+    in_flight: u64,
+) -> f64 {
     let avg = if total.as_secs_f64() > 0.0 {
         (size * iters) as f64 / total.as_secs_f64()
     } else {
         0.0
     };
-    let min_msgs = (iters / 20).max(1);
+    let min_msgs = (iters / 20).max(in_flight + 1);
     let mut best = avg;
     let mut j = 0;
     let mut pts = Vec::with_capacity(marks.len() + 1);
@@ -224,7 +231,7 @@ mod tests {
             })
             .collect();
         let total = Duration::from_millis(1500);
-        let p = peak_rate(1000, &marks, total, 100);
+        let p = peak_rate(1000, &marks, total, 100, 1);
         assert!((p - 100_000.0).abs() < 1.0, "{p}");
     }
 }
