@@ -296,12 +296,13 @@ const fn mul_mod_p(a: u32, b: u32) -> u32 {
     product
 }
 
-/// Entry i is x^-(8 · step · i) mod P: undoing `step · i` bytes of CRC.
-const fn inv_byte_shifts(step: usize) -> [u32; 256] {
+/// Entry i is x^(8 · step · i) mod P (`step · i` bytes of CRC, zeros fed to the register),
+/// or with `inverse` x^-(8 · step · i) mod P (undoing them).
+const fn byte_shifts(step: usize, inverse: bool) -> [u32; 256] {
     let mut unit = ONE;
     let mut i = 0;
     while i < 8 * step {
-        unit = div_x(unit);
+        unit = if inverse { div_x(unit) } else { times_x(unit) };
         i += 1;
     }
     let mut t = [ONE; 256];
@@ -314,31 +315,14 @@ const fn inv_byte_shifts(step: usize) -> [u32; 256] {
 }
 
 /// x^-(8i) mod P for i below 256.
-const INV_BYTES_LOW: [u32; 256] = inv_byte_shifts(1);
+const INV_BYTES_LOW: [u32; 256] = byte_shifts(1, true);
 /// x^-(8 · 256 · i) mod P for i below 256.
-const INV_BYTES_HIGH: [u32; 256] = inv_byte_shifts(256);
-
-/// Entry i is x^(8 · step · i) mod P: `step · i` bytes of CRC (zeros fed to the register).
-const fn byte_shifts(step: usize) -> [u32; 256] {
-    let mut unit = ONE;
-    let mut i = 0;
-    while i < 8 * step {
-        unit = times_x(unit);
-        i += 1;
-    }
-    let mut t = [ONE; 256];
-    let mut k = 1;
-    while k < t.len() {
-        t[k] = mul_mod_p(t[k - 1], unit);
-        k += 1;
-    }
-    t
-}
+const INV_BYTES_HIGH: [u32; 256] = byte_shifts(256, true);
 
 /// x^(8i) mod P for i below 256.
-const BYTES_LOW: [u32; 256] = byte_shifts(1);
+const BYTES_LOW: [u32; 256] = byte_shifts(1, false);
 /// x^(8 · 256 · i) mod P for i below 256.
-const BYTES_HIGH: [u32; 256] = byte_shifts(256);
+const BYTES_HIGH: [u32; 256] = byte_shifts(256, false);
 
 /// Entry i is `i · x^4 mod P` for i holding only the x^28..x^31 coefficients (a register's
 /// low four bits): four steps of the CRC register at once.

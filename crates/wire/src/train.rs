@@ -152,9 +152,9 @@ mod tests {
     use crate::packet::{emit_packet, IpRepr, TransportRepr};
     use crate::{BthRepr, Datagram, Ipv4Repr, Opcode, RethRepr, Rkey};
 
-    /// The UDP payload of an RC packet of `op` to QP 0x11 with PSN `psn` and `len` payload
-    /// bytes of `fill`.
-    fn payload(op: Opcode, psn: u32, len: usize, fill: u8) -> Vec<u8> {
+    /// A whole IPv4 RC packet of `op` to QP 0x11 with PSN `psn` and `len` payload bytes of
+    /// `fill`, with IPv4 ID 0, and where its UDP payload lies.
+    fn packet(op: Opcode, psn: u32, len: usize, fill: u8) -> (Vec<u8>, Datagram) {
         let ip = IpRepr::V4(Ipv4Repr {
             src: [10, 0, 0, 1].into(),
             dst: [10, 0, 0, 2].into(),
@@ -175,7 +175,14 @@ mod tests {
         let data = vec![fill; len];
         let mut buf = vec![0u8; len + 128];
         let n = emit_packet(&ip, 49152, crate::ROCEV2_UDP_PORT, &t, &data, &mut buf).unwrap();
-        let d = Datagram::parse(&buf[..n]).unwrap();
+        buf.truncate(n);
+        let d = Datagram::parse(&buf).unwrap();
+        (buf, d)
+    }
+
+    /// The UDP payload of [`packet`]'s packet.
+    fn payload(op: Opcode, psn: u32, len: usize, fill: u8) -> Vec<u8> {
+        let (buf, d) = packet(op, psn, len, fill);
         buf[d.payload].to_vec()
     }
 
@@ -259,21 +266,7 @@ mod tests {
             } else {
                 (Opcode::RcRdmaWriteLast, 40)
             };
-            let ip = IpRepr::V4(Ipv4Repr {
-                src: [10, 0, 0, 1].into(),
-                dst: [10, 0, 0, 2].into(),
-                tos: 0,
-                ident: 0,
-                dont_frag: true,
-                ttl: 64,
-                payload_len: 0,
-            });
-            let t = TransportRepr::new(BthRepr::new(op, Qpn::new(0x11), Psn::new(100 + k)));
-            let mut buf = vec![0u8; len + 128];
-            let data = vec![k as u8; len];
-            let end = emit_packet(&ip, 49152, crate::ROCEV2_UDP_PORT, &t, &data, &mut buf).unwrap();
-            buf.truncate(end);
-            let d = Datagram::parse(&buf).unwrap();
+            let (mut buf, d) = packet(op, 100 + k, len, k as u8);
             d.set_ipv4_ident(&mut buf, k as u16).unwrap();
             if k == 0 {
                 train.extend_from_slice(&buf[..d.payload.start]);

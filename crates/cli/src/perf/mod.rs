@@ -801,9 +801,9 @@ fn bw_client(side: &Side, p: &Params, size: u64, remote: &RemoteMr) -> Result<Bw
     let start = Instant::now();
     let deadline = start + Duration::from_millis(p.duration_ms);
     loop {
-        if total == u64::MAX {
+        if total == u64::MAX || !timed {
             // Strictly round-robin: the next message waits for its QP to have room.
-            while posted - done < window {
+            while posted < total && posted - done < window {
                 let q = &mut qps[next];
                 if q.posted - q.done >= depth {
                     break;
@@ -812,6 +812,8 @@ fn bw_client(side: &Side, p: &Params, size: u64, remote: &RemoteMr) -> Result<Bw
                 posted += 1;
                 next = (next + 1) % n;
             }
+        }
+        if total == u64::MAX {
             if Instant::now() >= deadline {
                 // Stop: each QP ends on a signaled WR, so that its every message is seen
                 // to complete.
@@ -842,16 +844,6 @@ fn bw_client(side: &Side, p: &Params, size: u64, remote: &RemoteMr) -> Result<Bw
             });
             if let Some(e) = err {
                 return Err(e);
-            }
-        } else {
-            while posted < total && posted - done < window {
-                let q = &mut qps[next];
-                if q.posted - q.done >= depth {
-                    break;
-                }
-                post(next, q)?;
-                posted += 1;
-                next = (next + 1) % n;
             }
         }
         if done >= total && owed.is_empty() {
