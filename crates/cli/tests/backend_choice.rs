@@ -9,13 +9,10 @@ mod tools;
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
-use daemon::host::{Device, DeviceConfig};
-use daemon::memory::SharedRegions;
-use daemon::server::{self, Daemon, Stats};
-use tools::{decode, decode_counts, scratch, softrdma, Proc};
+use tools::{decode, decode_counts, scratch, serve_daemon, softrdma, Proc};
 
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -45,42 +42,14 @@ fn test_daemon() -> &'static TestDaemon {
 }
 
 fn start_daemon() -> TestDaemon {
-    let regions = SharedRegions::default();
-    // A port found free on one address can be taken on another, or by another test before
-    // the devices bind it: try again with another.
-    for _ in 0..20 {
-        let port = std::net::UdpSocket::bind("127.0.0.1:0")
-            .and_then(|s| s.local_addr())
-            .expect("free udp port")
-            .port();
-        let devices: Result<Vec<Device>, _> = ADDRS
-            .iter()
-            .enumerate()
-            .map(|(i, a)| {
-                let config = DeviceConfig {
-                    name: format!("srxe{i}"),
-                    addrs: vec![a.parse().unwrap()],
-                    port,
-                    remote_port: port,
-                    ..Default::default()
-                };
-                Device::start(config, regions.clone())
-            })
-            .collect();
-        let Ok(devices) = devices else {
-            continue;
-        };
-        let socket = scratch(&format!("backend-choice-{}.sock", std::process::id()));
-        let listener = server::bind_control_socket(&socket).expect("control socket");
-        let daemon = Arc::new(Daemon {
-            devices,
-            regions,
-            stats: Stats::default(),
-        });
-        std::thread::spawn(move || server::serve(daemon, listener));
-        return TestDaemon { socket, port };
-    }
-    panic!("no UDP port free on every address of the test daemon");
+    let devices: Vec<(String, &str)> = ADDRS
+        .iter()
+        .enumerate()
+        .map(|(i, a)| (format!("srxe{i}"), *a))
+        .collect();
+    let socket = scratch(&format!("backend-choice-{}.sock", std::process::id()));
+    let port = serve_daemon(&devices, &socket);
+    TestDaemon { socket, port }
 }
 
 /// The name of the test daemon's device on `addr`.

@@ -1,49 +1,16 @@
 //! `softrdma stat` against a running daemon: the counters it prints are the daemon's own,
 //! and follow what a client did; without a daemon it fails with a clear message.
 
+mod tools;
+
 use std::process::Command;
-use std::sync::Arc;
 
 use abi::client::Client;
-use daemon::host::{Device, DeviceConfig};
-use daemon::memory::SharedRegions;
-use daemon::server::{self, Daemon, Stats};
 
 /// A daemon served from this test process on a temp socket, with one device on 127.0.0.1.
 fn start_daemon(dir: &std::path::Path) -> std::path::PathBuf {
-    let regions = SharedRegions::default();
-    // A port found free can be taken by another test before the device binds it: try again
-    // with another.
-    let mut tries = 0;
-    let dev = loop {
-        let port = std::net::UdpSocket::bind("127.0.0.1:0")
-            .and_then(|s| s.local_addr())
-            .expect("free udp port")
-            .port();
-        let config = DeviceConfig {
-            name: "srxetest0".into(),
-            addrs: vec!["127.0.0.1".parse().unwrap()],
-            port,
-            remote_port: port,
-            ..Default::default()
-        };
-        match Device::start(config, regions.clone()) {
-            Ok(dev) => break dev,
-            Err(e) if tries < 20 => {
-                tries += 1;
-                eprintln!("device up on port {port}: {e}; another port");
-            }
-            Err(e) => panic!("device up: {e:?}"),
-        }
-    };
     let socket = dir.join("softrdmad.sock");
-    let listener = server::bind_control_socket(&socket).expect("control socket");
-    let daemon = Arc::new(Daemon {
-        devices: vec![dev],
-        regions,
-        stats: Stats::default(),
-    });
-    std::thread::spawn(move || server::serve(daemon, listener));
+    tools::serve_daemon(&[("srxetest0".into(), "127.0.0.1")], &socket);
     socket
 }
 

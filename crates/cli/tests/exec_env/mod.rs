@@ -8,15 +8,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use daemon::host::{Device, DeviceConfig};
-use daemon::memory::SharedRegions;
-use daemon::server::{self, Daemon, Stats};
-
 use crate::hosts::Hosts;
-use crate::tools::{bin, scratch, softrdma, Proc};
+use crate::tools::{bin, scratch, serve_daemon, softrdma, Proc};
 
 /// How long a `softrdma exec` that only starts a daemon may take.
 const START_LIMIT: Duration = Duration::from_secs(120);
@@ -28,34 +24,9 @@ pub const DEV: &str = "srxe0";
 pub fn test_daemon() -> &'static (PathBuf, u16) {
     static D: OnceLock<(PathBuf, u16)> = OnceLock::new();
     D.get_or_init(|| {
-        let regions = SharedRegions::default();
-        // A port found free can be taken by another test before the device binds it.
-        for _ in 0..20 {
-            let port = std::net::UdpSocket::bind("127.0.0.1:0")
-                .and_then(|s| s.local_addr())
-                .expect("free udp port")
-                .port();
-            let config = DeviceConfig {
-                name: DEV.into(),
-                addrs: vec!["127.0.0.1".parse().unwrap()],
-                port,
-                remote_port: port,
-                ..Default::default()
-            };
-            let Ok(dev) = Device::start(config, regions.clone()) else {
-                continue;
-            };
-            let socket = scratch(&format!("exec-{}.sock", std::process::id()));
-            let listener = server::bind_control_socket(&socket).expect("control socket");
-            let daemon = Arc::new(Daemon {
-                devices: vec![dev],
-                regions,
-                stats: Stats::default(),
-            });
-            std::thread::spawn(move || server::serve(daemon, listener));
-            return (socket, port);
-        }
-        panic!("no UDP port free for the test daemon");
+        let socket = scratch(&format!("exec-{}.sock", std::process::id()));
+        let port = serve_daemon(&[(DEV.into(), "127.0.0.1")], &socket);
+        (socket, port)
     })
 }
 

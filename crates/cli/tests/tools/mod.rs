@@ -20,6 +20,46 @@ pub fn scratch(name: &str) -> PathBuf {
     dir.join(name)
 }
 
+/// A `softrdmad` served from this test process on control socket `socket`: one device per
+/// `(name, address)`, all on one UDP port found free (found again when another test takes
+/// it before the devices bind it). Returns the port.
+pub fn serve_daemon(devices: &[(String, &str)], socket: &Path) -> u16 {
+    use daemon::host::{Device, DeviceConfig};
+    use daemon::server::{self, Daemon, Stats};
+    let regions = daemon::memory::SharedRegions::default();
+    for _ in 0..20 {
+        let port = std::net::UdpSocket::bind("127.0.0.1:0")
+            .and_then(|s| s.local_addr())
+            .expect("free udp port")
+            .port();
+        let started: Result<Vec<Device>, _> = devices
+            .iter()
+            .map(|(name, addr)| {
+                let config = DeviceConfig {
+                    name: name.clone(),
+                    addrs: vec![addr.parse().expect("an IP address")],
+                    port,
+                    remote_port: port,
+                    ..Default::default()
+                };
+                Device::start(config, regions.clone())
+            })
+            .collect();
+        let Ok(devices) = started else {
+            continue;
+        };
+        let listener = server::bind_control_socket(socket).expect("control socket");
+        let daemon = std::sync::Arc::new(Daemon {
+            devices,
+            regions,
+            stats: Stats::default(),
+        });
+        std::thread::spawn(move || server::serve(daemon, listener));
+        return port;
+    }
+    panic!("no UDP port free on every address of the test daemon");
+}
+
 /// A child process that is killed if the test ends (or panics) before it exits.
 pub struct Proc {
     pub what: String,
