@@ -118,28 +118,12 @@ impl Datagram {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::packet::{emit_packet, RoceV2Packet, TransportRepr};
-    use crate::{BthRepr, Ipv4Repr, Opcode, Psn, Qpn};
+    use crate::packet::RoceV2Packet;
+    use crate::Opcode;
 
+    /// An IPv4 RC SEND ONLY from 10.0.0.1:49152 to 10.0.0.2:4791.
     fn packet() -> Vec<u8> {
-        let ip = IpRepr::V4(Ipv4Repr {
-            src: [10, 0, 0, 1].into(),
-            dst: [10, 0, 0, 2].into(),
-            tos: 0,
-            ident: 0,
-            dont_frag: true,
-            ttl: 64,
-            payload_len: 0,
-        });
-        let t = TransportRepr::new(BthRepr::new(
-            Opcode::RcSendOnly,
-            Qpn::new(0x11),
-            Psn::new(7),
-        ));
-        let mut buf = vec![0u8; 256];
-        let n = emit_packet(&ip, 49152, crate::ROCEV2_UDP_PORT, &t, b"hello", &mut buf).unwrap();
-        buf.truncate(n);
-        buf
+        crate::train::tests::packet(Opcode::RcSendOnly, 7, 5, b'h').0
     }
 
     #[test]

@@ -147,14 +147,14 @@ pub fn ipv4_segment_header(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::packet::{emit_packet, IpRepr, TransportRepr};
     use crate::{BthRepr, Datagram, Ipv4Repr, Opcode, RethRepr, Rkey};
 
     /// A whole IPv4 RC packet of `op` to QP 0x11 with PSN `psn` and `len` payload bytes of
     /// `fill`, with IPv4 ID 0, and where its UDP payload lies.
-    fn packet(op: Opcode, psn: u32, len: usize, fill: u8) -> (Vec<u8>, Datagram) {
+    pub(crate) fn packet(op: Opcode, psn: u32, len: usize, fill: u8) -> (Vec<u8>, Datagram) {
         let ip = IpRepr::V4(Ipv4Repr {
             src: [10, 0, 0, 1].into(),
             dst: [10, 0, 0, 2].into(),
