@@ -75,6 +75,14 @@ pub struct RuntimeConfig {
     /// While it polls, packets and posts reach the engine without a wakeup; on a machine
     /// with few cores it takes a core from the applications.
     pub busy_poll: Duration,
+    /// The longest polling the progress thread learns on its own (0: none, only
+    /// `busy_poll`). When work keeps arriving soon after it goes to sleep (a peer reading or
+    /// doing atomics on this device's memory while the application here does nothing, a
+    /// request stream), every sleep costs a wakeup, several microseconds on a virtual
+    /// machine; the thread then polls that long after activity (doubling from 8 us while
+    /// sleeps stay short, halving when polling finds nothing), and an idle or sparsely used
+    /// device learns nothing and sleeps at once, as with a CPU's halt-polling governor.
+    pub adaptive_poll: Duration,
     /// How long a plain ACK may wait to be coalesced with newer ones
     /// (`engine::EngineConfig::ack_coalesce`). Default zero: an ACK leaves at the pass after
     /// the one that handled its request (after the reply the application posts meanwhile),
@@ -103,6 +111,9 @@ pub struct RuntimeConfig {
     pub cm: CmConfig,
 }
 
+/// The longest polling a progress thread learns by default ([`RuntimeConfig::adaptive_poll`]).
+pub const DEFAULT_ADAPTIVE_POLL: Duration = Duration::from_micros(64);
+
 impl RuntimeConfig {
     /// Every address of the device, GID order.
     pub fn addrs(&self) -> Vec<IpAddr> {
@@ -116,8 +127,8 @@ impl RuntimeConfig {
     }
 
     /// Defaults for a device on `addr`: port 4791 both ways, per-QP source ports, UDP receive
-    /// path, no busy polling (spinning threads starve each other on small machines; raise it
-    /// where cores are spare), MTU 4096.
+    /// path, no fixed busy polling (spinning threads starve each other on small machines; raise
+    /// it where cores are spare) but polling learned up to 64 us, MTU 4096.
     pub fn new(addr: IpAddr) -> RuntimeConfig {
         RuntimeConfig {
             addr,
@@ -129,6 +140,7 @@ impl RuntimeConfig {
             src_port_policy: SrcPortPolicy::PerQp,
             rx_path: RxPath::Udp,
             busy_poll: Duration::ZERO,
+            adaptive_poll: DEFAULT_ADAPTIVE_POLL,
             ack_coalesce: Duration::ZERO,
             rx_batch: 32,
             gso: true,

@@ -57,10 +57,11 @@
 //!
 //! The progress thread loops: `recvmmsg` (non-blocking, a batch at a time) → lock →
 //! `handle_datagram` for each packet, `handle_timeout` when due, `poll_transmit` until empty →
-//! unlock. After the last activity it keeps polling for [`RuntimeConfig::busy_poll`], then
-//! sleeps in `ppoll` on the socket and the doorbell with the engine's next timer as timeout
-//! (at most 50 ms, so that arming a far timer needs no doorbell), so an idle device uses no
-//! CPU.
+//! unlock. After the last activity it keeps polling for [`RuntimeConfig::busy_poll`] (or for
+//! what it learned, [`RuntimeConfig::adaptive_poll`]: polling when packets keep following
+//! its sleeps closely, none when they do not), then sleeps in `ppoll` on the socket and the
+//! doorbell with the engine's next timer as timeout (at most 50 ms, so that arming a far
+//! timer needs no doorbell), so an idle device uses no CPU.
 //!
 //! Application threads that poll drive the device themselves: an empty
 //! [`EngineGuard::poll_cq`], [`Runtime::poll_progress`] (for loops that poll memory) and
@@ -208,7 +209,7 @@ use nix::sys::time::TimeSpec;
 pub use attach::{Attachment, Plain};
 pub use capture::Capture;
 pub use cm::CmError;
-pub use config::{RuntimeConfig, RxPath, SrcPortPolicy};
+pub use config::{RuntimeConfig, RxPath, SrcPortPolicy, DEFAULT_ADAPTIVE_POLL};
 pub use io::IoCounters;
 pub use rdma_cm::{
     CmChannel, CmConfig, CmCounters, CmEvent, CommId, ConnParam, ConnectRequest, Ece,
@@ -656,6 +657,8 @@ struct Shared<A> {
     addrs: Vec<IpAddr>,
     /// How long (ns) the progress thread keeps polling after the last activity.
     busy_poll_ns: AtomicU64,
+    /// The longest polling the progress thread learns ([`RuntimeConfig::adaptive_poll`]).
+    adaptive_poll: Duration,
     /// Times the progress thread went to sleep.
     sleeps: AtomicU64,
 }
@@ -1087,6 +1090,7 @@ impl<A: Attachment> Runtime<A> {
             local,
             addrs: addrs.clone(),
             busy_poll_ns: AtomicU64::new(nanos(config.busy_poll)),
+            adaptive_poll: config.adaptive_poll,
             sleeps: AtomicU64::new(0),
         });
         let s = shared.clone();

@@ -1,7 +1,8 @@
 //! The progress thread: takes posted work, receives, runs timers and sends whenever no
 //! application thread drives the device, keeps looking for [`crate::RuntimeConfig::busy_poll`]
-//! after the last activity, and sleeps in `ppoll` on the sockets and the doorbell until the
-//! engine's next timer.
+//! (or the polling it learned, [`crate::RuntimeConfig::adaptive_poll`]) after the last
+//! activity, and sleeps in `ppoll` on the sockets and the doorbell until the engine's next
+//! timer.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -19,6 +20,9 @@ use crate::{
 /// drives the socket (see `Shared::lease_until` and `Shared::drivers`).
 pub(crate) fn run<A: Attachment>(shared: &Shared<A>) {
     let mut last_active = std::time::Instant::now();
+    let mut learned = Learned::new(shared.adaptive_poll);
+    // How long the last wait slept, if it did (rather than poll).
+    let mut slept = None;
     // The last sleep left the socket to polling threads; when the last lease lapsed with
     // packets waiting.
     let (mut handed_over, mut last_lapse) = (false, None::<u64>);
@@ -35,6 +39,9 @@ pub(crate) fn run<A: Attachment>(shared: &Shared<A>) {
         } else {
             shared.drive_rx()
         };
+        if let Some(d) = slept.take() {
+            learned.after_sleep(d, n > 0);
+        }
         if n > 0 {
             last_active = std::time::Instant::now();
             if handed_over && !drives {
@@ -52,12 +59,54 @@ pub(crate) fn run<A: Attachment>(shared: &Shared<A>) {
             }
         }
         // Keep polling for `busy_poll` after activity, unless an application thread does.
-        let busy_poll = Duration::from_nanos(shared.busy_poll_ns.load(Ordering::Relaxed));
+        let busy_poll =
+            Duration::from_nanos(shared.busy_poll_ns.load(Ordering::Relaxed)).max(learned.window);
         let spin = !drives && last_active.elapsed() < busy_poll;
+        let t0 = std::time::Instant::now();
         let (rung, handed) = wait(shared, spin);
+        if !spin && !drives {
+            slept = Some(t0.elapsed());
+        }
         handed_over = handed;
         if rung {
             last_active = std::time::Instant::now();
+        }
+    }
+}
+
+/// Polling learned from how soon work follows a sleep ([`crate::RuntimeConfig::adaptive_poll`]),
+/// the way a CPU's halt-polling governor learns: a sleep that ends with work sooner than
+/// the longest polling allowed cost a wakeup that polling would have saved, so poll longer
+/// (from [`LEARN_FROM`], doubling); a sleep that ends with nothing to do, or only after
+/// longer than that, says polling would have been wasted, so poll half as long.
+#[derive(Debug)]
+struct Learned {
+    /// Poll this long after activity.
+    window: Duration,
+    /// At most this long (zero: learn nothing).
+    max: Duration,
+}
+
+/// The first polling learned.
+const LEARN_FROM: Duration = Duration::from_micros(8);
+
+impl Learned {
+    fn new(max: Duration) -> Learned {
+        Learned {
+            window: Duration::ZERO,
+            max,
+        }
+    }
+
+    /// A sleep of `slept` ended, with work to do or not.
+    fn after_sleep(&mut self, slept: Duration, work: bool) {
+        if work && slept < self.max {
+            self.window = (self.window * 2).max(LEARN_FROM).min(self.max);
+        } else {
+            self.window /= 2;
+            if self.window < LEARN_FROM {
+                self.window = Duration::ZERO;
+            }
         }
     }
 }
@@ -186,4 +235,45 @@ fn plan_socket<A: Attachment>(shared: &Shared<A>, now: u64, wake: &mut u64) -> b
         *wake = lease;
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const US: Duration = Duration::from_micros(1);
+
+    #[test]
+    fn short_sleeps_teach_polling_and_long_ones_unlearn_it() {
+        let mut l = Learned::new(64 * US);
+        l.after_sleep(20 * US, true);
+        assert_eq!(l.window, LEARN_FROM);
+        for _ in 0..10 {
+            l.after_sleep(20 * US, true);
+        }
+        assert_eq!(l.window, 64 * US, "capped at the maximum");
+        // Work that comes only after longer than polling may last: polling would not have
+        // caught it.
+        l.after_sleep(65 * US, true);
+        assert_eq!(l.window, 32 * US);
+        // A sleep that ended with nothing to do (a timer, a lease).
+        l.after_sleep(US, false);
+        l.after_sleep(US, false);
+        assert_eq!(l.window, 8 * US);
+        l.after_sleep(US, false);
+        assert_eq!(l.window, Duration::ZERO, "below the first step: none");
+    }
+
+    #[test]
+    fn zero_maximum_learns_nothing() {
+        let mut l = Learned::new(Duration::ZERO);
+        for _ in 0..4 {
+            l.after_sleep(US, true);
+        }
+        assert_eq!(l.window, Duration::ZERO);
+        // A maximum below the first step is still the cap.
+        let mut l = Learned::new(3 * US);
+        l.after_sleep(US, true);
+        assert_eq!(l.window, 3 * US);
+    }
 }

@@ -88,11 +88,24 @@ impl DeviceBuilder {
         self
     }
 
-    /// How long the progress thread polls after activity before it sleeps (default 0).
+    /// How long the progress thread polls after activity before it sleeps, fixed: it then
+    /// learns no polling of its own (by default it polls for none, and learns up to 64 us
+    /// when work keeps following its sleeps closely; see `runtime::RuntimeConfig::adaptive_poll`).
     /// Embedded backend only.
     pub fn busy_poll(mut self, d: Duration) -> Self {
         self.config.busy_poll = d;
+        self.config.adaptive_poll = Duration::ZERO;
         self.embedded_only.push("busy_poll");
+        self
+    }
+
+    /// The longest polling the progress thread learns on its own (default 64 us; zero:
+    /// none): while work keeps arriving soon after it sleeps, such as a peer's READs or
+    /// atomics on this device's memory, it polls instead of paying a wakeup for each.
+    /// Embedded backend only.
+    pub fn adaptive_poll(mut self, max: Duration) -> Self {
+        self.config.adaptive_poll = max;
+        self.embedded_only.push("adaptive_poll");
         self
     }
 

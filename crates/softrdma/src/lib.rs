@@ -44,10 +44,10 @@
 //!    [`Error::Config`]);
 //! 3. else what the options given imply. Options only an embedded device has —
 //!    [`DeviceBuilder::remote_port`], `src_port_policy`, `rx_path`, `busy_poll`,
-//!    `rng_seed`, and a capture file in `SOFTRDMA_CAPTURE` — choose embedded: whoever set
-//!    them wants that device, and the daemon would refuse them. Options only a daemon start
-//!    uses — [`DeviceBuilder::daemon_binary`], `daemon_args`, `spawn_daemon(true)` —
-//!    choose the daemon (started if none answers). Both kinds at once are
+//!    `adaptive_poll`, `rng_seed`, and a capture file in `SOFTRDMA_CAPTURE` — choose
+//!    embedded: whoever set them wants that device, and the daemon would refuse them.
+//!    Options only a daemon start uses — [`DeviceBuilder::daemon_binary`], `daemon_args`,
+//!    `spawn_daemon(true)` — choose the daemon (started if none answers). Both kinds at once are
 //!    [`Error::Config`];
 //! 4. else the daemon, if one answers on its control socket and serves the device's
 //!    address (and the [`DeviceBuilder::port`] and [`DeviceBuilder::mtu`] asked for, if
@@ -79,9 +79,9 @@
 //! What the daemon backend does not offer, with the error it gives: the engine's counter set
 //! ([`Device::counters`]: [`Error::Unsupported`]; [`Device::counter_values`] reads the
 //! daemon's device counters by name), the options that configure an embedded engine
-//! ([`DeviceBuilder::remote_port`], `src_port_policy`, `rx_path`, `busy_poll`, `rng_seed`,
-//! and a `port` or `mtu` other than the daemon's: [`Error::Config`]), the raw runtime
-//! ([`Device::try_runtime`] is `None`). A verb the daemon refuses fails as on an embedded
+//! ([`DeviceBuilder::remote_port`], `src_port_policy`, `rx_path`, `busy_poll`,
+//! `adaptive_poll`, `rng_seed`, and a `port` or `mtu` other than the daemon's:
+//! [`Error::Config`]), the raw runtime ([`Device::try_runtime`] is `None`). A verb the daemon refuses fails as on an embedded
 //! device: [`Error::Verbs`] when the daemon's engine refused it with a [`VerbsError`] whose
 //! text names it completely, else [`Error::Daemon`] with the errno libibverbs would give;
 //! [`Error::errno`] is the same on both. Asynchronous events reach only the connection

@@ -205,6 +205,7 @@ fn child_daemon_cannot_give() {
         ("src_port_policy", b().src_port_policy(SrcPortPolicy::Fixed)),
         ("rx_path", b().rx_path(RxPath::Udp)),
         ("busy_poll", b().busy_poll(Default::default())),
+        ("adaptive_poll", b().adaptive_poll(Default::default())),
         ("rng_seed", b().rng_seed(7)),
     ];
     for (what, builder) in cases {

@@ -3,8 +3,10 @@
 #[macro_use]
 mod common;
 
-use common::{pair_v4_on, pair_v6_on, WAIT};
-use softrdma::{Error, WcFlags, WcOpcode, WcStatus};
+use std::time::Duration;
+
+use common::{pair_on, pair_v4_on, pair_v6_on, WAIT};
+use softrdma::{BackendKind, Error, WcFlags, WcOpcode, WcStatus};
 
 on_both_backends! {
 fn rdma_write_places_bytes_in_the_peer_region_without_a_receive(backend: BackendKind) {
@@ -131,4 +133,50 @@ fn a_deregistered_region_cannot_be_reached_any_more(backend: BackendKind) {
         "the returned buffer was not written"
     );
 }
+}
+
+/// A device whose application does nothing while a peer reads its memory again and again
+/// learns to poll: its progress thread stops paying a wakeup for every request. With no
+/// polling learned, it sleeps between any two requests (the requester waits for each
+/// answer before it sends the next, so none can arrive while the responder is still up).
+#[test]
+fn a_responder_read_back_to_back_learns_to_poll_instead_of_sleeping_each_time() {
+    const READS: u64 = 400;
+    // The responder's sleeps during READS back-to-back one-byte READs of its memory.
+    let responder_sleeps = |learn: Duration| -> u64 {
+        let open = |ip: &str, learn| {
+            softrdma::Device::builder(ip.parse().unwrap())
+                .backend(BackendKind::Embedded)
+                .port(0)
+                .adaptive_poll(learn)
+                .open()
+                .unwrap()
+        };
+        let (a, b) = (open("127.0.0.1", Duration::ZERO), open("127.0.0.2", learn));
+        let (ra, rb) = (a.try_runtime().unwrap(), b.try_runtime().unwrap());
+        ra.set_remote_port(b.local_addr().port());
+        rb.set_remote_port(a.local_addr().port());
+        let (a, b) = pair_on(a, b, 64);
+        let remote = b.mr.remote(..1).unwrap();
+        let read = |i| {
+            a.qp.read(i, &[a.mr.sge(..1).unwrap()], &remote).unwrap();
+            assert_eq!(a.cq.wait_ok(WAIT).unwrap().opcode, WcOpcode::RdmaRead);
+        };
+        read(0);
+        let before = b.dev.try_runtime().unwrap().sleeps();
+        (1..=READS).for_each(read);
+        b.dev.try_runtime().unwrap().sleeps() - before
+    };
+    let fixed = responder_sleeps(Duration::ZERO);
+    assert!(
+        fixed >= READS,
+        "{fixed} sleeps for {READS} READs with no polling"
+    );
+    // A bound far above any gap between two requests, however loaded the machine: only
+    // the first few requests, while the polling doubles, still find it asleep.
+    let learned = responder_sleeps(Duration::from_secs(1));
+    assert!(
+        learned <= READS / 4,
+        "{learned} sleeps for {READS} READs with polling learned"
+    );
 }

@@ -246,7 +246,8 @@ pub struct PerfArgs {
     #[arg(short = 'F', long = "CPU-freq")]
     pub cpu_freq: bool,
     /// How long each device's progress thread keeps polling its socket after activity
-    /// before it sleeps, in microseconds (default: the runtime's). An embedded device's.
+    /// before it sleeps, in microseconds, fixed (default: learned by the runtime, up to
+    /// 64 us when packets keep following its sleeps closely). An embedded device's.
     #[arg(long, value_name = "USEC")]
     pub busy_poll: Option<u64>,
     /// The progress-thread polling, in microseconds, of a device that is embedded anyway
@@ -1169,6 +1170,12 @@ fn header(
         let _ = writeln!(
             out,
             " Progress poll   : {us} usec after activity, then sleep"
+        );
+    } else if dev.try_runtime().is_some() {
+        let _ = writeln!(
+            out,
+            " Progress poll   : learned, up to {} usec after activity, then sleep",
+            runtime::DEFAULT_ADAPTIVE_POLL.as_micros()
         );
     }
     if p.duration_ms > 0 {
