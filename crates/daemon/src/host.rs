@@ -172,6 +172,8 @@ impl Device {
         rc.remote_port = config.remote_port;
         rc.rx_path = config.rx_path;
         rc.busy_poll = DEFAULT_BUSY_POLL;
+        // softrdmad's polling is its own fixed knob (`--busy-poll-us`, 0: sleep at once).
+        rc.adaptive_poll = Duration::ZERO;
         // QPs of this device talking to each other never leave the process.
         rc.internal_paths = true;
         let memory = ClientMemory::new(regions);
