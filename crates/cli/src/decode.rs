@@ -119,6 +119,47 @@ pub fn decode_frame(linktype: u32, frame: &[u8]) -> Decoded {
     }
 }
 
+/// Decodes one captured frame into its packets: one, or for a GSO train the capture saw
+/// uncut, each packet of the train (see [`decode_ip_packets`]).
+pub fn decode_frame_packets(linktype: u32, frame: &[u8]) -> Vec<Decoded> {
+    match link::strip(linktype, frame) {
+        Network::Ip(ip) => decode_ip_packets(ip),
+        Network::Other(why) => vec![not_ip(&why)],
+    }
+}
+
+/// Decodes one IP packet into its packets. `tcpdump` on `lo`, or on a veth that cuts UDP
+/// GSO trains in software, sees a sender's train (`wire::train`: softrdma sends runs of
+/// full-size packets of a message as one) before it is cut: one frame whose UDP payload is
+/// several RoCEv2 packets. Each is then decoded with the headers it has on the wire (the
+/// train's, with its own lengths and IPv4 ID), and its line ends in `segment=k/n`. Anything
+/// else is one packet, as [`decode_ip`] decodes it.
+pub fn decode_ip_packets(ip: &[u8]) -> Vec<Decoded> {
+    let Some(packets) = train_packets(ip) else {
+        return vec![decode_ip(ip)];
+    };
+    let n = packets.len();
+    packets
+        .iter()
+        .enumerate()
+        .map(|(k, p)| {
+            let mut d = decode_ip(p);
+            let _ = write!(d.text, " segment={}/{n}", k + 1);
+            d
+        })
+        .collect()
+}
+
+/// The packets of `ip`, rebuilt as they are on the wire, if it is an IPv4 GSO train to the
+/// RoCEv2 port.
+fn train_packets(ip: &[u8]) -> Option<Vec<Vec<u8>>> {
+    let d = wire::Datagram::parse(ip).ok()?;
+    if d.dst.port() != wire::ROCEV2_UDP_PORT {
+        return None;
+    }
+    wire::train::cut_ipv4(ip)
+}
+
 fn not_ip(why: &NotIp) -> Decoded {
     Decoded {
         text: format!("not RoCEv2: {why}"),

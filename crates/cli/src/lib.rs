@@ -29,12 +29,14 @@ use std::io::{Read, Write};
 use std::time::Duration;
 
 pub use capture::{CaptureError, CaptureReader, Record};
-pub use decode::{decode_frame, decode_ip, Decoded, Verdict};
+pub use decode::{
+    decode_frame, decode_frame_packets, decode_ip, decode_ip_packets, Decoded, Verdict,
+};
 
 /// Counts of what `decode` saw in a capture.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DecodeSummary {
-    /// Records read from the file.
+    /// Packets decoded: one per record, but one per packet of a GSO train recorded uncut.
     pub packets: u64,
     /// RoCEv2 packets whose ICRC verifies.
     pub roce_ok: u64,
@@ -58,18 +60,24 @@ pub fn format_timestamp(ts: Duration) -> String {
     )
 }
 
-/// Formats one record as a full output line (without newline): index (from 1), time, packet.
-pub fn format_record(index: u64, rec: &Record) -> (String, Verdict) {
-    let d = decode_frame(rec.linktype, &rec.data);
-    let mut line = format!("{index} {} {}", format_timestamp(rec.timestamp), d.text);
-    if (rec.data.len() as u64) < u64::from(rec.orig_len) {
-        line.push_str(&format!(
-            " [captured {} of {} bytes]",
-            rec.data.len(),
-            rec.orig_len
-        ));
-    }
-    (line, d.verdict)
+/// Formats one record as full output lines (without newline), one per packet (several for a
+/// GSO train recorded uncut): record index (from 1), time, packet.
+pub fn format_record(index: u64, rec: &Record) -> Vec<(String, Verdict)> {
+    let cut = (rec.data.len() as u64) < u64::from(rec.orig_len);
+    decode_frame_packets(rec.linktype, &rec.data)
+        .into_iter()
+        .map(|d| {
+            let mut line = format!("{index} {} {}", format_timestamp(rec.timestamp), d.text);
+            if cut {
+                line.push_str(&format!(
+                    " [captured {} of {} bytes]",
+                    rec.data.len(),
+                    rec.orig_len
+                ));
+            }
+            (line, d.verdict)
+        })
+        .collect()
 }
 
 /// Why `decode` stopped early.
@@ -99,6 +107,7 @@ pub fn decode_capture<R: Read, W: Write>(
     out: &mut W,
 ) -> Result<DecodeSummary, DecodeError> {
     let mut summary = DecodeSummary::default();
+    let mut records = 0;
     let mut reader = match CaptureReader::new(input) {
         Ok(r) => r,
         Err(error) => return Err(DecodeError::Capture { error, summary }),
@@ -108,14 +117,16 @@ pub fn decode_capture<R: Read, W: Write>(
             Ok(r) => r,
             Err(error) => return Err(DecodeError::Capture { error, summary }),
         };
-        summary.packets += 1;
-        let (line, verdict) = format_record(summary.packets, &rec);
-        writeln!(out, "{line}")?;
-        match verdict {
-            Verdict::RoceOk => summary.roce_ok += 1,
-            Verdict::RoceBadIcrc => summary.roce_bad_icrc += 1,
-            Verdict::Malformed(_) => summary.malformed += 1,
-            Verdict::NotRoce => summary.not_roce += 1,
+        records += 1;
+        for (line, verdict) in format_record(records, &rec) {
+            writeln!(out, "{line}")?;
+            summary.packets += 1;
+            match verdict {
+                Verdict::RoceOk => summary.roce_ok += 1,
+                Verdict::RoceBadIcrc => summary.roce_bad_icrc += 1,
+                Verdict::Malformed(_) => summary.malformed += 1,
+                Verdict::NotRoce => summary.not_roce += 1,
+            }
         }
     }
     Ok(summary)

@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use common::{matrix, tmp_path, tshark, write_pcap, Case};
+use common::{ip_for, matrix, payload_for, tmp_path, transport_for, tshark, write_pcap, Case};
 use softrdma_cli::{decode_ip, Verdict};
 use wire::packet::RoceV2Packet;
 
@@ -571,4 +571,70 @@ fn a_dash_reads_the_capture_from_standard_input() {
     assert!(from_stdin.status.success());
     assert_eq!(stdout_lines(&from_stdin), stdout_lines(&from_file));
     assert_eq!(stdout_lines(&from_file).len(), 19);
+}
+
+/// A GSO train as `tcpdump` on `lo` records it: one frame whose UDP payload is three
+/// RoCEv2 packets of one QP (two WRITE MIDDLEs and a LAST), each sealed for the IPv4 ID its
+/// segment gets when cut (k). `decode` prints each packet with the headers it has on the
+/// wire, and each ICRC verifies.
+#[test]
+fn a_gso_train_recorded_uncut_decodes_as_its_packets() {
+    use wire::{Datagram, Opcode};
+    let base = ip_for(false, 0);
+    let mut train = Vec::new();
+    for k in 0..3u32 {
+        let op = if k < 2 {
+            Opcode::RcRdmaWriteMiddle
+        } else {
+            Opcode::RcRdmaWriteLast
+        };
+        let mut t = transport_for(op, 0);
+        t.bth.psn = t.bth.psn.add(k);
+        let case = Case {
+            name: format!("segment {k}"),
+            ip: base,
+            src_port: 49152,
+            transport: t,
+            payload: payload_for(if k < 2 { 1024 } else { 100 }, k),
+        };
+        let mut pkt = case.emit();
+        let d = Datagram::parse(&pkt).unwrap();
+        d.set_ipv4_ident(&mut pkt, k as u16).unwrap();
+        if k == 0 {
+            train.extend_from_slice(&pkt[..d.payload.start]);
+        }
+        train.extend_from_slice(&pkt[d.payload]);
+    }
+    // The train's own lengths and ID, as the sender handed it to the kernel.
+    let total = train.len() as u16;
+    train[2..4].copy_from_slice(&total.to_be_bytes());
+    train[4..6].copy_from_slice(&0u16.to_be_bytes());
+    train[24..26].copy_from_slice(&(total - 20).to_be_bytes());
+    fix_ipv4_checksum(&mut train);
+
+    let pcap = tmp_path("train.pcap");
+    write_pcap(&pcap, 1, &[wrap(1, &train)]);
+    let out = run(&pcap);
+    assert!(out.status.success(), "{out:?}");
+    let lines = stdout_lines(&out);
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    for (k, l) in lines.iter().enumerate() {
+        assert!(l.starts_with("1 "), "one record: {l}");
+        assert!(l.ends_with(&format!("segment={}/3", k + 1)), "{l}");
+        assert!(l.contains("icrc=ok"), "{l}");
+    }
+    assert!(lines[2].contains("RDMA Write Last") && lines[2].contains("payload=100"));
+    let summary = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        summary.contains("3 packets: 3 RoCEv2 with good ICRC"),
+        "{summary}"
+    );
+    // Not a train: the same bytes with the third packet's PSN out of order are one packet,
+    // whose ICRC then fails.
+    let mut broken = train.clone();
+    let psn_at = 28 + 2 * (12 + 1024 + 4) + 9;
+    broken[psn_at + 2] ^= 0x40;
+    let d = softrdma_cli::decode_ip_packets(&broken);
+    assert_eq!(d.len(), 1);
+    assert_eq!(d[0].verdict, Verdict::RoceBadIcrc);
 }

@@ -146,6 +146,35 @@ pub fn ipv4_segment_header(
     Ok(())
 }
 
+/// The packets of `ip`, an IPv4 datagram seen before its GSO train was cut (by a raw
+/// socket, or in a capture on `lo` or a veth), each as it is on the wire: the train's
+/// headers with the packet's own lengths and IPv4 ID ([`ipv4_segment_header`]) in front of
+/// its bytes. `None` when `ip` is not an IPv4 UDP datagram without options or holds one
+/// packet only by the train rules. It copies, for tools and tests; the runtime's raw
+/// receive path cuts in place.
+pub fn cut_ipv4(ip: &[u8]) -> Option<Vec<Vec<u8>>> {
+    let d = crate::Datagram::parse(ip).ok()?;
+    if d.payload.start != IPV4_TRAIN_HEADER_LEN {
+        return None;
+    }
+    let payload = ip.get(d.payload)?;
+    let seg = segment_len(payload);
+    if seg == 0 || seg >= payload.len() {
+        return None;
+    }
+    let header: &[u8; IPV4_TRAIN_HEADER_LEN] = ip.get(..IPV4_TRAIN_HEADER_LEN)?.try_into().ok()?;
+    payload
+        .chunks(seg)
+        .enumerate()
+        .map(|(k, chunk)| {
+            let mut p = vec![0; IPV4_TRAIN_HEADER_LEN + chunk.len()];
+            ipv4_segment_header(header, &mut p, k, chunk.len()).ok()?;
+            p[IPV4_TRAIN_HEADER_LEN..].copy_from_slice(chunk);
+            Some(p)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -287,22 +316,17 @@ pub(crate) mod tests {
     fn a_train_seen_uncut_becomes_the_packets_that_were_on_the_wire() {
         let (train, on_wire) = sealed_train(6, 1024);
         let h = IPV4_TRAIN_HEADER_LEN;
-        let seg = segment_len(&train[h..]);
-        assert_eq!(seg, BTH_LEN + 1024 + ICRC_LEN);
-        let header: [u8; IPV4_TRAIN_HEADER_LEN] = train[..h].try_into().unwrap();
-        let mut at = h;
-        let mut k = 0;
-        while at < train.len() {
-            let len = seg.min(train.len() - at);
-            let mut pkt = vec![0u8; h + len];
-            ipv4_segment_header(&header, &mut pkt, k, len).unwrap();
-            pkt[h..].copy_from_slice(&train[at..at + len]);
-            assert_eq!(pkt, on_wire[k], "segment {k}");
-            crate::RoceV2Packet::parse_checked(&pkt).unwrap();
-            at += seg;
-            k += 1;
+        assert_eq!(segment_len(&train[h..]), BTH_LEN + 1024 + ICRC_LEN);
+        let cut = cut_ipv4(&train).unwrap();
+        assert_eq!(cut, on_wire);
+        for pkt in &cut {
+            crate::RoceV2Packet::parse_checked(pkt).unwrap();
         }
-        assert_eq!(k, on_wire.len());
+        // One packet is no train; neither is what is not IPv4 UDP.
+        assert_eq!(cut_ipv4(&on_wire[0]), None);
+        assert_eq!(cut_ipv4(&train[..h - 1]), None);
+        assert_eq!(cut_ipv4(&train[h..]), None);
+        let header: [u8; IPV4_TRAIN_HEADER_LEN] = train[..h].try_into().unwrap();
         let mut short = [0u8; 10];
         assert!(ipv4_segment_header(&header, &mut short, 0, 10).is_err());
         let mut out = [0u8; 28];
