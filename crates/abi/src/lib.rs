@@ -10,6 +10,8 @@
 //!   and answers each defined once, as a table, descriptor passing with SCM_RIGHTS);
 //! - [`codec`]: the bounds-checked codec of every field type, the engine's types included;
 //! - [`ring`]: single-producer single-consumer rings in a sealed memfd, the data path;
+//! - [`doorbell`]: the page of bits by which a client says which of its work rings to look
+//!   at, and the daemon says whether it sleeps;
 //! - [`shm`]: shared memory (sealed memfds mapped by both processes);
 //! - [`wqe`]: the fixed-layout work-queue and completion entries of those rings;
 //! - [`client`]: the library's end of the control socket.
@@ -37,6 +39,7 @@
 pub mod client;
 pub mod cm_ffi;
 pub mod codec;
+pub mod doorbell;
 pub mod proto;
 pub mod ring;
 pub mod shm;
