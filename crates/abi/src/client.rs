@@ -18,6 +18,7 @@ use engine::{
 use wire::{RejectReason, ServiceId};
 use zerocopy::FromBytes;
 
+use crate::doorbell::DoorbellPage;
 use crate::proto::{DeviceInfo, Header, ProtoError, Request, Response, HEADER_LEN, VERSION};
 use crate::ring::{Ring, RingError, Role};
 use crate::wqe::{self, Cqe};
@@ -125,8 +126,8 @@ impl CqRing {
         }
         if n > 0 && self.ring.take_backlog() {
             self.doorbells += 1;
-            // As for a work ring's doorbell: an eventfd write of 8 bytes does not block, and
-            // a failure leaves the refill to the daemon's next look.
+            // An eventfd write of 8 bytes does not block, and a failure leaves the refill to
+            // the daemon's next look.
             let _ = rustix::io::write(&*self.doorbell, &1u64.to_ne_bytes());
         }
         Ok(n)
@@ -184,12 +185,49 @@ pub enum Posted {
     Unfit,
 }
 
+/// A device's doorbell as work rings ring it: this connection's doorbell page of the device
+/// ([`crate::doorbell`]) and the device's eventfd ([`Client::work_doorbell`]). Cloned into
+/// every work ring of the connection on that device.
+#[derive(Debug, Clone)]
+pub struct WorkDoorbell {
+    page: std::sync::Arc<DoorbellPage>,
+    eventfd: std::sync::Arc<OwnedFd>,
+}
+
+impl WorkDoorbell {
+    /// Set `bit` (after a push into its ring) and write the eventfd if the daemon sleeps;
+    /// returns whether it did.
+    pub fn ring(&self, bit: u32) -> Result<bool, RingError> {
+        let sleeps = self.page.ring(bit)?;
+        if sleeps {
+            // An eventfd write of 8 bytes cannot block short of a counter near 2^64; a
+            // failure leaves the WQE for the daemon's next look (any request, or a packet).
+            let _ = rustix::io::write(&*self.eventfd, &1u64.to_ne_bytes());
+        }
+        Ok(sleeps)
+    }
+
+    /// Whether the daemon's progress thread says it sleeps (the next post writes the
+    /// eventfd).
+    pub fn daemon_sleeps(&self) -> bool {
+        self.page.daemon_sleeps()
+    }
+
+    /// The page itself (tools and tests that write rings and bits by hand).
+    pub fn page(&self) -> &DoorbellPage {
+        &self.page
+    }
+}
+
 /// A QP's send or receive queue, or an SRQ, in shared memory ([`Request::AttachWorkRing`]):
-/// posting writes a WQE into the ring and costs no system call while the daemon is awake.
+/// posting writes a WQE into the ring and sets the ring's bit in the doorbell page, and
+/// costs no system call while the daemon is awake.
 #[derive(Debug)]
 pub struct WorkQueueRing {
     ring: Ring,
-    doorbell: std::sync::Arc<OwnedFd>,
+    doorbell: WorkDoorbell,
+    /// This ring's bit in the doorbell page.
+    bit: u32,
     doorbells: u64,
 }
 
@@ -221,19 +259,21 @@ impl WorkQueueRing {
         if !self.ring.push(entry)? {
             return Ok(Posted::Full);
         }
-        let doorbell = self.ring.need_wakeup();
+        let doorbell = self.doorbell.ring(self.bit)?;
         if doorbell {
             self.doorbells += 1;
-            // An eventfd write of 8 bytes cannot block short of a counter near 2^64; a
-            // failure leaves the WQE for the daemon's next look (any request, or a packet).
-            let _ = rustix::io::write(&*self.doorbell, &1u64.to_ne_bytes());
         }
         Ok(Posted::Queued { doorbell })
     }
 
     /// Whether the daemon's progress thread says it sleeps (the next post rings).
     pub fn daemon_sleeps(&self) -> bool {
-        self.ring.need_wakeup()
+        self.doorbell.daemon_sleeps()
+    }
+
+    /// This ring's bit in the doorbell page.
+    pub fn bit(&self) -> u32 {
+        self.bit
     }
 
     /// Doorbells this ring has rung.
@@ -604,45 +644,72 @@ impl Client {
         self.done(req)
     }
 
-    /// The doorbell of device `dev`: an eventfd to write after posting into a work ring
-    /// whose daemon sleeps ([`WorkQueueRing`] does it).
+    /// The doorbell of device `dev`: an eventfd to write after ringing a work ring's bit
+    /// while the daemon sleeps ([`WorkDoorbell`] does it), or after polling a CQ ring whose
+    /// daemon waits for room ([`CqRing`] does it).
     pub fn doorbell(&mut self, dev: u32) -> Result<OwnedFd, ClientError> {
         self.call_for_fd(&Request::Doorbell { dev })
     }
 
+    /// This connection's doorbell page of device `dev`, mapped ([`crate::doorbell`]; made by
+    /// the daemon on the first call, the same page after).
+    pub fn doorbell_page(&mut self, dev: u32) -> Result<DoorbellPage, ClientError> {
+        let fd = self.call_for_fd(&Request::DoorbellPage { dev })?;
+        DoorbellPage::open(&fd).map_err(|_| ClientError::Unexpected)
+    }
+
+    /// What the work rings of device `dev` ring: this connection's doorbell page of it and
+    /// `eventfd`, the device's doorbell ([`Client::doorbell`]).
+    pub fn work_doorbell(
+        &mut self,
+        dev: u32,
+        eventfd: std::sync::Arc<OwnedFd>,
+    ) -> Result<WorkDoorbell, ClientError> {
+        Ok(WorkDoorbell {
+            page: std::sync::Arc::new(self.doorbell_page(dev)?),
+            eventfd,
+        })
+    }
+
     /// Post to `queue` ([`crate::proto::wq`]) of QP or SRQ `handle` through a ring of
-    /// `capacity` entries in shared memory from now on; `doorbell` is the device's
-    /// ([`Client::doorbell`]). Posts by request keep working (and keep their order with the
-    /// ring's: the daemon takes what waits in the rings before any request).
+    /// `capacity` entries in shared memory from now on; `doorbell` is the QP's or SRQ's
+    /// device's ([`Client::work_doorbell`]). Posts by request keep working (and keep their
+    /// order with the ring's: the daemon takes what waits in the rings before any request).
     pub fn attach_work_ring(
         &mut self,
         queue: u8,
         handle: u32,
         capacity: u32,
-        doorbell: std::sync::Arc<OwnedFd>,
+        doorbell: WorkDoorbell,
     ) -> Result<WorkQueueRing, ClientError> {
-        let fd = self.work_ring_fd(queue, handle, capacity)?;
+        let (fd, bit) = self.work_ring_fd(queue, handle, capacity)?;
         let ring = Ring::open(&fd, Role::Producer).map_err(|_| ClientError::Unexpected)?;
         Ok(WorkQueueRing {
             ring,
             doorbell,
+            bit,
             doorbells: 0,
         })
     }
 
-    /// The memfd of a new work ring ([`Client::attach_work_ring`] without mapping it), for
-    /// tools and tests that write the ring themselves ([`crate::ring`] has its layout).
+    /// The memfd of a new work ring and its bit in the doorbell page
+    /// ([`Client::attach_work_ring`] without mapping it), for tools and tests that write the
+    /// ring and ring the bit themselves ([`crate::ring`] and [`crate::doorbell`] have the
+    /// layouts).
     pub fn work_ring_fd(
         &mut self,
         queue: u8,
         handle: u32,
         capacity: u32,
-    ) -> Result<OwnedFd, ClientError> {
-        self.call_for_fd(&Request::AttachWorkRing {
+    ) -> Result<(OwnedFd, u32), ClientError> {
+        match self.call_with_fd(&Request::AttachWorkRing {
             queue,
             handle,
             capacity,
-        })
+        })? {
+            (Response::Bell { bit }, Some(fd)) => Ok((fd, bit)),
+            _ => Err(ClientError::Unexpected),
+        }
     }
 
     /// A completion channel for `cq` (`ibv_create_comp_channel` for one CQ): an eventfd

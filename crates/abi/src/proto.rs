@@ -60,12 +60,13 @@ use crate::wqe::Cqe;
 
 /// First four bytes of every message: `"SRDM"`.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"SRDM");
-/// The protocol version this crate speaks (10: [`Request::CmReject`] carries the reason; 9:
+/// The protocol version this crate speaks (11: work rings ring bits of a doorbell page —
+/// [`Request::DoorbellPage`], [`Response::Bell`]; 10: [`Request::CmReject`] carries the reason; 9:
 /// ECE in `ConnParam`, `ConnectRequest` and the ESTABLISHED and CONNECT_RESPONSE events; 8: connections whose QP the client moves —
 /// `ConnParam::qp_num`, [`Request::CmEstablish`], [`Request::CmInitQpAttr`]; 5: the
 /// connection manager's requests and events; 4: messages are generated from their tables
 /// and carry the engine's types whole).
-pub const VERSION: u16 = 10;
+pub const VERSION: u16 = 11;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 16;
 /// Largest body accepted (inline data and completion batches fit easily).
@@ -534,9 +535,10 @@ messages! {
         },
         /// Take posts to a QP's send or receive queue, or to an SRQ, from a shared-memory
         /// ring of `capacity` entries ([`crate::ring`]; entries as [`crate::wqe`] lays them
-        /// out, sized by the daemon for the queue's capabilities) as well as by request; the
-        /// answer carries the ring's memfd (SCM_RIGHTS). The client produces, the daemon
-        /// consumes.
+        /// out, sized by the daemon for the queue's capabilities) as well as by request
+        /// (answered with [`Response::Bell`], the ring's bit in the connection's doorbell page
+        /// of that device, which [`Request::DoorbellPage`] must have made first; the answer
+        /// carries the ring's memfd, SCM_RIGHTS). The client produces, the daemon consumes.
         40 ATTACH_WORK_RING => AttachWorkRing {
             /// Which queue: [`wq::SQ`], [`wq::RQ`] or [`wq::SRQ`].
             queue: u8,
@@ -546,7 +548,8 @@ messages! {
             capacity: u32,
         },
         /// The doorbell of device `dev`: the answer carries an eventfd (SCM_RIGHTS) to write
-        /// after pushing into a work ring whose wakeup word says the daemon sleeps.
+        /// after ringing a work ring's bit in a doorbell page that says the daemon sleeps,
+        /// or after polling a CQ ring whose backlog word asks for it.
         41 DOORBELL => Doorbell {
             /// Device index.
             dev: u32,
@@ -721,6 +724,13 @@ messages! {
             /// The state to reach.
             state: QpState,
         },
+        /// This connection's doorbell page of device `dev` ([`crate::doorbell`]), made on the
+        /// first call: the answer carries its memfd (SCM_RIGHTS). Each work ring the
+        /// connection attaches on the device has a bit in it, to set after every push.
+        60 DOORBELL_PAGE => DoorbellPage {
+            /// Device index.
+            dev: u32,
+        },
     }
 }
 
@@ -835,6 +845,11 @@ messages! {
             attr: QpAttr,
             /// Which of them (the state included).
             mask: QpAttrMask,
+        },
+        /// Answer to [`Request::AttachWorkRing`]: the ring's bit in the doorbell page.
+        19 BELL => Bell {
+            /// Bit number (below [`crate::doorbell::BITS`]).
+            bit: u32,
         },
         /// The request failed: an errno as libibverbs would return it, and why.
         255 ERROR => Error {
@@ -1205,6 +1220,7 @@ mod tests {
                 capacity: 64,
             },
             Request::Doorbell { dev: 1 },
+            Request::DoorbellPage { dev: 1 },
         ]
     }
 
@@ -1244,7 +1260,7 @@ mod tests {
             44
         );
         // Unused numbers name nothing (28 was retired in version 3).
-        for k in [0, 28, 60, 0x7777] {
+        for k in [0, 28, 61, 0x7777] {
             assert_eq!(Request::decode(k, &[]), Err(ProtoError::UnknownKind(k)));
         }
     }
@@ -1377,6 +1393,7 @@ mod tests {
                 rkey: 3,
             },
             Response::Count { n: 7 },
+            Response::Bell { bit: 4095 },
             Response::AsyncEvents {
                 events: vec![
                     AsyncEvent::QpFatal { qpn: 0x11 },

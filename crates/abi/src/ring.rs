@@ -7,7 +7,7 @@
 //! | offset | field |
 //! |---|---|
 //! | 0 | magic `RING_MAGIC`, version, entry size, capacity (a power of two) |
-//! | 16 | wakeup word: non-zero while the consumer sleeps and wants a doorbell |
+//! | 16 | reserved (version 1's wakeup word: work rings now ring bits of a [`crate::doorbell`] page) |
 //! | 20 | backlog word: non-zero while the producer holds entries waiting for room and wants a doorbell when slots free up |
 //! | 64 | producer index (free-running u32) |
 //! | 128 | consumer index (free-running u32) |
@@ -27,8 +27,7 @@ use crate::shm::{SharedMemory, ShmError};
 
 /// First word of a ring: `"SRRG"`.
 pub const RING_MAGIC: u32 = u32::from_le_bytes(*b"SRRG");
-const VERSION: u32 = 1;
-const WAKE: usize = 16;
+const VERSION: u32 = 2;
 const BACKLOG: usize = 20;
 const PROD: usize = 64;
 const CONS: usize = 128;
@@ -284,25 +283,6 @@ impl Ring {
 }
 
 impl Ring {
-    /// Consumer: tell the producer whether it must ring the doorbell after pushing (true
-    /// before the consumer sleeps). Followed by a full fence: a consumer that then finds
-    /// the ring empty may sleep, because a producer that pushed after this store also sees
-    /// it (the producer's side is [`Ring::need_wakeup`]).
-    pub fn set_need_wakeup(&self, sleeping: bool) {
-        self.word(WAKE).store(u32::from(sleeping), Ordering::SeqCst);
-        std::sync::atomic::fence(Ordering::SeqCst);
-    }
-
-    /// Producer, after a push: whether the consumer said it sleeps (ring its doorbell then).
-    /// The full fence orders the push before this load: either the consumer sees the entry
-    /// before it sleeps, or this sees its flag (no doorbell is lost).
-    pub fn need_wakeup(&self) -> bool {
-        std::sync::atomic::fence(Ordering::SeqCst);
-        self.word(WAKE).load(Ordering::SeqCst) != 0
-    }
-}
-
-impl Ring {
     /// Producer: say whether entries wait for room in the ring (the consumer must ring the
     /// doorbell after it frees slots). Setting it is followed by a full fence: a producer
     /// that then finds the ring still full may wait for the doorbell, because a consumer
@@ -372,17 +352,6 @@ mod tests {
         let mut out = [0u8; 8];
         assert!(matches!(c2.pop(&mut out), Err(RingError::Corrupt { .. })));
         let _ = p.push(&[]);
-    }
-
-    #[test]
-    fn the_wakeup_word_crosses_from_consumer_to_producer() {
-        let (c, fd) = Ring::create(4, 8, Role::Consumer).unwrap();
-        let p = Ring::open(&fd, Role::Producer).unwrap();
-        assert!(!p.need_wakeup());
-        c.set_need_wakeup(true);
-        assert!(p.need_wakeup());
-        c.set_need_wakeup(false);
-        assert!(!p.need_wakeup());
     }
 
     #[test]

@@ -7,13 +7,16 @@
 //! the runtime's, exactly as for an embedded device. What the daemon adds is its
 //! [`Rings`] attachment:
 //!
-//! - Work rings ([`crate::wq`]): the progress thread takes WQEs from every client's rings at
-//!   each pass, and keeps looking for [`runtime::RuntimeConfig::busy_poll`] after the last
-//!   work, so a client posting in a stream never needs a system call. Before it sleeps it
-//!   sets every ring's wakeup word and looks once more; a client that finds the word set
-//!   after pushing writes the device's doorbell. Any request on the control socket takes
-//!   what waits in the rings first ([`Device::with`]), so a post followed by a verb on the
-//!   socket keeps its order.
+//! - Work rings ([`crate::wq`]): each connection's rings on the device ring bits of its
+//!   doorbell page ([`abi::doorbell`]). At each pass the progress thread takes the bits
+//!   that are set and drains those rings only (and the rings it must come back to), so a
+//!   pass costs the rings that have work plus one look at each connection's page, however
+//!   many rings there are. It keeps looking for [`runtime::RuntimeConfig::busy_poll`] after
+//!   the last work, so a client posting in a stream never needs a system call. Before it
+//!   sleeps it sets every page's sleeping word and looks once more; a client that finds the
+//!   word set after setting its bit writes the device's doorbell. Any request on the
+//!   control socket takes what waits in the rings first ([`Device::with`]), so a post
+//!   followed by a verb on the socket keeps its order.
 //! - CQ rings: after every change, completions move into the rings of the CQs that have
 //!   one ([`fill_ring`]).
 //! - Client memory: reads ahead are forgotten whenever the device lock is taken, and the
@@ -30,8 +33,11 @@ use nix::sys::eventfd::EventFd;
 use runtime::{Attachment, Runtime, RuntimeConfig, RxPath, SendEngine};
 
 use crate::memory::{ClientMemory, SharedRegions, WriteBehind};
-use crate::wq::{Drained, Queue, WorkRing, WqStats};
+use crate::wq::{AttachError, ConnRings, Queue, WorkRing, WqStats};
 use abi::ring::{Ring, RingError};
+
+/// Which connection of the daemon a device's work rings belong to (numbered by the server).
+pub type ConnId = u64;
 
 /// How long the progress thread keeps looking for work after the last it found, unless
 /// [`Device::set_busy_poll`] says otherwise.
@@ -61,9 +67,9 @@ pub struct DeviceConfig {
 pub struct Rings {
     /// CQs whose completions go to a shared-memory ring.
     cq_rings: HashMap<CqHandle, Ring>,
-    /// Clients' SQ, RQ and SRQ rings.
-    work: Vec<WorkRing>,
-    /// The progress thread sleeps (new work rings start with their wakeup word set).
+    /// Clients' SQ, RQ and SRQ rings, with their doorbell pages, by connection.
+    work: HashMap<ConnId, ConnRings>,
+    /// The progress thread sleeps (new doorbell pages start with their sleeping word set).
     asleep: bool,
     stats: Arc<WqStats>,
     /// The engine memory's epoch ([`ClientMemory::epoch`]).
@@ -81,20 +87,12 @@ impl Attachment for Rings {
     }
 
     fn take_work(&mut self, engine: &mut SendEngine) -> usize {
-        let mut took = 0;
         let stats = &self.stats;
-        self.work.retain_mut(|w| match w.drain(engine, stats) {
-            Drained::Took(n) => {
-                took += n;
-                true
-            }
-            Drained::Broken => false,
-        });
-        took
+        self.work.values_mut().map(|c| c.take(engine, stats)).sum()
     }
 
     fn has_work(&self) -> bool {
-        self.work.iter().any(WorkRing::waiting)
+        self.work.values().any(ConnRings::has_work)
     }
 
     fn set_asleep(&mut self, asleep: bool) {
@@ -104,8 +102,8 @@ impl Attachment for Rings {
             self.stats.doorbell_wakeups.fetch_add(1, Ordering::Relaxed);
         }
         self.asleep = asleep;
-        for w in &self.work {
-            w.set_sleeping(asleep);
+        for c in self.work.values() {
+            c.set_sleeping(asleep);
         }
     }
 
@@ -181,7 +179,7 @@ impl Device {
         let behind = memory.write_behind();
         let rings = Rings {
             cq_rings: HashMap::new(),
-            work: Vec::new(),
+            work: HashMap::new(),
             asleep: false,
             stats: stats.clone(),
             mem_epoch: memory.epoch(),
@@ -285,40 +283,76 @@ impl Device {
         self.rt.discard_events(gone)
     }
 
-    /// Take posts for `ring`'s queue from it from now on.
-    pub fn attach_work_ring(&self, ring: WorkRing) {
+    /// Connection `conn`'s doorbell page on this device (made on the first call), to hand
+    /// to the client.
+    pub fn doorbell_page(&self, conn: ConnId) -> Result<std::os::fd::OwnedFd, RingError> {
         let mut g = self.rt.lock();
         let rings = g.attachment_mut();
-        // Under the lock the progress thread sets and clears every ring's word: a ring
-        // added while it sleeps asks for doorbells from the start.
-        ring.set_sleeping(rings.asleep);
-        rings.work.push(ring);
+        let asleep = rings.asleep;
+        let c = match rings.work.entry(conn) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let c = ConnRings::new()?;
+                // Under the lock the progress thread sets and clears every page's word: a
+                // page made while it sleeps asks for doorbells from the start.
+                c.set_sleeping(asleep);
+                e.insert(c)
+            }
+        };
+        c.page_fd().map_err(|source| RingError::Io {
+            what: "dup",
+            source,
+        })
     }
 
-    /// Stop taking posts for the queues `gone` matches (before destroying their QP or SRQ).
-    /// Returns how many rings went.
-    pub fn detach_work_rings(&self, gone: impl Fn(Queue) -> bool) -> usize {
+    /// Take posts for `ring`'s queue from it from now on, a ring of connection `conn`;
+    /// returns its bit in the connection's doorbell page.
+    pub fn attach_work_ring(&self, conn: ConnId, ring: WorkRing) -> Result<u32, AttachError> {
         let mut g = self.rt.lock();
-        let work = &mut g.attachment_mut().work;
-        let before = work.len();
-        work.retain(|w| !gone(w.queue()));
-        before - work.len()
+        let c = g
+            .attachment_mut()
+            .work
+            .get_mut(&conn)
+            .ok_or(AttachError::NoPage)?;
+        c.attach(ring)
     }
 
-    /// Whether a work ring of `queue` holds back a WQE for room in the engine (a post by
-    /// request would overtake it).
-    pub fn backlogged(&self, queue: Queue) -> bool {
+    /// Stop taking posts for `queue`, a queue of connection `conn` (before destroying its QP
+    /// or SRQ). Returns whether it had a ring.
+    pub fn detach_work_ring(&self, conn: ConnId, queue: Queue) -> bool {
+        let mut g = self.rt.lock();
+        g.attachment_mut()
+            .work
+            .get_mut(&conn)
+            .is_some_and(|c| c.detach(queue))
+    }
+
+    /// Forget connection `conn`'s doorbell page and every work ring it still has here (the
+    /// connection ended: what the rings still hold is never posted). Returns how many
+    /// rings went.
+    pub fn close_doorbell_page(&self, conn: ConnId) -> usize {
+        let mut g = self.rt.lock();
+        g.attachment_mut().work.remove(&conn).map_or(0, |c| c.len())
+    }
+
+    /// Whether a work ring of `queue` (of connection `conn`) holds back a WQE for room in
+    /// the engine (a post by request would overtake it).
+    pub fn backlogged(&self, conn: ConnId, queue: Queue) -> bool {
         let g = self.rt.lock();
         g.attachment()
             .work
-            .iter()
-            .any(|w| w.queue() == queue && w.backlogged())
+            .get(&conn)
+            .and_then(|c| c.ring(queue))
+            .is_some_and(WorkRing::backlogged)
     }
 
-    /// Whether a work ring feeds `queue`.
-    pub fn has_work_ring(&self, queue: Queue) -> bool {
+    /// Whether a work ring feeds `queue` (of connection `conn`).
+    pub fn has_work_ring(&self, conn: ConnId, queue: Queue) -> bool {
         let g = self.rt.lock();
-        g.attachment().work.iter().any(|w| w.queue() == queue)
+        g.attachment()
+            .work
+            .get(&conn)
+            .is_some_and(|c| c.ring(queue).is_some())
     }
 
     /// The device's doorbell, to hand to a client: writing it wakes the progress thread.
@@ -345,7 +379,13 @@ impl Device {
         v.extend(self.rt.cm_counters().named());
         v.push((
             "live_work_rings",
-            self.rt.lock().attachment().work.len() as u64,
+            self.rt
+                .lock()
+                .attachment()
+                .work
+                .values()
+                .map(|c| c.len() as u64)
+                .sum(),
         ));
         v.push(("held_back_writes_failed", self.behind.failed()));
         v

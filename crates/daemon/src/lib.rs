@@ -21,10 +21,14 @@
 //!
 //! Posting: each QP's send and receive queue (and each SRQ) can take its WQEs from a ring in
 //! shared memory ([`abi::proto::Request::AttachWorkRing`], a memfd passed with SCM_RIGHTS): the
-//! client writes the work request as a fixed-layout entry ([`abi::wqe`]) and rings the
-//! device's doorbell ([`abi::proto::Request::Doorbell`], an eventfd) only when the ring's wakeup
-//! word says the progress thread sleeps; while it is busy (and for a short idle spin after,
-//! `--idle-spin-us`) it takes WQEs on its own, so a stream of posts costs no system call.
+//! client writes the work request as a fixed-layout entry ([`abi::wqe`]), sets the ring's bit
+//! in the connection's doorbell page of the device ([`abi::doorbell`],
+//! [`abi::proto::Request::DoorbellPage`], another sealed memfd), and writes the device's
+//! doorbell ([`abi::proto::Request::Doorbell`], an eventfd) only when the page's sleeping word
+//! says the progress thread sleeps; while it is busy (and for a short idle spin after,
+//! `--busy-poll-us`) it takes WQEs on its own, so a stream of posts costs no system call. The
+//! progress thread drains only the rings whose bits it finds set (and those it left work in),
+//! so a pass costs what was posted, not the number of rings.
 //! [`wq`] validates every index and WQE a client writes; a lying ring is detached and its QP
 //! moved to the error state. Posting by request still works (and is what the library falls
 //! back to for a WQE it cannot vouch for): any request first takes what waits in the

@@ -23,9 +23,9 @@ use engine::{
     QpAttrMask, QpInitAttr, QpState, ReregFlags, SendOp, SendWr, SrqHandle, VerbsError,
 };
 
-use crate::host::Device;
+use crate::host::{ConnId, Device};
 use crate::memory::{self, ClientProcess, Region, SharedRegions};
-use crate::wq::{Handles, Queue, WorkRing};
+use crate::wq::{AttachError, Handles, Queue, WorkRing};
 use abi::proto::{
     wq, DeviceInfo, Header, ProtoError, Request, Response, HEADER_LEN, MAX_EVENTS, MAX_WCS, VERSION,
 };
@@ -45,6 +45,9 @@ const MAX_WORK_RING_ENTRIES: u32 = 1 << 13;
 /// Most work rings one connection may hold: each is a mapping in the daemon, and mappings
 /// are a host-wide budget (`vm.max_map_count`) no client may spend for the others.
 const MAX_WORK_RINGS_PER_CONNECTION: usize = 4096;
+
+/// The next connection's [`ConnId`].
+static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
 
 /// Most connection-manager channels one connection may hold.
 const MAX_CM_CHANNELS_PER_CONNECTION: usize = 1024;
@@ -267,6 +270,9 @@ fn lock_table(t: &Table) -> MutexGuard<'_, HashMap<u32, Obj>> {
 /// One client connection's state.
 struct Conn<'d> {
     daemon: &'d Daemon,
+    /// Its number among the daemon's connections (its work rings on each device are
+    /// filed under it).
+    id: ConnId,
     /// The process that connected: its memory, whatever happens to its pid.
     process: Arc<ClientProcess>,
     pid: i32,
@@ -425,7 +431,7 @@ impl<'d> Conn<'d> {
     /// A post by request must not overtake a WQE its queue's ring holds back for room in
     /// the engine: the queue is full then.
     fn not_backlogged(&self, dev: usize, q: Queue) -> Result<(), Fail> {
-        if self.daemon.devices[dev].backlogged(q) {
+        if self.daemon.devices[dev].backlogged(self.id, q) {
             return Err(VerbsError::QueueFull.into());
         }
         Ok(())
@@ -732,7 +738,10 @@ impl<'d> Conn<'d> {
             Request::DestroyQp { qp } => {
                 let (i, qpn) = self.qp(qp)?;
                 d.devices[i].with(|e| e.destroy_qp(qpn))?;
-                let n = d.devices[i].detach_work_rings(|q| q.qpn() == Some(qpn));
+                let n = [Queue::Sq { qpn }, Queue::Rq { qpn }]
+                    .into_iter()
+                    .filter(|&q| d.devices[i].detach_work_ring(self.id, q))
+                    .count();
                 self.work_rings = self.work_rings.saturating_sub(n);
                 self.objs().remove(&qp);
                 self.stat(|s| &s.live_qps, false);
@@ -830,8 +839,8 @@ impl<'d> Conn<'d> {
             Request::DestroySrq { srq } => {
                 let (i, h) = self.srq(srq)?;
                 d.devices[i].with(|e| e.destroy_srq(h))?;
-                let n = d.devices[i].detach_work_rings(|q| q == Queue::Srq { srq: h });
-                self.work_rings = self.work_rings.saturating_sub(n);
+                let n = d.devices[i].detach_work_ring(self.id, Queue::Srq { srq: h });
+                self.work_rings = self.work_rings.saturating_sub(usize::from(n));
                 self.objs().remove(&srq);
                 self.stat(|s| &s.live_srqs, false);
                 Ok(Response::Done)
@@ -971,7 +980,7 @@ impl<'d> Conn<'d> {
                     }
                     other => return Err(fail(EINVAL, format!("no queue kind {other}"))),
                 };
-                if d.devices[i].has_work_ring(q) {
+                if d.devices[i].has_work_ring(self.id, q) {
                     return Err(fail(EINVAL, "this queue already has a ring"));
                 }
                 if self.work_rings >= MAX_WORK_RINGS_PER_CONNECTION {
@@ -997,8 +1006,21 @@ impl<'d> Conn<'d> {
                     objs: self.objs.clone(),
                     dev: i,
                 });
-                d.devices[i].attach_work_ring(WorkRing::new(ring, q, handle, handles));
+                let bit = d.devices[i]
+                    .attach_work_ring(self.id, WorkRing::new(ring, q, handle, handles))
+                    .map_err(|e| match e {
+                        AttachError::Full => fail(ENOMEM, e.to_string()),
+                        _ => fail(EINVAL, e.to_string()),
+                    })?;
                 self.work_rings += 1;
+                self.pending_fd = Some(fd);
+                Ok(Response::Bell { bit })
+            }
+            Request::DoorbellPage { dev } => {
+                let (_, dev) = self.device(dev)?;
+                let fd = dev
+                    .doorbell_page(self.id)
+                    .map_err(|e| fail(ENOMEM, e.to_string()))?;
                 self.pending_fd = Some(fd);
                 Ok(Response::Done)
             }
@@ -1247,6 +1269,11 @@ impl<'d> Conn<'d> {
         for (_, c) in std::mem::take(&mut self.cm_channels) {
             self.close_cm_channel(&c);
         }
+        // The client is gone: what its rings still hold is never posted.
+        for dev in &self.daemon.devices {
+            dev.close_doorbell_page(self.id);
+        }
+        self.work_rings = 0;
         if self.objs().is_empty() {
             return;
         }
@@ -1265,10 +1292,6 @@ impl<'d> Conn<'d> {
         for o in objs {
             let dev = &d.devices[o.dev()];
             let s = &d.stats;
-            if let Obj::Qp { qpn, .. } = o {
-                // The client is gone: what its rings still hold is never posted.
-                dev.detach_work_rings(|q| q.qpn() == Some(qpn));
-            }
             let ok = match o {
                 Obj::Qp { qpn, .. } => dev
                     .with(|e| {
@@ -1296,8 +1319,6 @@ impl<'d> Conn<'d> {
                         |ev| matches!(ev, engine::AsyncEvent::SrqLimitReached { srq } if *srq == h),
                     );
                     dev.with(|e| e.destroy_srq(h)).map(|()| {
-                        // Outside the device lock (`with` has returned).
-                        dev.detach_work_rings(|q| q == Queue::Srq { srq: h });
                         s.live_srqs.fetch_sub(1, Ordering::Relaxed);
                         s.reclaimed_srqs.fetch_add(1, Ordering::Relaxed);
                     })
@@ -1465,6 +1486,7 @@ pub fn serve_connection(daemon: &Daemon, mut stream: UnixStream) {
     };
     let mut conn = Conn {
         daemon,
+        id: NEXT_CONN.fetch_add(1, Ordering::Relaxed),
         pid: process.pid(),
         process: Arc::new(process),
         uid,

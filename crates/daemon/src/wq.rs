@@ -11,7 +11,16 @@
 //! not carry) moves the QP to the error state as well. Nothing a client writes reaches a
 //! panic or an access outside the mapping. A WQE the engine has no room for yet waits here,
 //! and the ring behind it, until completions free a slot: posting order is kept.
+//!
+//! A connection's rings on one device are a [`ConnRings`]: they ring bits of the
+//! connection's doorbell page ([`abi::doorbell`]), and the daemon drains only the rings whose
+//! bits it finds set, plus those it must come back to (a drain that stopped at its batch's
+//! end, a WQE held back for room in the engine), so a pass costs the rings that have work,
+//! not every ring. The bits are untrusted too: one that names no ring, or an empty one, is
+//! a look at the connection's own rings, nothing more.
 
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -19,6 +28,7 @@ use engine::{
     AhHandle, QpAttr, QpAttrMask, QpState, RecvWr, SendWr, SrqHandle, UdDest, VerbsError,
 };
 
+use abi::doorbell::{DoorbellPage, BITS, WORDS};
 use abi::ring::{Ring, RingError};
 use abi::wqe;
 
@@ -27,7 +37,7 @@ use abi::wqe;
 const BATCH: usize = 64;
 
 /// The queue a work ring feeds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Queue {
     /// The send queue of QP `qpn`.
     Sq {
@@ -179,11 +189,6 @@ impl WorkRing {
         self.stash.is_some()
     }
 
-    /// Tell the client whether it must ring the doorbell after posting.
-    pub fn set_sleeping(&self, sleeping: bool) {
-        self.ring.set_need_wakeup(sleeping);
-    }
-
     /// Move waiting WQEs into `engine`, in order, until the ring is empty, the engine's
     /// queue is full, or a batch is done.
     pub fn drain(&mut self, engine: &mut runtime::SendEngine, stats: &WqStats) -> Drained {
@@ -309,5 +314,169 @@ impl WorkRing {
             };
             let _ = engine.modify_qp(qpn, &err, QpAttrMask::STATE);
         }
+    }
+}
+
+/// Why a work ring could not be attached to a connection's rings.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AttachError {
+    /// The connection has no doorbell page on the device to ring the ring's bit in.
+    #[error("no doorbell page on this device: ask for it first")]
+    NoPage,
+    /// Every bit of the page names a ring already.
+    #[error("every bit of the doorbell page is taken")]
+    Full,
+}
+
+/// A set of bits, one per ring of a [`ConnRings`], kept by the daemon alone.
+type Bits = [u64; WORDS];
+
+/// One connection's work rings on one device, and the doorbell page they ring.
+pub struct ConnRings {
+    page: DoorbellPage,
+    /// The page's file, kept to hand it to the client again.
+    fd: OwnedFd,
+    /// The rings, by bit.
+    rings: Vec<Option<WorkRing>>,
+    by_queue: HashMap<Queue, u32>,
+    /// Rings whose last drain left WQEs the daemon could take now (it stopped at a batch's
+    /// end): looked at again next pass, rung or not.
+    again: Bits,
+    /// Rings holding a WQE back for room in the engine: looked at every pass (engine
+    /// progress releases them), but not work to stay awake for.
+    stashed: Bits,
+    /// Whether `again` has a bit set.
+    any_again: bool,
+}
+
+impl core::fmt::Debug for ConnRings {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("ConnRings")
+            .field("rings", &self.by_queue.len())
+            .field("any_again", &self.any_again)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ConnRings {
+    /// No rings yet, and a new doorbell page.
+    pub fn new() -> Result<ConnRings, RingError> {
+        let (page, fd) = DoorbellPage::create()?;
+        Ok(ConnRings {
+            page,
+            fd,
+            rings: Vec::new(),
+            by_queue: HashMap::new(),
+            again: [0; WORDS],
+            stashed: [0; WORDS],
+            any_again: false,
+        })
+    }
+
+    /// A descriptor of the doorbell page, to hand to the client.
+    pub fn page_fd(&self) -> std::io::Result<OwnedFd> {
+        self.fd.try_clone()
+    }
+
+    /// Take posts from `ring` from now on; returns its bit in the doorbell page.
+    pub fn attach(&mut self, ring: WorkRing) -> Result<u32, AttachError> {
+        let bit = match self.rings.iter().position(Option::is_none) {
+            Some(free) => free,
+            None if self.rings.len() < BITS as usize => {
+                self.rings.push(None);
+                self.rings.len() - 1
+            }
+            None => return Err(AttachError::Full),
+        };
+        // A bit reused from a detached ring may still be set, or be set by the client at any
+        // time: either way only a look at this ring.
+        self.by_queue.insert(ring.queue(), bit as u32);
+        self.rings[bit] = Some(ring);
+        Ok(bit as u32)
+    }
+
+    /// Stop taking posts for `queue`; whether it had a ring.
+    pub fn detach(&mut self, queue: Queue) -> bool {
+        let Some(bit) = self.by_queue.remove(&queue) else {
+            return false;
+        };
+        self.rings[bit as usize] = None;
+        let (i, mask) = (bit as usize / 64, 1u64 << (bit % 64));
+        self.again[i] &= !mask;
+        self.stashed[i] &= !mask;
+        true
+    }
+
+    /// The ring feeding `queue`, if any.
+    pub fn ring(&self, queue: Queue) -> Option<&WorkRing> {
+        let bit = *self.by_queue.get(&queue)?;
+        self.rings.get(bit as usize)?.as_ref()
+    }
+
+    /// How many rings.
+    pub fn len(&self) -> usize {
+        self.by_queue.len()
+    }
+
+    /// No rings.
+    pub fn is_empty(&self) -> bool {
+        self.by_queue.is_empty()
+    }
+
+    /// Tell the client whether it must write the device's eventfd after ringing a bit.
+    pub fn set_sleeping(&self, sleeping: bool) {
+        self.page.set_sleeping(sleeping);
+    }
+
+    /// Whether WQEs may wait that the daemon could take now: a bit is set, or a drain
+    /// stopped at its batch's end. Rings holding a WQE back for room in the engine do not
+    /// count: only engine progress releases them.
+    pub fn has_work(&self) -> bool {
+        self.any_again || self.page.rung()
+    }
+
+    /// Drain the rings whose bits are set, and those left to come back to, into `engine`.
+    /// Returns how many WQEs went in. Rings that lied are detached (their QPs are in the
+    /// error state now).
+    pub fn take(&mut self, engine: &mut runtime::SendEngine, stats: &WqStats) -> usize {
+        let mut look: Bits = [0; WORDS];
+        for (i, l) in look.iter_mut().enumerate() {
+            *l = self.page.take(i) | self.again[i] | self.stashed[i];
+        }
+        // Before any ring is read (see `abi::doorbell`: no post is lost).
+        self.page.taken();
+        self.again = [0; WORDS];
+        self.stashed = [0; WORDS];
+        self.any_again = false;
+        let mut took = 0;
+        for (i, mut bits) in look.into_iter().enumerate() {
+            while bits != 0 {
+                let b = bits.trailing_zeros();
+                bits &= bits - 1;
+                let bit = i * 64 + b as usize;
+                // A bit that names no ring is the client's own noise.
+                let Some(Some(w)) = self.rings.get_mut(bit) else {
+                    continue;
+                };
+                match w.drain(engine, stats) {
+                    Drained::Took(n) => {
+                        took += n;
+                        if w.backlogged() {
+                            self.stashed[i] |= 1 << b;
+                        } else if w.waiting() {
+                            self.again[i] |= 1 << b;
+                            self.any_again = true;
+                        }
+                    }
+                    Drained::Broken => {
+                        let queue = w.queue();
+                        self.rings[bit] = None;
+                        self.by_queue.remove(&queue);
+                    }
+                }
+            }
+        }
+        took
     }
 }

@@ -1,14 +1,16 @@
 //! Posting through shared-memory work rings (issue 6, items 3 and 8): a WQE written into a
-//! QP's ring is taken by a sleeping daemon once the doorbell is rung, and by a busy one with
-//! no doorbell at all; rings that lie (impossible indices, garbage or foreign WQEs) put
-//! their QP in the error state and the daemon serves on.
+//! QP's ring, its bit set in the connection's doorbell page, is taken by a sleeping daemon
+//! once the doorbell is rung, and by a busy one with no doorbell at all; rings that lie
+//! (impossible indices, garbage or foreign WQEs) put their QP in the error state, and bits
+//! that name no ring are ignored, and the daemon serves on.
 
 mod common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use abi::client::{Posted, WorkQueueRing};
+use abi::client::{Posted, WorkDoorbell, WorkQueueRing};
+use abi::doorbell::{DoorbellPage, WORDS};
 use abi::proto::{wq, Request};
 use abi::ring::RingError;
 use abi::ring::{Ring, Role};
@@ -29,8 +31,20 @@ fn daemon_with_spin(spin_us: u64) -> Daemon {
     })
 }
 
+/// What `side`'s work rings on device 0 ring.
+fn bell(side: &mut Side) -> WorkDoorbell {
+    let eventfd = Arc::new(side.client.doorbell(0).unwrap());
+    side.client.work_doorbell(0, eventfd).unwrap()
+}
+
+/// The file of a ring to write by hand (as a hostile client can) for `queue` of `qp`, and
+/// its bit in the connection's doorbell page (which must have been asked for before).
+fn hand_ring(side: &mut Side, queue: u8, qp: u32) -> (std::os::fd::OwnedFd, u32) {
+    side.client.work_ring_fd(queue, qp, 8).unwrap()
+}
+
 fn rings(side: &mut Side) -> (WorkQueueRing, WorkQueueRing) {
-    let bell = Arc::new(side.client.doorbell(0).unwrap());
+    let bell = bell(side);
     let sq = side
         .client
         .attach_work_ring(wq::SQ, side.qp, 16, bell.clone())
@@ -301,11 +315,13 @@ fn check_survived(d: &mut Daemon, a: &mut Side, b: &mut Side, qp: u32, counter: 
 fn impossible_ring_indices_put_the_qp_in_error_and_the_daemon_serves_on() {
     let mut d = Daemon::start();
     let (mut a, mut b) = connected_pair(&d, 4096);
+    let page = a.client.doorbell_page(0).unwrap();
     // Producer index far ahead of the consumer, and one behind it (wrapped).
     for (n, prod) in [(1u64, 1000u32), (2, u32::MAX)] {
         let qp = spare_qp(&mut a);
-        let fd = a.client.work_ring_fd(wq::RQ, qp, 8).unwrap();
+        let (fd, bit) = hand_ring(&mut a, wq::RQ, qp);
         scribble(&fd, 64, prod);
+        page.ring(bit).unwrap();
         check_survived(&mut d, &mut a, &mut b, qp, "ring_bad_indices", n);
         // The lying ring is gone: the queue may get a new one.
         assert!(a.client.work_ring_fd(wq::RQ, qp, 8).is_ok());
@@ -340,6 +356,7 @@ fn garbage_and_foreign_wqes_put_the_qp_in_error_and_the_daemon_serves_on() {
         e
     };
     let plain = SendWr::send(1, Vec::new());
+    let page = a.client.doorbell_page(0).unwrap();
     let cases: Vec<(&str, u8, EntryFor<'_>)> = vec![
         ("random bytes", wq::SQ, Box::new(move |_| garbage.clone())),
         (
@@ -402,16 +419,17 @@ fn garbage_and_foreign_wqes_put_the_qp_in_error_and_the_daemon_serves_on() {
     ];
     for (n, (what, queue, make)) in cases.iter().enumerate() {
         let qp = spare_qp(&mut a);
-        let fd = a.client.work_ring_fd(*queue, qp, 8).unwrap();
+        let (fd, bit) = hand_ring(&mut a, *queue, qp);
         let mut ring = Ring::open(&fd, Role::Producer).unwrap();
         assert!(ring.push(&make(qp)).unwrap(), "{what}");
+        page.ring(bit).unwrap();
         eprintln!("case: {what}");
         check_survived(&mut d, &mut a, &mut b, qp, "ring_bad_wqes", n as u64 + 1);
     }
     // A well-formed WQE the engine refuses (an RDMA READ with inline data, which has
     // nowhere to land).
     let qp = spare_qp(&mut a);
-    let fd = a.client.work_ring_fd(wq::SQ, qp, 8).unwrap();
+    let (fd, bit) = hand_ring(&mut a, wq::SQ, qp);
     let mut ring = Ring::open(&fd, Role::Producer).unwrap();
     let mut read = SendWr::rdma_read(1, Vec::new(), b.buf.addr(), b.rkey);
     read.payload = SendPayload::Inline(vec![0; 8].into());
@@ -419,10 +437,12 @@ fn garbage_and_foreign_wqes_put_the_qp_in_error_and_the_daemon_serves_on() {
     let mut e = vec![0u8; wqe::MAX_SEND_ENTRY];
     let n = wqe::encode_send(&read, None, &mut e).unwrap();
     assert!(ring.push(&e[..n]).unwrap());
+    page.ring(bit).unwrap();
     check_survived(&mut d, &mut a, &mut b, qp, "ring_refused_wqes", 1);
     // Another connection's QP cannot be given a ring, nor a queue kind that does not exist.
     let mut c = d.client();
     let _ = c.alloc_pd(0).unwrap();
+    let _ = c.doorbell_page(0).unwrap();
     assert_eq!(
         c.work_ring_fd(wq::SQ, a.qp, 8).unwrap_err().errno(),
         Some(22)
@@ -500,7 +520,7 @@ fn a_client_that_goes_away_leaves_no_work_ring_behind() {
     let (mut sq, _rq) = rings(&mut a);
     let _ = rings(&mut b);
     let srq = b.client.create_srq(b.pd, &srq_attr(8, 1)).unwrap();
-    let bell = Arc::new(b.client.doorbell(0).unwrap());
+    let bell = bell(&mut b);
     let _srq_ring = b.client.attach_work_ring(wq::SRQ, srq, 8, bell).unwrap();
     assert_eq!(d.stat("srxe0.live_work_rings"), 5);
     // A send posted just before its client goes, taken or not, keeps nothing alive.
@@ -525,6 +545,7 @@ fn a_client_past_the_work_ring_limit_gets_a_clear_error_and_everyone_is_served_o
     const LIMIT: usize = 4096;
     let mut d = Daemon::start();
     let (mut a, mut b) = connected_pair(&d, 4096);
+    let _page = a.client.doorbell_page(0).unwrap();
     let mut qps = Vec::new();
     while qps.len() * 2 < LIMIT {
         let qp = spare_qp(&mut a);
@@ -573,6 +594,76 @@ fn a_client_past_the_work_ring_limit_gets_a_clear_error_and_everyone_is_served_o
     assert_eq!((w[0].wr_id, w[0].status), (9, 0));
     assert_eq!(b.buf.read(0, 7), b"by ring");
     assert!(d.alive());
+}
+
+/// A work ring is attached only to a connection that holds the device's doorbell page (its
+/// bit must go somewhere), and a second ask for the page gets the same page.
+#[test]
+fn a_work_ring_needs_the_doorbell_page_first() {
+    let d = Daemon::start();
+    let (mut a, _b) = connected_pair(&d, 4096);
+    let e = a.client.work_ring_fd(wq::SQ, a.qp, 8).unwrap_err();
+    assert_eq!(e.errno(), Some(22), "{e:?}");
+    let first = a.client.doorbell_page(0).unwrap();
+    let qp = a.qp;
+    let (_fd, bit) = hand_ring(&mut a, wq::SQ, qp);
+    let again = a.client.doorbell_page(0).unwrap();
+    again.ring(bit).unwrap();
+    assert_eq!(first.daemon_sleeps(), again.daemon_sleeps());
+    assert_eq!(a.client.doorbell_page(9).unwrap_err().errno(), Some(22));
+}
+
+/// A client that sets every bit of its doorbell page, over and over, names rings that do not
+/// exist or are empty: the daemon looks at that client's rings only, never at another
+/// connection's (a WQE another client wrote without ringing stays where it is), and serves
+/// everyone on.
+#[test]
+fn garbage_bits_in_a_doorbell_page_touch_only_their_own_connection() {
+    let mut d = Daemon::start();
+    let (mut a, mut b) = connected_pair(&d, 4096);
+    let (mut sq_a, _rq_a) = rings(&mut a);
+    let page_a = a.client.doorbell_page(0).unwrap();
+    // b writes a receive into its RQ ring by hand and does not ring its bit.
+    let page_b = b.client.doorbell_page(0).unwrap();
+    let qp = b.qp;
+    let (fd, bit) = hand_ring(&mut b, wq::RQ, qp);
+    let mut rq_b = Ring::open(&fd, Role::Producer).unwrap();
+    let mut e = vec![0u8; wqe::MAX_RECV_ENTRY];
+    let Wr::Recv(_, wr) = recv(&b, 11, 0) else {
+        unreachable!()
+    };
+    let n = wqe::encode_recv(&wr, &mut e).unwrap();
+    assert!(rq_b.push(&e[..n]).unwrap());
+    let deadline = Instant::now() + Duration::from_millis(200);
+    while Instant::now() < deadline {
+        scribble_all(&page_a);
+        assert_eq!(rq_b.free().unwrap(), 7, "b's unrung ring was looked at");
+        std::thread::yield_now();
+    }
+    scribble_all(&page_a);
+    assert!(d.alive());
+    // a's own rings and requests work as before, and b's receive goes in once rung.
+    assert!(a.client.query_qp(a.qp).is_ok());
+    page_b.ring(bit).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while rq_b.free().unwrap() < 8 {
+        assert!(Instant::now() < deadline, "b's rung ring was never taken");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    sq_a.post(&send(&a, 12, "noisy page")).unwrap();
+    let w = b.wait(1);
+    assert_eq!((w[0].wr_id, w[0].status), (11, 0));
+    assert_eq!(b.buf.read(0, 10), b"noisy page");
+    assert_eq!(a.wait(1)[0].wr_id, 12);
+    assert_eq!(d.stat("srxe0.ring_bad_wqes"), 0);
+    assert_eq!(d.stat("srxe0.ring_bad_indices"), 0);
+}
+
+/// Every bit of `page`, set.
+fn scribble_all(page: &DoorbellPage) {
+    for i in 0..WORDS {
+        page.scribble(i, u64::MAX);
+    }
 }
 
 /// An SRQ of `max_wr` WRs of `max_sge` SGEs, its limit not armed.

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use abi::client::{Client, ClientError, CqRing, Posted, WorkQueueRing};
+use abi::client::{Client, ClientError, CqRing, Posted, WorkDoorbell, WorkQueueRing};
 use abi::proto::{wq, DeviceInfo};
 use engine::{
     AccessFlags, AhAttr, AhHandle, AsyncEvent, CqHandle, DeviceAttr, Gid, MrHandle, MwBind,
@@ -50,9 +50,11 @@ pub(crate) struct DaemonDevice {
     events: Mutex<VecDeque<AsyncEvent>>,
     /// The connection's event channel: readable after the daemon raised an event.
     event_channel: OwnedFd,
-    /// The device's doorbell, for work rings (`None`: the daemon offers none; every post
-    /// goes by request).
+    /// The device's doorbell, for CQ rings (`None`: the daemon offers none).
     doorbell: Option<Arc<OwnedFd>>,
+    /// What work rings ring: this connection's doorbell page and the device's doorbell
+    /// (`None`: the daemon offers none; every post goes by request).
+    work_doorbell: Option<WorkDoorbell>,
     /// Work rings and post-time facts of this connection's QPs, by handle.
     qps: Mutex<HashMap<QpHandle, Arc<QpRings>>>,
     /// The same QPs by QP number (completions name QPs by number).
@@ -292,9 +294,13 @@ impl DaemonDevice {
         let event_channel = client.async_event_channel()?;
         // A daemon without work rings still serves every post by request.
         let doorbell = client.doorbell(info.index).ok().map(Arc::new);
+        let work_doorbell = doorbell
+            .clone()
+            .and_then(|db| client.work_doorbell(info.index, db).ok());
         Ok(DaemonDevice {
             event_channel,
             doorbell,
+            work_doorbell,
             qps: Mutex::new(HashMap::new()),
             qps_by_qpn: Mutex::new(HashMap::new()),
             srqs: Mutex::new(HashMap::new()),
@@ -369,7 +375,7 @@ impl DaemonDevice {
 
     /// A work ring for `queue` of `handle`, if the daemon grants one.
     fn attach(&self, c: &mut Client, queue: u8, handle: u32, depth: u32) -> Option<WorkQueueRing> {
-        let doorbell = self.doorbell.clone()?;
+        let doorbell = self.work_doorbell.clone()?;
         match c.attach_work_ring(queue, handle, ring_capacity(depth), doorbell) {
             Ok(r) => Some(r),
             Err(e) => {
