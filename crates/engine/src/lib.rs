@@ -409,6 +409,18 @@ impl<M: Memory + ?Sized> Engine<M> {
         }
     }
 
+    /// Serve `addrs` inside this process from now on, as [`EngineConfig::internal_addresses`]
+    /// does: paths to them made after this call are internal (another device of the host
+    /// this engine was linked with; its engine must list this one's addresses too, as only
+    /// internal QPs take internal packets).
+    pub fn add_internal_addresses(&mut self, addrs: &[IpAddr]) {
+        for a in addrs {
+            if !self.config.internal_addresses.contains(a) {
+                self.config.internal_addresses.push(*a);
+            }
+        }
+    }
+
     // ----- driving calls -----
 
     /// Process one received packet (a whole IP packet). Bad packets are counted and dropped.

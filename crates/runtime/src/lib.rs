@@ -16,7 +16,8 @@
 //! it is for one of the device's own addresses (as a NIC loops back traffic between its own
 //! QPs; with [`RuntimeConfig::internal_paths`], in the engine's large internal segments
 //! without an ICRC), to another device of the same process when [`link`] joined them (its
-//! inbox and doorbell), or out of a UDP socket. [`IoCounters`] counts each. A datagram to
+//! inbox and doorbell; over internal paths too when both devices have them), or out of a
+//! UDP socket. [`IoCounters`] counts each. A datagram to
 //! a multicast group takes all three (see "Multicast groups").
 //!
 //! ## Multicast groups
@@ -445,20 +446,23 @@ impl<A: Attachment> Core<A> {
             self.route_multicast(net, t);
             return;
         }
-        if t.internal {
-            // Only this device's own addresses are internal; nothing else can take it.
-            tracing::warn!(dst = %t.dst, "internal packet for another device dropped");
-            self.tx.counters.tx_errors += 1;
+        if let Some(peer) = net.peer(t.dst) {
+            // Another device of this process: hand it over, no socket either (in internal
+            // segments when both devices have internal paths: see [`link`]).
+            let pkt = &self.txbuf[..t.len];
+            if !t.internal {
+                if let Some(c) = &self.capture {
+                    c.record(pkt);
+                }
+            }
+            peer.deliver(pkt.to_vec(), t.internal);
+            self.tx.counters.peer_packets += 1;
             return;
         }
-        if let Some(peer) = net.peer(t.dst) {
-            // Another device of this process: hand it over, no socket either.
-            let pkt = &self.txbuf[..t.len];
-            if let Some(c) = &self.capture {
-                c.record(pkt);
-            }
-            peer.deliver(pkt.to_vec());
-            self.tx.counters.peer_packets += 1;
+        if t.internal {
+            // Only this device's and its linked devices' addresses are internal.
+            tracing::warn!(dst = %t.dst, "internal packet for no device of this process dropped");
+            self.tx.counters.tx_errors += 1;
             return;
         }
         self.tx
@@ -485,7 +489,7 @@ impl<A: Attachment> Core<A> {
         self.tx.counters.local_packets += 1;
         let pkt = &self.txbuf[..t.len];
         for peer in net.all_peers() {
-            peer.deliver(pkt.to_vec());
+            peer.deliver(pkt.to_vec(), false);
             self.tx.counters.peer_packets += 1;
         }
         self.tx
@@ -602,8 +606,9 @@ impl Net {
 
 /// A device that takes packets from other devices of this process.
 trait Inbox: Send + Sync {
-    /// Queue `pkt` (a whole IP packet) and wake the device.
-    fn deliver(&self, pkt: Vec<u8>);
+    /// Queue `pkt` (a whole IP packet; `internal`: built for an internal path, without an
+    /// ICRC) and wake the device.
+    fn deliver(&self, pkt: Vec<u8>, internal: bool);
 }
 
 /// State shared by the handle and the progress thread.
@@ -620,7 +625,10 @@ struct Shared<A> {
     groups: mcast::Groups,
     /// Packets other devices of this process handed this one. A leaf lock: nothing else is
     /// taken while it is held.
-    inbox: Mutex<VecDeque<Vec<u8>>>,
+    inbox: Mutex<VecDeque<(Vec<u8>, bool)>>,
+    /// The device serves its own addresses over internal paths
+    /// ([`RuntimeConfig::internal_paths`]).
+    internal_paths: bool,
     net: Net,
     /// Application threads blocked in [`Runtime::wait_cq`], which receive themselves
     /// meanwhile; the progress thread leaves the socket to them.
@@ -664,8 +672,8 @@ struct Shared<A> {
 }
 
 impl<A: Attachment> Inbox for Shared<A> {
-    fn deliver(&self, pkt: Vec<u8>) {
-        lock_leaf(&self.inbox).push_back(pkt);
+    fn deliver(&self, pkt: Vec<u8>, internal: bool) {
+        lock_leaf(&self.inbox).push_back((pkt, internal));
         let _ = self.doorbell.write(1);
     }
 }
@@ -717,8 +725,12 @@ impl<A: Attachment> Shared<A> {
         } = core;
         let mut n = attach.take_work(engine);
         let handed = std::mem::take(&mut *lock_leaf(&self.inbox));
-        for p in handed {
+        for (p, internal) in handed {
             n += 1;
+            if internal {
+                engine.handle_internal(now, &p);
+                continue;
+            }
             if let Some(c) = capture {
                 c.record(&p);
             }
@@ -904,9 +916,22 @@ fn random_seed() -> u64 {
 
 /// Let the devices of one process hand each other the packets addressed to one another
 /// instead of sending them as UDP (a NIC's ports on one host do not need the wire either).
-/// Call once, after every device started; later calls change nothing.
+/// Between devices that both have [`RuntimeConfig::internal_paths`], connections take
+/// internal paths, as between QPs of one device: large segments, no ICRC, no capture. Call
+/// once, after every device started and before any QP connects; later calls change nothing.
 pub fn link<A: Attachment>(devices: &[&Runtime<A>]) {
     for d in devices {
+        if d.shared.net.peers.get().is_some() {
+            continue;
+        }
+        if d.shared.internal_paths {
+            let inside: Vec<IpAddr> = devices
+                .iter()
+                .filter(|o| !Arc::ptr_eq(&o.shared, &d.shared) && o.shared.internal_paths)
+                .flat_map(|o| o.addrs().iter().copied())
+                .collect();
+            d.shared.lock().engine.add_internal_addresses(&inside);
+        }
         let others = devices
             .iter()
             .filter(|o| !Arc::ptr_eq(&o.shared, &d.shared))
@@ -1068,6 +1093,7 @@ impl<A: Attachment> Runtime<A> {
             )
             .map_err(io_err("epoll_create"))?,
             inbox: Mutex::new(VecDeque::new()),
+            internal_paths: config.internal_paths,
             net: Net {
                 local: if loops_back {
                     addrs.clone()
