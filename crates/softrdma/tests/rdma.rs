@@ -168,8 +168,10 @@ fn a_responder_read_back_to_back_learns_to_poll_instead_of_sleeping_each_time() 
         b.dev.try_runtime().unwrap().sleeps() - before
     };
     let fixed = responder_sleeps(Duration::ZERO);
+    // One sleep per request, give or take the sleeps at the ends of the count, which may
+    // fall just outside it.
     assert!(
-        fixed >= READS,
+        fixed + 2 >= READS,
         "{fixed} sleeps for {READS} READs with no polling"
     );
     // A bound far above any gap between two requests, however loaded the machine: only
