@@ -40,7 +40,7 @@ pub(crate) fn run<A: Attachment>(shared: &Shared<A>) {
             shared.drive_rx()
         };
         if let Some(d) = slept.take() {
-            learned.after_sleep(d, n > 0);
+            learned.after_sleep(d, n > 0, std::time::Instant::now());
         }
         if n > 0 {
             last_active = std::time::Instant::now();
@@ -66,6 +66,8 @@ pub(crate) fn run<A: Attachment>(shared: &Shared<A>) {
         let (rung, handed) = wait(shared, spin);
         if !spin && !drives {
             slept = Some(t0.elapsed());
+        } else if spin && t0.elapsed() > PREEMPTED {
+            learned.preempted();
         }
         handed_over = handed;
         if rung {
@@ -79,28 +81,50 @@ pub(crate) fn run<A: Attachment>(shared: &Shared<A>) {
 /// the longest polling allowed cost a wakeup that polling would have saved, so poll longer
 /// (from [`LEARN_FROM`], doubling); a sleep that ends with nothing to do, or only after
 /// longer than that, says polling would have been wasted, so poll half as long.
+///
+/// Polling pays only while the thread has a core to itself. When another runnable thread
+/// shares it (a CPU-bound neighbour), a polling pass that gives the core away between
+/// looks gets it back only after the neighbour's time slice, a millisecond or more, where
+/// a thread woken from sleep preempts the neighbour at once: a pass that took longer than
+/// [`PREEMPTED`] unlearns all polling, and none is learned for [`HOLD`].
 #[derive(Debug)]
 struct Learned {
     /// Poll this long after activity.
     window: Duration,
     /// At most this long (zero: learn nothing).
     max: Duration,
+    /// Learn nothing before this (the core was found shared).
+    hold_until: Option<std::time::Instant>,
 }
 
 /// The first polling learned.
 const LEARN_FROM: Duration = Duration::from_micros(8);
+
+/// A polling pass longer than this was preempted: another thread needs the core.
+const PREEMPTED: Duration = Duration::from_micros(500);
+
+/// How long nothing is learned after a polling pass was preempted.
+const HOLD: Duration = Duration::from_millis(100);
 
 impl Learned {
     fn new(max: Duration) -> Learned {
         Learned {
             window: Duration::ZERO,
             max,
+            hold_until: None,
         }
     }
 
-    /// A sleep of `slept` ended, with work to do or not.
-    fn after_sleep(&mut self, slept: Duration, work: bool) {
-        if work && slept < self.max {
+    /// A polling pass was preempted: sleep between passes from now on, for a while.
+    fn preempted(&mut self) {
+        self.window = Duration::ZERO;
+        self.hold_until = Some(std::time::Instant::now() + HOLD);
+    }
+
+    /// A sleep of `slept` ended at `now`, with work to do or not.
+    fn after_sleep(&mut self, slept: Duration, work: bool, now: std::time::Instant) {
+        let held = self.hold_until.is_some_and(|t| now < t);
+        if work && slept < self.max && !held {
             self.window = (self.window * 2).max(LEARN_FROM).min(self.max);
         } else {
             self.window /= 2;
@@ -246,34 +270,52 @@ mod tests {
     #[test]
     fn short_sleeps_teach_polling_and_long_ones_unlearn_it() {
         let mut l = Learned::new(64 * US);
-        l.after_sleep(20 * US, true);
+        let now = std::time::Instant::now();
+        l.after_sleep(20 * US, true, now);
         assert_eq!(l.window, LEARN_FROM);
         for _ in 0..10 {
-            l.after_sleep(20 * US, true);
+            l.after_sleep(20 * US, true, now);
         }
         assert_eq!(l.window, 64 * US, "capped at the maximum");
         // Work that comes only after longer than polling may last: polling would not have
         // caught it.
-        l.after_sleep(65 * US, true);
+        l.after_sleep(65 * US, true, now);
         assert_eq!(l.window, 32 * US);
         // A sleep that ended with nothing to do (a timer, a lease).
-        l.after_sleep(US, false);
-        l.after_sleep(US, false);
+        l.after_sleep(US, false, now);
+        l.after_sleep(US, false, now);
         assert_eq!(l.window, 8 * US);
-        l.after_sleep(US, false);
+        l.after_sleep(US, false, now);
         assert_eq!(l.window, Duration::ZERO, "below the first step: none");
     }
 
     #[test]
     fn zero_maximum_learns_nothing() {
+        let now = std::time::Instant::now();
         let mut l = Learned::new(Duration::ZERO);
         for _ in 0..4 {
-            l.after_sleep(US, true);
+            l.after_sleep(US, true, now);
         }
         assert_eq!(l.window, Duration::ZERO);
         // A maximum below the first step is still the cap.
         let mut l = Learned::new(3 * US);
-        l.after_sleep(US, true);
+        l.after_sleep(US, true, now);
         assert_eq!(l.window, 3 * US);
+    }
+
+    #[test]
+    fn a_preempted_poll_unlearns_polling_for_a_while() {
+        let mut l = Learned::new(64 * US);
+        let now = std::time::Instant::now();
+        for _ in 0..4 {
+            l.after_sleep(US, true, now);
+        }
+        assert_eq!(l.window, 64 * US);
+        l.preempted();
+        assert_eq!(l.window, Duration::ZERO);
+        l.after_sleep(US, true, std::time::Instant::now());
+        assert_eq!(l.window, Duration::ZERO, "nothing learned while held");
+        l.after_sleep(US, true, std::time::Instant::now() + HOLD);
+        assert_eq!(l.window, LEARN_FROM, "learning again after the hold");
     }
 }
