@@ -132,8 +132,8 @@ pub fn decode_frame_packets(linktype: u32, frame: &[u8]) -> Vec<Decoded> {
 /// GSO trains in software, sees a sender's train (`wire::train`: softrdma sends runs of
 /// full-size packets of a message as one) before it is cut: one frame whose UDP payload is
 /// several RoCEv2 packets. Each is then decoded with the headers it has on the wire (the
-/// train's, with its own lengths and IPv4 ID), and its line ends in `segment=k/n`. Anything
-/// else is one packet, as [`decode_ip`] decodes it.
+/// train's, with its own lengths, and for IPv4 its own ID), and its line ends in
+/// `segment=k/n`. Anything else is one packet, as [`decode_ip`] decodes it.
 pub fn decode_ip_packets(ip: &[u8]) -> Vec<Decoded> {
     let Some(packets) = train_packets(ip) else {
         return vec![decode_ip(ip)];
@@ -150,14 +150,14 @@ pub fn decode_ip_packets(ip: &[u8]) -> Vec<Decoded> {
         .collect()
 }
 
-/// The packets of `ip`, rebuilt as they are on the wire, if it is an IPv4 GSO train to the
-/// RoCEv2 port.
+/// The packets of `ip`, rebuilt as they are on the wire, if it is a GSO train to the RoCEv2
+/// port.
 fn train_packets(ip: &[u8]) -> Option<Vec<Vec<u8>>> {
     let d = wire::Datagram::parse(ip).ok()?;
     if d.dst.port() != wire::ROCEV2_UDP_PORT {
         return None;
     }
-    wire::train::cut_ipv4(ip)
+    wire::train::cut(ip)
 }
 
 fn not_ip(why: &NotIp) -> Decoded {

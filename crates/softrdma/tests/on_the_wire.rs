@@ -85,7 +85,7 @@ fn ipv4_packets_carry_df_id_zero_the_qp_source_port_and_a_valid_icrc() {
         );
         // The packets of a datagram as `lo` carried it: itself, or the segments of a GSO
         // train, each with the headers it gets when cut.
-        let cut = wire::train::cut_ipv4(ip).unwrap_or_else(|| vec![ip.clone()]);
+        let cut = wire::train::cut(ip).unwrap_or_else(|| vec![ip.clone()]);
         if cut.len() > 1 {
             trains += 1;
         }

@@ -20,8 +20,9 @@ use crate::bth::{Bth, BTH_LEN};
 use crate::error::{HeaderKind, WireError};
 use crate::icrc::ICRC_LEN;
 use crate::ipv4::{Ipv4, IPV4_HEADER_LEN};
+use crate::ipv6::{Ipv6, IPV6_HEADER_LEN};
 use crate::types::{Mtu, Psn, Qpn};
-use crate::udp::{Udp, UDP_HEADER_LEN};
+use crate::udp::{checksum_ipv6, Udp, UDP_HEADER_LEN};
 
 /// Most segments a host puts in one train (Linux takes up to 128 per `sendmsg`).
 pub const MAX_SEGMENTS: usize = 64;
@@ -146,15 +147,18 @@ pub fn ipv4_segment_header(
     Ok(())
 }
 
-/// The packets of `ip`, an IPv4 datagram seen before its GSO train was cut (by a raw
-/// socket, or in a capture on `lo` or a veth), each as it is on the wire: the train's
-/// headers with the packet's own lengths and IPv4 ID ([`ipv4_segment_header`]) in front of
-/// its bytes. `None` when `ip` is not an IPv4 UDP datagram without options or holds one
-/// packet only by the train rules. It copies, for tools and tests; the runtime's raw
-/// receive path cuts in place.
-pub fn cut_ipv4(ip: &[u8]) -> Option<Vec<Vec<u8>>> {
+/// The packets of `ip`, an IPv4 or IPv6 datagram seen before its GSO train was cut (by a
+/// raw socket, or in a capture on `lo` or a veth), each as it is on the wire: the train's
+/// headers with the packet's own lengths in front of its bytes (for IPv4 also its ID, see
+/// [`ipv4_segment_header`]; IPv6 has none). `None` when `ip` is not a UDP datagram without
+/// IPv4 options or IPv6 extension headers, or holds one packet only by the train rules. It
+/// copies, for tools and tests; the runtime's raw receive path cuts in place.
+pub fn cut(ip: &[u8]) -> Option<Vec<Vec<u8>>> {
     let d = crate::Datagram::parse(ip).ok()?;
-    if d.payload.start != IPV4_TRAIN_HEADER_LEN {
+    let v4 = d.src.is_ipv4();
+    let ip_len = if v4 { IPV4_HEADER_LEN } else { IPV6_HEADER_LEN };
+    let h = ip_len + UDP_HEADER_LEN;
+    if d.payload.start != h {
         return None;
     }
     let payload = ip.get(d.payload)?;
@@ -162,14 +166,29 @@ pub fn cut_ipv4(ip: &[u8]) -> Option<Vec<Vec<u8>>> {
     if seg == 0 || seg >= payload.len() {
         return None;
     }
-    let header: &[u8; IPV4_TRAIN_HEADER_LEN] = ip.get(..IPV4_TRAIN_HEADER_LEN)?.try_into().ok()?;
+    let header = ip.get(..h)?;
     payload
         .chunks(seg)
         .enumerate()
         .map(|(k, chunk)| {
-            let mut p = vec![0; IPV4_TRAIN_HEADER_LEN + chunk.len()];
-            ipv4_segment_header(header, &mut p, k, chunk.len()).ok()?;
-            p[IPV4_TRAIN_HEADER_LEN..].copy_from_slice(chunk);
+            let mut p = vec![0; h + chunk.len()];
+            p[h..].copy_from_slice(chunk);
+            if v4 {
+                ipv4_segment_header(header.try_into().ok()?, &mut p, k, chunk.len()).ok()?;
+            } else {
+                // The train's header with the segment's lengths, and the UDP checksum
+                // IPv6 requires (the ICRC does not cover it).
+                p[..h].copy_from_slice(header);
+                let udp_len = u16::try_from(UDP_HEADER_LEN + chunk.len()).ok()?;
+                let (ip6, udp) = p.split_at_mut(ip_len);
+                let mut ip6 = Ipv6::new_checked(ip6).ok()?;
+                ip6.set_payload_len(udp_len);
+                let mut u = Udp::new_checked(&mut *udp).ok()?;
+                u.set_length(udp_len);
+                u.set_checksum(0);
+                let c = checksum_ipv6(&ip6.src_addr(), &ip6.dst_addr(), udp);
+                Udp::new_checked(udp).ok()?.set_checksum(c);
+            }
             Some(p)
         })
         .collect()
@@ -317,20 +336,72 @@ pub(crate) mod tests {
         let (train, on_wire) = sealed_train(6, 1024);
         let h = IPV4_TRAIN_HEADER_LEN;
         assert_eq!(segment_len(&train[h..]), BTH_LEN + 1024 + ICRC_LEN);
-        let cut = cut_ipv4(&train).unwrap();
-        assert_eq!(cut, on_wire);
-        for pkt in &cut {
+        let pieces = cut(&train).unwrap();
+        assert_eq!(pieces, on_wire);
+        for pkt in &pieces {
             crate::RoceV2Packet::parse_checked(pkt).unwrap();
         }
-        // One packet is no train; neither is what is not IPv4 UDP.
-        assert_eq!(cut_ipv4(&on_wire[0]), None);
-        assert_eq!(cut_ipv4(&train[..h - 1]), None);
-        assert_eq!(cut_ipv4(&train[h..]), None);
+        // One packet is no train; neither is what is not IP and UDP.
+        assert_eq!(cut(&on_wire[0]), None);
+        assert_eq!(cut(&train[..h - 1]), None);
+        assert_eq!(cut(&train[h..]), None);
         let header: [u8; IPV4_TRAIN_HEADER_LEN] = train[..h].try_into().unwrap();
         let mut short = [0u8; 10];
         assert!(ipv4_segment_header(&header, &mut short, 0, 10).is_err());
         let mut out = [0u8; 28];
         assert!(ipv4_segment_header(&header, &mut out, 0, 70_000).is_err());
+    }
+
+    #[test]
+    fn an_ipv6_train_seen_uncut_becomes_its_packets() {
+        use crate::Ipv6Repr;
+        let ip = IpRepr::V6(Ipv6Repr {
+            src: "fd00::1".parse().unwrap(),
+            dst: "fd00::2".parse().unwrap(),
+            traffic_class: 0,
+            flow_label: 0x12345,
+            hop_limit: 64,
+            payload_len: 0,
+        });
+        let mut on_wire = Vec::new();
+        let mut train = Vec::new();
+        for k in 0..4u32 {
+            let (op, len) = if k < 3 {
+                (Opcode::RcSendMiddle, 1024)
+            } else {
+                (Opcode::RcSendLast, 12)
+            };
+            let t = TransportRepr::new(BthRepr::new(op, Qpn::new(0x11), Psn::new(50 + k)));
+            let mut buf = vec![0u8; len + 128];
+            let n = emit_packet(
+                &ip,
+                49152,
+                crate::ROCEV2_UDP_PORT,
+                &t,
+                &vec![k as u8; len],
+                &mut buf,
+            )
+            .unwrap();
+            buf.truncate(n);
+            let d = Datagram::parse(&buf).unwrap();
+            if k == 0 {
+                train.extend_from_slice(&buf[..d.payload.start]);
+            }
+            train.extend_from_slice(&buf[d.payload]);
+            on_wire.push(buf);
+        }
+        let udp_len = (train.len() - IPV6_HEADER_LEN) as u16;
+        Ipv6::new_checked(&mut train[..])
+            .unwrap()
+            .set_payload_len(udp_len);
+        Udp::new_checked(&mut train[IPV6_HEADER_LEN..])
+            .unwrap()
+            .set_length(udp_len);
+        let pieces = cut(&train).unwrap();
+        assert_eq!(pieces, on_wire);
+        for pkt in &pieces {
+            crate::RoceV2Packet::parse_checked(pkt).unwrap();
+        }
     }
 
     #[test]

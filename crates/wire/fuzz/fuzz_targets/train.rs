@@ -2,20 +2,18 @@
 //! on arbitrary bytes: cutting it never panics, every cut lies within the payload, the pieces
 //! are what a train is made of (all as long as the first but the last, each after the first
 //! the next PSN of the same QP), and each piece gets headers whose lengths describe it.
-//! `cut_ipv4` on the same bytes never panics, and its packets hold the payload in order.
+//! `cut` on the same bytes never panics, and its packets hold the payload in order.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use wire::train::{cut_ipv4, ipv4_segment_header, segment_len, Link, IPV4_TRAIN_HEADER_LEN};
+use wire::train::{cut, ipv4_segment_header, segment_len, Link, IPV4_TRAIN_HEADER_LEN};
 
 fuzz_target!(|data: &[u8]| {
-    if let Some(packets) = cut_ipv4(data) {
+    if let Some(packets) = cut(data) {
         assert!(packets.len() > 1);
-        let joined: Vec<u8> = packets
-            .iter()
-            .flat_map(|p| p[IPV4_TRAIN_HEADER_LEN..].iter().copied())
-            .collect();
         let d = wire::Datagram::parse(data).unwrap();
+        let h = d.payload.start;
+        let joined: Vec<u8> = packets.iter().flat_map(|p| p[h..].iter().copied()).collect();
         assert_eq!(joined, data[d.payload]);
     }
     let Some((header, payload)) = data.split_first_chunk::<IPV4_TRAIN_HEADER_LEN>() else {
