@@ -669,6 +669,8 @@ struct Shared<A> {
     adaptive_poll: Duration,
     /// Times the progress thread went to sleep.
     sleeps: AtomicU64,
+    /// Times learned polling was unlearned because the core was taken while polling.
+    poll_backoffs: AtomicU64,
 }
 
 impl<A: Attachment> Inbox for Shared<A> {
@@ -1118,6 +1120,7 @@ impl<A: Attachment> Runtime<A> {
             busy_poll_ns: AtomicU64::new(nanos(config.busy_poll)),
             adaptive_poll: config.adaptive_poll,
             sleeps: AtomicU64::new(0),
+            poll_backoffs: AtomicU64::new(0),
         });
         let s = shared.clone();
         let name = config.name.unwrap_or_else(|| format!("softrdma {local}"));
@@ -1331,6 +1334,12 @@ impl<A: Attachment> Runtime<A> {
     /// Times the progress thread went to sleep so far.
     pub fn sleeps(&self) -> u64 {
         self.shared.sleeps.load(Ordering::Relaxed)
+    }
+
+    /// Times the progress thread unlearned its polling because another thread took its
+    /// core while it polled (see [`RuntimeConfig::adaptive_poll`]).
+    pub fn poll_backoffs(&self) -> u64 {
+        self.shared.poll_backoffs.load(Ordering::Relaxed)
     }
 
     /// The device's doorbell: writing 1 to it wakes the progress thread (a host hands a

@@ -67,6 +67,9 @@ pub(crate) fn run<A: Attachment>(shared: &Shared<A>) {
         if !spin && !drives {
             slept = Some(t0.elapsed());
         } else if spin && t0.elapsed() > PREEMPTED {
+            if learned.window > Duration::ZERO {
+                shared.poll_backoffs.fetch_add(1, Ordering::Relaxed);
+            }
             learned.preempted();
         }
         handed_over = handed;

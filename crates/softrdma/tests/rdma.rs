@@ -142,8 +142,9 @@ fn a_deregistered_region_cannot_be_reached_any_more(backend: BackendKind) {
 #[test]
 fn a_responder_read_back_to_back_learns_to_poll_instead_of_sleeping_each_time() {
     const READS: u64 = 400;
-    // The responder's sleeps during READS back-to-back one-byte READs of its memory.
-    let responder_sleeps = |learn: Duration| -> u64 {
+    // The responder's sleeps, and its polling back-offs, during READS back-to-back
+    // one-byte READs of its memory.
+    let responder_sleeps = |learn: Duration| -> (u64, u64) {
         let open = |ip: &str, learn| {
             softrdma::Device::builder(ip.parse().unwrap())
                 .backend(BackendKind::Embedded)
@@ -163,22 +164,34 @@ fn a_responder_read_back_to_back_learns_to_poll_instead_of_sleeping_each_time() 
             assert_eq!(a.cq.wait_ok(WAIT).unwrap().opcode, WcOpcode::RdmaRead);
         };
         read(0);
-        let before = b.dev.try_runtime().unwrap().sleeps();
+        let rt = b.dev.try_runtime().unwrap();
+        let before = (rt.sleeps(), rt.poll_backoffs());
         (1..=READS).for_each(read);
-        b.dev.try_runtime().unwrap().sleeps() - before
+        (rt.sleeps() - before.0, rt.poll_backoffs() - before.1)
     };
-    let fixed = responder_sleeps(Duration::ZERO);
+    let (fixed, _) = responder_sleeps(Duration::ZERO);
     // One sleep per request, give or take the sleeps at the ends of the count, which may
     // fall just outside it.
     assert!(
         fixed + 2 >= READS,
         "{fixed} sleeps for {READS} READs with no polling"
     );
-    // A bound far above any gap between two requests, however loaded the machine: only
-    // the first few requests, while the polling doubles, still find it asleep.
-    let learned = responder_sleeps(Duration::from_secs(1));
-    assert!(
-        learned <= READS / 4,
-        "{learned} sleeps for {READS} READs with polling learned"
-    );
+    // A bound far above any gap between two requests: only the first few requests, while
+    // the polling doubles, still find it asleep. A run in which another thread took the
+    // responder's core while it polled (other tests run beside this one) unlearns the
+    // polling on purpose, as polling on a shared core costs more than sleeping; a back-off
+    // is only counted when polling had been learned. Such runs are tried again; on a
+    // machine that stays that busy, every run shows polling learned and then given up.
+    for run in 1..=5 {
+        let (learned, backoffs) = responder_sleeps(Duration::from_secs(1));
+        if learned <= READS / 4 {
+            return;
+        }
+        assert!(
+            backoffs > 0,
+            "{learned} sleeps for {READS} READs with polling learned, and no back-off"
+        );
+        eprintln!("run {run}: {learned} sleeps after {backoffs} polling back-offs");
+    }
+    eprintln!("the responder's core was taken from its polling in each of 5 runs");
 }
