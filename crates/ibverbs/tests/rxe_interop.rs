@@ -988,9 +988,30 @@ fn kernel_rxe_clients_run_the_matrix_against_softrdma_servers() {
 
 /// rping, ucmatose and ib_write_bw -R through the drop-in librdmacm against the kernel's
 /// rdma_cm: the CM protocol on QP1, our side the active one.
+///
+/// Run again once, in a fresh VM, when a program failed: perftest's `-R` client connects its
+/// test QP about a second after its handshake connection, and a server in the emulated VM
+/// that is slower than that to listen rejects it (REJ reason 8, invalid service ID, seen in a
+/// capture); the client's retry then starts a new handshake connection, which the server
+/// takes for its test connection, and both wait until their timeouts. A second failure fails
+/// the test, with both reports.
 #[test]
 fn softrdma_rdma_cm_clients_connect_to_kernel_rdma_cm_servers() {
-    direction(CM_MATRIX, Serves::Rxe, RxPath::Auto).check();
+    let first = direction(CM_MATRIX, Serves::Rxe, RxPath::Auto);
+    if first.passed() == first.outcomes.len() {
+        return first.check();
+    }
+    let mut again = direction(CM_MATRIX, Serves::Rxe, RxPath::Auto);
+    again.epilogue = format!(
+        "{}\n========== the first run ==========\n{}",
+        again.epilogue,
+        first.table()
+    );
+    println!(
+        "the first run failed; a second run in a fresh VM:\n{}",
+        first.table()
+    );
+    again.check();
 }
 
 /// The kernel's rdma_cm connects to our listens.
