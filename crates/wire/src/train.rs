@@ -212,6 +212,11 @@ pub(crate) mod tests {
             ttl: 64,
             payload_len: 0,
         });
+        packet_over(&ip, op, psn, len, fill)
+    }
+
+    /// [`packet`] with the IP header `ip`.
+    fn packet_over(ip: &IpRepr, op: Opcode, psn: u32, len: usize, fill: u8) -> (Vec<u8>, Datagram) {
         let mut t = TransportRepr::new(BthRepr::new(op, Qpn::new(0x11), Psn::new(psn)));
         if op.ext().reth {
             t.reth = Some(RethRepr {
@@ -222,7 +227,7 @@ pub(crate) mod tests {
         }
         let data = vec![fill; len];
         let mut buf = vec![0u8; len + 128];
-        let n = emit_packet(&ip, 49152, crate::ROCEV2_UDP_PORT, &t, &data, &mut buf).unwrap();
+        let n = emit_packet(ip, 49152, crate::ROCEV2_UDP_PORT, &t, &data, &mut buf).unwrap();
         buf.truncate(n);
         let d = Datagram::parse(&buf).unwrap();
         (buf, d)
@@ -371,19 +376,7 @@ pub(crate) mod tests {
             } else {
                 (Opcode::RcSendLast, 12)
             };
-            let t = TransportRepr::new(BthRepr::new(op, Qpn::new(0x11), Psn::new(50 + k)));
-            let mut buf = vec![0u8; len + 128];
-            let n = emit_packet(
-                &ip,
-                49152,
-                crate::ROCEV2_UDP_PORT,
-                &t,
-                &vec![k as u8; len],
-                &mut buf,
-            )
-            .unwrap();
-            buf.truncate(n);
-            let d = Datagram::parse(&buf).unwrap();
+            let (buf, d) = packet_over(&ip, op, 50 + k, len, k as u8);
             if k == 0 {
                 train.extend_from_slice(&buf[..d.payload.start]);
             }
