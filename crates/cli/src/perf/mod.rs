@@ -582,6 +582,59 @@ impl Side {
         wait_cq(cq, max, self.mode, STALL)
     }
 
+    /// The receiving side of send_bw: reap receive completions and repost until the client's
+    /// `DONE <n>` says how many messages it sent and all of them came. Returns that count.
+    /// Waits as the poll mode says: the default polls (on the embedded device an empty poll
+    /// receives on this thread) for [`HYBRID_SPIN`] after the last completion before it
+    /// sleeps on the CQ, so that a sender faster than one wakeup per receive queue never
+    /// finds the queue empty (an RNR NAK costs the sender its RNR delay and a go-back-N).
+    fn receive_all(&mut self, ctrl: &mut Ctrl) -> Result<u64> {
+        let (mut got, mut expected) = (0u64, u64::MAX);
+        let mut idle_since: Option<Instant> = None;
+        let mut looks = 0u32;
+        while got < expected {
+            let n = self.reap_recvs()?;
+            if n > 0 {
+                got += n;
+                idle_since = None;
+                continue;
+            }
+            looks = looks.wrapping_add(1);
+            // The control socket only while idle, and not on every look (a system call).
+            if expected == u64::MAX && looks.is_multiple_of(64) && ctrl.readable()? {
+                expected = done_count(&ctrl.expect("DONE")?)?;
+                continue;
+            }
+            let idle = *idle_since.get_or_insert_with(Instant::now);
+            if self.mode == PollMode::Busy
+                || (self.mode == PollMode::Hybrid && idle.elapsed() < HYBRID_SPIN)
+            {
+                if looks.is_multiple_of(16) {
+                    if let Some(rt) = self.dev.try_runtime() {
+                        rt.poll_progress();
+                    }
+                }
+                std::hint::spin_loop();
+                continue;
+            }
+            // Sleep on the receive CQ. Arm first, then look once more: a completion that
+            // came between the last look and the arming raises no event.
+            self.rcq.req_notify()?;
+            let late = self.reap_recvs()?;
+            got += late;
+            if late == 0 {
+                let _ = runtime::wait_readable(
+                    std::os::fd::AsFd::as_fd(&self.rcq),
+                    Some(Duration::from_millis(1)),
+                );
+            }
+            self.rcq.clear_notification();
+            idle_since = None;
+            looks = 63;
+        }
+        Ok(expected)
+    }
+
     /// Take receive completions from the receive CQ (without waiting) and repost on the
     /// QPs they came from.
     fn reap_recvs(&mut self) -> Result<u64> {
@@ -1600,11 +1653,6 @@ fn server(test: Test, args: &PerfArgs, listener: &TcpListener, out: &mut dyn Wri
     header(out, &p, &side, &remotes, args)?;
     // The server's own cost per message: the responder's side of the same messages.
     let mut cpu = CpuUse::default();
-    let done_count = |w: &[String]| -> Result<u64> {
-        w.first()
-            .and_then(|x| x.parse().ok())
-            .ok_or_else(|| ToolError::Protocol("bad DONE".into()))
-    };
     loop {
         let line = ctrl.recv()?;
         let words: Vec<String> = line.split_ascii_whitespace().map(str::to_string).collect();
@@ -1625,24 +1673,8 @@ fn server(test: Test, args: &PerfArgs, listener: &TcpListener, out: &mut dyn Wri
                         ctrl.expect("DONE")?;
                     }
                     Test::SendBw => {
-                        let mut got = 0u64;
-                        let mut expected = u64::MAX;
-                        while got < expected {
-                            got += side.reap_recvs()?;
-                            if expected == u64::MAX && ctrl.readable()? {
-                                expected = done_count(&ctrl.expect("DONE")?)?;
-                            } else if got < expected {
-                                // Sleep on the receive CQ briefly rather than spin: the
-                                // progress thread needs the core more.
-                                side.rcq.req_notify()?;
-                                let _ = runtime::wait_readable(
-                                    std::os::fd::AsFd::as_fd(&side.rcq),
-                                    Some(Duration::from_millis(1)),
-                                );
-                                side.rcq.clear_notification();
-                            }
-                        }
-                        cpu.stop(&side.dev, started, expected);
+                        let n = side.receive_all(&mut ctrl)?;
+                        cpu.stop(&side.dev, started, n);
                     }
                     _ if test.is_lat() => {
                         ctrl.expect("DONE")?;
@@ -1664,6 +1696,14 @@ fn server(test: Test, args: &PerfArgs, listener: &TcpListener, out: &mut dyn Wri
     }
     let _ = writeln!(out, "{RULE}");
     Ok(())
+}
+
+/// The message count of a `DONE <n>` line's words.
+fn done_count(words: &[String]) -> Result<u64> {
+    words
+        .first()
+        .and_then(|x| x.parse().ok())
+        .ok_or_else(|| ToolError::Protocol("bad DONE".into()))
 }
 
 #[cfg(test)]
