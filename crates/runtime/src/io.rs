@@ -259,6 +259,9 @@ pub struct IoCounters {
     pub tx_datagrams: u64,
     /// GSO trains sent: one `sendmsg` that the kernel cuts into several datagrams.
     pub tx_trains: u64,
+    /// Send system calls made: a `sendmmsg` of the packets that leave alone, a `sendmsg`
+    /// of a train (fewer than `tx_datagrams` when packets share them).
+    pub tx_calls: u64,
     /// Datagrams that came as GSO/GRO trains of several packets (their packets count in
     /// `rx_datagrams`).
     pub rx_trains: u64,
@@ -278,13 +281,14 @@ pub struct IoCounters {
 
 impl IoCounters {
     /// Every counter by name, as `softrdma stat` prints them.
-    pub fn named(&self) -> [(&'static str, u64); 10] {
+    pub fn named(&self) -> [(&'static str, u64); 11] {
         [
             ("rx_datagrams", self.rx_datagrams),
             ("rx_trains", self.rx_trains),
             ("rx_dropped", self.rx_dropped),
             ("tx_datagrams", self.tx_datagrams),
             ("tx_trains", self.tx_trains),
+            ("tx_calls", self.tx_calls),
             ("tx_errors", self.tx_errors),
             ("tx_port_rewrites", self.tx_port_rewrites),
             ("local_packets", self.local_packets),
@@ -360,9 +364,27 @@ pub(crate) struct Tx {
     /// for good when the kernel refuses one.
     gso: bool,
     trains: Vec<Train>,
-    /// Packet buffers back from trains that left.
+    /// Packets that leave alone, queued for one `sendmmsg` per socket at [`Tx::flush`].
+    singles: Vec<Single>,
+    multi: mmsg::MultiSend,
+    /// Packet buffers back from trains and singles that left.
     spare: Vec<Vec<u8>>,
     pub(crate) counters: IoCounters,
+}
+
+/// Packets queued to leave alone, at most (then they leave at once).
+const MAX_SINGLES: usize = 64;
+
+/// A packet that leaves alone, queued until the pass ends.
+#[derive(Debug)]
+struct Single {
+    /// The socket (as in [`Train`]).
+    local: usize,
+    port: u16,
+    to: SockAddr,
+    /// The packet whole, and where its UDP payload lies.
+    buf: Vec<u8>,
+    payload: Range<usize>,
 }
 
 impl Tx {
@@ -388,6 +410,8 @@ impl Tx {
             fixed_port,
             gso,
             trains: Vec::new(),
+            singles: Vec::with_capacity(MAX_SINGLES),
+            multi: mmsg::MultiSend::new(MAX_SINGLES),
             spare: Vec::new(),
             counters: IoCounters::default(),
         }
@@ -491,10 +515,70 @@ impl Tx {
         if let Some(c) = capture {
             c.record(pkt);
         }
-        let result = self.locals[li]
-            .socket(port)
-            .send_to(&pkt[payload], &SockAddr::from(to));
-        self.count_sent(result.map(drop), 1, dst);
+        let spare = self.spare.pop().unwrap_or_else(|| vec![0; buf.len()]);
+        self.queue_single(li, port, to, std::mem::replace(buf, spare), payload);
+    }
+
+    /// Queue a packet that leaves alone; a full queue leaves at once.
+    fn queue_single(
+        &mut self,
+        local: usize,
+        port: u16,
+        to: SocketAddr,
+        buf: Vec<u8>,
+        payload: Range<usize>,
+    ) {
+        if self.singles.len() >= MAX_SINGLES {
+            self.flush_singles();
+        }
+        self.singles.push(Single {
+            local,
+            port,
+            to: SockAddr::from(to),
+            buf,
+            payload,
+        });
+    }
+
+    /// Send the queued singles: one `sendmmsg` for each run of them that leaves from one
+    /// socket (their order kept). A datagram the kernel refuses is counted and skipped.
+    fn flush_singles(&mut self) {
+        let Tx {
+            locals,
+            singles,
+            multi,
+            spare,
+            counters,
+            ..
+        } = self;
+        let mut at = 0;
+        while at < singles.len() {
+            let (local, port) = (singles[at].local, singles[at].port);
+            let run = singles[at..]
+                .iter()
+                .take_while(|s| s.local == local && s.port == port)
+                .count();
+            let sock = locals[local].socket(port);
+            let end = at + run;
+            while at < end {
+                let batch = singles[at..end]
+                    .iter()
+                    .map(|s| (&s.buf[s.payload.clone()], &s.to));
+                counters.tx_calls += 1;
+                match multi.send(sock.as_fd(), batch) {
+                    Ok(n) if n > 0 => {
+                        counters.tx_datagrams += n as u64;
+                        at += n;
+                    }
+                    result => {
+                        counters.tx_errors += 1;
+                        tracing::debug!(to = ?singles[at].to.as_socket(), ?result, "send failed; the transport will retransmit");
+                        at += 1;
+                    }
+                }
+            }
+        }
+        spare.extend(singles.drain(..).map(|s| s.buf));
     }
 
     /// The source port a packet the engine sent from `port` leaves from: its own where the
@@ -532,11 +616,12 @@ impl Tx {
         }
     }
 
-    /// Send every open train.
+    /// Send every queued single and open train.
     pub(crate) fn flush(&mut self) {
         while !self.trains.is_empty() {
             self.flush_train(0);
         }
+        self.flush_singles();
     }
 
     /// Send open train `i`: one `sendmsg` whose `UDP_SEGMENT` cuts it into its packets,
@@ -546,11 +631,18 @@ impl Tx {
     fn flush_train(&mut self, i: usize) {
         let mut t = self.trains.remove(i);
         let n = t.packets.len();
+        if n == 1 {
+            // A train of one leaves alone, with the singles.
+            if let Some((b, r)) = t.packets.pop() {
+                self.queue_single(t.local, t.port, t.to, b, r);
+            }
+            return;
+        }
+        // A QP's singles queued before its train opened leave first.
+        self.flush_singles();
         let sock = self.locals[t.local].socket(t.port);
-        let result = if n == 1 {
-            let (b, r) = &t.packets[0];
-            sock.send_to(&b[r.clone()], &SockAddr::from(t.to)).map(drop)
-        } else {
+        self.counters.tx_calls += 1;
+        let result = {
             let iov: SmallVec<[IoSlice<'_>; 8]> = t
                 .packets
                 .iter()
@@ -580,6 +672,7 @@ impl Tx {
                         .map(drop),
                     _ => Err(io::Error::from(io::ErrorKind::InvalidData)),
                 };
+                self.counters.tx_calls += 1;
                 self.count_sent(sent, 1, t.to.ip());
             }
         } else {

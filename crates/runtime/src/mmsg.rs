@@ -1,4 +1,5 @@
-//! `recvmmsg(2)` over a receive side's slots, with every header set afresh for each call.
+//! `recvmmsg(2)` over a receive side's slots, with every header set afresh for each call;
+//! `sendmmsg(2)` of the datagrams one pass queued for one socket.
 //!
 //! `msg_namelen` and `msg_controllen` are in-out: the kernel replaces them with what it
 //! wrote. nix 0.30's `recvmmsg` reuses its headers without restoring them
@@ -11,6 +12,8 @@
 use std::mem::{size_of, zeroed};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, BorrowedFd};
+
+use socket2::SockAddr;
 
 /// Room for every control message a receive side asks for: `IP_PKTINFO` or
 /// `IPV6_PKTINFO`, and `UDP_GRO`'s segment size, with their headers and padding.
@@ -131,6 +134,82 @@ impl MultiRecv {
             );
         }
         Ok(got)
+    }
+}
+
+/// The headers of a batch of `sendmmsg`.
+pub(crate) struct MultiSend {
+    hdrs: Box<[libc::mmsghdr]>,
+    iovs: Box<[libc::iovec]>,
+}
+
+impl std::fmt::Debug for MultiSend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MultiSend")
+            .field("batch", &self.hdrs.len())
+            .finish()
+    }
+}
+
+// SAFETY: as for `MultiRecv`: the pointers are written afresh before each call and point
+// only at what that call borrows.
+unsafe impl Send for MultiSend {}
+
+impl MultiSend {
+    /// Headers for batches of up to `batch` datagrams.
+    pub(crate) fn new(batch: usize) -> MultiSend {
+        // SAFETY: `mmsghdr` and `iovec` are plain C structs for which all zero bytes (null
+        // pointers, zero lengths) is a valid value.
+        let (hdr, iov) = unsafe { (zeroed::<libc::mmsghdr>(), zeroed::<libc::iovec>()) };
+        MultiSend {
+            hdrs: vec![hdr; batch].into_boxed_slice(),
+            iovs: vec![iov; batch].into_boxed_slice(),
+        }
+    }
+
+    /// Send each `(payload, to)` of `datagrams` (as many as the batch holds) in
+    /// one call. Returns how many the kernel took, from the first: it stops at the first it
+    /// cannot take, and fails only when that is the first.
+    pub(crate) fn send<'a>(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        datagrams: impl Iterator<Item = (&'a [u8], &'a SockAddr)>,
+    ) -> nix::Result<usize> {
+        let mut n = 0;
+        for (i, (payload, to)) in datagrams.take(self.hdrs.len()).enumerate() {
+            // The kernel only reads through these pointers (`sendmmsg` does not write the
+            // payload or the address).
+            self.iovs[i] = libc::iovec {
+                iov_base: payload.as_ptr().cast_mut().cast(),
+                iov_len: payload.len(),
+            };
+            let h = &mut self.hdrs[i];
+            h.msg_len = 0;
+            h.msg_hdr.msg_name = to.as_ptr().cast_mut().cast();
+            h.msg_hdr.msg_namelen = to.len();
+            h.msg_hdr.msg_iov = &raw mut self.iovs[i];
+            h.msg_hdr.msg_iovlen = 1;
+            h.msg_hdr.msg_control = std::ptr::null_mut();
+            h.msg_hdr.msg_controllen = 0;
+            h.msg_hdr.msg_flags = 0;
+            n = i + 1;
+        }
+        if n == 0 {
+            return Ok(0);
+        }
+        // SAFETY: the first `n` headers were just set to point at memory borrowed for this
+        // call: each iovec at a payload of the given length, each name at a socket address
+        // of the given length; no control messages. The kernel reads them and writes only
+        // `msg_len` in the headers.
+        let sent = unsafe {
+            libc::sendmmsg(
+                fd.as_raw_fd(),
+                self.hdrs.as_mut_ptr(),
+                n as libc::c_uint,
+                libc::MSG_DONTWAIT,
+            )
+        };
+        usize::try_from(sent).map_err(|_| nix::errno::Errno::last())
     }
 }
 
