@@ -355,6 +355,10 @@ struct Core<A> {
     capture: Option<Arc<Capture>>,
     /// The port's connection manager, fed from QP1.
     cm: rdma_cm::CmHost,
+    /// Posts since a thread last polled a CQ or drove the device ([`EngineGuard::hold_transmit`]).
+    posts_since_poll: u32,
+    /// Posts whose packets wait for the next pump.
+    held: u32,
 }
 
 /// A packet one of the device's QPs sent another.
@@ -386,6 +390,7 @@ impl<A: Attachment> Core<A> {
     /// the pass that handled its request, so a thread that just received what it waits for
     /// posts its reply before anyone pays for the ACK.
     fn pump(&mut self, net: &Net, now: Instant) {
+        self.held = 0;
         for _ in 0..LOCAL_ROUNDS {
             self.pump_once(net, now);
             if self.local_rx.is_empty() {
@@ -773,8 +778,18 @@ impl<A: Attachment> Shared<A> {
     /// timer (an ACK's deadline included; published under this lock: see `wake_at`), or
     /// packets for this device wait for another round.
     fn after_change(&self, core: &mut Core<A>, now: Instant) {
+        self.after_change_holding(core, now, false);
+    }
+
+    /// [`Shared::after_change`], where `hold` leaves what the engine has to send for the
+    /// next pump (see [`EngineGuard::hold_transmit`]).
+    fn after_change_holding(&self, core: &mut Core<A>, now: Instant, hold: bool) {
         self.sync_groups(core);
-        core.pump(&self.net, now);
+        if hold {
+            core.held += 1;
+        } else {
+            core.pump(&self.net, now);
+        }
         core.notify(&self.async_fd);
         let mut next = core.poll_timeout().map_or(u64::MAX, Instant::as_nanos);
         if !core.local_rx.is_empty() {
@@ -799,8 +814,10 @@ impl<A: Attachment> Shared<A> {
         if explicit || self.implicit_leases(now.as_nanos()) {
             self.renew_lease(now);
         }
-        // ACKs that fell due since the last pass go now, before this thread looks again.
-        if core.run_due_timers(now) {
+        // ACKs that fell due since the last pass, and packets of posts held back, go now,
+        // before this thread looks again.
+        core.posts_since_poll = 0;
+        if core.run_due_timers(now) || core.held > 0 {
             self.after_change(core, now);
         }
         let Ok(mut rx) = self.rx.try_lock() else {
@@ -857,6 +874,21 @@ impl<A: Attachment> Shared<A> {
         self.drivers.load(Ordering::SeqCst) > 0 || self.lease_until.load(Ordering::SeqCst) > now_ns
     }
 
+    /// Whether the packets of the post just made may wait for the next pump (see
+    /// [`EngineGuard::hold_transmit`]): a pump comes soon, because a thread polls the
+    /// device or because the progress thread is awake and nobody drives the socket (it
+    /// decides to sleep under this lock, and does not while posts are held: see
+    /// `has_pending`); this is not the first post since a thread last looked, so the
+    /// poster is not waiting for this one packet alone; and fewer than [`MAX_HELD`] wait.
+    fn may_hold(&self, core: &mut Core<A>, now: Instant) -> bool {
+        let now_ns = now.as_nanos();
+        let pump_soon = self.polling(now_ns)
+            || (!self.app_drives(now_ns) && self.wake_at.load(Ordering::SeqCst) == 0);
+        let hold = core.posts_since_poll > 0 && core.held < MAX_HELD && pump_soon;
+        core.posts_since_poll = core.posts_since_poll.saturating_add(1);
+        hold
+    }
+
     /// The engine lock if it is free. The progress thread only tries it while an
     /// application thread polls: blocking on it would make every unlock of the polling
     /// thread a futex wakeup of the progress thread, which then fails to get the lock
@@ -883,7 +915,10 @@ impl<A: Attachment> Shared<A> {
     /// Whether the progress thread should not sleep: work or packets wait that a pass
     /// would take.
     fn has_pending(&self, core: &Core<A>) -> bool {
-        !core.local_rx.is_empty() || core.attach.has_work() || !lock_leaf(&self.inbox).is_empty()
+        !core.local_rx.is_empty()
+            || core.held > 0
+            || core.attach.has_work()
+            || !lock_leaf(&self.inbox).is_empty()
     }
 }
 
@@ -1075,6 +1110,8 @@ impl<A: Attachment> Runtime<A> {
             groups_epoch: 0,
             local_rx: VecDeque::new(),
             local_free: Vec::new(),
+            posts_since_poll: 0,
+            held: 0,
             capture: Capture::from_env(),
             cm,
         };
@@ -1160,6 +1197,7 @@ impl<A: Attachment> Runtime<A> {
             core: self.shared.lock(),
             shared: &self.shared,
             dirty: false,
+            hold: false,
         }
     }
 
@@ -1428,6 +1466,9 @@ impl<A: Attachment> Drop for Driving<'_, A> {
     }
 }
 
+/// Posts whose packets wait for one pump at most ([`EngineGuard::hold_transmit`]).
+const MAX_HELD: u32 = 32;
+
 /// How long the socket stays with application threads after they last polled (or waited):
 /// the progress thread then takes it back. Bounds the extra delay of a packet that arrives
 /// when an application thread stopped polling without saying so, and how often the
@@ -1454,6 +1495,8 @@ pub struct EngineGuard<'a, A: Attachment = Plain> {
     core: MutexGuard<'a, Core<A>>,
     shared: &'a Shared<A>,
     dirty: bool,
+    /// The change was a post whose packets may wait ([`EngineGuard::hold_transmit`]).
+    hold: bool,
 }
 
 impl<A: Attachment> EngineGuard<'_, A> {
@@ -1563,6 +1606,17 @@ impl<A: Attachment> EngineGuard<'_, A> {
         &mut self.core.attach
     }
 
+    /// Say that the change made under this guard was a post whose packets may wait for
+    /// the next pump, with those of the posts that follow: while a thread polls the device
+    /// (a CQ or [`Runtime::poll_progress`]), the second and later posts between two of its
+    /// looks leave together at the next look (or with the next post that sends, or after
+    /// [`MAX_HELD`] posts), in one `sendmmsg` or GSO train, where each would otherwise pay
+    /// a system call of its own. The first post after a look leaves at once: a ping-pong
+    /// never waits. Without a polling thread every post leaves at once.
+    pub fn hold_transmit(&mut self) {
+        self.hold = true;
+    }
+
     /// Take the work the host's attachment has waiting ([`Attachment::take_work`]) into
     /// the engine, so that a verb called next sees every post made before it. Returns how
     /// many work requests.
@@ -1608,6 +1662,7 @@ impl<A: Attachment> EngineGuard<'_, A> {
         cq: CqHandle,
         max: usize,
     ) -> Result<Vec<engine::WorkCompletion>, VerbsError> {
+        self.core.posts_since_poll = 0;
         let v = self.core.engine.poll_cq(cq, max)?;
         if !v.is_empty() || max == 0 || self.shared.drive_polling(&mut self.core, false) == 0 {
             return Ok(v);
@@ -1622,6 +1677,7 @@ impl<A: Attachment> EngineGuard<'_, A> {
         cq: CqHandle,
         out: &mut [engine::WorkCompletion],
     ) -> Result<usize, VerbsError> {
+        self.core.posts_since_poll = 0;
         let n = self.core.engine.poll_cq_into(cq, out)?;
         if n > 0 || out.is_empty() || self.shared.drive_polling(&mut self.core, false) == 0 {
             return Ok(n);
@@ -1648,7 +1704,8 @@ impl<A: Attachment> Drop for EngineGuard<'_, A> {
     fn drop(&mut self) {
         if self.dirty {
             let now = self.shared.now();
-            self.shared.after_change(&mut self.core, now);
+            let hold = self.hold && self.shared.may_hold(&mut self.core, now);
+            self.shared.after_change_holding(&mut self.core, now, hold);
         }
     }
 }

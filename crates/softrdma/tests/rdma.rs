@@ -195,3 +195,47 @@ fn a_responder_read_back_to_back_learns_to_poll_instead_of_sleeping_each_time() 
     }
     eprintln!("the responder's core was taken from its polling in each of 5 runs");
 }
+
+#[test]
+fn small_posts_between_two_looks_share_send_calls_and_the_first_leaves_at_once() {
+    const BURST: u64 = 32;
+    let (a, b) = pair_v4_on(BackendKind::Embedded, 4096);
+    let rt = a.dev.try_runtime().unwrap();
+    let remote = b.mr.remote(..8).unwrap();
+    let write = |i| {
+        a.qp.write(i, &[a.mr.sge(..8).unwrap()], &remote).unwrap();
+    };
+    // The first post after a look leaves before the post returns: a ping-pong never waits.
+    for _ in 0..4 {
+        rt.poll_progress();
+    }
+    assert!(a.cq.poll_one().unwrap().is_none());
+    let before = rt.io_counters().tx_datagrams;
+    write(0);
+    assert!(
+        rt.io_counters().tx_datagrams > before,
+        "a lone post after a look was held back"
+    );
+    a.cq.wait_ok(WAIT).unwrap();
+    // Posts back to back while this thread polls: after the first, each waits for the next
+    // look, and they leave together. The look that releases them is this thread's own, so
+    // only a thread descheduled for longer than its lease (other tests run beside this
+    // one) sends them one by one: such bursts are tried again.
+    for attempt in 1..=5 {
+        rt.poll_progress();
+        let before = rt.io_counters();
+        (1..=BURST).for_each(write);
+        for _ in 0..BURST {
+            a.cq.wait_ok(WAIT).unwrap();
+        }
+        let after = rt.io_counters();
+        let sent = after.tx_datagrams - before.tx_datagrams;
+        let calls = after.tx_calls - before.tx_calls;
+        assert!(sent >= BURST, "{sent} packets for {BURST} WRITEs");
+        if calls * 4 <= sent {
+            return;
+        }
+        eprintln!("attempt {attempt}: {calls} send calls for {sent} packets");
+    }
+    panic!("in 5 bursts of {BURST} small WRITEs, the packets never shared send calls");
+}

@@ -21,6 +21,11 @@ use super::{
 };
 use crate::Result;
 
+/// Sends of at most this many bytes (a packet or a few) may wait for the next pump, to
+/// leave with the posts that follow ([`EngineGuard::hold_transmit`]); a larger message's
+/// packets already share their system calls (GSO trains).
+const HOLD_BYTES: u64 = 4096;
+
 /// The embedded engine of one open device.
 #[derive(Debug)]
 pub(crate) struct Embedded {
@@ -214,11 +219,23 @@ impl Provider for Embedded {
     }
 
     fn post_send(&self, qp: QpHandle, wr: SendWr) -> Result<()> {
-        Ok(self.rt.lock().post_send(qpn(qp), wr)?)
+        let mut g = self.rt.lock();
+        let small = wr.payload.len() <= HOLD_BYTES;
+        g.post_send(qpn(qp), wr)?;
+        if small {
+            g.hold_transmit();
+        }
+        Ok(())
     }
 
     fn post_send_ud(&self, qp: QpHandle, wr: SendWr, dest: UdDest) -> Result<()> {
-        Ok(self.rt.lock().post_send_ud(qpn(qp), wr, dest)?)
+        let mut g = self.rt.lock();
+        let small = wr.payload.len() <= HOLD_BYTES;
+        g.post_send_ud(qpn(qp), wr, dest)?;
+        if small {
+            g.hold_transmit();
+        }
+        Ok(())
     }
 
     fn post_recv(&self, qp: QpHandle, wr: RecvWr) -> Result<()> {
