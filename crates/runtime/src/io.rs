@@ -488,7 +488,7 @@ impl Tx {
                 // The QP's next packet does not ride: what the train holds goes first.
                 self.flush_train(i);
             }
-            if link.may_lead {
+            if link.leads(payload.len()) {
                 if let Some(c) = capture {
                     c.record(pkt);
                 }

@@ -1345,6 +1345,7 @@ impl<A: Attachment> Runtime<A> {
         let core = self.shared.lock();
         let mut c = core.tx.counters;
         c.rx_datagrams = core.rx_counters.rx_datagrams;
+        c.rx_trains = core.rx_counters.rx_trains;
         c.rx_dropped = core.rx_counters.rx_dropped;
         c.rx_mcast_own = core.rx_counters.rx_mcast_own;
         c

@@ -198,41 +198,84 @@ fn a_responder_read_back_to_back_learns_to_poll_instead_of_sleeping_each_time() 
 
 #[test]
 fn small_posts_between_two_looks_share_send_calls_and_the_first_leaves_at_once() {
-    const BURST: u64 = 32;
     let (a, b) = pair_v4_on(BackendKind::Embedded, 4096);
-    let rt = a.dev.try_runtime().unwrap();
-    let remote = b.mr.remote(..8).unwrap();
-    let write = |i| {
-        a.qp.write(i, &[a.mr.sge(..8).unwrap()], &remote).unwrap();
+    small_writes_leave_together(&a, &b);
+}
+
+#[test]
+fn small_posts_leave_in_trains_that_the_raw_receive_path_cuts() {
+    let open = |ip: &str| {
+        softrdma::Device::builder(ip.parse().unwrap())
+            .backend(BackendKind::Embedded)
+            .port(0)
+            .rx_path(softrdma::RxPath::Raw)
+            .open()
+            .ok()
     };
-    // The first post after a look leaves before the post returns: a ping-pong never waits.
+    let (Some(da), Some(db)) = (open("127.0.0.55"), open("127.0.0.56")) else {
+        eprintln!("skipped: the raw receive path needs root or CAP_NET_RAW");
+        return;
+    };
+    da.runtime().set_remote_port(db.local_addr().port());
+    db.runtime().set_remote_port(da.local_addr().port());
+    let (a, b) = pair_on(da, db, 4096);
+    small_writes_leave_together(&a, &b);
+}
+
+/// The first small WRITE after a look leaves before the post returns (a ping-pong never
+/// waits); a burst of them posted back to back while the poster polls leaves together, as
+/// a GSO train the receiver cuts into its packets, every one landing where it should.
+fn small_writes_leave_together(a: &common::Side, b: &common::Side) {
+    const BURST: u64 = 32;
+    let (ra, rb) = (a.dev.try_runtime().unwrap(), b.dev.try_runtime().unwrap());
+    let write = |i: u64, tag: u8| {
+        let at = 8 * i as usize;
+        a.mr.write(at, &[tag; 8]).unwrap();
+        let remote = b.mr.remote(at..at + 8).unwrap();
+        a.qp.write(i, &[a.mr.sge(at..at + 8).unwrap()], &remote)
+            .unwrap();
+    };
     for _ in 0..4 {
-        rt.poll_progress();
+        ra.poll_progress();
     }
     assert!(a.cq.poll_one().unwrap().is_none());
-    let before = rt.io_counters().tx_datagrams;
-    write(0);
+    let before = ra.io_counters().tx_datagrams;
+    write(0, 0xee);
     assert!(
-        rt.io_counters().tx_datagrams > before,
+        ra.io_counters().tx_datagrams > before,
         "a lone post after a look was held back"
     );
     a.cq.wait_ok(WAIT).unwrap();
-    // Posts back to back while this thread polls: after the first, each waits for the next
-    // look, and they leave together. The look that releases them is this thread's own, so
-    // only a thread descheduled for longer than its lease (other tests run beside this
-    // one) sends them one by one: such bursts are tried again.
-    for attempt in 1..=5 {
-        rt.poll_progress();
-        let before = rt.io_counters();
-        (1..=BURST).for_each(write);
+    // After the first, each waits for the next look of this thread. Only a thread
+    // descheduled for longer than its lease (other tests run beside this one) sends them
+    // one by one: such bursts are tried again.
+    for attempt in 1..=5u8 {
+        ra.poll_progress();
+        let (tx, rx) = (ra.io_counters(), rb.io_counters());
+        (1..=BURST).for_each(|i| write(i, attempt.wrapping_mul(16).wrapping_add(i as u8)));
         for _ in 0..BURST {
             a.cq.wait_ok(WAIT).unwrap();
         }
-        let after = rt.io_counters();
-        let sent = after.tx_datagrams - before.tx_datagrams;
-        let calls = after.tx_calls - before.tx_calls;
+        let mut got = vec![0u8; 8 * (BURST as usize + 1)];
+        b.mr.read(0, &mut got).unwrap();
+        for i in 1..=BURST as usize {
+            let tag = attempt.wrapping_mul(16).wrapping_add(i as u8);
+            assert_eq!(
+                got[8 * i..8 * i + 8],
+                [tag; 8],
+                "WRITE {i} of burst {attempt}"
+            );
+        }
+        let (tx2, rx2) = (ra.io_counters(), rb.io_counters());
+        let sent = tx2.tx_datagrams - tx.tx_datagrams;
+        let calls = tx2.tx_calls - tx.tx_calls;
         assert!(sent >= BURST, "{sent} packets for {BURST} WRITEs");
         if calls * 4 <= sent {
+            assert!(tx2.tx_trains > tx.tx_trains, "{calls} calls, no train");
+            assert!(
+                rx2.rx_trains > rx.rx_trains,
+                "the receiver took no train whole"
+            );
             return;
         }
         eprintln!("attempt {attempt}: {calls} send calls for {sent} packets");

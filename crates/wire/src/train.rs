@@ -4,12 +4,13 @@
 //!
 //! A train is consecutive packets of one QP: the same destination QP, each PSN one past the
 //! one before, every segment as long as the first but the last (which may be shorter), the
-//! first a FIRST or MIDDLE packet (whose payload is exactly the path MTU). The rules let a
-//! receiver that is handed a train whole with no segment size (a raw socket, on a path
-//! where nothing cut the train: loopback, veth) find where its packets lie
-//! ([`segment_len`]), and keep a single packet from ever being read as a train but by data
-//! that imitates the next packet's BTH at an MTU boundary (whose pieces then fail their
-//! ICRC).
+//! first a FIRST or MIDDLE packet (whose payload is exactly the path MTU), or an ONLY packet
+//! of at most [`MAX_SMALL_SEG`] bytes (small messages posted back to back, each a packet of
+//! the same size). The rules let a receiver that is handed a train whole with no segment
+//! size (a raw socket, on a path where nothing cut the train: loopback, veth) find where its
+//! packets lie ([`segment_len`]), and keep a single packet from ever being read as a train
+//! but by data that imitates the next packet's BTH at an MTU boundary, or for a small ONLY
+//! packet within its first [`MAX_SMALL_SEG`] bytes (whose pieces then fail their ICRC).
 //!
 //! Linux numbers the IPv4 identification of a train's segments from the socket's base ID,
 //! one up per segment; the base is 0 on an unconnected socket that sets DF (its
@@ -27,6 +28,10 @@ use crate::udp::{checksum_ipv6, Udp, UDP_HEADER_LEN};
 /// Most segments a host puts in one train (Linux takes up to 128 per `sendmsg`).
 pub const MAX_SEGMENTS: usize = 64;
 
+/// Longest ONLY packet that leads a train (of small messages); a receiver looks this far
+/// for the second packet of a train an ONLY packet leads.
+pub const MAX_SMALL_SEG: usize = 256;
+
 /// Most bytes of UDP payload in one train: what an IPv4 datagram can carry.
 pub const MAX_BYTES: usize = 65_507;
 
@@ -40,6 +45,9 @@ pub struct Link {
     /// A FIRST or MIDDLE packet: its payload is a whole path MTU, and a train may start
     /// with it.
     pub may_lead: bool,
+    /// An ONLY packet (a whole message): a train of small ones may start with it (see
+    /// [`Link::leads`]).
+    pub only: bool,
 }
 
 impl Link {
@@ -52,7 +60,14 @@ impl Link {
             dest_qp: bth.dest_qp(),
             psn: bth.psn(),
             may_lead: op.is_first() || op.is_middle(),
+            only: op.is_only(),
         })
+    }
+
+    /// Whether this packet, `len` bytes of UDP payload, may start a train: a FIRST or
+    /// MIDDLE packet, or an ONLY packet of at most [`MAX_SMALL_SEG`] bytes.
+    pub fn leads(self, len: usize) -> bool {
+        self.may_lead || (self.only && len <= MAX_SMALL_SEG)
     }
 
     /// Whether the packet `next` may follow the packet `self` in a train.
@@ -69,6 +84,9 @@ pub fn segment_len(payload: &[u8]) -> usize {
     let Some(first) = Link::of(payload) else {
         return payload.len();
     };
+    if first.only {
+        return small_segment_len(payload, first);
+    }
     if !first.may_lead {
         return payload.len();
     }
@@ -79,6 +97,25 @@ pub fn segment_len(payload: &[u8]) -> usize {
         .iter()
         .map(|mtu| op.header_len() + mtu.bytes() + ICRC_LEN)
         .find(|&seg| is_train(payload, seg, first))
+        .unwrap_or(payload.len())
+}
+
+/// [`segment_len`] of a payload an ONLY packet leads: the first offset, within
+/// [`MAX_SMALL_SEG`] bytes, at which the payload cut is a train (the candidates are the
+/// 4-byte multiples where the destination QP repeats: every RoCE packet is a whole number
+/// of 4-byte words), else all of it.
+fn small_segment_len(payload: &[u8], first: Link) -> usize {
+    const DEST_QP: core::ops::Range<usize> = 5..8;
+    let Some(qp) = payload.get(DEST_QP) else {
+        return payload.len();
+    };
+    let last = MAX_SMALL_SEG.min(payload.len().saturating_sub(BTH_LEN + ICRC_LEN));
+    (BTH_LEN + ICRC_LEN..=last)
+        .step_by(4)
+        .find(|&seg| {
+            payload.get(seg + DEST_QP.start..seg + DEST_QP.end) == Some(qp)
+                && is_train(payload, seg, first)
+        })
         .unwrap_or(payload.len())
 }
 
@@ -255,6 +292,37 @@ pub(crate) mod tests {
             train.extend(payload(Opcode::RcRdmaWriteLast, 3, 100, 9));
             assert_eq!(segment_len(&train), BTH_LEN + m + ICRC_LEN, "{mtu:?}");
         }
+    }
+
+    #[test]
+    fn a_train_of_small_only_packets_is_cut_at_their_length() {
+        for (op, len) in [
+            (Opcode::RcSendOnly, 2),
+            (Opcode::RcRdmaWriteOnly, 2),
+            (Opcode::RcSendOnly, 200),
+        ] {
+            let one = payload(op, 0xff_ffff, len, 1);
+            assert_eq!(segment_len(&one), one.len(), "{op:?} alone");
+            let mut train = one.clone();
+            for i in 0..40u32 {
+                train.extend(payload(op, i, len, i as u8));
+            }
+            // The last may be shorter.
+            train.extend(payload(op, 40, len.saturating_sub(1).max(1), 0));
+            assert_eq!(segment_len(&train), one.len(), "{op:?} x 42");
+        }
+        // Larger ONLY packets lead no train: a receiver looks no further.
+        let big = payload(Opcode::RcSendOnly, 1, MAX_SMALL_SEG, 1);
+        assert!(big.len() > MAX_SMALL_SEG);
+        assert!(!Link::of(&big).unwrap().leads(big.len()));
+        let mut two = big.clone();
+        two.extend(payload(Opcode::RcSendOnly, 2, MAX_SMALL_SEG, 2));
+        assert_eq!(segment_len(&two), two.len());
+        // A small ONLY packet followed by another QP's, or by a PSN that does not follow, is
+        // no train.
+        let mut gap = payload(Opcode::RcSendOnly, 1, 2, 1);
+        gap.extend(payload(Opcode::RcSendOnly, 3, 2, 2));
+        assert_eq!(segment_len(&gap), gap.len());
     }
 
     #[test]

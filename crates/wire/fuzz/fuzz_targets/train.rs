@@ -33,7 +33,7 @@ fuzz_target!(|data: &[u8]| {
         if let Some(p) = prev {
             assert!(p.is_followed_by(link), "piece {k} does not follow");
         } else {
-            assert!(link.may_lead);
+            assert!(link.leads(seg), "a train led by a packet that may not lead one");
         }
         prev = Some(link);
         let mut out = vec![0u8; IPV4_TRAIN_HEADER_LEN + piece.len()];
