@@ -4,7 +4,8 @@
 //! `rxe0`, GID index 1), through the shared tool `rxe-vm/run-vm.sh` (see [`rxe_vm`]).
 //!
 //! The matrix ([`MATRIX`]): ibv_rc_pingpong, ibv_ud_pingpong, ibv_srq_pingpong, ib_write_bw,
-//! ib_read_bw, ib_send_bw, ib_atomic_bw, ib_write_lat, few iterations each (the VM is
+//! ib_read_bw, ib_send_bw (64 KiB, and ib_write_bw and ib_send_bw again with 2-byte
+//! messages), ib_atomic_bw, ib_write_lat, few iterations each (the VM is
 //! emulated: correctness only, never timings), in both directions, one VM per direction
 //! running the whole list in order. Each program has its own TCP port (18515 + its place in
 //! the list), so a client can only ever pair with its own server; the client retries while
@@ -118,6 +119,22 @@ const MATRIX: &[Program] = &[
         iters: "20",
         extra: &["-F"],
         row_size: Some("65536"),
+    },
+    // Small messages back to back: softrdma sends them as GSO trains of equal ONLY packets,
+    // which the kernel cuts and rxe checks packet by packet.
+    Program {
+        kind: Kind::Verbs,
+        name: "ib_write_bw",
+        iters: "200",
+        extra: &["-F", "-s", "2"],
+        row_size: Some("2"),
+    },
+    Program {
+        kind: Kind::Verbs,
+        name: "ib_send_bw",
+        iters: "200",
+        extra: &["-F", "-s", "2"],
+        row_size: Some("2"),
     },
     Program {
         kind: Kind::Verbs,
