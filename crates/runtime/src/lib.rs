@@ -1613,7 +1613,9 @@ impl<A: Attachment> EngineGuard<'_, A> {
     /// looks leave together at the next look (or with the next post that sends, or after
     /// [`MAX_HELD`] posts), in one `sendmmsg` or GSO train, where each would otherwise pay
     /// a system call of its own. The first post after a look leaves at once: a ping-pong
-    /// never waits. Without a polling thread every post leaves at once.
+    /// never waits. Without a polling thread every post leaves at once. A thread that posts
+    /// several and then stops calling verbs altogether leaves its last posts waiting until
+    /// the progress thread takes the device back, [`HANDOVER`] after its last look at most.
     pub fn hold_transmit(&mut self) {
         self.hold = true;
     }
