@@ -99,7 +99,7 @@ pub struct RuntimeConfig {
     /// where the kernel refuses a train the device sends packet by packet from then on.
     pub gso: bool,
     /// Port MTU (the largest path MTU a QP may use). The port offers less when the link
-    /// under `addr` cannot carry it (see [`crate::link`]).
+    /// under `addr` cannot carry it (see [`crate::link()`]).
     pub mtu: Mtu,
     /// Device attributes to report and enforce.
     pub device: DeviceAttr,

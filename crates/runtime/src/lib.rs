@@ -15,7 +15,7 @@
 //! Each packet the engine emits takes one of three routes: back into the same engine when
 //! it is for one of the device's own addresses (as a NIC loops back traffic between its own
 //! QPs; with [`RuntimeConfig::internal_paths`], in the engine's large internal segments
-//! without an ICRC), to another device of the same process when [`link`] joined them (its
+//! without an ICRC), to another device of the same process when [`link()`] joined them (its
 //! inbox and doorbell; over internal paths too when both devices have them), or out of a
 //! UDP socket. [`IoCounters`] counts each. A datagram to
 //! a multicast group takes all three (see "Multicast groups").
@@ -1611,11 +1611,12 @@ impl<A: Attachment> EngineGuard<'_, A> {
     /// the next pump, with those of the posts that follow: while a thread polls the device
     /// (a CQ or [`Runtime::poll_progress`]), the second and later posts between two of its
     /// looks leave together at the next look (or with the next post that sends, or after
-    /// [`MAX_HELD`] posts), in one `sendmmsg` or GSO train, where each would otherwise pay
+    /// 32 posts), in one `sendmmsg` or GSO train, where each would otherwise pay
     /// a system call of its own. The first post after a look leaves at once: a ping-pong
     /// never waits. Without a polling thread every post leaves at once. A thread that posts
     /// several and then stops calling verbs altogether leaves its last posts waiting until
-    /// the progress thread takes the device back, [`HANDOVER`] after its last look at most.
+    /// the progress thread takes the device back, half a millisecond after its last look
+    /// at most.
     pub fn hold_transmit(&mut self) {
         self.hold = true;
     }
