@@ -443,6 +443,41 @@ struct Side {
     /// Receives each QP keeps posted.
     recvs_per_qp: u32,
     mode: PollMode,
+    /// The default mode's spinning, given up for a while when another thread took the core.
+    spin: Spin,
+}
+
+/// When the default poll mode spins. Spinning pays only while the thread has a core to
+/// itself: when another runnable thread shares it (a CPU-bound neighbour), a spinning
+/// thread that gives its core away gets it back only after the neighbour's time slice,
+/// where a thread woken from sleep preempts the neighbour at once. A spin in which two
+/// looks lay more than [`PREEMPTED`] apart saw the core taken: sleep at once for
+/// [`SPIN_OFF`] (the rule the runtime's progress thread follows for its own polling).
+#[derive(Debug, Default)]
+struct Spin {
+    off_until: std::cell::Cell<Option<Instant>>,
+}
+
+/// Two looks of a spin further apart than this: the core was taken meanwhile.
+const PREEMPTED: Duration = Duration::from_micros(500);
+/// How long a thread that was preempted while spinning sleeps at once instead.
+const SPIN_OFF: Duration = Duration::from_millis(100);
+
+impl Spin {
+    /// Whether a wait that started at `t0` keeps spinning at `now`, the previous look
+    /// having been at `last`: for [`HYBRID_SPIN`] at most, and not while spinning is off.
+    fn keeps_on(&self, t0: Instant, last: Instant, now: Instant) -> bool {
+        if now.duration_since(last) > PREEMPTED {
+            self.off_until.set(Some(now + SPIN_OFF));
+            return false;
+        }
+        now.duration_since(t0) < HYBRID_SPIN
+    }
+
+    /// Whether spinning is allowed at all now.
+    fn allowed(&self) -> bool {
+        self.off_until.get().is_none_or(|t| Instant::now() >= t)
+    }
 }
 
 /// The device on `ip`, by the tools' backend rule with this benchmark's options.
@@ -513,6 +548,7 @@ impl Side {
             max,
             recvs_posted: vec![0; n as usize],
             recvs_per_qp: recv_depth,
+            spin: Spin::default(),
             mode,
         };
         if p.test.is_send() {
@@ -556,8 +592,9 @@ impl Side {
     /// an empty poll drives the device from this thread (it receives the packet that
     /// completes the work itself, with no thread switch), and only a long wait sleeps.
     fn wait(&self, cq: &Cq, max: usize) -> Result<Vec<WorkCompletion>> {
-        if self.mode == PollMode::Hybrid {
+        if self.mode == PollMode::Hybrid && self.spin.allowed() {
             let t0 = Instant::now();
+            let mut last = t0;
             let mut n = 0u32;
             let rt = self.dev.try_runtime();
             loop {
@@ -573,8 +610,12 @@ impl Side {
                 }
                 // Reading the clock on every look would cost more than the look.
                 n = n.wrapping_add(1);
-                if n.is_multiple_of(64) && t0.elapsed() > HYBRID_SPIN {
-                    break;
+                if n.is_multiple_of(64) {
+                    let now = Instant::now();
+                    if !self.spin.keeps_on(t0, last, now) {
+                        break;
+                    }
+                    last = now;
                 }
                 std::hint::spin_loop();
             }
@@ -591,6 +632,7 @@ impl Side {
     fn receive_all(&mut self, ctrl: &mut Ctrl) -> Result<u64> {
         let (mut got, mut expected) = (0u64, u64::MAX);
         let mut idle_since: Option<Instant> = None;
+        let mut last = Instant::now();
         let mut looks = 0u32;
         while got < expected {
             let n = self.reap_recvs()?;
@@ -605,10 +647,19 @@ impl Side {
                 expected = done_count(&ctrl.expect("DONE")?)?;
                 continue;
             }
-            let idle = *idle_since.get_or_insert_with(Instant::now);
-            if self.mode == PollMode::Busy
-                || (self.mode == PollMode::Hybrid && idle.elapsed() < HYBRID_SPIN)
-            {
+            let now = Instant::now();
+            if idle_since.is_none() {
+                // Only the gaps between idle looks say whether the core was taken.
+                last = now;
+            }
+            let idle = *idle_since.get_or_insert(now);
+            let spins = match self.mode {
+                PollMode::Busy => true,
+                PollMode::Hybrid => self.spin.allowed() && self.spin.keeps_on(idle, last, now),
+                PollMode::Events => false,
+            };
+            last = now;
+            if spins {
                 if looks.is_multiple_of(16) {
                     if let Some(rt) = self.dev.try_runtime() {
                         rt.poll_progress();
@@ -1709,6 +1760,24 @@ fn done_count(words: &[String]) -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spinning_stops_after_its_time_and_pauses_when_the_core_was_taken() {
+        let spin = Spin::default();
+        let t0 = Instant::now();
+        let us = |n| t0 + Duration::from_micros(n);
+        assert!(spin.allowed());
+        assert!(spin.keeps_on(t0, us(100), us(150)));
+        assert!(
+            !spin.keeps_on(t0, us(990), us(1_010)),
+            "HYBRID_SPIN is over"
+        );
+        assert!(spin.allowed(), "an ordinary end leaves spinning on");
+        // Two looks 600 us apart: another thread had the core.
+        assert!(!spin.keeps_on(t0, us(100), us(700)));
+        assert!(!spin.allowed(), "spinning is off for SPIN_OFF");
+        assert_eq!(spin.off_until.get(), Some(us(700) + SPIN_OFF));
+    }
 
     #[test]
     fn params_round_trip_and_reject_nonsense() {
