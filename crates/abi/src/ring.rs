@@ -95,6 +95,11 @@ pub struct Ring {
     role: Role,
     /// This end's own index, never re-read from shared memory.
     mine: u32,
+    /// The peer's index as last read (and checked): a producer re-reads the consumer index
+    /// only when this says the ring is full, a consumer the producer index only when this
+    /// says it is empty. Indices only grow, so a stale value is a safe underestimate, and
+    /// the shared line the peer writes is read once per batch instead of once per entry.
+    peer: u32,
     /// Producer: this end last set the backlog word (the consumer may have cleared it since).
     backlog: bool,
 }
@@ -158,6 +163,12 @@ impl Ring {
             Role::Producer => ring.word(PROD).load(Ordering::Acquire),
             Role::Consumer => ring.word(CONS).load(Ordering::Acquire),
         };
+        // Nothing seen of the peer yet: full for a producer, empty for a consumer, so the
+        // first push or pop reads the peer's index.
+        ring.peer = match role {
+            Role::Producer => ring.mine.wrapping_sub(capacity),
+            Role::Consumer => ring.mine,
+        };
         Ok(ring)
     }
 
@@ -168,6 +179,7 @@ impl Ring {
             capacity: 0,
             role,
             mine: 0,
+            peer: 0,
             backlog: false,
         }
     }
@@ -221,9 +233,12 @@ impl Ring {
         if self.role != Role::Producer || entry.len() > self.entry_size {
             return Err(RingError::Invalid("push on a consumer, or entry too long"));
         }
-        let cons = self.word(CONS).load(Ordering::Acquire);
-        if self.check(self.mine, cons)? == self.capacity {
-            return Ok(false);
+        if self.mine.wrapping_sub(self.peer) >= self.capacity {
+            let cons = self.word(CONS).load(Ordering::Acquire);
+            if self.check(self.mine, cons)? == self.capacity {
+                return Ok(false);
+            }
+            self.peer = cons;
         }
         let slot = self.slot(self.mine).cast::<u64>();
         // Whole words up to the entry's end, the last one zero-padded; bytes past it keep
@@ -265,9 +280,12 @@ impl Ring {
                 "pop on a producer, or wrong buffer size",
             ));
         }
-        let prod = self.word(PROD).load(Ordering::Acquire);
-        if self.check(prod, self.mine)? == 0 {
-            return Ok(false);
+        if self.peer == self.mine {
+            let prod = self.word(PROD).load(Ordering::Acquire);
+            if self.check(prod, self.mine)? == 0 {
+                return Ok(false);
+            }
+            self.peer = prod;
         }
         let slot = self.slot(self.mine).cast::<u64>();
         for (i, o) in out.chunks_exact_mut(8).enumerate() {
@@ -342,9 +360,15 @@ mod tests {
     fn a_hostile_peer_index_is_reported_not_followed() {
         let (mut p, fd) = Ring::create(8, 8, Role::Producer).unwrap();
         let c = Ring::open(&fd, Role::Consumer).unwrap();
-        // The "client" publishes a consumer index ahead of the producer.
+        // The "client" publishes a consumer index ahead of the producer. The producer reads
+        // it once its own view says the ring is full: the entries before go into the
+        // client's own slots, and the lie is reported, not followed.
         c.word(CONS).store(1000, Ordering::Release);
+        for i in 0..8 {
+            assert!(p.push(&[i]).unwrap());
+        }
         assert!(matches!(p.push(&[1]), Err(RingError::Corrupt { .. })));
+        assert!(matches!(p.free(), Err(RingError::Corrupt { .. })));
         drop(c);
         let (p2, fd2) = Ring::create(8, 8, Role::Producer).unwrap();
         let mut c2 = Ring::open(&fd2, Role::Consumer).unwrap();
