@@ -30,7 +30,7 @@
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use engine::{MemOwner, Memory, MemoryError};
@@ -182,14 +182,18 @@ pub struct Region {
     pub mapped: Option<Arc<SharedMemory>>,
 }
 
-/// Where an access lands, once checked against its region.
-struct Hit {
-    process: Arc<ClientProcess>,
-    addr: usize,
-    /// End of the region (reads ahead stop there).
-    region_end: usize,
-    /// The region's mapping in the daemon and the access's offset in it.
-    mapped: Option<(Arc<SharedMemory>, usize)>,
+/// Where an access lands, once checked against its region (one reference taken, the one
+/// the access uses).
+enum Hit {
+    /// In the region's mapping in the daemon, at this offset.
+    Mapped(Arc<SharedMemory>, usize),
+    /// In the client process, through its memory file.
+    Process {
+        process: Arc<ClientProcess>,
+        addr: usize,
+        /// End of the region (reads ahead stop there).
+        region_end: usize,
+    },
 }
 
 /// The ranges registered by every client, shared by all devices.
@@ -233,14 +237,13 @@ impl Regions {
         if addr < r.base || end > region_end {
             return Err(fault);
         }
-        Ok(Hit {
-            process: r.process.clone(),
-            addr: usize::try_from(addr).map_err(|_| fault)?,
-            region_end: usize::try_from(region_end).map_err(|_| fault)?,
-            mapped: r
-                .mapped
-                .as_ref()
-                .map(|m| (m.clone(), (addr - r.base) as usize)),
+        Ok(match &r.mapped {
+            Some(m) => Hit::Mapped(m.clone(), (addr - r.base) as usize),
+            None => Hit::Process {
+                process: r.process.clone(),
+                addr: usize::try_from(addr).map_err(|_| fault)?,
+                region_end: usize::try_from(region_end).map_err(|_| fault)?,
+            },
         })
     }
 }
@@ -400,6 +403,10 @@ struct Gathered {
 #[derive(Debug, Clone, Default)]
 pub struct WriteBehind {
     pending: Arc<Mutex<Gathered>>,
+    /// Whether `pending` holds a write: read without the lock, so the flush before every
+    /// completion and packet costs a load while nothing is held. Set and cleared under the
+    /// lock, by the thread that holds the device, which orders it for the next holder.
+    held: Arc<AtomicBool>,
     failed: Arc<AtomicU64>,
 }
 
@@ -408,7 +415,11 @@ impl WriteBehind {
     /// completion reaches a client (a completion says the data is there) and before any
     /// packet leaves.
     pub fn flush(&self) {
+        if !self.held.load(Ordering::Relaxed) {
+            return;
+        }
         let mut g = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        self.held.store(false, Ordering::Relaxed);
         let Some(process) = g.process.take() else {
             return;
         };
@@ -530,16 +541,23 @@ impl Memory for ClientMemory {
             return Ok(());
         }
         self.behind.flush();
-        if let Some((m, off)) = &hit.mapped {
-            // SAFETY: `check` put `off + buf.len()` within the region, which the mapping
-            // covers whole; the mapping lives while `m` does. The client may write the bytes
-            // meanwhile, as it may under a NIC's DMA: the copy then holds some mix of them.
-            unsafe {
-                std::ptr::copy_nonoverlapping(m.as_ptr().add(*off), buf.as_mut_ptr(), buf.len())
-            };
-            return Ok(());
-        }
-        let (process, a, region_end) = (hit.process, hit.addr, hit.region_end);
+        let (process, a, region_end) = match hit {
+            Hit::Mapped(m, off) => {
+                // SAFETY: `check` put `off + buf.len()` within the region, which the mapping
+                // covers whole; the mapping lives while `m` does. The client may write the
+                // bytes meanwhile, as it may under a NIC's DMA: the copy then holds some mix
+                // of them.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(m.as_ptr().add(off), buf.as_mut_ptr(), buf.len())
+                };
+                return Ok(());
+            }
+            Hit::Process {
+                process,
+                addr,
+                region_end,
+            } => (process, addr, region_end),
+        };
         let len = buf.len();
         let epoch = self.epoch.load(Ordering::Acquire);
         let ra = &mut self.ahead;
@@ -587,15 +605,17 @@ impl Memory for ClientMemory {
             return Ok(());
         }
         self.ahead.epoch = 0;
-        if let Some((m, off)) = &hit.mapped {
-            // Writes held back for other regions land first: one order for all of them.
-            self.behind.flush();
-            // SAFETY: as in `read`; the range is within the mapping, which no Rust
-            // reference covers.
-            unsafe { copy_last_byte_last(data, m.as_ptr().add(*off)) };
-            return Ok(());
-        }
-        let (process, a) = (hit.process, hit.addr);
+        let (process, a) = match hit {
+            Hit::Mapped(m, off) => {
+                // Writes held back for other regions land first: one order for all of them.
+                self.behind.flush();
+                // SAFETY: as in `read`; the range is within the mapping, which no Rust
+                // reference covers.
+                unsafe { copy_last_byte_last(data, m.as_ptr().add(off)) };
+                return Ok(());
+            }
+            Hit::Process { process, addr, .. } => (process, addr),
+        };
         if data.len() >= WRITE_BEHIND {
             self.behind.flush();
             process.write(a, data)?;
@@ -620,6 +640,7 @@ impl Memory for ClientMemory {
             g = pending.lock().unwrap_or_else(|e| e.into_inner());
             g.process = Some(process);
             g.base = a;
+            self.behind.held.store(true, Ordering::Relaxed);
         }
         g.data.extend_from_slice(data);
         Ok(())
@@ -635,42 +656,55 @@ impl Memory for ClientMemory {
         let hit = lock(&self.regions).check(owner, addr, 8)?;
         self.ahead.epoch = 0;
         self.behind.flush();
-        if let Some(word) = mapped_word(&hit) {
-            // A real atomic: atomic even against the client's own CPU.
-            return Ok(
-                match word.compare_exchange(compare, swap, Ordering::AcqRel, Ordering::Acquire) {
-                    Ok(v) | Err(v) => v,
-                },
-            );
+        match &hit {
+            Hit::Mapped(m, off) => Ok(mapped_atomic(m, *off, |old| {
+                (old == compare).then_some(swap)
+            })),
+            Hit::Process { process, addr, .. } => {
+                self.read_modify_write(process, *addr, |old| (old == compare).then_some(swap))
+            }
         }
-        self.read_modify_write(&hit.process, hit.addr, |old| {
-            (old == compare).then_some(swap)
-        })
     }
 
     fn fetch_add(&mut self, owner: MemOwner, addr: u64, add: u64) -> Result<u64, MemoryError> {
         let hit = lock(&self.regions).check(owner, addr, 8)?;
         self.ahead.epoch = 0;
         self.behind.flush();
-        if let Some(word) = mapped_word(&hit) {
-            return Ok(word.fetch_add(add, Ordering::AcqRel));
+        match &hit {
+            Hit::Mapped(m, off) => Ok(mapped_atomic(m, *off, |old| Some(old.wrapping_add(add)))),
+            Hit::Process { process, addr, .. } => {
+                self.read_modify_write(process, *addr, |old| Some(old.wrapping_add(add)))
+            }
         }
-        self.read_modify_write(&hit.process, hit.addr, |old| Some(old.wrapping_add(add)))
     }
 }
 
-/// The 8-byte word an atomic targets, in the daemon's mapping of its region, if it has one
-/// and the word is aligned (IBA requires it; the engine checks before it asks).
-fn mapped_word(hit: &Hit) -> Option<&std::sync::atomic::AtomicU64> {
-    let (m, off) = hit.mapped.as_ref()?;
+/// An atomic's operation on the 8 bytes at `off` of a region's mapping in the daemon: a real
+/// atomic (atomic even against the client's own CPU) when the word is aligned, as IBA
+/// requires and the engine checks before it asks; otherwise a read and a write under the
+/// device lock. `op` returns the value to store (`None`: leave it) and the old value is
+/// returned.
+fn mapped_atomic(m: &SharedMemory, off: usize, op: impl Fn(u64) -> Option<u64>) -> u64 {
+    use std::sync::atomic::AtomicU64;
     // SAFETY: `check` put the 8 bytes within the mapped region.
-    let p = unsafe { m.as_ptr().add(*off) };
-    if !(p as usize).is_multiple_of(8) {
-        return None;
+    let p = unsafe { m.as_ptr().add(off) };
+    if (p as usize).is_multiple_of(8) {
+        // SAFETY: aligned, within the mapping, which lives while `m` does; every access the
+        // daemon makes to the word is atomic (the device lock orders the rest).
+        let word = unsafe { AtomicU64::from_ptr(p.cast::<u64>()) };
+        return match word.fetch_update(Ordering::AcqRel, Ordering::Acquire, &op) {
+            Ok(v) | Err(v) => v,
+        };
     }
-    // SAFETY: aligned, within the mapping, which lives as long as `hit` holds it; every
-    // access the daemon makes to the word is atomic (the device lock orders the rest).
-    Some(unsafe { &*p.cast::<std::sync::atomic::AtomicU64>() })
+    let mut w = [0u8; 8];
+    // SAFETY: within the mapping (above); no Rust reference covers it.
+    unsafe { std::ptr::copy_nonoverlapping(p, w.as_mut_ptr(), 8) };
+    let old = u64::from_ne_bytes(w);
+    if let Some(new) = op(old) {
+        // SAFETY: as the read.
+        unsafe { std::ptr::copy_nonoverlapping(new.to_ne_bytes().as_ptr(), p, 8) };
+    }
+    old
 }
 
 #[cfg(test)]
@@ -815,5 +849,35 @@ mod tests {
         let buf = std::hint::black_box(buf);
         assert_eq!(&buf[8..12], b"abcd");
         assert_eq!(u64::from_ne_bytes(buf[16..24].try_into().unwrap()), 9);
+    }
+
+    #[test]
+    fn a_mapped_region_takes_copies_and_atomics_aligned_or_not() {
+        let m = Arc::new(SharedMemory::create("test-region", 64).unwrap());
+        let base = 0x7000_0000u64;
+        let regions = SharedRegions::default();
+        let owner = lock(&regions).insert(Region {
+            process: this_process(),
+            base,
+            len: 64,
+            mapped: Some(m.clone()),
+        });
+        let mut mem = ClientMemory::new(regions);
+        mem.write(owner, base + 1, b"xyz").unwrap();
+        let mut out = [0u8; 3];
+        mem.read(owner, base + 1, &mut out).unwrap();
+        assert_eq!(&out, b"xyz");
+        for at in [base + 16, base + 33] {
+            assert_eq!(mem.fetch_add(owner, at, 5).unwrap(), 0);
+            assert_eq!(mem.compare_swap(owner, at, 5, 9).unwrap(), 5);
+            assert_eq!(mem.compare_swap(owner, at, 5, 1).unwrap(), 9);
+            assert_eq!(mem.fetch_add(owner, at, 1).unwrap(), 9);
+        }
+        assert!(mem.fetch_add(owner, base + 60, 1).is_err());
+        // SAFETY: the test's own 64-byte mapping, which nothing else touches now.
+        let bytes = unsafe { std::slice::from_raw_parts(m.as_ptr(), 64) };
+        assert_eq!(&bytes[1..4], b"xyz");
+        assert_eq!(u64::from_ne_bytes(bytes[16..24].try_into().unwrap()), 10);
+        assert_eq!(u64::from_ne_bytes(bytes[33..41].try_into().unwrap()), 10);
     }
 }

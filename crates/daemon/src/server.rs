@@ -242,22 +242,25 @@ impl Handles for ConnHandles {
         }
     }
 
-    fn send_wr(&self, mut wr: SendWr) -> Option<SendWr> {
-        if let SendOp::BindMw { mw, bind, .. } = &mut wr.op {
-            match self.get(mw.0)? {
-                Obj::Mw { dev, h } if dev == self.dev => *mw = h,
-                _ => return None,
-            }
-            if bind.length == 0 {
-                bind.mr = MrHandle(0);
-            } else {
-                match self.get(bind.mr.0)? {
-                    Obj::Mr { dev, h, .. } if dev == self.dev => bind.mr = h,
-                    _ => return None,
-                }
-            }
+    fn send_wr(&self, wr: &mut SendWr) -> bool {
+        let SendOp::BindMw { mw, bind, .. } = &mut wr.op else {
+            return true;
+        };
+        match self.get(mw.0) {
+            Some(Obj::Mw { dev, h }) if dev == self.dev => *mw = h,
+            _ => return false,
         }
-        Some(wr)
+        if bind.length == 0 {
+            bind.mr = MrHandle(0);
+            return true;
+        }
+        match self.get(bind.mr.0) {
+            Some(Obj::Mr { dev, h, .. }) if dev == self.dev => {
+                bind.mr = h;
+                true
+            }
+            _ => false,
+        }
     }
 }
 

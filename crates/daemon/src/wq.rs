@@ -71,9 +71,9 @@ impl Queue {
 pub trait Handles: Send + Sync {
     /// The engine's AH the connection calls `ah`, if it holds one on this ring's device.
     fn ah(&self, ah: u32) -> Option<AhHandle>;
-    /// `wr` with the windows and regions it names replaced by the engine's, if the
-    /// connection holds them on this ring's device.
-    fn send_wr(&self, wr: SendWr) -> Option<SendWr>;
+    /// Replace the windows and regions `wr` names by the engine's; false if the connection
+    /// does not hold them on this ring's device (`wr` is then left half-translated).
+    fn send_wr(&self, wr: &mut SendWr) -> bool;
 }
 
 /// Counters of the work rings of one device (`stat` shows them per device).
@@ -128,8 +128,9 @@ pub struct WorkRing {
     /// The connection's handle of the QP or SRQ: every entry must name it.
     handle: u32,
     handles: Arc<dyn Handles>,
-    /// A WQE the engine had no room for: posted first when room comes.
-    stash: Option<Posted>,
+    /// `entry` holds a popped WQE the engine had no room for: decoded and posted first when
+    /// room comes (kept as the entry's bytes, so a post never copies a WR to keep it).
+    stash: bool,
     entry: Vec<u8>,
 }
 
@@ -139,7 +140,7 @@ impl core::fmt::Debug for WorkRing {
             .field("queue", &self.queue)
             .field("handle", &self.handle)
             .field("capacity", &self.ring.capacity())
-            .field("stashed", &self.stash.is_some())
+            .field("stashed", &self.stash)
             .finish_non_exhaustive()
     }
 }
@@ -162,7 +163,7 @@ impl WorkRing {
             queue,
             handle,
             handles,
-            stash: None,
+            stash: false,
         }
     }
 
@@ -174,35 +175,34 @@ impl WorkRing {
     /// Whether WQEs wait: in the ring, or held back for room in the engine. A corrupt index
     /// counts as waiting, so the next drain finds and reports it.
     pub fn pending(&self) -> bool {
-        self.stash.is_some() || !matches!(self.ring.is_empty(), Ok(true))
+        self.stash || !matches!(self.ring.is_empty(), Ok(true))
     }
 
     /// Whether WQEs wait in the ring that the daemon could take now (not behind a WQE held
     /// back for room in the engine, which only engine progress releases). A corrupt index
     /// counts as waiting, so the next drain finds and reports it.
     pub fn waiting(&self) -> bool {
-        self.stash.is_none() && !matches!(self.ring.is_empty(), Ok(true))
+        !self.stash && !matches!(self.ring.is_empty(), Ok(true))
     }
 
     /// Whether a WQE is held back because the engine's queue is full.
     pub fn backlogged(&self) -> bool {
-        self.stash.is_some()
+        self.stash
     }
 
     /// Move waiting WQEs into `engine`, in order, until the ring is empty, the engine's
     /// queue is full, or a batch is done.
     pub fn drain(&mut self, engine: &mut runtime::SendEngine, stats: &WqStats) -> Drained {
         let mut took = 0;
-        if let Some(p) = self.stash.take() {
-            match self.post(engine, p, stats) {
-                Ok(true) => took += 1,
-                Ok(false) => return Drained::Took(0),
-                Err(()) => return Drained::Broken,
-            }
-        }
         while took < BATCH {
-            match self.ring.pop(&mut self.entry) {
-                Ok(true) => {}
+            // A stashed entry is still in `entry`: it goes first.
+            let popped = if self.stash {
+                Ok(true)
+            } else {
+                self.ring.pop(&mut self.entry)
+            };
+            match popped {
+                Ok(true) => self.stash = false,
                 Ok(false) => break,
                 Err(e) => {
                     let RingError::Corrupt { prod, cons } = e else {
@@ -239,11 +239,10 @@ impl WorkRing {
         let bad = |e: wqe::WqeError| BadWqe(e.to_string());
         match self.queue {
             Queue::Sq { .. } => {
-                let (wr, ud) = wqe::decode_send(&self.entry).map_err(bad)?;
-                let wr = self
-                    .handles
-                    .send_wr(wr)
-                    .ok_or_else(|| BadWqe("names a window or region it does not hold".into()))?;
+                let (mut wr, ud) = wqe::decode_send(&self.entry).map_err(bad)?;
+                if !self.handles.send_wr(&mut wr) {
+                    return Err(BadWqe("names a window or region it does not hold".into()));
+                }
                 match ud {
                     None => Ok(Posted::Send(wr)),
                     Some(mut dest) => {
@@ -270,13 +269,11 @@ impl WorkRing {
         p: Posted,
         stats: &WqStats,
     ) -> Result<bool, ()> {
-        let r = match (&p, self.queue) {
-            (Posted::Send(wr), Queue::Sq { qpn }) => engine.post_send(qpn, wr.clone()),
-            (Posted::SendUd(wr, dest), Queue::Sq { qpn }) => {
-                engine.post_send_ud(qpn, wr.clone(), *dest)
-            }
-            (Posted::Recv(wr), Queue::Rq { qpn }) => engine.post_recv(qpn, wr.clone()),
-            (Posted::Recv(wr), Queue::Srq { srq }) => engine.post_srq_recv(srq, wr.clone()),
+        let r = match (p, self.queue) {
+            (Posted::Send(wr), Queue::Sq { qpn }) => engine.post_send(qpn, wr),
+            (Posted::SendUd(wr, dest), Queue::Sq { qpn }) => engine.post_send_ud(qpn, wr, dest),
+            (Posted::Recv(wr), Queue::Rq { qpn }) => engine.post_recv(qpn, wr),
+            (Posted::Recv(wr), Queue::Srq { srq }) => engine.post_srq_recv(srq, wr),
             // `decode` only builds WQEs of the ring's own queue.
             _ => Err(VerbsError::OpNotSupported),
         };
@@ -286,7 +283,7 @@ impl WorkRing {
                 Ok(true)
             }
             Err(VerbsError::QueueFull) => {
-                self.stash = Some(p);
+                self.stash = true;
                 Ok(false)
             }
             Err(e) => {
@@ -306,7 +303,7 @@ impl WorkRing {
     /// QP still in RESET stays there (the engine allows no RESET → ERR): it has nothing
     /// queued, and its ring is detached all the same.
     fn poison(&mut self, engine: &mut runtime::SendEngine) {
-        self.stash = None;
+        self.stash = false;
         if let Some(qpn) = self.queue.qpn() {
             let err = QpAttr {
                 qp_state: QpState::Err,
