@@ -22,7 +22,7 @@
 //! - Client memory: reads ahead are forgotten whenever the device lock is taken, and the
 //!   writes held back land before any packet leaves or completion is delivered.
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -27,7 +27,7 @@
 // Copies to and from mapped client regions go through raw pointers.
 #![allow(unsafe_code)]
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

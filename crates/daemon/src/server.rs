@@ -10,7 +10,7 @@
 //! destroyed: QPs moved to ERR (flushing their queues) and destroyed, MRs deregistered, CQs
 //! destroyed, PDs freed, and the `reclaimed_*` counters show it.
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};

@@ -19,7 +19,7 @@
 //! not every ring. The bits are untrusted too: one that names no ring, or an empty one, is
 //! a look at the connection's own rings, nothing more.
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -8,7 +8,9 @@
 //! and `handle_timeout` files the QP again. It is never later.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
+
+use foldhash::HashMap;
 
 use crate::Instant;
 
