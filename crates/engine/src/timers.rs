@@ -4,13 +4,15 @@
 //!
 //! The engine files a QP again ([`Timers::file`]) after every call that can start or stop
 //! one of its timers. An entry may be *earlier* than the QP's real deadline (a timer
-//! stopped by a path that did not file the QP again): it makes a host look once too early,
-//! and `handle_timeout` files the QP again. It is never later.
+//! stopped by a path that did not file the QP again, or pushed back: a later deadline does
+//! not replace an earlier one): it makes a host look once too early, and `handle_timeout`
+//! files the QP again. It is never later.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use foldhash::HashMap;
+use std::collections::hash_map::Entry;
 
 use crate::Instant;
 
@@ -31,8 +33,18 @@ impl Timers {
     pub(crate) fn file(&mut self, qpn: u32, deadline: Option<Instant>) {
         match deadline {
             Some(t) => {
-                if self.of_qp.insert(qpn, t) == Some(t) {
-                    return;
+                // An earlier deadline filed already stays: the QP is looked at then, finds
+                // its timer not yet due and is filed again (see the module's comment). A
+                // timer pushed back on every ACK then costs one look-up per message, not
+                // a heap push and pop.
+                match self.of_qp.entry(qpn) {
+                    Entry::Occupied(e) if *e.get() <= t => return,
+                    Entry::Occupied(mut e) => {
+                        e.insert(t);
+                    }
+                    Entry::Vacant(e) => {
+                        e.insert(t);
+                    }
                 }
                 self.by_time.push(Reverse((t, qpn)));
             }
@@ -98,12 +110,17 @@ mod tests {
         t.file(3, Some(at(10)));
         t.file(9, Some(at(20)));
         assert_eq!(t.first(), Some(at(10)));
-        // Refiling moves a QP; it never appears twice.
+        // Refiling earlier moves a QP; later leaves it where it was (looked at too early,
+        // then filed again). It never appears twice.
+        t.file(3, Some(at(5)));
         t.file(3, Some(at(40)));
-        assert_eq!(t.len(), 3);
+        assert_eq!((t.len(), t.first()), (3, Some(at(5))));
         let mut due = Vec::new();
         t.take_due(at(30), &mut due);
-        assert_eq!(due, vec![9, 7]);
+        assert_eq!(due, vec![3, 9, 7]);
+        assert_eq!((t.first(), t.len()), (None, 0));
+        // What the engine does with a QP looked at too early: files its real deadline.
+        t.file(3, Some(at(40)));
         assert_eq!(t.first(), Some(at(40)));
         t.file(9, Some(at(35)));
         t.file(9, None);
@@ -125,5 +142,14 @@ mod tests {
             t.file(1, None);
         }
         assert_eq!((t.first(), t.len(), t.by_time.len()), (None, 0, 0));
+    }
+
+    #[test]
+    fn a_timer_pushed_back_each_message_stays_one_entry() {
+        let mut t = Timers::default();
+        for i in 0..1000 {
+            t.file(1, Some(at(10 + i)));
+        }
+        assert_eq!((t.first(), t.len(), t.by_time.len()), (Some(at(10)), 1, 1));
     }
 }
