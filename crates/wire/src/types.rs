@@ -90,10 +90,29 @@ impl Qpn {
     /// QP1, the General Services Interface QP (CM MADs on UD).
     pub const GSI: Qpn = Qpn(1);
 
-    /// A QPN from the low 24 bits of `v`.
+    /// A QPN from the low 24 bits of `v` (higher bits are dropped: for numbers taken from
+    /// 24-bit header fields, or known to fit).
     #[inline]
     pub const fn new(v: u32) -> Qpn {
         Qpn(v & MASK24)
+    }
+
+    /// The QPN `v`, or `None` if it does not fit in 24 bits: for numbers from outside (a
+    /// peer's message, a C caller, a command line), where dropping the high bits would
+    /// quietly name another QP.
+    ///
+    /// ```
+    /// use wire::types::Qpn;
+    /// assert_eq!(Qpn::try_new(0x12_3456).map(Qpn::value), Some(0x12_3456));
+    /// assert_eq!(Qpn::try_new(0x0100_0000), None);
+    /// ```
+    #[inline]
+    pub const fn try_new(v: u32) -> Option<Qpn> {
+        if v > MASK24 {
+            None
+        } else {
+            Some(Qpn(v))
+        }
     }
 
     /// The QPN as a number in `0..2^24`.
@@ -343,6 +362,15 @@ impl Transport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn qpn_new_masks_and_try_new_refuses_what_does_not_fit() {
+        assert_eq!(Qpn::new(0x0123_4567).value(), 0x23_4567);
+        assert_eq!(Qpn::try_new(0xff_ffff), Some(Qpn::new(0xff_ffff)));
+        assert_eq!(Qpn::try_new(0), Some(Qpn::new(0)));
+        assert_eq!(Qpn::try_new(0x0100_0000), None);
+        assert_eq!(Qpn::try_new(u32::MAX), None);
+    }
 
     #[test]
     fn psn_masks_and_wraps() {
