@@ -23,9 +23,9 @@ use crate::qp::Qp;
 use crate::qp_attr::QpType;
 use crate::{recv, ud, Ctx, Engine};
 
-/// The destination QP number of every multicast datagram (IBA: QPN 0xFFFFFF is the
-/// multicast QP; no QP of a device ever has it).
-pub const MULTICAST_QPN: u32 = 0xff_ffff;
+/// The destination QP number of every multicast datagram ([`wire::Qpn::MULTICAST`], as
+/// the number the engine's tables use).
+pub const MULTICAST_QPN: u32 = wire::Qpn::MULTICAST.value();
 
 /// The groups with at least one QP of this device attached.
 #[derive(Debug, Default)]

@@ -89,6 +89,9 @@ pub struct Qpn(u32);
 impl Qpn {
     /// QP1, the General Services Interface QP (CM MADs on UD).
     pub const GSI: Qpn = Qpn(1);
+    /// QPN 0xFFFFFF, the destination QP of every multicast datagram (IBA's multicast QPN;
+    /// no QP of a device ever has it).
+    pub const MULTICAST: Qpn = Qpn(MASK24);
 
     /// A QPN from the low 24 bits of `v` (higher bits are dropped: for numbers taken from
     /// 24-bit header fields, or known to fit).
@@ -126,6 +129,15 @@ impl fmt::Display for Qpn {
     #[inline]
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:#x}", self.0)
+    }
+}
+
+/// The number in hex, with the format's width and flags (tools print QPNs as `{:06x}`, as
+/// `ibv_rc_pingpong` does).
+impl fmt::LowerHex for Qpn {
+    #[inline]
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::LowerHex::fmt(&self.0, f)
     }
 }
 
@@ -182,6 +194,14 @@ impl fmt::Display for Rkey {
     #[inline]
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:#010x}", self.0)
+    }
+}
+
+/// The key in hex, with the format's width and flags.
+impl fmt::LowerHex for Rkey {
+    #[inline]
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::LowerHex::fmt(&self.0, f)
     }
 }
 
@@ -370,6 +390,12 @@ mod tests {
         assert_eq!(Qpn::try_new(0), Some(Qpn::new(0)));
         assert_eq!(Qpn::try_new(0x0100_0000), None);
         assert_eq!(Qpn::try_new(u32::MAX), None);
+        assert_eq!(Qpn::try_new(0xff_ffff), Some(Qpn::MULTICAST));
+        assert_eq!(
+            format!("{:06x} {:#x}", Qpn::new(0x11), Qpn::new(0x11)),
+            "000011 0x11"
+        );
+        assert_eq!(format!("{:#x}", Rkey::new(0x1234)), "0x1234");
     }
 
     #[test]
