@@ -15,7 +15,9 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 
 use common::Role;
-use softrdma::{AccessFlags, Buffer, Device, Error, MwType, RemoteMr, Result, WcFlags, WcStatus};
+use softrdma::{
+    AccessFlags, Buffer, Device, Error, MwType, RemoteMr, Result, Rkey, WcFlags, WcStatus,
+};
 
 const REGION: usize = 64 * 1024;
 /// The part of the region the window exposes.
@@ -109,7 +111,7 @@ fn encode(r: &RemoteMr) -> [u8; DESC] {
     let mut b = [0u8; DESC];
     b[..8].copy_from_slice(&r.addr.to_be_bytes());
     b[8..16].copy_from_slice(&r.len.to_be_bytes());
-    b[16..].copy_from_slice(&r.rkey.to_be_bytes());
+    b[16..].copy_from_slice(&r.rkey.value().to_be_bytes());
     b
 }
 
@@ -122,7 +124,7 @@ fn decode(b: &[u8; DESC]) -> RemoteMr {
     RemoteMr {
         addr: word(0..8),
         len: word(8..16),
-        rkey: word(16..20) as u32,
+        rkey: Rkey::new(word(16..20) as u32),
     }
 }
 

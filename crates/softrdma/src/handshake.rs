@@ -27,6 +27,8 @@ use std::io::{Read, Write};
 use engine::qp_attr::Mtu;
 use engine::Gid;
 
+use crate::Rkey;
+
 /// What a peer's memory region looks like from here: where it is and the key to reach it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RemoteMr {
@@ -35,7 +37,7 @@ pub struct RemoteMr {
     /// Length in bytes.
     pub len: u64,
     /// Remote key.
-    pub rkey: u32,
+    pub rkey: Rkey,
 }
 
 impl RemoteMr {
@@ -118,7 +120,7 @@ pub fn encode(e: &Endpoint) -> Vec<u8> {
     if let Some(mr) = e.mr {
         v.extend_from_slice(&mr.addr.to_be_bytes());
         v.extend_from_slice(&mr.len.to_be_bytes());
-        v.extend_from_slice(&mr.rkey.to_be_bytes());
+        v.extend_from_slice(&mr.rkey.value().to_be_bytes());
     }
     v
 }
@@ -186,7 +188,7 @@ fn decode_body(flags: u8, b: &[u8]) -> Result<Endpoint, HandshakeError> {
     let mr = if flags & FLAG_MR != 0 {
         let addr = u64::from_be_bytes(be(b, 26));
         let len = u64::from_be_bytes(be(b, 34));
-        let rkey = u32::from_be_bytes(be(b, 42));
+        let rkey = Rkey::new(u32::from_be_bytes(be(b, 42)));
         if addr.checked_add(len).is_none() {
             return Err(HandshakeError::BadField {
                 field: "mr length",
@@ -247,7 +249,7 @@ mod tests {
             ep(Some(RemoteMr {
                 addr: 0x7f00_0000_1000,
                 len: 4096,
-                rkey: 0x1234,
+                rkey: Rkey::new(0x1234),
             })),
         ] {
             let bytes = encode(&e);
@@ -318,7 +320,7 @@ mod tests {
         let good = encode(&ep(Some(RemoteMr {
             addr: 1,
             len: 2,
-            rkey: 3,
+            rkey: Rkey::new(3),
         })));
         for n in 0..good.len() {
             let _ = read_endpoint(&mut &good[..n]);

@@ -8,7 +8,7 @@ use std::ops::{Bound, RangeBounds};
 use engine::{AccessFlags, MrHandle, Sge};
 
 use crate::handshake::RemoteMr;
-use crate::provider::RawMr;
+use crate::provider::{Lkey, RawMr, Rkey};
 use crate::qp::Pd;
 use crate::{Error, Result};
 
@@ -385,14 +385,15 @@ impl RawMemoryRegion {
         self.keys.handle
     }
 
-    /// Local key, for SGEs.
-    pub fn lkey(&self) -> u32 {
-        self.keys.lkey.value()
+    /// Local key, for SGEs ([`Sge::new`] takes its [`Lkey::value`]; [`Self::sge`] builds
+    /// one).
+    pub fn lkey(&self) -> Lkey {
+        self.keys.lkey
     }
 
     /// Remote key, for peers' RDMA and ATOMIC operations.
-    pub fn rkey(&self) -> u32 {
-        self.keys.rkey.value()
+    pub fn rkey(&self) -> Rkey {
+        self.keys.rkey
     }
 
     /// The virtual address of the first byte (what SGEs and peers name).
@@ -428,7 +429,11 @@ impl RawMemoryRegion {
             len,
             size: self.len,
         })?;
-        Ok(Sge::new(self.addr() + off as u64, len32, self.lkey()))
+        Ok(Sge::new(
+            self.addr() + off as u64,
+            len32,
+            self.lkey().value(),
+        ))
     }
 
     /// What a peer needs to reach `range` of this region (address, length, rkey).

@@ -36,7 +36,7 @@ use engine::{
 use crate::handshake::RemoteMr;
 use crate::mr::RawMemoryRegion;
 use crate::qp::{Pd, Qp};
-use crate::{Error, Result};
+use crate::{Error, Result, Rkey};
 
 /// A memory window (`ibv_mw`); deallocated (`ibv_dealloc_mw`) when dropped, after which its
 /// rkey is refused. Holds its PD, so the PD outlives it.
@@ -49,7 +49,7 @@ pub struct MemoryWindow {
     /// work requests, so each must name the key after this one, not after the window's
     /// current key (which changes only when a bind executes). Held while a bind is posted,
     /// so that two threads binding the same window post distinct keys.
-    posted_rkey: Mutex<u32>,
+    posted_rkey: Mutex<Rkey>,
 }
 
 impl Pd {
@@ -60,7 +60,7 @@ impl Pd {
             pd: self.clone(),
             handle,
             mw_type,
-            posted_rkey: Mutex::new(rkey.value()),
+            posted_rkey: Mutex::new(rkey),
         })
     }
 }
@@ -78,8 +78,8 @@ impl MemoryWindow {
 
     /// The window's rkey as the device sees it now: the key of its latest executed bind
     /// (binds still queued behind other work requests have not changed it yet).
-    pub fn rkey(&self) -> Result<u32> {
-        Ok(self.pd.device().provider().query_mw(self.handle)?.0.value())
+    pub fn rkey(&self) -> Result<Rkey> {
+        Ok(self.pd.device().provider().query_mw(self.handle)?.0)
     }
 
     /// Whether the window is bound now (false before its first bind, after a type 1 unbind,
@@ -168,18 +168,17 @@ impl Qp {
         access: AccessFlags,
     ) -> Result<RemoteMr> {
         let (bind, mut remote) = self.prepare_bind(mw, MwType::Type1, mr, range, access)?;
-        remote.rkey = self
-            .pd()
-            .device()
-            .provider()
-            .bind_mw(self.handle(), wr_id, mw.handle, bind, true)?
-            .value();
+        remote.rkey =
+            self.pd()
+                .device()
+                .provider()
+                .bind_mw(self.handle(), wr_id, mw.handle, bind, true)?;
         Ok(remote)
     }
 
     /// Unbind type 1 window `mw` (a zero-length `ibv_bind_mw`): once the signaled bind has
     /// completed, no key of the window works. Returns the window's new rkey.
-    pub fn unbind_mw(&self, wr_id: u64, mw: &MemoryWindow) -> Result<u32> {
+    pub fn unbind_mw(&self, wr_id: u64, mw: &MemoryWindow) -> Result<Rkey> {
         same_device(self, mw, None)?;
         let bind = MwBind {
             // Not looked at: a zero-length bind of a type 1 window names no region.
@@ -188,12 +187,10 @@ impl Qp {
             length: 0,
             access: AccessFlags::empty(),
         };
-        Ok(self
-            .pd()
+        self.pd()
             .device()
             .provider()
-            .bind_mw(self.handle(), wr_id, mw.handle, bind, true)?
-            .value())
+            .bind_mw(self.handle(), wr_id, mw.handle, bind, true)
     }
 
     /// Bind type 2 window `mw` to `range` (byte offsets into `mr`) with the remote rights
@@ -220,20 +217,21 @@ impl Qp {
         // Held across reading, posting and advancing the posted key, so that two threads
         // binding the same window post distinct keys.
         let mut posted = mw.posted_rkey.lock().unwrap_or_else(|e| e.into_inner());
-        let rkey = inc_rkey(*posted);
-        self.post_send(SendWr::bind_mw(wr_id, mw.handle, rkey, bind))?;
+        let rkey = Rkey::new(inc_rkey(posted.value()));
+        self.post_send(SendWr::bind_mw(wr_id, mw.handle, rkey.value(), bind))?;
         *posted = rkey;
         remote.rkey = rkey;
         Ok(remote)
     }
 
     /// Post a signaled local invalidation of `rkey` (`IBV_WR_LOCAL_INV`): a type 2 window
-    /// bound on this QP's PD becomes free, or a region of this PD named by its lkey or rkey
-    /// stops working (for good: regions are not re-validated). Completes as `LocalInv`, or
+    /// bound on this QP's PD becomes free, or a region of this PD named by its rkey (or by its
+    /// lkey, as `Rkey::new(mr.lkey().value())`: the verb's one key field takes either) stops
+    /// working (for good: regions are not re-validated). Completes as `LocalInv`, or
     /// `MwBindErr` for a key this QP may not invalidate (a type 1 window, an unbound one,
     /// another PD's).
-    pub fn local_inv(&self, wr_id: u64, rkey: u32) -> Result<()> {
-        self.post_send(SendWr::local_inv(wr_id, rkey))
+    pub fn local_inv(&self, wr_id: u64, rkey: Rkey) -> Result<()> {
+        self.post_send(SendWr::local_inv(wr_id, rkey.value()))
     }
 
     /// Post a signaled SEND of `sges` that also invalidates `rkey` at the peer
@@ -241,7 +239,8 @@ impl Qp {
     /// its PD. The peer's receive completion carries `WcFlags::WITH_INV` and the key in
     /// `invalidated_rkey`; a key the peer may not invalidate fails its receive
     /// (`RemInvReqErr`) and this send.
-    pub fn send_with_inv(&self, wr_id: u64, sges: &[Sge], rkey: u32) -> Result<()> {
-        self.post_send(SendWr::new(wr_id, SendOp::SendWithInv { rkey }, sges))
+    pub fn send_with_inv(&self, wr_id: u64, sges: &[Sge], rkey: Rkey) -> Result<()> {
+        let op = SendOp::SendWithInv { rkey: rkey.value() };
+        self.post_send(SendWr::new(wr_id, op, sges))
     }
 }

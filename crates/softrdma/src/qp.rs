@@ -590,7 +590,12 @@ impl Qp {
 
     /// Post a signaled RDMA WRITE of `sges` to `remote`'s address.
     pub fn write(&self, wr_id: u64, sges: &[Sge], remote: &RemoteMr) -> Result<()> {
-        self.post_send(SendWr::rdma_write(wr_id, sges, remote.addr, remote.rkey))
+        self.post_send(SendWr::rdma_write(
+            wr_id,
+            sges,
+            remote.addr,
+            remote.rkey.value(),
+        ))
     }
 
     /// Post a signaled RDMA WRITE with immediate (consumes a receive at the peer).
@@ -603,7 +608,7 @@ impl Qp {
     ) -> Result<()> {
         let op = SendOp::RdmaWriteWithImm {
             remote_addr: remote.addr,
-            rkey: remote.rkey,
+            rkey: remote.rkey.value(),
             imm,
         };
         self.post_send(SendWr::new(wr_id, op, sges))
@@ -611,7 +616,12 @@ impl Qp {
 
     /// Post a signaled RDMA READ of `remote` into `sges`.
     pub fn read(&self, wr_id: u64, sges: &[Sge], remote: &RemoteMr) -> Result<()> {
-        self.post_send(SendWr::rdma_read(wr_id, sges, remote.addr, remote.rkey))
+        self.post_send(SendWr::rdma_read(
+            wr_id,
+            sges,
+            remote.addr,
+            remote.rkey.value(),
+        ))
     }
 
     /// Post a signaled ATOMIC compare-and-swap on the 8-byte word at `remote.addr`; the
@@ -626,7 +636,7 @@ impl Qp {
     ) -> Result<()> {
         let op = SendOp::AtomicCmpSwap {
             remote_addr: remote.addr,
-            rkey: remote.rkey,
+            rkey: remote.rkey.value(),
             compare,
             swap,
         };
@@ -638,7 +648,7 @@ impl Qp {
     pub fn fetch_add(&self, wr_id: u64, result: Sge, remote: &RemoteMr, add: u64) -> Result<()> {
         let op = SendOp::AtomicFetchAdd {
             remote_addr: remote.addr,
-            rkey: remote.rkey,
+            rkey: remote.rkey.value(),
             add,
         };
         self.post_send(SendWr::new(wr_id, op, vec![result]))

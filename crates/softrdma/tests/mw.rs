@@ -205,8 +205,8 @@ on_both_backends! {
         let remote = bind_type2(&b, &mw, &mr, 2048..3072);
         assert_ne!(remote.rkey, allocated, "a bind WR changes the key");
         assert_eq!(
-            remote.rkey & !0xff,
-            allocated & !0xff,
+            remote.rkey.value() & !0xff,
+            allocated.value() & !0xff,
             "only the tag (low byte) changes"
         );
         assert_eq!(mw.rkey().unwrap(), remote.rkey);
@@ -288,7 +288,7 @@ on_both_backends! {
         let wc = b.cq.wait_ok(WAIT).unwrap();
         assert_eq!(wc.opcode, WcOpcode::Recv);
         assert!(wc.wc_flags.contains(WcFlags::WITH_INV));
-        assert_eq!(wc.invalidated_rkey, remote.rkey);
+        assert_eq!(wc.invalidated_rkey, remote.rkey.value());
         assert_eq!(bytes(&b.mr, 0, 4), b"done");
         assert!(!mw.is_bound().unwrap());
 
@@ -322,7 +322,7 @@ on_both_backends! {
         a.cq.wait_ok(WAIT).unwrap();
         let wc = b.cq.wait_ok(WAIT).unwrap();
         assert!(wc.wc_flags.contains(WcFlags::WITH_INV));
-        assert_eq!(wc.invalidated_rkey, remote.rkey);
+        assert_eq!(wc.invalidated_rkey, remote.rkey.value());
         assert_eq!(write_from_a(&a, b"shut", &remote), WcStatus::RemAccessErr);
         assert_eq!(bytes(&target, 0, 4), b"open");
     }

@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::{pair_on, pair_v4_on, pair_v6_on, WAIT};
-use softrdma::{BackendKind, Error, WcFlags, WcOpcode, WcStatus};
+use softrdma::{BackendKind, Error, Rkey, WcFlags, WcOpcode, WcStatus};
 
 on_both_backends! {
 fn rdma_write_places_bytes_in_the_peer_region_without_a_receive(backend: BackendKind) {
@@ -107,7 +107,7 @@ on_both_backends! {
 fn a_wrong_rkey_is_a_remote_access_error(backend: BackendKind) {
     let (a, b) = pair_v4_on(backend, 4096);
     let mut remote = b.mr.remote(..).unwrap();
-    remote.rkey ^= 0x5a5;
+    remote.rkey = Rkey::new(remote.rkey.value() ^ 0x5a5);
     a.qp.write(1, &[a.mr.sge(..8).unwrap()], &remote).unwrap();
     match a.cq.wait_ok(WAIT) {
         Err(Error::Completion { wr_id: 1, status }) => assert_eq!(status, WcStatus::RemAccessErr),

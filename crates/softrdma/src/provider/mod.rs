@@ -86,6 +86,12 @@ pub struct QpHandle(pub u32);
 pub struct Lkey(pub u32);
 
 impl Lkey {
+    /// An L_Key from its 32-bit value.
+    #[inline]
+    pub const fn new(v: u32) -> Lkey {
+        Lkey(v)
+    }
+
     /// The 32-bit value (what an SGE carries).
     #[inline]
     pub const fn value(self) -> u32 {
@@ -96,6 +102,13 @@ impl Lkey {
 impl fmt::Display for Lkey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:#010x}", self.0)
+    }
+}
+
+/// The key in hex, with the format's width and flags.
+impl fmt::LowerHex for Lkey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::LowerHex::fmt(&self.0, f)
     }
 }
 
