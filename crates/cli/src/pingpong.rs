@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use softrdma::{
     AccessFlags, AhAttr, Buffer, ConnectOptions, Cq, Device, Endpoint, Gid, Mtu, Qp, QpAttr,
-    QpAttrMask, QpState, QpType, Sge, WcOpcode, WorkCompletion, DEFAULT_QKEY, GRH_LEN,
+    QpAttrMask, QpState, QpType, Qpn, Sge, WcOpcode, WorkCompletion, DEFAULT_QKEY, GRH_LEN,
 };
 
 use crate::tool::{
@@ -441,7 +441,7 @@ impl Session<'_> {
                     wc.byte_len
                 )));
             }
-            if wc.src_qp != remote.qpn {
+            if wc.src_qp != remote.qpn.value() {
                 return Err(ToolError::Verify(format!(
                     "message {i} came from QP {:#x}, not the peer's {:#x}",
                     wc.src_qp, remote.qpn
@@ -540,7 +540,7 @@ impl Session<'_> {
                     pending[j] &= !WAIT_SEND;
                     j
                 } else {
-                    let j = *index.get(&wc.qp_num).ok_or_else(|| {
+                    let j = *index.get(&Qpn::new(wc.qp_num)).ok_or_else(|| {
                         ToolError::Verify(format!("a receive on unknown QP {:#x}", wc.qp_num))
                     })?;
                     if wc.opcode != WcOpcode::Recv || wc.byte_len as usize != size {
@@ -591,7 +591,7 @@ fn exchange(ctrl: &mut Ctrl, local: &Endpoint) -> Result<Endpoint> {
     let gid: String = local.gid.0.iter().map(|b| format!("{b:02x}")).collect();
     ctrl.send(&format!(
         "EP {} {} {gid} {}",
-        local.qpn,
+        local.qpn.value(),
         local.psn,
         local.mtu.bytes()
     ))?;
@@ -600,9 +600,9 @@ fn exchange(ctrl: &mut Ctrl, local: &Endpoint) -> Result<Endpoint> {
     let [qpn, psn, gid, mtu] = f.as_slice() else {
         return Err(bad());
     };
-    let qpn: u32 = qpn.parse().map_err(|_| bad())?;
+    let qpn = qpn.parse().ok().and_then(Qpn::try_new).ok_or_else(bad)?;
     let psn: u32 = psn.parse().map_err(|_| bad())?;
-    if qpn > 0x00ff_ffff || psn > 0x00ff_ffff || gid.len() != 32 || !gid.is_ascii() {
+    if psn > 0x00ff_ffff || gid.len() != 32 || !gid.is_ascii() {
         return Err(bad());
     }
     let mut g = [0u8; 16];
@@ -641,7 +641,7 @@ fn connect_uc(qp: &Qp, remote: &Endpoint, mtu: Mtu, sgid_index: u8) -> Result<()
     let rtr = QpAttr {
         qp_state: QpState::Rtr,
         path_mtu,
-        dest_qp_num: remote.qpn,
+        dest_qp_num: remote.qpn.value(),
         rq_psn: remote.psn,
         ah_attr: AhAttr {
             dgid: remote.gid.0,

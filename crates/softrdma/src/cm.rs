@@ -50,7 +50,7 @@ pub use wire::{PortSpace, RejectReason, ServiceId};
 use crate::device::Device;
 use crate::qp::Qp;
 use crate::raw::RawCmChannel;
-use crate::{Error, Result};
+use crate::{Error, Qpn, Result};
 
 /// One consumer of a device's connection manager (an `rdma_event_channel`): it listens and
 /// connects, and every event of its listens and connections arrives here. Cheap to clone.
@@ -136,7 +136,8 @@ impl ConnectionManager {
                 ..
             } => Ok(UdService {
                 peer,
-                qpn,
+                // A 24-bit field of the SIDR_REP.
+                qpn: Qpn::new(qpn),
                 qkey,
                 private_data,
             }),
@@ -509,7 +510,7 @@ pub struct UdService {
     /// The address and port resolved.
     pub peer: SocketAddr,
     /// The peer's UD QP.
-    pub qpn: u32,
+    pub qpn: Qpn,
     /// The Q_Key its datagrams must carry.
     pub qkey: u32,
     /// The listener's private data (the SIDR_REP's whole field, 136 bytes).

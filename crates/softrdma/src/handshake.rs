@@ -27,7 +27,7 @@ use std::io::{Read, Write};
 use engine::qp_attr::Mtu;
 use engine::Gid;
 
-use crate::Rkey;
+use crate::{Qpn, Rkey};
 
 /// What a peer's memory region looks like from here: where it is and the key to reach it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -56,7 +56,7 @@ impl RemoteMr {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Endpoint {
     /// QP number.
-    pub qpn: u32,
+    pub qpn: Qpn,
     /// First PSN the QP sends (the peer's `rq_psn`).
     pub psn: u32,
     /// The port GID (its IP address).
@@ -113,7 +113,7 @@ pub fn encode(e: &Endpoint) -> Vec<u8> {
     v.push(VERSION);
     v.push(if e.mr.is_some() { FLAG_MR } else { 0 });
     v.extend_from_slice(&(body as u16).to_be_bytes());
-    v.extend_from_slice(&e.qpn.to_be_bytes());
+    v.extend_from_slice(&e.qpn.value().to_be_bytes());
     v.extend_from_slice(&e.psn.to_be_bytes());
     v.extend_from_slice(&e.gid.0);
     v.extend_from_slice(&(e.mtu.bytes() as u16).to_be_bytes());
@@ -169,17 +169,19 @@ fn be<const N: usize>(b: &[u8], at: usize) -> [u8; N] {
 }
 
 fn decode_body(flags: u8, b: &[u8]) -> Result<Endpoint, HandshakeError> {
-    let qpn = u32::from_be_bytes(be(b, 0));
+    let qpn_bits = u32::from_be_bytes(be(b, 0));
     let psn = u32::from_be_bytes(be(b, 4));
     let gid = Gid(be(b, 8));
     let mtu_bytes = u16::from_be_bytes(be(b, 24));
-    for (field, value) in [("qpn", qpn), ("psn", psn)] {
-        if value > 0x00ff_ffff {
-            return Err(HandshakeError::BadField {
-                field,
-                value: u64::from(value),
-            });
-        }
+    let qpn = Qpn::try_new(qpn_bits).ok_or(HandshakeError::BadField {
+        field: "qpn",
+        value: u64::from(qpn_bits),
+    })?;
+    if psn > 0x00ff_ffff {
+        return Err(HandshakeError::BadField {
+            field: "psn",
+            value: u64::from(psn),
+        });
     }
     let mtu = mtu_from_bytes(mtu_bytes).ok_or(HandshakeError::BadField {
         field: "mtu",
@@ -234,7 +236,7 @@ mod tests {
 
     fn ep(mr: Option<RemoteMr>) -> Endpoint {
         Endpoint {
-            qpn: 0x11,
+            qpn: Qpn::new(0x11),
             psn: 0xabcdef,
             gid: Gid::from_ip("10.0.0.1".parse().unwrap()),
             mtu: Mtu::Mtu1024,

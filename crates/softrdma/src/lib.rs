@@ -134,11 +134,31 @@
 //! - The `unsafe` [`MemoryRegion::as_slice`] keeps its contract: no device write may happen
 //!   while the slice lives.
 //!
+//! ## Numbers that must not be mixed
+//!
+//! QP numbers and keys are newtypes: a [`Qpn`] (24 bits), an [`Lkey`] and an [`Rkey`] (32
+//! bits each), so that a QPN cannot be passed where a key is meant, nor an lkey sent to a
+//! peer as an rkey. [`Qp::qpn`], [`MemoryRegion::lkey`](RawMemoryRegion::lkey) and
+//! [`MemoryRegion::rkey`](RawMemoryRegion::rkey) hand them out; a number from elsewhere (a
+//! command line, another program) becomes one explicitly with [`Qpn::try_new`] (`None` over
+//! 24 bits), [`Lkey::new`] or [`Rkey::new`], and `value()` gives the number back. The verbs
+//! structures shared with the engine ([`Sge`], [`SendWr`], [`WorkCompletion`], [`QpAttr`],
+//! [`AsyncEvent`]) still carry plain `u32`s: compare them with a newtype's `value()`.
+//!
+//! ```
+//! use softrdma::{Lkey, Qpn, Rkey};
+//! assert_eq!(Qpn::try_new(0x12).map(Qpn::value), Some(0x12));
+//! assert_eq!(Qpn::try_new(1 << 24), None); // refused, not masked into another QP's number
+//! assert_eq!(Rkey::new(0x1234).value(), 0x1234);
+//! assert_eq!(format!("{:#x}", Lkey::new(0xab)), "0xab"); // hex as verbs tools print keys
+//! ```
+//!
 //! ## UD and SRQ
 //!
 //! A UD QP ([`QpBuilder::qp_type`] with [`QpType::Ud`]) is ready to send once built; it sends
 //! single-packet messages with [`Qp::send_ud`] to an [`AddressHandle`] ([`Pd::create_ah`]) and a
-//! remote QPN and Q_Key; every receive buffer starts with [`GRH_LEN`] bytes of GRH. A
+//! remote QPN and Q_Key ([`Qpn::MULTICAST`] for a multicast group); every receive buffer
+//! starts with [`GRH_LEN`] bytes of GRH. A
 //! [`Srq`] ([`Pd::create_srq`], [`QpBuilder::srq`]) feeds the receives of several QPs.
 //!
 //! ## UC
@@ -178,7 +198,15 @@ pub use handshake::{Endpoint, HandshakeError, RemoteMr};
 pub use mr::{Buffer, MemoryRegion, RawMemoryRegion, RegisterableBuffer};
 pub use mw::MemoryWindow;
 pub use provider::locate::{DAEMON_ARGS_ENV, DAEMON_BIN_ENV, SOCKET_ENV, SPAWN_ENV};
-pub use provider::{BackendKind, Lkey, QpHandle, Qpn, Rkey, BACKEND_ENV};
+/// What [`MemoryRegion::lkey`](RawMemoryRegion::lkey) hands out.
+pub use provider::Lkey;
+/// What [`Qp::qpn`] and [`Endpoint::qpn`] hold: the number peers and UD sends name a QP
+/// by. [`Qpn::try_new`] refuses a number over 24 bits.
+pub use provider::Qpn;
+/// What [`MemoryRegion::rkey`](RawMemoryRegion::rkey), [`MemoryWindow::rkey`] and
+/// [`RemoteMr::rkey`] hold: the key a peer's RDMA and ATOMIC operations name memory by.
+pub use provider::Rkey;
+pub use provider::{BackendKind, QpHandle, BACKEND_ENV};
 pub use qp::{ConnectOptions, Pd, Qp, QpBuilder, DEFAULT_QKEY};
 pub use raw::{RawCmChannel, RawCq, RawDevice, RawMr, RawQp};
 pub use ud::{AddressHandle, Srq};
@@ -189,7 +217,7 @@ pub use engine::{
     QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendPayload, SendWr, Sge,
     SrqAttr, SrqAttrMask, VerbsError, WcFlags, WcOpcode, WcStatus, WorkCompletion, GRH_LEN,
 };
-pub use engine::{ModifyError, MwType, MULTICAST_QPN};
+pub use engine::{ModifyError, MwType};
 pub use runtime::{RuntimeConfig, RuntimeError, RxPath, SrcPortPolicy};
 
 /// Everything that can go wrong in this API.

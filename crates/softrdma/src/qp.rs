@@ -14,7 +14,7 @@ use crate::cq::Cq;
 use crate::device::Device;
 use crate::handshake::{Endpoint, RemoteMr};
 use crate::mr::{MemoryRegion, RawMemoryRegion, RegisterableBuffer};
-use crate::provider::{Provider, QpHandle, RawQp};
+use crate::provider::{Provider, QpHandle, Qpn, RawQp};
 use crate::ud::{AddressHandle, Srq};
 use crate::{Error, Result};
 
@@ -390,14 +390,15 @@ impl Qp {
         self.modify(&rts, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
     }
 
-    /// Post a signaled UD SEND of `sges` to QP `remote_qpn` at `ah`, with `qkey` (one with
-    /// the high bit set means this QP's own Q_Key). One packet: at most the path MTU.
+    /// Post a signaled UD SEND of `sges` to QP `remote_qpn` at `ah` ([`Qpn::MULTICAST`] when
+    /// `ah` names a multicast group), with `qkey` (one with the high bit set means this QP's
+    /// own Q_Key). One packet: at most the path MTU.
     pub fn send_ud(
         &self,
         wr_id: u64,
         sges: &[Sge],
         ah: &AddressHandle,
-        remote_qpn: u32,
+        remote_qpn: Qpn,
         qkey: u32,
     ) -> Result<()> {
         self.post_send_ud(SendWr::send(wr_id, sges), ah, remote_qpn, qkey)
@@ -408,7 +409,7 @@ impl Qp {
         &self,
         wr: SendWr,
         ah: &AddressHandle,
-        remote_qpn: u32,
+        remote_qpn: Qpn,
         qkey: u32,
     ) -> Result<()> {
         if !self.inner.pd.device().same(ah.pd().device()) {
@@ -416,15 +417,15 @@ impl Qp {
         }
         let dest = engine::UdDest {
             ah: ah.handle,
-            remote_qpn,
+            remote_qpn: remote_qpn.value(),
             remote_qkey: qkey,
         };
         self.provider().post_send_ud(self.handle(), wr, dest)
     }
 
     /// The QP number.
-    pub fn qpn(&self) -> u32 {
-        self.inner.raw.qpn.value()
+    pub fn qpn(&self) -> Qpn {
+        self.inner.raw.qpn
     }
 
     /// The PSN this QP starts sending with (what the peer's `rq_psn` must be).
@@ -439,7 +440,7 @@ impl Qp {
 
     /// Receive what is sent to multicast group `gid` (`ibv_attach_mcast`; a UD QP only):
     /// each attached QP of the device gets its own copy of a datagram sent to the group
-    /// (QPN 0xFFFFFF), Q_Key checked. Groups reach the QPs of this device; on the daemon
+    /// ([`Qpn::MULTICAST`]), Q_Key checked. Groups reach the QPs of this device; on the daemon
     /// that is every process of the host.
     pub fn attach_mcast(&self, gid: engine::Gid) -> Result<()> {
         self.provider().attach_mcast(self.handle(), gid)
@@ -489,7 +490,7 @@ impl Qp {
         let rtr = QpAttr {
             qp_state: QpState::Rtr,
             path_mtu: smaller(smaller(o.mtu, port_mtu), remote.mtu),
-            dest_qp_num: remote.qpn,
+            dest_qp_num: remote.qpn.value(),
             rq_psn: remote.psn,
             max_dest_rd_atomic: o.max_dest_rd_atomic,
             min_rnr_timer: o.min_rnr_timer,

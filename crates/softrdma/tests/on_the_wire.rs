@@ -112,7 +112,7 @@ fn ipv4_packets_carry_df_id_zero_the_qp_source_port_and_a_valid_icrc() {
             (b.qp.qpn(), a.qp.qpn())
         };
         // The engine's per-connection port (rxe's rdma_get_udp_sport with flow label 0).
-        let want = wire::src_port_for_connection(wire::Qpn::new(local), wire::Qpn::new(remote));
+        let want = wire::src_port_for_connection(local, remote);
         assert_eq!(sport, want);
     }
 }
