@@ -307,8 +307,10 @@ on_both_backends! {
                 }
             })
         };
-        // A few first: what is made once (a thread's descriptors) is not a leak.
+        // A few first: what is made once (a thread's descriptors, the in-process test
+        // daemon that `live_qps` starts when this test runs alone) is not a leak.
         rounds(10);
+        live_qps();
         let before = (
             counter(&a.dev, "cm_connections"),
             counter(&b.dev, "cm_connections"),
