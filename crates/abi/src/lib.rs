@@ -9,7 +9,8 @@
 //! - [`proto`]: the control protocol over a Unix stream socket (versioned header, requests
 //!   and answers each defined once, as a table, descriptor passing with SCM_RIGHTS);
 //! - [`codec`]: the bounds-checked codec of every field type, the engine's types included;
-//! - [`ring`]: single-producer single-consumer rings in a sealed memfd, the data path;
+//! - [`ring`]: single-producer single-consumer rings in shared memory, the data path;
+//! - [`arena`]: the few large sealed memfds that hold a connection's many rings;
 //! - [`doorbell`]: the page of bits by which a client says which of its work rings to look
 //!   at, and the daemon says whether it sleeps;
 //! - [`shm`]: shared memory (sealed memfds mapped by both processes);
@@ -36,6 +37,7 @@
 
 #![warn(missing_docs)]
 
+pub mod arena;
 pub mod client;
 pub mod cm_ffi;
 pub mod codec;

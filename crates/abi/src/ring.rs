@@ -1,8 +1,11 @@
-//! Single-producer, single-consumer rings in shared memory (a sealed `memfd`), the data path
-//! between clients and the daemon: per-QP SQ/RQ rings (and per-SRQ rings) the client
-//! produces into, per-CQ rings the daemon produces into.
+//! Single-producer, single-consumer rings in shared memory, the data path between clients
+//! and the daemon: per-QP SQ/RQ rings (and per-SRQ rings) the client produces into, per-CQ
+//! rings the daemon produces into. The daemon places its rings in its connection's
+//! [`crate::arena`] (many rings in one sealed `memfd`, each at a [`RING_ALIGN`]-aligned
+//! offset); [`Ring::create`] makes a ring in a file of its own.
 //!
-//! Layout (native byte order; each index on its own cache line):
+//! Layout (native byte order, offsets from the ring's start; each index on its own cache
+//! line):
 //!
 //! | offset | field |
 //! |---|---|
@@ -17,12 +20,15 @@
 //! *publishes* it; the index it reads from shared memory is validated (`0 ≤ prod - cons ≤
 //! capacity`) before use, and entries are copied out before they are parsed, so a hostile
 //! peer can make its own ring report [`RingError::Corrupt`] but can never make the daemon read
-//! or write outside the mapping. The file is sealed against shrinking, so the peer cannot turn
-//! an access into a `SIGBUS`.
+//! or write outside the ring. The daemon never reads the header back: it keeps the geometry
+//! it wrote. The file is sealed against shrinking, so the peer cannot turn an access into a
+//! `SIGBUS`.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 
+use crate::arena::Block;
 use crate::shm::{SharedMemory, ShmError};
 
 /// First word of a ring: `"SRRG"`.
@@ -34,6 +40,9 @@ const CONS: usize = 128;
 const ENTRIES: usize = 192;
 /// Largest ring accepted (entries × entry size).
 pub const MAX_RING_BYTES: usize = 64 << 20;
+/// Where a ring may start in its mapping: a multiple of this many bytes (a cache line, so
+/// that each index keeps a line of its own and every word is aligned).
+pub const RING_ALIGN: usize = 64;
 
 /// Why a ring operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -85,11 +94,20 @@ pub enum Role {
     Consumer,
 }
 
-/// One mapping of a ring, used as one end.
+/// One end of a ring: a view of `len` bytes at byte `base` of a mapping, the ring's own
+/// file's or a chunk of a [`crate::arena`] shared with other rings.
 #[derive(Debug)]
 pub struct Ring {
     /// The mapping (the file is not kept: the creator hands it to the peer).
-    mem: SharedMemory,
+    mem: Arc<SharedMemory>,
+    /// Where the ring starts in the mapping: `base + len <= mem.len()`, and `mem.as_ptr() +
+    /// base` is a multiple of [`RING_ALIGN`] (checked by every constructor).
+    base: usize,
+    /// Header and entries: `ENTRIES + capacity * entry_size`.
+    len: usize,
+    /// The arena block the ring lives in, given back when the ring goes (the daemon's end
+    /// of an arena ring only).
+    _block: Option<Block>,
     entry_size: usize,
     capacity: u32,
     role: Role,
@@ -105,13 +123,10 @@ pub struct Ring {
 }
 
 impl Ring {
-    /// Create a ring of `capacity` entries of `entry_size` bytes in a new sealed memfd; returns
-    /// this process's end and the fd to pass to the peer (SCM_RIGHTS).
-    pub fn create(
-        capacity: u32,
-        entry_size: usize,
-        role: Role,
-    ) -> Result<(Ring, OwnedFd), RingError> {
+    /// Bytes of a ring of `capacity` entries of `entry_size` bytes (header included), if
+    /// that is a valid ring: a power-of-two capacity, entries of a multiple of 8 bytes, at
+    /// most [`MAX_RING_BYTES`] of them.
+    pub fn bytes_for(capacity: u32, entry_size: usize) -> Result<usize, RingError> {
         if !capacity.is_power_of_two() || entry_size == 0 || !entry_size.is_multiple_of(8) {
             return Err(RingError::Invalid(
                 "capacity must be a power of two, entries 8-byte multiples",
@@ -121,19 +136,52 @@ impl Ring {
             .checked_mul(entry_size)
             .filter(|&b| b <= MAX_RING_BYTES)
             .ok_or(RingError::Invalid("ring too large"))?;
-        let mut mem = SharedMemory::create("softrdma-ring", ENTRIES + bytes)?;
+        Ok(ENTRIES + bytes)
+    }
+
+    /// Create a ring of `capacity` entries of `entry_size` bytes in a new sealed memfd; returns
+    /// this process's end and the fd to pass to the peer (SCM_RIGHTS).
+    pub fn create(
+        capacity: u32,
+        entry_size: usize,
+        role: Role,
+    ) -> Result<(Ring, OwnedFd), RingError> {
+        let len = Ring::bytes_for(capacity, entry_size)?;
+        let mut mem = SharedMemory::create("softrdma-ring", len)?;
         let fd = mem.take_fd().ok_or(RingError::Invalid("no file"))?;
-        let mut ring = Ring::new(mem, role);
+        let ring = Ring::init_at(Arc::new(mem), 0, capacity, entry_size, role, None)?;
+        Ok((ring, fd))
+    }
+
+    /// The creator's end of a new ring at byte `base` of `mem` (whatever the bytes held
+    /// before: a block given back by an earlier ring is reused): writes the header and
+    /// zeroes the indices and the backlog word. The peer sees the ring once told where it
+    /// is (a message on the socket, after this).
+    pub(crate) fn init_at(
+        mem: Arc<SharedMemory>,
+        base: usize,
+        capacity: u32,
+        entry_size: usize,
+        role: Role,
+        block: Option<Block>,
+    ) -> Result<Ring, RingError> {
+        let len = Ring::bytes_for(capacity, entry_size)?;
+        let mut ring = Ring::view(mem, base, len, role)?;
+        ring._block = block;
         ring.entry_size = entry_size;
         ring.capacity = capacity;
         ring.word(0).store(RING_MAGIC, Ordering::Relaxed);
         ring.word(4).store(VERSION, Ordering::Relaxed);
         ring.word(8).store(entry_size as u32, Ordering::Relaxed);
+        ring.word(BACKLOG).store(0, Ordering::Relaxed);
+        ring.word(PROD).store(0, Ordering::Relaxed);
+        ring.word(CONS).store(0, Ordering::Relaxed);
         ring.word(12).store(capacity, Ordering::Release);
-        Ok((ring, fd))
+        Ok(ring)
     }
 
-    /// Map a ring received from the peer and check its header against its size.
+    /// Map a ring received from the peer (a file of its own) and check its header against
+    /// its size.
     pub fn open(fd: &impl AsFd, role: Role) -> Result<Ring, RingError> {
         let st = rustix::fs::fstat(fd).map_err(io("fstat"))?;
         let len = usize::try_from(st.st_size).map_err(|_| RingError::Invalid("size"))?;
@@ -142,7 +190,26 @@ impl Ring {
         }
         // Refused unless sealed against shrinking: a peer that could shrink the file could
         // turn our accesses into SIGBUS.
-        let mut ring = Ring::new(SharedMemory::map_client(fd, 0, len as u64)?, role);
+        let mem = SharedMemory::map_client(fd, 0, len as u64)?;
+        Ring::open_at(Arc::new(mem), 0, len as u64, role)
+    }
+
+    /// The ring the peer made at byte `offset` of `mem` (a mapping of a peer's arena chunk,
+    /// [`crate::arena`]), `len` bytes long: everything the peer said is checked — the
+    /// place against the mapping, the header against `len`.
+    pub fn open_at(
+        mem: Arc<SharedMemory>,
+        offset: u64,
+        len: u64,
+        role: Role,
+    ) -> Result<Ring, RingError> {
+        let (Ok(base), Ok(len)) = (usize::try_from(offset), usize::try_from(len)) else {
+            return Err(RingError::Invalid("ring place out of range"));
+        };
+        if !(ENTRIES..=ENTRIES + MAX_RING_BYTES).contains(&len) {
+            return Err(RingError::Invalid("size"));
+        }
+        let mut ring = Ring::view(mem, base, len, role)?;
         let magic = ring.word(0).load(Ordering::Acquire);
         let version = ring.word(4).load(Ordering::Relaxed);
         let entry_size = ring.word(8).load(Ordering::Relaxed) as usize;
@@ -150,11 +217,7 @@ impl Ring {
         if magic != RING_MAGIC || version != VERSION {
             return Err(RingError::Invalid("magic or version"));
         }
-        if !capacity.is_power_of_two()
-            || entry_size == 0
-            || !entry_size.is_multiple_of(8)
-            || (capacity as usize).checked_mul(entry_size) != Some(len - ENTRIES)
-        {
+        if Ring::bytes_for(capacity, entry_size).ok() != Some(len) {
             return Err(RingError::Invalid("geometry does not match the size"));
         }
         ring.entry_size = entry_size;
@@ -172,34 +235,58 @@ impl Ring {
         Ok(ring)
     }
 
-    fn new(mem: SharedMemory, role: Role) -> Ring {
-        Ring {
+    /// A view of `len` bytes at `base` of `mem`, no geometry yet: refused unless the bytes
+    /// are inside the mapping and start aligned.
+    fn view(
+        mem: Arc<SharedMemory>,
+        base: usize,
+        len: usize,
+        role: Role,
+    ) -> Result<Ring, RingError> {
+        if len < ENTRIES || base.checked_add(len).is_none_or(|end| end > mem.len()) {
+            return Err(RingError::Invalid("ring place outside the mapping"));
+        }
+        if !(mem.as_ptr() as usize)
+            .wrapping_add(base)
+            .is_multiple_of(RING_ALIGN)
+        {
+            return Err(RingError::Invalid("ring place not aligned"));
+        }
+        Ok(Ring {
             mem,
+            base,
+            len,
+            _block: None,
             entry_size: 0,
             capacity: 0,
             role,
             mine: 0,
             peer: 0,
             backlog: false,
-        }
+        })
+    }
+
+    /// The ring's first byte.
+    fn start(&self) -> *mut u8 {
+        self.mem.as_ptr().wrapping_add(self.base)
     }
 
     /// The 32-bit word at byte `off` of the header, as an atomic shared with the peer.
     #[allow(unsafe_code)]
     fn word(&self, off: usize) -> &AtomicU32 {
         debug_assert!(off.is_multiple_of(4) && off + 4 <= ENTRIES);
-        // SAFETY: `off + 4 <= ENTRIES <= len`, the mapping is page-aligned so the word is
-        // 4-aligned, it lives as long as `self`, and the peer only ever accesses it
-        // atomically too.
-        unsafe { AtomicU32::from_ptr(self.mem.as_ptr().add(off).cast::<u32>()) }
+        // SAFETY: `off + 4 <= ENTRIES <= len` and `base + len <= mem.len()` (checked in
+        // `view`): the word is inside the mapping, which lives as long as `self`; the ring
+        // starts `RING_ALIGN`-aligned, so the word is 4-aligned; and the peer only ever
+        // accesses it atomically too.
+        unsafe { AtomicU32::from_ptr(self.start().add(off).cast::<u32>()) }
     }
 
     fn slot(&self, index: u32) -> *mut u8 {
         let i = (index & (self.capacity - 1)) as usize;
         // In bounds: `i < capacity`, and `ENTRIES + capacity * entry_size == len`.
-        self.mem
-            .as_ptr()
-            .wrapping_add(ENTRIES + i * self.entry_size)
+        debug_assert!(ENTRIES + (i + 1) * self.entry_size <= self.len);
+        self.start().wrapping_add(ENTRIES + i * self.entry_size)
     }
 
     /// Entries the ring holds.
@@ -246,10 +333,10 @@ impl Ring {
         for (i, chunk) in entry.chunks(8).enumerate() {
             let mut w = [0u8; 8];
             w[..chunk.len()].copy_from_slice(chunk);
-            // SAFETY: `slot..slot + entry_size` is inside the mapping (see `slot`) and
-            // 8-aligned (the mapping is page-aligned, the header and every entry size are
-            // multiples of 8), and `entry.len() <= entry_size`; volatile because the peer
-            // maps the same bytes.
+            // SAFETY: `slot..slot + entry_size` is inside the ring (see `slot`), so inside
+            // the mapping, and 8-aligned (the ring starts `RING_ALIGN`-aligned, the header
+            // and every entry size are multiples of 8), and `entry.len() <= entry_size`;
+            // volatile because the peer maps the same bytes.
             unsafe { slot.add(i).write_volatile(u64::from_ne_bytes(w)) };
         }
         self.mine = self.mine.wrapping_add(1);
