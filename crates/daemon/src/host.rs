@@ -9,9 +9,9 @@
 //!
 //! - Work rings ([`crate::wq`]): each connection's rings on the device ring bits of its
 //!   doorbell page ([`abi::doorbell`]). At each pass the progress thread takes the bits
-//!   that are set and drains those rings only (and the rings it must come back to), so a
-//!   pass costs the rings that have work plus one look at each connection's page, however
-//!   many rings there are. It keeps looking for [`runtime::RuntimeConfig::busy_poll`] after
+//!   that are set (a summary word first, then the words it names) and drains those rings
+//!   only (and the rings it must come back to), so a pass costs the rings that have work
+//!   plus a look at each connection's summary, however many rings there are. It keeps looking for [`runtime::RuntimeConfig::busy_poll`] after
 //!   the last work, so a client posting in a stream never needs a system call. Before it
 //!   sleeps it sets every page's sleeping word and looks once more; a client that finds the
 //!   word set after setting its bit writes the device's doorbell. Any request on the

@@ -13,8 +13,8 @@
 //! and the ring behind it, until completions free a slot: posting order is kept.
 //!
 //! A connection's rings on one device are a [`ConnRings`]: they ring bits of the
-//! connection's doorbell page ([`abi::doorbell`]), and the daemon drains only the rings whose
-//! bits it finds set, plus those it must come back to (a drain that stopped at its batch's
+//! connection's doorbell page ([`abi::doorbell`], two levels: a summary bit per word of ring
+//! bits), and the daemon drains only the rings whose bits it finds set, plus those it must come back to (a drain that stopped at its batch's
 //! end, a WQE held back for room in the engine), so a pass costs the rings that have work,
 //! not every ring. The bits are untrusted too: one that names no ring, or an empty one, is
 //! a look at the connection's own rings, nothing more.
@@ -28,7 +28,7 @@ use engine::{
     AhHandle, QpAttr, QpAttrMask, QpState, RecvWr, SendWr, SrqHandle, UdDest, VerbsError,
 };
 
-use abi::doorbell::{DoorbellPage, BITS, WORDS};
+use abi::doorbell::{DoorbellPage, BITS, SUMMARY_WORDS, WORDS};
 use abi::ring::{Ring, RingError};
 use abi::wqe;
 
@@ -326,8 +326,63 @@ pub enum AttachError {
     Full,
 }
 
-/// A set of bits, one per ring of a [`ConnRings`], kept by the daemon alone.
-type Bits = [u64; WORDS];
+/// A set of ring bits kept by the daemon alone, two levels as the doorbell page's: bit
+/// `w` of the summary says word `w` may be non-zero, so that walking it costs the words
+/// that have bits, not all of them.
+struct Bits {
+    summary: [u64; SUMMARY_WORDS],
+    words: Box<[u64; WORDS]>,
+}
+
+impl Bits {
+    fn new() -> Bits {
+        Bits {
+            summary: [0; SUMMARY_WORDS],
+            words: Box::new([0; WORDS]),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.summary.iter().all(|&s| s == 0)
+    }
+
+    /// Add `bits` to word `w` (`w < WORDS`).
+    fn add(&mut self, w: usize, bits: u64) {
+        if bits != 0 {
+            self.words[w] |= bits;
+            self.summary[w / 64] |= 1 << (w % 64);
+        }
+    }
+
+    fn insert(&mut self, bit: u32) {
+        self.add(bit as usize / 64, 1 << (bit % 64));
+    }
+
+    /// Remove `bit` (its summary bit may stay: a hint, not a promise).
+    fn remove(&mut self, bit: u32) {
+        self.words[bit as usize / 64] &= !(1 << (bit % 64));
+    }
+
+    /// Move every bit of `other` into this set.
+    fn absorb(&mut self, other: &mut Bits) {
+        other.drain_words(|w, bits| self.add(w, bits));
+    }
+
+    /// Take every non-zero word out of the set, `f(w, bits)` for each.
+    fn drain_words(&mut self, mut f: impl FnMut(usize, u64)) {
+        for (i, s) in self.summary.iter_mut().enumerate() {
+            let mut t = std::mem::take(s);
+            while t != 0 {
+                let w = i * 64 + t.trailing_zeros() as usize;
+                t &= t - 1;
+                let bits = std::mem::take(&mut self.words[w]);
+                if bits != 0 {
+                    f(w, bits);
+                }
+            }
+        }
+    }
+}
 
 /// One connection's work rings on one device, and the doorbell page they ring.
 pub struct ConnRings {
@@ -336,6 +391,8 @@ pub struct ConnRings {
     fd: OwnedFd,
     /// The rings, by bit.
     rings: Vec<Option<WorkRing>>,
+    /// Bits below `rings.len()` that name no ring, to give out again first.
+    free_bits: Vec<u32>,
     by_queue: HashMap<Queue, u32>,
     /// Rings whose last drain left WQEs the daemon could take now (it stopped at a batch's
     /// end): looked at again next pass, rung or not.
@@ -343,15 +400,15 @@ pub struct ConnRings {
     /// Rings holding a WQE back for room in the engine: looked at every pass (engine
     /// progress releases them), but not work to stay awake for.
     stashed: Bits,
-    /// Whether `again` has a bit set.
-    any_again: bool,
+    /// The rings a pass looks at (kept to reuse its storage; empty between passes).
+    look: Bits,
 }
 
 impl core::fmt::Debug for ConnRings {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("ConnRings")
             .field("rings", &self.by_queue.len())
-            .field("any_again", &self.any_again)
+            .field("again", &!self.again.is_empty())
             .finish_non_exhaustive()
     }
 }
@@ -364,10 +421,11 @@ impl ConnRings {
             page,
             fd,
             rings: Vec::new(),
+            free_bits: Vec::new(),
             by_queue: HashMap::new(),
-            again: [0; WORDS],
-            stashed: [0; WORDS],
-            any_again: false,
+            again: Bits::new(),
+            stashed: Bits::new(),
+            look: Bits::new(),
         })
     }
 
@@ -378,8 +436,8 @@ impl ConnRings {
 
     /// Take posts from `ring` from now on; returns its bit in the doorbell page.
     pub fn attach(&mut self, ring: WorkRing) -> Result<u32, AttachError> {
-        let bit = match self.rings.iter().position(Option::is_none) {
-            Some(free) => free,
+        let bit = match self.free_bits.pop() {
+            Some(free) => free as usize,
             None if self.rings.len() < BITS as usize => {
                 self.rings.push(None);
                 self.rings.len() - 1
@@ -393,15 +451,22 @@ impl ConnRings {
         Ok(bit as u32)
     }
 
+    /// Forget the ring of `bit` (detached, or broken).
+    fn forget(&mut self, bit: u32) {
+        if let Some(r) = self.rings.get_mut(bit as usize).and_then(Option::take) {
+            self.by_queue.remove(&r.queue());
+            self.free_bits.push(bit);
+        }
+        self.again.remove(bit);
+        self.stashed.remove(bit);
+    }
+
     /// Stop taking posts for `queue`; whether it had a ring.
     pub fn detach(&mut self, queue: Queue) -> bool {
-        let Some(bit) = self.by_queue.remove(&queue) else {
+        let Some(&bit) = self.by_queue.get(&queue) else {
             return false;
         };
-        self.rings[bit as usize] = None;
-        let (i, mask) = (bit as usize / 64, 1u64 << (bit % 64));
-        self.again[i] &= !mask;
-        self.stashed[i] &= !mask;
+        self.forget(bit);
         true
     }
 
@@ -430,49 +495,51 @@ impl ConnRings {
     /// stopped at its batch's end. Rings holding a WQE back for room in the engine do not
     /// count: only engine progress releases them.
     pub fn has_work(&self) -> bool {
-        self.any_again || self.page.rung()
+        !self.again.is_empty() || self.page.rung()
     }
 
     /// Drain the rings whose bits are set, and those left to come back to, into `engine`.
     /// Returns how many WQEs went in. Rings that lied are detached (their QPs are in the
     /// error state now).
     pub fn take(&mut self, engine: &mut runtime::SendEngine, stats: &WqStats) -> usize {
-        let mut look: Bits = [0; WORDS];
-        for (i, l) in look.iter_mut().enumerate() {
-            *l = self.page.take(i) | self.again[i] | self.stashed[i];
-        }
-        // Before any ring is read (see `abi::doorbell`: no post is lost).
-        self.page.taken();
-        self.again = [0; WORDS];
-        self.stashed = [0; WORDS];
-        self.any_again = false;
+        // Both levels taken, then a fence, before any ring is read (see `abi::doorbell`: no
+        // post is lost). Words past the rings this connection has name nothing.
+        let words = self.rings.len().div_ceil(64);
+        let look = &mut self.look;
+        self.page.take(|w, bits| {
+            if w < words {
+                look.add(w, bits);
+            }
+        });
+        look.absorb(&mut self.again);
+        look.absorb(&mut self.stashed);
         let mut took = 0;
-        for (i, mut bits) in look.into_iter().enumerate() {
+        let mut broken = Vec::new();
+        let (rings, again, stashed) = (&mut self.rings, &mut self.again, &mut self.stashed);
+        look.drain_words(|w, mut bits| {
             while bits != 0 {
                 let b = bits.trailing_zeros();
                 bits &= bits - 1;
-                let bit = i * 64 + b as usize;
+                let bit = (w * 64) as u32 + b;
                 // A bit that names no ring is the client's own noise.
-                let Some(Some(w)) = self.rings.get_mut(bit) else {
+                let Some(Some(r)) = rings.get_mut(bit as usize) else {
                     continue;
                 };
-                match w.drain(engine, stats) {
+                match r.drain(engine, stats) {
                     Drained::Took(n) => {
                         took += n;
-                        if w.backlogged() {
-                            self.stashed[i] |= 1 << b;
-                        } else if w.waiting() {
-                            self.again[i] |= 1 << b;
-                            self.any_again = true;
+                        if r.backlogged() {
+                            stashed.insert(bit);
+                        } else if r.waiting() {
+                            again.insert(bit);
                         }
                     }
-                    Drained::Broken => {
-                        let queue = w.queue();
-                        self.rings[bit] = None;
-                        self.by_queue.remove(&queue);
-                    }
+                    Drained::Broken => broken.push(bit),
                 }
             }
+        });
+        for bit in broken {
+            self.forget(bit);
         }
         took
     }

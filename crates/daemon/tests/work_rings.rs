@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use abi::client::{Posted, WorkDoorbell, WorkQueueRing};
-use abi::doorbell::{DoorbellPage, WORDS};
+use abi::doorbell::{DoorbellPage, SUMMARY_WORDS, WORDS};
 use abi::proto::{wq, Request};
 use abi::ring::RingError;
 use abi::ring::{Ring, Role};
@@ -662,10 +662,13 @@ fn garbage_bits_in_a_doorbell_page_touch_only_their_own_connection() {
     assert_eq!(d.stat("srxe0.ring_bad_indices"), 0);
 }
 
-/// Every bit of `page`, set.
+/// Every bit of `page`, set, summary included.
 fn scribble_all(page: &DoorbellPage) {
     for i in 0..WORDS {
         page.scribble(i, u64::MAX);
+    }
+    for i in 0..SUMMARY_WORDS {
+        page.scribble_summary(i, u64::MAX);
     }
 }
 
