@@ -18,6 +18,7 @@ use engine::{
 use wire::{RejectReason, ServiceId};
 use zerocopy::FromBytes;
 
+use crate::arena::{ArenaMap, RingPlace};
 use crate::doorbell::DoorbellPage;
 use crate::proto::{DeviceInfo, Header, ProtoError, Request, Response, HEADER_LEN, VERSION};
 use crate::ring::{Ring, RingError, Role};
@@ -309,6 +310,8 @@ pub struct Client {
     stream: UnixStream,
     next_id: u32,
     daemon_pid: u32,
+    /// The chunks of this connection's ring arena mapped so far ([`crate::arena`]).
+    arena: ArenaMap,
 }
 
 impl Client {
@@ -319,6 +322,7 @@ impl Client {
             stream,
             next_id: 0,
             daemon_pid: 0,
+            arena: ArenaMap::default(),
         };
         match c.call(&Request::Hello { version: VERSION })? {
             Response::Hello { version, pid } if version == VERSION => {
@@ -625,14 +629,52 @@ impl Client {
         capacity: u32,
         doorbell: std::sync::Arc<OwnedFd>,
     ) -> Result<CqRing, ClientError> {
-        let fd = self.call_for_fd(&Request::AttachCqRing { cq, capacity })?;
-        let ring = Ring::open(&fd, Role::Consumer).map_err(|_| ClientError::Unexpected)?;
+        let place = match self.call_with_fd(&Request::AttachCqRing { cq, capacity })? {
+            (Response::RingAt { chunk, offset, len }, fd) => {
+                self.arena_chunk(chunk, fd)?;
+                RingPlace { chunk, offset, len }
+            }
+            _ => return Err(ClientError::Unexpected),
+        };
         Ok(CqRing {
             held: std::collections::VecDeque::new(),
-            ring,
+            ring: self.ring_at(place, Role::Consumer)?,
             doorbell,
             doorbells: 0,
         })
+    }
+
+    /// Map arena chunk `chunk`, whose file `fd` came with the answer naming it, the first
+    /// time an answer names it (and only then).
+    fn arena_chunk(&mut self, chunk: u32, fd: Option<OwnedFd>) -> Result<(), ClientError> {
+        match fd {
+            Some(fd) => self
+                .arena
+                .insert(chunk, fd)
+                .map_err(|_| ClientError::Unexpected),
+            None if self.arena.has(chunk) => Ok(()),
+            None => Err(ClientError::Unexpected),
+        }
+    }
+
+    /// This end of the ring the daemon made at `place` in this connection's arena (its
+    /// chunk mapped by the answer that named it): the place and the ring's header are
+    /// checked.
+    pub fn ring_at(&self, place: RingPlace, role: Role) -> Result<Ring, ClientError> {
+        self.arena
+            .open(place, role)
+            .map_err(|_| ClientError::Unexpected)
+    }
+
+    /// The file of chunk `chunk` of this connection's ring arena, once an answer named it
+    /// (tools and tests that write rings by hand).
+    pub fn arena_fd(&self, chunk: u32) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.arena.fd(chunk)
+    }
+
+    /// How many chunks of this connection's ring arena this process has mapped.
+    pub fn arena_chunks(&self) -> usize {
+        self.arena.len()
     }
 
     /// Post by request: `req` must be a post ([`Request::PostSend`], [`Request::PostRecv`],
@@ -682,32 +724,43 @@ impl Client {
         capacity: u32,
         doorbell: WorkDoorbell,
     ) -> Result<WorkQueueRing, ClientError> {
-        let (fd, bit) = self.work_ring_fd(queue, handle, capacity)?;
-        let ring = Ring::open(&fd, Role::Producer).map_err(|_| ClientError::Unexpected)?;
+        let (place, bit) = self.work_ring_at(queue, handle, capacity)?;
         Ok(WorkQueueRing {
-            ring,
+            ring: self.ring_at(place, Role::Producer)?,
             doorbell,
             bit,
             doorbells: 0,
         })
     }
 
-    /// The memfd of a new work ring and its bit in the doorbell page
-    /// ([`Client::attach_work_ring`] without mapping it), for tools and tests that write the
-    /// ring and ring the bit themselves ([`crate::ring`] and [`crate::doorbell`] have the
-    /// layouts).
-    pub fn work_ring_fd(
+    /// Where a new work ring is in this connection's arena, and its bit in the doorbell
+    /// page ([`Client::attach_work_ring`] without making this end of it), for tools and
+    /// tests that write the ring and ring the bit themselves ([`Client::ring_at`],
+    /// [`Client::arena_fd`]; [`crate::ring`] and [`crate::doorbell`] have the layouts).
+    pub fn work_ring_at(
         &mut self,
         queue: u8,
         handle: u32,
         capacity: u32,
-    ) -> Result<(OwnedFd, u32), ClientError> {
-        match self.call_with_fd(&Request::AttachWorkRing {
+    ) -> Result<(RingPlace, u32), ClientError> {
+        let req = Request::AttachWorkRing {
             queue,
             handle,
             capacity,
-        })? {
-            (Response::Bell { bit }, Some(fd)) => Ok((fd, bit)),
+        };
+        match self.call_with_fd(&req)? {
+            (
+                Response::WorkRingAt {
+                    chunk,
+                    offset,
+                    len,
+                    bit,
+                },
+                fd,
+            ) => {
+                self.arena_chunk(chunk, fd)?;
+                Ok((RingPlace { chunk, offset, len }, bit))
+            }
             _ => Err(ClientError::Unexpected),
         }
     }

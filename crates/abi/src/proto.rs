@@ -60,13 +60,15 @@ use crate::wqe::Cqe;
 
 /// First four bytes of every message: `"SRDM"`.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"SRDM");
-/// The protocol version this crate speaks (11: work rings ring bits of a doorbell page —
-/// [`Request::DoorbellPage`], [`Response::Bell`]; 10: [`Request::CmReject`] carries the reason; 9:
+/// The protocol version this crate speaks (12: rings live in the connection's ring arena —
+/// [`Response::WorkRingAt`] and [`Response::RingAt`] name a ring's place, the doorbell page
+/// has 65 536 bits and a summary; 11: work rings ring bits of a doorbell page —
+/// [`Request::DoorbellPage`], `Response::Bell`; 10: [`Request::CmReject`] carries the reason; 9:
 /// ECE in `ConnParam`, `ConnectRequest` and the ESTABLISHED and CONNECT_RESPONSE events; 8: connections whose QP the client moves —
 /// `ConnParam::qp_num`, [`Request::CmEstablish`], [`Request::CmInitQpAttr`]; 5: the
 /// connection manager's requests and events; 4: messages are generated from their tables
 /// and carry the engine's types whole).
-pub const VERSION: u16 = 11;
+pub const VERSION: u16 = 12;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 16;
 /// Largest body accepted (inline data and completion batches fit easily).
@@ -409,8 +411,10 @@ messages! {
         /// The daemon's counters and each device's.
         19 STAT => Stat,
         /// Deliver `cq`'s completions into a shared-memory ring of `capacity` entries
-        /// ([`crate::ring`], [`crate::wqe::Cqe`] entries) instead of [`Request::PollCq`];
-        /// the answer carries the ring's memfd (SCM_RIGHTS).
+        /// ([`crate::ring`], [`crate::wqe::Cqe`] entries) instead of [`Request::PollCq`],
+        /// in the connection's ring arena ([`crate::arena`]): answered with
+        /// [`Response::RingAt`], which carries the file of the arena chunk it names
+        /// (SCM_RIGHTS) the first time an answer names that chunk.
         20 ATTACH_CQ_RING => AttachCqRing {
             /// CQ handle.
             cq: u32,
@@ -536,9 +540,11 @@ messages! {
         /// Take posts to a QP's send or receive queue, or to an SRQ, from a shared-memory
         /// ring of `capacity` entries ([`crate::ring`]; entries as [`crate::wqe`] lays them
         /// out, sized by the daemon for the queue's capabilities) as well as by request
-        /// (answered with [`Response::Bell`], the ring's bit in the connection's doorbell page
-        /// of that device, which [`Request::DoorbellPage`] must have made first; the answer
-        /// carries the ring's memfd, SCM_RIGHTS). The client produces, the daemon consumes.
+        /// (answered with [`Response::WorkRingAt`]: where the ring is in the connection's ring
+        /// arena, [`crate::arena`], with the file of its chunk the first time an answer names
+        /// that chunk, SCM_RIGHTS; and its bit in the connection's doorbell page of that
+        /// device, which [`Request::DoorbellPage`] must have made first). The client
+        /// produces, the daemon consumes.
         40 ATTACH_WORK_RING => AttachWorkRing {
             /// Which queue: [`wq::SQ`], [`wq::RQ`] or [`wq::SRQ`].
             queue: u8,
@@ -846,10 +852,28 @@ messages! {
             /// Which of them (the state included).
             mask: QpAttrMask,
         },
-        /// Answer to [`Request::AttachWorkRing`]: the ring's bit in the doorbell page.
-        19 BELL => Bell {
+        // 19 was `Bell` (version 11), the bit of a work ring in a file of its own.
+        /// Answer to [`Request::AttachWorkRing`]: where the ring is in the connection's
+        /// arena ([`crate::arena::RingPlace`]) and its bit in the doorbell page.
+        20 WORK_RING_AT => WorkRingAt {
+            /// Arena chunk.
+            chunk: u32,
+            /// Byte offset of the ring in the chunk.
+            offset: u64,
+            /// Bytes of the ring.
+            len: u64,
             /// Bit number (below [`crate::doorbell::BITS`]).
             bit: u32,
+        },
+        /// Answer to [`Request::AttachCqRing`]: where the ring is in the connection's arena
+        /// ([`crate::arena::RingPlace`]).
+        21 RING_AT => RingAt {
+            /// Arena chunk.
+            chunk: u32,
+            /// Byte offset of the ring in the chunk.
+            offset: u64,
+            /// Bytes of the ring.
+            len: u64,
         },
         /// The request failed: an errno as libibverbs would return it, and why.
         255 ERROR => Error {
@@ -1393,7 +1417,17 @@ mod tests {
                 rkey: 3,
             },
             Response::Count { n: 7 },
-            Response::Bell { bit: 4095 },
+            Response::WorkRingAt {
+                chunk: 2,
+                offset: 0x4_0000,
+                len: 192 + 64 * 112,
+                bit: 65_535,
+            },
+            Response::RingAt {
+                chunk: 0,
+                offset: 256,
+                len: 192 + 64 * 64,
+            },
             Response::AsyncEvents {
                 events: vec![
                     AsyncEvent::QpFatal { qpn: 0x11 },

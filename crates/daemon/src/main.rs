@@ -52,6 +52,11 @@ struct Args {
     /// are counted (rx_icrc_id_recovered).
     #[arg(long, value_enum, default_value_t = RxPathArg::Auto)]
     rx_path: RxPathArg,
+    /// Most work rings (shared-memory send, receive and shared receive queues) one client
+    /// connection may hold; past it the client posts to its other queues by request (the
+    /// `ring_refusals` counter counts the refusals). At most 65536.
+    #[arg(long, default_value_t = server::MAX_WORK_RINGS_PER_CONNECTION, value_name = "N")]
+    max_work_rings: usize,
     /// Record every packet the devices send and receive into this pcap file (as
     /// `SOFTRDMA_CAPTURE` does); `softrdma decode` and tshark read it.
     #[arg(long, env = "SOFTRDMA_CAPTURE", value_name = "FILE.pcap")]
@@ -150,6 +155,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         Some(p) if !p.as_os_str().is_empty() => Some(runtime::Capture::create(p)?),
         _ => None,
     };
+    server::set_max_work_rings_per_connection(args.max_work_rings);
     let regions = SharedRegions::default();
     let mut devices = Vec::new();
     for (i, (iface, addrs)) in device_addresses(args)?.into_iter().enumerate() {

@@ -15,7 +15,7 @@ use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use engine::{
@@ -26,6 +26,7 @@ use engine::{
 use crate::host::{ConnId, Device};
 use crate::memory::{self, ClientProcess, Region, SharedRegions};
 use crate::wq::{AttachError, Handles, Queue, WorkRing};
+use abi::arena::{RingArena, RingPlace};
 use abi::proto::{
     wq, DeviceInfo, Header, ProtoError, Request, Response, HEADER_LEN, MAX_EVENTS, MAX_WCS, VERSION,
 };
@@ -42,9 +43,26 @@ const ENOMEM: i32 = 12;
 const MAX_RING_ENTRIES: u32 = 1 << 16;
 /// Largest work ring (2 MiB of WQEs).
 const MAX_WORK_RING_ENTRIES: u32 = 1 << 13;
-/// Most work rings one connection may hold: each is a mapping in the daemon, and mappings
-/// are a host-wide budget (`vm.max_map_count`) no client may spend for the others.
-const MAX_WORK_RINGS_PER_CONNECTION: usize = 4096;
+/// Most work rings one connection may hold, unless [`set_max_work_rings_per_connection`]
+/// says otherwise: one per bit of a doorbell page. Rings live in the connection's ring
+/// arena ([`abi::arena`]), a few mappings however many rings, but each costs the daemon a
+/// look-up slot and memory.
+pub const MAX_WORK_RINGS_PER_CONNECTION: usize = abi::doorbell::BITS as usize;
+/// The limit in force ([`set_max_work_rings_per_connection`]).
+static WORK_RING_LIMIT: AtomicUsize = AtomicUsize::new(MAX_WORK_RINGS_PER_CONNECTION);
+/// Most bytes a connection's ring arena may take (address space: pages the rings never
+/// touch cost no memory). Its chunks are mappings in the daemon, and mappings are a
+/// host-wide budget (`vm.max_map_count`) no client may spend for the others: at most a few
+/// hundred chunks fit this.
+const MAX_ARENA_BYTES: usize = 64 << 30;
+
+/// Hold each connection to at most `n` work rings (at most
+/// [`MAX_WORK_RINGS_PER_CONNECTION`]): the one too many is refused with `ENOMEM`, and the
+/// client posts to that queue by request. For the whole process (`softrdmad
+/// --max-work-rings`).
+pub fn set_max_work_rings_per_connection(n: usize) {
+    WORK_RING_LIMIT.store(n.min(MAX_WORK_RINGS_PER_CONNECTION), Ordering::Relaxed);
+}
 
 /// The next connection's [`ConnId`].
 static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
@@ -124,6 +142,12 @@ stats! {
     /// Connection-manager connections destroyed because their channel closed or their
     /// client went away before destroying them (peers are told).
     reclaimed_cm_ids,
+    /// Work rings and CQ rings refused for a connection's limits (work rings per
+    /// connection, bytes of its ring arena): the client posts or polls by request instead.
+    ring_refusals,
+    /// Chunks made for connections' ring arenas (each one mapping in the daemon and one in
+    /// its client, however many rings it holds).
+    ring_arena_chunks,
 }
 
 /// The daemon: its devices, the registered client memory, its counters.
@@ -292,6 +316,10 @@ struct Conn<'d> {
     event_channel: Option<Arc<nix::sys::eventfd::EventFd>>,
     /// Work rings this connection holds.
     work_rings: usize,
+    /// Where this connection's work and CQ rings live.
+    arena: RingArena,
+    /// The arena's chunks whose file went to the client already, by number.
+    chunks_sent: Vec<bool>,
     /// This connection's connection-manager channels, by handle (numbered apart from the
     /// objects: work rings never name them).
     cm_channels: HashMap<u32, CmChan>,
@@ -585,6 +613,51 @@ impl<'d> Conn<'d> {
             .fetch_add(n as u64, Ordering::Relaxed);
     }
 
+    /// A new ring of `capacity` entries of `entry` bytes in the connection's arena: this
+    /// end, and where it is. Refused (and counted) when the arena is full.
+    fn arena_ring(
+        &mut self,
+        capacity: u32,
+        entry: usize,
+        role: Role,
+    ) -> Result<(Ring, RingPlace), Fail> {
+        let chunks = self.arena.chunks();
+        let made = self.arena.create_ring(capacity, entry, role);
+        let grew = self.arena.chunks().saturating_sub(chunks);
+        self.daemon
+            .stats
+            .ring_arena_chunks
+            .fetch_add(grew as u64, Ordering::Relaxed);
+        made.map_err(|e| self.refused(format!("no room for the ring: {e}")))
+    }
+
+    /// Send the file of arena chunk `chunk` with the answer, unless the client has it.
+    fn pass_chunk(&mut self, chunk: u32) -> Result<(), Fail> {
+        let i = chunk as usize;
+        if self.chunks_sent.get(i).copied().unwrap_or(false) {
+            return Ok(());
+        }
+        let fd = self
+            .arena
+            .chunk_fd(chunk)
+            .map_err(|e| fail(ENOMEM, e.to_string()))?;
+        if self.chunks_sent.len() <= i {
+            self.chunks_sent.resize(i + 1, false);
+        }
+        self.chunks_sent[i] = true;
+        self.pending_fd = Some(fd);
+        Ok(())
+    }
+
+    /// A ring refused for the connection's limits (counted).
+    fn refused(&self, message: String) -> Fail {
+        self.daemon
+            .stats
+            .ring_refusals
+            .fetch_add(1, Ordering::Relaxed);
+        fail(ENOMEM, message)
+    }
+
     fn room(&self) -> Result<(), Fail> {
         if self.objs().len() >= MAX_OBJECTS_PER_CONNECTION {
             return Err(fail(ENOMEM, "too many objects on this connection"));
@@ -807,11 +880,14 @@ impl<'d> Conn<'d> {
                 if d.devices[i].has_ring(h) {
                     return Err(fail(EINVAL, "this CQ already has a ring"));
                 }
-                let (ring, fd) = Ring::create(capacity, wqe::CQE_LEN, Role::Producer)
-                    .map_err(|e| fail(ENOMEM, e.to_string()))?;
+                let (ring, place) = self.arena_ring(capacity, wqe::CQE_LEN, Role::Producer)?;
                 d.devices[i].attach_ring(h, ring)?;
-                self.pending_fd = Some(fd);
-                Ok(Response::Done)
+                self.pass_chunk(place.chunk)?;
+                Ok(Response::RingAt {
+                    chunk: place.chunk,
+                    offset: place.offset,
+                    len: place.len,
+                })
             }
             Request::Stat => {
                 let mut v = d.stats.snapshot();
@@ -986,8 +1062,11 @@ impl<'d> Conn<'d> {
                 if d.devices[i].has_work_ring(self.id, q) {
                     return Err(fail(EINVAL, "this queue already has a ring"));
                 }
-                if self.work_rings >= MAX_WORK_RINGS_PER_CONNECTION {
-                    return Err(fail(ENOMEM, "too many work rings on this connection"));
+                let limit = WORK_RING_LIMIT.load(Ordering::Relaxed);
+                if self.work_rings >= limit {
+                    return Err(self.refused(format!(
+                        "too many work rings on this connection (at most {limit})"
+                    )));
                 }
                 // Entries sized for what the queue's WRs may carry, so every WR the verb
                 // accepts fits one.
@@ -1003,8 +1082,7 @@ impl<'d> Conn<'d> {
                         wqe::recv_entry_len(d.devices[i].read(|e| e.query_srq(srq))?.max_sge)
                     }
                 };
-                let (ring, fd) = Ring::create(capacity, entry, Role::Consumer)
-                    .map_err(|e| fail(ENOMEM, e.to_string()))?;
+                let (ring, place) = self.arena_ring(capacity, entry, Role::Consumer)?;
                 let handles = Arc::new(ConnHandles {
                     objs: self.objs.clone(),
                     dev: i,
@@ -1012,12 +1090,17 @@ impl<'d> Conn<'d> {
                 let bit = d.devices[i]
                     .attach_work_ring(self.id, WorkRing::new(ring, q, handle, handles))
                     .map_err(|e| match e {
-                        AttachError::Full => fail(ENOMEM, e.to_string()),
+                        AttachError::Full => self.refused(e.to_string()),
                         _ => fail(EINVAL, e.to_string()),
                     })?;
                 self.work_rings += 1;
-                self.pending_fd = Some(fd);
-                Ok(Response::Bell { bit })
+                self.pass_chunk(place.chunk)?;
+                Ok(Response::WorkRingAt {
+                    chunk: place.chunk,
+                    offset: place.offset,
+                    len: place.len,
+                    bit,
+                })
             }
             Request::DoorbellPage { dev } => {
                 let (_, dev) = self.device(dev)?;
@@ -1500,6 +1583,8 @@ pub fn serve_connection(daemon: &Daemon, mut stream: UnixStream) {
         received_fd: None,
         event_channel: None,
         work_rings: 0,
+        arena: RingArena::new(MAX_ARENA_BYTES),
+        chunks_sent: Vec::new(),
         cm_channels: HashMap::new(),
         next_cm: 0,
     };
