@@ -15,13 +15,18 @@
 //! engine on the runtime), [`server`] (connections and handle tables), [`wq`] (work rings:
 //! validating what clients write). Below them, in [`abi`]: [`abi::proto`] (bytes ↔
 //! messages carrying the engine's types, no I/O; one table row per request), [`abi::ring`]
-//! (shared-memory rings over a sealed memfd), [`abi::shm`] (client buffers the daemon maps).
+//! (shared-memory rings), [`abi::arena`] (a connection's rings in a few sealed memfds),
+//! [`abi::shm`] (client buffers the daemon maps).
 //!
 //! ## Data path
 //!
 //! Posting: each QP's send and receive queue (and each SRQ) can take its WQEs from a ring in
-//! shared memory ([`abi::proto::Request::AttachWorkRing`], a memfd passed with SCM_RIGHTS): the
-//! client writes the work request as a fixed-layout entry ([`abi::wqe`]), sets the ring's bit
+//! shared memory ([`abi::proto::Request::AttachWorkRing`]). Every ring of a connection, work
+//! and CQ rings alike, lives in the connection's ring arena ([`abi::arena`]): a few large
+//! sealed memfds, each passed once with SCM_RIGHTS and mapped once on each side, so tens of
+//! thousands of rings (up to `--max-work-rings`, 65536 by default) cost a handful of
+//! mappings, the budget (`vm.max_map_count`) every client of the daemon shares. The client
+//! writes the work request as a fixed-layout entry ([`abi::wqe`]), sets the ring's bit
 //! in the connection's doorbell page of the device ([`abi::doorbell`],
 //! [`abi::proto::Request::DoorbellPage`], another sealed memfd), and writes the device's
 //! doorbell ([`abi::proto::Request::Doorbell`], an eventfd) only when the page's sleeping word
