@@ -6,7 +6,9 @@
 //! so a QP going idle and busy again once per message (a ping-pong) allocates nothing once
 //! the device is warm (an ordered set would allocate a node each time it became non-empty).
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
+
+use foldhash::HashSet;
 
 /// The QPs that may have something to send, in the order they are served.
 #[derive(Debug, Default)]
