@@ -452,7 +452,9 @@ impl<'a> RoceV2Packet<'a> {
         Self::parse_inner_with(bytes, true)
     }
 
-    #[inline]
+    // Always inlined: the packet (about 220 bytes) is then built where the caller keeps
+    // it, not built here and copied out through each wrapper's `Result`.
+    #[inline(always)]
     fn parse_inner_with(
         bytes: &'a [u8],
         compute_icrc: bool,
