@@ -205,6 +205,40 @@ impl fmt::LowerHex for Rkey {
     }
 }
 
+/// A 32-bit local key: names a memory region in the SGEs of this process's work requests
+/// (never on the wire, unlike an [`Rkey`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Lkey(pub u32);
+
+impl Lkey {
+    /// An L_Key from its 32-bit value.
+    #[inline]
+    pub const fn new(v: u32) -> Lkey {
+        Lkey(v)
+    }
+
+    /// The 32-bit value (what an SGE carries).
+    #[inline]
+    pub const fn value(self) -> u32 {
+        self.0
+    }
+}
+
+impl fmt::Display for Lkey {
+    #[inline]
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#010x}", self.0)
+    }
+}
+
+/// The key in hex, with the format's width and flags.
+impl fmt::LowerHex for Lkey {
+    #[inline]
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::LowerHex::fmt(&self.0, f)
+    }
+}
+
 /// A 32-bit queue key (DETH.Q_Key) that a UD receiver checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Qkey(pub u32);

@@ -34,7 +34,7 @@ pub(crate) mod daemon;
 pub(crate) mod embedded;
 pub(crate) mod locate;
 
-pub use wire::types::{Qpn, Rkey};
+pub use wire::types::{Lkey, Qpn, Rkey};
 
 /// Which soft RNIC a [`crate::Device`] runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,38 +79,6 @@ impl BackendKind {
 /// as its handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct QpHandle(pub u32);
-
-/// A 32-bit local key: names a memory region in the SGEs of this process's work requests
-/// (never on the wire, unlike an [`Rkey`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct Lkey(pub u32);
-
-impl Lkey {
-    /// An L_Key from its 32-bit value.
-    #[inline]
-    pub const fn new(v: u32) -> Lkey {
-        Lkey(v)
-    }
-
-    /// The 32-bit value (what an SGE carries).
-    #[inline]
-    pub const fn value(self) -> u32 {
-        self.0
-    }
-}
-
-impl fmt::Display for Lkey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:#010x}", self.0)
-    }
-}
-
-/// The key in hex, with the format's width and flags.
-impl fmt::LowerHex for Lkey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::LowerHex::fmt(&self.0, f)
-    }
-}
 
 /// A registered memory region's handle and keys (`ibv_mr`'s `handle`, `lkey`, `rkey`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
