@@ -1,6 +1,6 @@
 //! Field codecs of the control protocol: the [`Wire`] trait, a bounds-checked [`Reader`] and
 //! a [`Writer`], and `Wire` for every type a message carries — integers, `bool`, arrays,
-//! strings, `Vec`, `Option`, pairs, IP addresses, and the engine's own types (`QpAttr`,
+//! strings, `Vec`, `Option`, pairs, IP addresses, QP numbers and keys, and the engine's own types (`QpAttr`,
 //! `QpInitAttr`, `AhAttr`, `DeviceAttr`, `PortAttr`, `SrqAttr`, `MwBind`, `AsyncEvent`, their
 //! enums, flags and handles), so that a message names the engine's types and no mirror of
 //! them exists.
@@ -21,7 +21,8 @@ use engine::{
     MwType, PdHandle, PortAttr, PortState, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType,
     ReregFlags, SrqAttr, SrqAttrMask, SrqHandle,
 };
-use wire::{Ece, Mtu, RejectReason, ServiceId};
+use wire::types::{Lkey, Rkey};
+use wire::{Ece, Mtu, Qpn, RejectReason, ServiceId};
 
 use crate::proto::{DeviceInfo, ProtoError};
 use crate::wqe::Cqe;
@@ -305,6 +306,10 @@ wire_as! {
     CommId as u32, "communication ID", |v| v.0, |n| Some(CommId(n));
     ServiceId as u64, "service ID", |v| v.0, |n| Some(ServiceId(n));
     RejectReason as u16, "reject reason", |v| v.0, |n| Some(RejectReason(n));
+    // A QPN is 24 bits: a number over that names no QP, and is refused rather than masked.
+    Qpn as u32, "QP number", |v| v.value(), Qpn::try_new;
+    Rkey as u32, "R_Key", |v| v.value(), |n| Some(Rkey::new(n));
+    Lkey as u32, "L_Key", |v| v.value(), |n| Some(Lkey::new(n));
 }
 
 /// `Wire` for a struct, its fields in the order listed with their types (a row per type is

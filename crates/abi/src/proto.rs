@@ -997,6 +997,7 @@ mod tests {
     use super::*;
     use engine::{AsyncEvent, CqHandle, MrHandle, PdHandle, QpCap, QpState, QpType, SrqHandle};
     use proptest::prelude::*;
+    use wire::Qpn;
 
     fn init() -> QpInitAttr {
         QpInitAttr {
@@ -1430,7 +1431,9 @@ mod tests {
             },
             Response::AsyncEvents {
                 events: vec![
-                    AsyncEvent::QpFatal { qpn: 0x11 },
+                    AsyncEvent::QpFatal {
+                        qpn: Qpn::new(0x11),
+                    },
                     AsyncEvent::CqErr { cq: CqHandle(3) },
                     AsyncEvent::SrqLimitReached { srq: SrqHandle(4) },
                     AsyncEvent::PortErr { port: 1 },

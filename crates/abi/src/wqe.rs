@@ -25,6 +25,7 @@ use engine::{
     AccessFlags, AhHandle, MrHandle, MwBind, MwHandle, NetworkHdr, RecvWr, SendFlags, SendOp,
     SendPayload, SendWr, Sge, SgeList, UdDest, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
+use wire::types::{Qpn, Rkey};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 /// `ibv_wr_opcode` numbers, as libibverbs defines them.
@@ -539,9 +540,9 @@ impl Cqe {
             vendor_err: c.vendor_err,
             byte_len: c.byte_len,
             imm_data: c.imm_data,
-            invalidated_rkey: c.invalidated_rkey,
-            qp_num: c.qp_num,
-            src_qp: c.src_qp,
+            invalidated_rkey: c.invalidated_rkey.value(),
+            qp_num: c.qp_num.value(),
+            src_qp: c.src_qp.value(),
             wc_flags: c.wc_flags.bits(),
             pkey_index: c.pkey_index,
             network_hdr: match c.network_hdr {
@@ -581,9 +582,9 @@ impl Cqe {
         wc.vendor_err = self.vendor_err;
         wc.byte_len = self.byte_len;
         wc.imm_data = self.imm_data;
-        wc.invalidated_rkey = self.invalidated_rkey;
-        wc.qp_num = self.qp_num;
-        wc.src_qp = self.src_qp;
+        wc.invalidated_rkey = Rkey::new(self.invalidated_rkey);
+        wc.qp_num = qpn_field("QP number", self.qp_num)?;
+        wc.src_qp = qpn_field("source QP number", self.src_qp)?;
         wc.wc_flags = WcFlags::from_bits_truncate(self.wc_flags);
         wc.pkey_index = self.pkey_index;
         wc.network_hdr = match self.network_hdr {
@@ -599,6 +600,11 @@ impl Cqe {
         };
         Ok(wc)
     }
+}
+
+/// A QPN field of an entry: a number over 24 bits names no QP and is refused, not masked.
+fn qpn_field(what: &'static str, value: u32) -> Result<Qpn, WqeError> {
+    Qpn::try_new(value).ok_or(WqeError::Completion { what, value })
 }
 
 #[cfg(test)]
@@ -737,8 +743,8 @@ mod tests {
         wc.opcode = WcOpcode::RecvRdmaWithImm;
         wc.byte_len = 4096;
         wc.imm_data = 0x0102_0304;
-        wc.qp_num = 0x00ab_cdef;
-        wc.src_qp = 3;
+        wc.qp_num = Qpn::new(0x00ab_cdef);
+        wc.src_qp = Qpn::new(3);
         wc.wc_flags = WcFlags::WITH_IMM | WcFlags::GRH;
         for net in [NetworkHdr::None, NetworkHdr::Ipv4, NetworkHdr::Ipv6] {
             wc.network_hdr = net;
@@ -751,6 +757,21 @@ mod tests {
             ..Cqe::of(&wc)
         };
         assert!(bad.completion().is_err());
+        for bad in [
+            Cqe {
+                qp_num: 0x0100_0000,
+                ..Cqe::of(&wc)
+            },
+            Cqe {
+                src_qp: u32::MAX,
+                ..Cqe::of(&wc)
+            },
+        ] {
+            assert!(
+                matches!(bad.completion(), Err(WqeError::Completion { .. })),
+                "a QPN over 24 bits is refused, not masked"
+            );
+        }
     }
 
     proptest! {

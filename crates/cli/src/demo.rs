@@ -400,7 +400,7 @@ fn ud_message(a: &Host, b: &Host, a_ip: IpAddr, b_ip: IpAddr, out: &mut dyn Writ
         ),
     )?;
     check(
-        wc.src_qp == a_ud.qpn().value(),
+        wc.src_qp == a_ud.qpn(),
         format!(
             "UD source QP {:#x}, expected A's {:#x}",
             wc.src_qp,

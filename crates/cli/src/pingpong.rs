@@ -441,7 +441,7 @@ impl Session<'_> {
                     wc.byte_len
                 )));
             }
-            if wc.src_qp != remote.qpn.value() {
+            if wc.src_qp != remote.qpn {
                 return Err(ToolError::Verify(format!(
                     "message {i} came from QP {:#x}, not the peer's {:#x}",
                     wc.src_qp, remote.qpn
@@ -540,7 +540,7 @@ impl Session<'_> {
                     pending[j] &= !WAIT_SEND;
                     j
                 } else {
-                    let j = *index.get(&Qpn::new(wc.qp_num)).ok_or_else(|| {
+                    let j = *index.get(&wc.qp_num).ok_or_else(|| {
                         ToolError::Verify(format!("a receive on unknown QP {:#x}", wc.qp_num))
                     })?;
                     if wc.opcode != WcOpcode::Recv || wc.byte_len as usize != size {

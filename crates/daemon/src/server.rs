@@ -1295,7 +1295,7 @@ impl<'d> Conn<'d> {
         };
         Some(match *ev {
             E::SqDrained { qpn } | E::QpFatal { qpn } | E::QpLastWqeReached { qpn }
-                if !owns_qp(qpn) =>
+                if !owns_qp(qpn.value()) =>
             {
                 return None;
             }

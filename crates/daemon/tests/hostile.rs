@@ -341,7 +341,9 @@ fn another_clients_srqs_ahs_windows_channels_and_events_are_out_of_reach() {
     assert!(b.async_events().unwrap().is_empty());
     let evs = a.async_events().unwrap();
     assert!(
-        evs.contains(&AsyncEvent::QpLastWqeReached { qpn: qp_a.qpn }),
+        evs.contains(&AsyncEvent::QpLastWqeReached {
+            qpn: wire::Qpn::new(qp_a.qpn)
+        }),
         "{evs:?}"
     );
     assert!(a.async_events().unwrap().is_empty(), "taken once");

@@ -78,8 +78,9 @@ pub(crate) fn check_drained<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M
     {
         qp.attr.sq_draining = false;
         if qp.attr.en_sqd_async_notify {
-            ctx.events
-                .push_back(crate::AsyncEvent::SqDrained { qpn: qp.qpn });
+            ctx.events.push_back(crate::AsyncEvent::SqDrained {
+                qpn: crate::Qpn::new(qp.qpn),
+            });
         }
     }
 }

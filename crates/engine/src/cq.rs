@@ -8,6 +8,7 @@ use bitflags::bitflags;
 use crate::error::VerbsError;
 use crate::memory::Memory;
 use crate::Engine;
+use wire::types::{Qpn, Rkey};
 
 /// Handle of a completion queue within one [`crate::Engine`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -184,11 +185,11 @@ pub struct WorkCompletion {
     /// Immediate data in host order, valid when `wc_flags` has `WITH_IMM`.
     pub imm_data: u32,
     /// The rkey a SEND with invalidate named, valid when `wc_flags` has `WITH_INV`.
-    pub invalidated_rkey: u32,
+    pub invalidated_rkey: Rkey,
     /// The local QP number.
-    pub qp_num: u32,
+    pub qp_num: Qpn,
     /// The remote QP number (receives).
-    pub src_qp: u32,
+    pub src_qp: Qpn,
     /// What else is valid.
     pub wc_flags: WcFlags,
     /// P_Key index of the packet (receives; always 0 here).
@@ -214,9 +215,9 @@ impl WorkCompletion {
             vendor_err: 0,
             byte_len: 0,
             imm_data: 0,
-            invalidated_rkey: 0,
-            qp_num,
-            src_qp: 0,
+            invalidated_rkey: Rkey::new(0),
+            qp_num: Qpn::new(qp_num),
+            src_qp: Qpn::new(0),
             wc_flags: WcFlags::empty(),
             pkey_index: 0,
             network_hdr: NetworkHdr::None,

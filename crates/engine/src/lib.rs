@@ -153,6 +153,8 @@ pub use mcast::MULTICAST_QPN;
 pub use mw::{inc_rkey, MwBind, MwHandle, MwKeys, MwType};
 pub use srq::{SrqAttr, SrqAttrMask, SrqHandle};
 pub use ud::{UdDest, GRH_LEN};
+/// The numbers the verbs structs carry, typed so a QPN, an L_Key and an R_Key cannot be mixed.
+pub use wire::types::{Lkey, Qpn, Rkey};
 
 use cq::{Cq, Push};
 use mr::MrTable;
@@ -191,13 +193,13 @@ pub enum AsyncEvent {
     /// `en_sqd_async_notify` was set).
     SqDrained {
         /// The QP number.
-        qpn: u32,
+        qpn: Qpn,
     },
     /// A QP hit an error it cannot report through a completion (`IBV_EVENT_QP_FATAL`), e.g.
     /// its CQ overflowed; it is in ERR.
     QpFatal {
         /// The QP number.
-        qpn: u32,
+        qpn: Qpn,
     },
     /// An SRQ fell below its armed limit (`IBV_EVENT_SRQ_LIMIT_REACHED`); the limit is
     /// disarmed until `modify_srq` sets it again.
@@ -209,7 +211,7 @@ pub enum AsyncEvent {
     /// (`IBV_EVENT_QP_LAST_WQE_REACHED`, IBA 11.6.3.1).
     QpLastWqeReached {
         /// The QP number.
-        qpn: u32,
+        qpn: Qpn,
     },
     /// The port became active (`IBV_EVENT_PORT_ACTIVE`).
     PortActive {
@@ -646,7 +648,9 @@ impl<M: Memory + ?Sized> Engine<M> {
                 if (cqs.contains(&qp.send_cq) || cqs.contains(&qp.recv_cq))
                     && qp.state() != QpState::Err
                 {
-                    ctx.events.push_back(AsyncEvent::QpFatal { qpn: qp.qpn });
+                    ctx.events.push_back(AsyncEvent::QpFatal {
+                        qpn: crate::Qpn::new(qp.qpn),
+                    });
                     comp::enter_error(qp, &mut ctx);
                     failed.push(qp.qpn);
                 }

@@ -521,7 +521,7 @@ impl<M: Memory + ?Sized> Engine<M> {
         };
         for cq in [qp.send_cq, qp.recv_cq] {
             if let Some(c) = self.cqs.get_mut(cq.0) {
-                c.entries.retain(|wc| wc.qp_num != qpn);
+                c.entries.retain(|wc| wc.qp_num.value() != qpn);
             }
         }
     }

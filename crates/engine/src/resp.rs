@@ -126,7 +126,7 @@ fn complete_recv<M: Memory + ?Sized>(
         return;
     };
     let mut wc = WorkCompletion::new(r.wr_id, WcStatus::Success, WcOpcode::Recv, qp.qpn);
-    wc.src_qp = qp.attr.dest_qp_num;
+    wc.src_qp = Qpn::new(qp.attr.dest_qp_num);
     wc_fill(&mut wc);
     let cq = qp.recv_cq;
     ctx.push_cqe_se(qp, cq, wc, solicited);
@@ -336,7 +336,7 @@ fn do_send<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &RoceV2Pa
             }
             if let Some(rkey) = inv {
                 // Invalidated above.
-                wc.invalidated_rkey = rkey.value();
+                wc.invalidated_rkey = rkey;
                 wc.wc_flags |= WcFlags::WITH_INV;
             }
         });

@@ -106,8 +106,9 @@ pub(crate) fn prefetch<M: Memory + ?Sized>(
 /// will consume no more, which IBA 11.6.3.1 reports as the Last WQE Reached event.
 pub(crate) fn entered_error<M: Memory + ?Sized>(qp: &Qp, ctx: &mut Ctx<'_, M>) {
     if qp.ext.srq.is_some() {
-        ctx.events
-            .push_back(AsyncEvent::QpLastWqeReached { qpn: qp.qpn });
+        ctx.events.push_back(AsyncEvent::QpLastWqeReached {
+            qpn: crate::Qpn::new(qp.qpn),
+        });
     }
 }
 

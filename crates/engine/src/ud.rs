@@ -234,7 +234,7 @@ pub(crate) fn handle_request<M: Memory + ?Sized>(
         status = s;
     }
     let imm = t.immdt;
-    let src_qp = deth.src_qp.value();
+    let src_qp = deth.src_qp;
     recv_wqe::complete(qp, ctx, t.bth.solicited, |wc| {
         wc.status = status;
         wc.opcode = WcOpcode::Recv;

@@ -164,7 +164,9 @@ fn a_qp_of_an_srq_failing_on_the_wire_reports_last_wqe_reached() {
     assert_eq!(eb.query_qp(qb.qpn).unwrap().qp_state, QpState::Err);
     assert_eq!(
         eb.get_async_event(),
-        Some(AsyncEvent::QpLastWqeReached { qpn: qb.qpn })
+        Some(AsyncEvent::QpLastWqeReached {
+            qpn: engine::Qpn::new(qb.qpn)
+        })
     );
     assert_eq!(eb.get_async_event(), None);
 }

@@ -349,7 +349,7 @@ fn send_lands_in_the_posted_receive_with_immediate() {
     );
     assert_eq!(r.imm_data, 0xdead);
     assert!(r.wc_flags.contains(WcFlags::WITH_IMM));
-    assert_eq!(r.src_qp, w.a.qpn);
+    assert_eq!(r.src_qp.value(), w.a.qpn);
     assert_eq!(w.b.bytes(BASE + 0x1000, 3000), msg);
 }
 
@@ -921,7 +921,9 @@ fn sqd_finishes_started_messages_then_reports_drained_and_resumes_in_rts() {
     assert_eq!(ids, vec![1], "WR 2 waits in SQD");
     assert_eq!(
         w.a.e.get_async_event(),
-        Some(engine::AsyncEvent::SqDrained { qpn: w.a.qpn })
+        Some(engine::AsyncEvent::SqDrained {
+            qpn: engine::Qpn::new(w.a.qpn)
+        })
     );
     let rts = QpAttr {
         qp_state: QpState::Rts,
@@ -1051,7 +1053,7 @@ fn write_with_immediate_consumes_a_receive_and_send_with_invalidate_reports_the_
         (11, WcOpcode::Recv, 16)
     );
     assert!(b[1].wc_flags.contains(WcFlags::WITH_INV));
-    assert_eq!(b[1].invalidated_rkey, extra.rkey);
+    assert_eq!(b[1].invalidated_rkey.value(), extra.rkey);
 }
 
 #[test]

@@ -277,7 +277,7 @@ fn send_with_invalidate_frees_the_window_at_the_receiver() {
     let got = drain_cq(&mut w.sim, b.node, qb.recv_cq, 1, SECOND);
     assert_eq!(got[0].status, WcStatus::Success);
     assert!(got[0].wc_flags.contains(WcFlags::WITH_INV));
-    assert_eq!(got[0].invalidated_rkey, rkey);
+    assert_eq!(got[0].invalidated_rkey.value(), rkey);
     assert_eq!(w.eb().query_mw(mw.handle).unwrap(), (rkey, false));
     let _ = drain_cq(&mut w.sim, a.node, qa.send_cq, 1, SECOND);
     assert_eq!(w.write(qa, b.addr(0), 16, rkey), WcStatus::RemAccessErr);

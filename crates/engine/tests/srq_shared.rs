@@ -155,7 +155,11 @@ fn an_srq_shared_by_16_rc_qps_under_load_raises_its_limit_once_and_rnr_waits() {
         let buf = mem.get(OWNER, b.addr(wc.wr_id * 2048), MSG);
         let i = u64::from_le_bytes(buf[..8].try_into().unwrap());
         let k = u64::from_le_bytes(buf[8..16].try_into().unwrap());
-        assert_eq!(pairs[i as usize].1.qpn, wc.qp_num, "landed via its own QP");
+        assert_eq!(
+            pairs[i as usize].1.qpn,
+            wc.qp_num.value(),
+            "landed via its own QP"
+        );
         assert_eq!(k, next_k[i as usize], "in order per QP");
         next_k[i as usize] += 1;
         let off = (i * PER_QP + k) * 2048;
@@ -248,11 +252,11 @@ fn one_srq_feeds_an_rc_qp_and_a_ud_qp() {
     for wc in &got {
         assert_eq!(wc.status, WcStatus::Success);
         let at = b.addr(wc.wr_id * 1024);
-        if wc.qp_num == ud_b.qpn {
+        if wc.qp_num.value() == ud_b.qpn {
             assert_eq!(wc.byte_len as usize, GRH_LEN + 7);
             assert_eq!(mem.get(OWNER, at + 40, 7), b"over UD");
         } else {
-            assert_eq!(wc.qp_num, rc_b.qpn);
+            assert_eq!(wc.qp_num.value(), rc_b.qpn);
             assert_eq!(mem.get(OWNER, at, 7), b"over RC");
         }
     }
@@ -366,7 +370,12 @@ fn an_srq_qp_entering_error_raises_last_wqe_reached() {
     };
     e.modify_qp(q.qpn, &err, QpAttrMask::STATE).unwrap();
     let ev = e.get_async_event();
-    assert_eq!(ev, Some(AsyncEvent::QpLastWqeReached { qpn: q.qpn }));
+    assert_eq!(
+        ev,
+        Some(AsyncEvent::QpLastWqeReached {
+            qpn: engine::Qpn::new(q.qpn)
+        })
+    );
     assert_eq!(e.unacked_async_events(), 1);
     e.ack_async_event(&ev.unwrap());
     assert_eq!(e.unacked_async_events(), 0);

@@ -409,7 +409,7 @@ fn run(seed: u64) -> Result<u64, String> {
             return Err(format!("SRQ receive {} ended {:?}", wc.wr_id, wc.status));
         }
         let at = b.addr(wc.wr_id * SLOT);
-        if wc.qp_num == rc_b.qpn {
+        if wc.qp_num.value() == rc_b.qpn {
             // RC receives (SENDs and WRITEs with immediate) complete in posting order.
             let (kind, seq) = if wc.opcode == WcOpcode::RecvRdmaWithImm {
                 (Kind::RcWriteImm, u64::from(wc.imm_data))
@@ -440,8 +440,8 @@ fn run(seed: u64) -> Result<u64, String> {
             if data != body(seed, kind, seq, m.len) {
                 return Err(format!("RC {kind:?} {seq} corrupted"));
             }
-        } else if wc.qp_num == ud_b.qpn {
-            if !wc.wc_flags.contains(WcFlags::GRH) || wc.src_qp != ud_a.qpn {
+        } else if wc.qp_num.value() == ud_b.qpn {
+            if !wc.wc_flags.contains(WcFlags::GRH) || wc.src_qp.value() != ud_a.qpn {
                 return Err(format!("UD completion without GRH / source QP: {wc:?}"));
             }
             let m = by_seq(Kind::UdSend, u64::from(wc.imm_data))

@@ -129,7 +129,7 @@ fn uc_send_and_write_with_imm_complete_when_sent_without_any_ack() {
         (got[0].wr_id, got[0].byte_len, got[0].imm_data),
         (10, 3000, 7)
     );
-    assert_eq!(got[0].src_qp, qa.qpn);
+    assert_eq!(got[0].src_qp.value(), qa.qpn);
     assert_eq!(got[1].opcode, WcOpcode::RecvRdmaWithImm);
     assert_eq!(
         (got[1].wr_id, got[1].byte_len, got[1].imm_data),
@@ -413,6 +413,8 @@ fn uc_sqd_drains_the_started_message_and_reports_it() {
     let e = &mut t.sim.node_mut(a.node).engine;
     assert_eq!(
         e.get_async_event(),
-        Some(engine::AsyncEvent::SqDrained { qpn: qa.qpn })
+        Some(engine::AsyncEvent::SqDrained {
+            qpn: engine::Qpn::new(qa.qpn)
+        })
     );
 }

@@ -83,7 +83,11 @@ fn ud_send_with_imm_lands_after_a_real_ipv4_grh_with_the_source_qpn() {
     let wc = got[0];
     assert_eq!(wc.wr_id, 9);
     assert_eq!(wc.status, WcStatus::Success);
-    assert_eq!(wc.src_qp, qa.qpn, "the completion names the sending QP");
+    assert_eq!(
+        wc.src_qp.value(),
+        qa.qpn,
+        "the completion names the sending QP"
+    );
     assert_eq!(wc.byte_len as usize, GRH_LEN + 300);
     assert!(wc.wc_flags.contains(WcFlags::GRH | WcFlags::WITH_IMM));
     assert_eq!(wc.imm_data, 0xabcd);

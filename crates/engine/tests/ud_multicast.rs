@@ -202,8 +202,12 @@ fn two_qps_attached_to_an_ipv4_group_each_get_a_copy_with_the_source_qp() {
         let wc = got[0];
         assert_eq!(wc.wr_id, wr_id);
         assert_eq!(wc.status, WcStatus::Success);
-        assert_eq!(wc.qp_num, q.qpn);
-        assert_eq!(wc.src_qp, sender.qpn, "the completion names the sender");
+        assert_eq!(wc.qp_num.value(), q.qpn);
+        assert_eq!(
+            wc.src_qp.value(),
+            sender.qpn,
+            "the completion names the sender"
+        );
         assert_eq!(wc.byte_len as usize, GRH_LEN + data.len());
         assert!(wc.wc_flags.contains(WcFlags::GRH));
         let grh = b.mem.get(OWNER, b.base + off, GRH_LEN);
@@ -244,7 +248,7 @@ fn an_ipv6_group_reaches_its_members_the_senders_own_device_included() {
         let got = d.completions(q);
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].status, WcStatus::Success);
-        assert_eq!(got[0].src_qp, sender.qpn);
+        assert_eq!(got[0].src_qp.value(), sender.qpn);
         let grh = d.mem.get(OWNER, d.base + 0x1000, GRH_LEN);
         assert_eq!(grh[0] >> 4, 6, "an IPv6 header");
         assert_eq!(&grh[8..24], &Gid::from_ip(ip_a).0, "source");
@@ -472,6 +476,6 @@ fn the_multicast_qpn_and_a_group_address_only_go_together() {
     b.deliver(&crafted(GROUP4, MULTICAST_QPN, Opcode::UdSendOnly));
     let got = b.completions(q);
     assert_eq!(got.len(), 1);
-    assert_eq!(got[0].src_qp, 0x42);
+    assert_eq!(got[0].src_qp.value(), 0x42);
     assert_eq!(b.count(Counter::RxMcastDelivered), 1);
 }

@@ -190,12 +190,12 @@ unsafe extern "C" fn read_imm_data(c: *mut ibv_cq) -> u32 {
 
 unsafe extern "C" fn read_qp_num(c: *mut ibv_cq) -> u32 {
     // SAFETY: the program's extended CQ.
-    unsafe { read(c, |w| w.qp_num) }
+    unsafe { read(c, |w| w.qp_num.value()) }
 }
 
 unsafe extern "C" fn read_src_qp(c: *mut ibv_cq) -> u32 {
     // SAFETY: the program's extended CQ.
-    unsafe { read(c, |w| w.src_qp) }
+    unsafe { read(c, |w| w.src_qp.value()) }
 }
 
 unsafe extern "C" fn read_wc_flags(c: *mut ibv_cq) -> u32 {

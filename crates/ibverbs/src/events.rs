@@ -84,10 +84,10 @@ fn to_c(cx: &Ctx, ev: &AsyncEvent) -> Option<ibv_async_event> {
     let port = |p: u8| usize::from(p) as *mut c_void;
     let (element, event_type) = match *ev {
         AsyncEvent::CqErr { cq } => (obj(Kind::Cq, cq.0)?, event_type::CQ_ERR),
-        AsyncEvent::QpFatal { qpn } => (obj(Kind::Qp, qpn)?, event_type::QP_FATAL),
-        AsyncEvent::SqDrained { qpn } => (obj(Kind::Qp, qpn)?, event_type::SQ_DRAINED),
+        AsyncEvent::QpFatal { qpn } => (obj(Kind::Qp, qpn.value())?, event_type::QP_FATAL),
+        AsyncEvent::SqDrained { qpn } => (obj(Kind::Qp, qpn.value())?, event_type::SQ_DRAINED),
         AsyncEvent::QpLastWqeReached { qpn } => {
-            (obj(Kind::Qp, qpn)?, event_type::QP_LAST_WQE_REACHED)
+            (obj(Kind::Qp, qpn.value())?, event_type::QP_LAST_WQE_REACHED)
         }
         AsyncEvent::SrqLimitReached { srq } => {
             (obj(Kind::Srq, srq.0)?, event_type::SRQ_LIMIT_REACHED)

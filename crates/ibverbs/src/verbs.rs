@@ -751,8 +751,8 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_in
                 vendor_err: w.vendor_err,
                 byte_len: w.byte_len,
                 imm_data: imm_of(w),
-                qp_num: w.qp_num,
-                src_qp: w.src_qp,
+                qp_num: w.qp_num.value(),
+                src_qp: w.src_qp.value(),
                 wc_flags: w.wc_flags.bits(),
                 pkey_index: w.pkey_index,
                 slid: 0,
@@ -773,7 +773,7 @@ unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_in
 /// `ibv_wc.imm_data`: the immediate (network order), or the invalidated rkey (host order).
 pub(crate) fn imm_of(w: &engine::WorkCompletion) -> u32 {
     if w.wc_flags.contains(engine::WcFlags::WITH_INV) {
-        w.invalidated_rkey
+        w.invalidated_rkey.value()
     } else {
         w.imm_data.to_be()
     }

@@ -206,7 +206,7 @@ on_both_backends! {
         a_qp.send_ud(1, &[a.mr.sge(0..8).unwrap()], &ah, service.qpn, service.qkey).unwrap();
         assert_eq!(a.cq.wait_ok(WAIT).unwrap().wr_id, 1);
         let wc = b.cq.wait_ok(WAIT).unwrap();
-        assert_eq!((wc.wr_id, wc.src_qp), (9, a_qp.qpn().value()));
+        assert_eq!((wc.wr_id, wc.src_qp), (9, a_qp.qpn()));
         let mut got = [0u8; 8];
         b.mr.read(GRH_LEN, &mut got).unwrap();
         assert_eq!(&got, b"datagram");

@@ -288,7 +288,7 @@ on_both_backends! {
         let wc = b.cq.wait_ok(WAIT).unwrap();
         assert_eq!(wc.opcode, WcOpcode::Recv);
         assert!(wc.wc_flags.contains(WcFlags::WITH_INV));
-        assert_eq!(wc.invalidated_rkey, remote.rkey.value());
+        assert_eq!(wc.invalidated_rkey, remote.rkey);
         assert_eq!(bytes(&b.mr, 0, 4), b"done");
         assert!(!mw.is_bound().unwrap());
 
@@ -322,7 +322,7 @@ on_both_backends! {
         a.cq.wait_ok(WAIT).unwrap();
         let wc = b.cq.wait_ok(WAIT).unwrap();
         assert!(wc.wc_flags.contains(WcFlags::WITH_INV));
-        assert_eq!(wc.invalidated_rkey, remote.rkey.value());
+        assert_eq!(wc.invalidated_rkey, remote.rkey);
         assert_eq!(write_from_a(&a, b"shut", &remote), WcStatus::RemAccessErr);
         assert_eq!(bytes(&target, 0, 4), b"open");
     }

@@ -203,7 +203,7 @@ on_both_backends! {
         let wc = next_completion(&bs);
         assert_eq!((wc.wr_id, wc.status, wc.opcode), (7, WcStatus::Success, WcOpcode::Recv));
         assert_eq!(wc.byte_len, 9);
-        assert_eq!(wc.qp_num, bs.qp.qpn.value());
+        assert_eq!(wc.qp_num, bs.qp.qpn);
         assert_eq!(bs.bytes(0, 9), b"hello raw");
 
         // RDMA WRITE to b's rkey, at offset 100.

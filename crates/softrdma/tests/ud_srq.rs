@@ -26,7 +26,7 @@ fn a_ud_send_arrives_behind_a_grh_with_the_source_qp(backend: BackendKind) {
     assert_eq!(ca.wait_ok(WAIT).unwrap().wr_id, 5);
     let wc = cb.wait_ok(WAIT).unwrap();
     assert_eq!(wc.opcode, WcOpcode::Recv);
-    assert_eq!(wc.src_qp, qa.qpn().value());
+    assert_eq!(wc.src_qp, qa.qpn());
     assert_eq!(wc.byte_len as usize, GRH_LEN + 8);
     let mut got = [0u8; 8];
     mb.read(GRH_LEN, &mut got).unwrap();
@@ -83,7 +83,7 @@ fn two_qps_draw_their_receives_from_one_srq(backend: BackendKind) {
         qpns.push(wc.qp_num);
     }
     qpns.sort_unstable();
-    let mut want: Vec<u32> = sides.iter().map(|(_, b)| b.qp.qpn().value()).collect();
+    let mut want: Vec<Qpn> = sides.iter().map(|(_, b)| b.qp.qpn()).collect();
     want.sort_unstable();
     assert_eq!(qpns, want);
     assert_eq!(srq.len().unwrap(), 2);
@@ -172,7 +172,7 @@ fn a_datagram_to_a_group_reaches_every_qp_attached_to_it_and_no_other(backend: B
     assert_eq!(ca.wait_ok(WAIT).unwrap().wr_id, 5);
     for cq in [&c1, &c2] {
         let wc = cq.wait_ok(WAIT).unwrap();
-        let want = (1, qa.qpn().value(), GRH_LEN + 6);
+        let want = (1, qa.qpn(), GRH_LEN + 6);
         assert_eq!((wc.wr_id, wc.src_qp, wc.byte_len as usize), want);
     }
     let mut got = [0u8; 6];
@@ -242,14 +242,14 @@ fn a_datagram_to_a_group_reaches_a_device_of_another_process_through_the_network
     let wc = cb.wait_ok(WAIT).unwrap();
     assert_eq!(
         (wc.wr_id, wc.src_qp, wc.byte_len as usize),
-        (0, qa.qpn().value(), GRH_LEN + 6)
+        (0, qa.qpn(), GRH_LEN + 6)
     );
     let mut got = [0u8; 6];
     mb.read(GRH_LEN, &mut got).unwrap();
     assert_eq!(&got, b"across");
     // The sender's QP: its device's own copy.
     let wc = ca.wait_ok(WAIT).unwrap();
-    assert_eq!((wc.wr_id, wc.src_qp), (0, qa.qpn().value()));
+    assert_eq!((wc.wr_id, wc.src_qp), (0, qa.qpn()));
     // The network brings the datagram back to the sender's device too (on lo the datagram
     // itself returns): dropped there, not a second copy.
     let start = std::time::Instant::now();

@@ -324,7 +324,7 @@ impl DaemonDevice {
         }
         let by_qpn = lock(&self.qps_by_qpn);
         for wc in wcs {
-            let Some(q) = by_qpn.get(&Qpn::new(wc.qp_num)) else {
+            let Some(q) = by_qpn.get(&wc.qp_num) else {
                 continue;
             };
             if matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
