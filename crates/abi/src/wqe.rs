@@ -25,7 +25,7 @@ use engine::{
     AccessFlags, AhHandle, MrHandle, MwBind, MwHandle, NetworkHdr, RecvWr, SendFlags, SendOp,
     SendPayload, SendWr, Sge, SgeList, UdDest, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
-use wire::types::{Qpn, Rkey};
+use wire::types::{Lkey, Qpn, Rkey};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 /// `ibv_wr_opcode` numbers, as libibverbs defines them.
@@ -251,7 +251,7 @@ fn sge_of(s: &Sge) -> WqeSge {
     WqeSge {
         addr: s.addr,
         length: s.length,
-        lkey: s.lkey,
+        lkey: s.lkey.value(),
     }
 }
 
@@ -286,7 +286,7 @@ fn take_sges(entry: &[u8], at: usize, n: u32) -> Result<SgeList, WqeError> {
         .map(|c| {
             // `chunks_exact` hands out exactly SGE_LEN bytes: the read cannot fail.
             let s = WqeSge::read_from_bytes(c).unwrap_or_default();
-            Sge::new(s.addr, s.length, s.lkey)
+            Sge::new(s.addr, s.length, Lkey::new(s.lkey))
         })
         .collect())
 }
@@ -308,11 +308,11 @@ pub fn encode_send(wr: &SendWr, ud: Option<&UdDest>, out: &mut [u8]) -> Result<u
         }
         SendOp::SendWithInv { rkey } => {
             h.opcode = opcode::SEND_WITH_INV;
-            h.rkey = rkey;
+            h.rkey = rkey.value();
         }
         SendOp::RdmaWrite { remote_addr, rkey } => {
             h.opcode = opcode::RDMA_WRITE;
-            (h.remote_addr, h.rkey) = (remote_addr, rkey);
+            (h.remote_addr, h.rkey) = (remote_addr, rkey.value());
         }
         SendOp::RdmaWriteWithImm {
             remote_addr,
@@ -320,11 +320,11 @@ pub fn encode_send(wr: &SendWr, ud: Option<&UdDest>, out: &mut [u8]) -> Result<u
             imm,
         } => {
             h.opcode = opcode::RDMA_WRITE_WITH_IMM;
-            (h.remote_addr, h.rkey, h.imm_data) = (remote_addr, rkey, imm);
+            (h.remote_addr, h.rkey, h.imm_data) = (remote_addr, rkey.value(), imm);
         }
         SendOp::RdmaRead { remote_addr, rkey } => {
             h.opcode = opcode::RDMA_READ;
-            (h.remote_addr, h.rkey) = (remote_addr, rkey);
+            (h.remote_addr, h.rkey) = (remote_addr, rkey.value());
         }
         SendOp::AtomicCmpSwap {
             remote_addr,
@@ -333,7 +333,8 @@ pub fn encode_send(wr: &SendWr, ud: Option<&UdDest>, out: &mut [u8]) -> Result<u
             swap,
         } => {
             h.opcode = opcode::ATOMIC_CMP_AND_SWP;
-            (h.remote_addr, h.rkey, h.compare_add, h.swap) = (remote_addr, rkey, compare, swap);
+            (h.remote_addr, h.rkey, h.compare_add, h.swap) =
+                (remote_addr, rkey.value(), compare, swap);
         }
         SendOp::AtomicFetchAdd {
             remote_addr,
@@ -341,17 +342,17 @@ pub fn encode_send(wr: &SendWr, ud: Option<&UdDest>, out: &mut [u8]) -> Result<u
             add,
         } => {
             h.opcode = opcode::ATOMIC_FETCH_AND_ADD;
-            (h.remote_addr, h.rkey, h.compare_add) = (remote_addr, rkey, add);
+            (h.remote_addr, h.rkey, h.compare_add) = (remote_addr, rkey.value(), add);
         }
         SendOp::BindMw { mw, rkey, bind } => {
             h.opcode = opcode::BIND_MW;
-            (h.mw, h.rkey, h.mr) = (mw.0, rkey, bind.mr.0);
+            (h.mw, h.rkey, h.mr) = (mw.0, rkey.value(), bind.mr.0);
             (h.remote_addr, h.compare_add) = (bind.addr, bind.length);
             h.bind_access = bind.access.bits();
         }
         SendOp::LocalInv { rkey } => {
             h.opcode = opcode::LOCAL_INV;
-            h.rkey = rkey;
+            h.rkey = rkey.value();
         }
         _ => return Err(WqeError::Unsupported("this send opcode")),
     }
@@ -394,34 +395,36 @@ pub fn decode_send(entry: &[u8]) -> Result<(SendWr, Option<UdDest>), WqeError> {
     let op = match h.opcode {
         opcode::SEND => SendOp::Send,
         opcode::SEND_WITH_IMM => SendOp::SendWithImm { imm: h.imm_data },
-        opcode::SEND_WITH_INV => SendOp::SendWithInv { rkey: h.rkey },
+        opcode::SEND_WITH_INV => SendOp::SendWithInv {
+            rkey: Rkey::new(h.rkey),
+        },
         opcode::RDMA_WRITE => SendOp::RdmaWrite {
             remote_addr: h.remote_addr,
-            rkey: h.rkey,
+            rkey: Rkey::new(h.rkey),
         },
         opcode::RDMA_WRITE_WITH_IMM => SendOp::RdmaWriteWithImm {
             remote_addr: h.remote_addr,
-            rkey: h.rkey,
+            rkey: Rkey::new(h.rkey),
             imm: h.imm_data,
         },
         opcode::RDMA_READ => SendOp::RdmaRead {
             remote_addr: h.remote_addr,
-            rkey: h.rkey,
+            rkey: Rkey::new(h.rkey),
         },
         opcode::ATOMIC_CMP_AND_SWP => SendOp::AtomicCmpSwap {
             remote_addr: h.remote_addr,
-            rkey: h.rkey,
+            rkey: Rkey::new(h.rkey),
             compare: h.compare_add,
             swap: h.swap,
         },
         opcode::ATOMIC_FETCH_AND_ADD => SendOp::AtomicFetchAdd {
             remote_addr: h.remote_addr,
-            rkey: h.rkey,
+            rkey: Rkey::new(h.rkey),
             add: h.compare_add,
         },
         opcode::BIND_MW => SendOp::BindMw {
             mw: MwHandle(h.mw),
-            rkey: h.rkey,
+            rkey: Rkey::new(h.rkey),
             bind: MwBind {
                 mr: MrHandle(h.mr),
                 addr: h.remote_addr,
@@ -430,7 +433,9 @@ pub fn decode_send(entry: &[u8]) -> Result<(SendWr, Option<UdDest>), WqeError> {
                     .ok_or(WqeError::Access(h.bind_access))?,
             },
         },
-        opcode::LOCAL_INV => SendOp::LocalInv { rkey: h.rkey },
+        opcode::LOCAL_INV => SendOp::LocalInv {
+            rkey: Rkey::new(h.rkey),
+        },
         other => return Err(WqeError::Opcode(other)),
     };
     let payload = if flags.contains(SendFlags::INLINE) {
@@ -614,7 +619,7 @@ mod tests {
 
     fn sges(n: usize) -> Vec<Sge> {
         (0..n as u64)
-            .map(|i| Sge::new(0x1000 * i + 7, 100 + i as u32, 0xabc0 + i as u32))
+            .map(|i| Sge::new(0x1000 * i + 7, 100 + i as u32, Lkey::new(0xabc0 + i as u32)))
             .collect()
     }
 
@@ -622,34 +627,36 @@ mod tests {
         vec![
             SendOp::Send,
             SendOp::SendWithImm { imm: 0xdead_beef },
-            SendOp::SendWithInv { rkey: 0x1234 },
+            SendOp::SendWithInv {
+                rkey: Rkey::new(0x1234),
+            },
             SendOp::RdmaWrite {
                 remote_addr: 0x7f00_0000_1000,
-                rkey: 9,
+                rkey: Rkey::new(9),
             },
             SendOp::RdmaWriteWithImm {
                 remote_addr: 1,
-                rkey: 2,
+                rkey: Rkey::new(2),
                 imm: 3,
             },
             SendOp::RdmaRead {
                 remote_addr: 4,
-                rkey: 5,
+                rkey: Rkey::new(5),
             },
             SendOp::AtomicCmpSwap {
                 remote_addr: 8,
-                rkey: 6,
+                rkey: Rkey::new(6),
                 compare: u64::MAX,
                 swap: 42,
             },
             SendOp::AtomicFetchAdd {
                 remote_addr: 16,
-                rkey: 7,
+                rkey: Rkey::new(7),
                 add: 1,
             },
             SendOp::BindMw {
                 mw: MwHandle(3),
-                rkey: 0x8000_0101,
+                rkey: Rkey::new(0x8000_0101),
                 bind: MwBind {
                     mr: MrHandle(4),
                     addr: 0x5000,
@@ -657,7 +664,9 @@ mod tests {
                     access: AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
                 },
             },
-            SendOp::LocalInv { rkey: 0x8000_0101 },
+            SendOp::LocalInv {
+                rkey: Rkey::new(0x8000_0101),
+            },
         ]
     }
 

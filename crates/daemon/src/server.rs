@@ -518,8 +518,8 @@ impl<'d> Conn<'d> {
         self.objs().insert(mr, Obj::Mr { dev, h, owner });
         Ok(Response::Mr {
             handle: mr,
-            lkey: keys.lkey,
-            rkey: keys.rkey,
+            lkey: keys.lkey.value(),
+            rkey: keys.rkey.value(),
         })
     }
 
@@ -562,8 +562,8 @@ impl<'d> Conn<'d> {
                 });
                 Ok(Response::Mr {
                     handle,
-                    lkey: keys.lkey,
-                    rkey: keys.rkey,
+                    lkey: keys.lkey.value(),
+                    rkey: keys.rkey.value(),
                 })
             }
             Err(e) => {
@@ -996,7 +996,7 @@ impl<'d> Conn<'d> {
                 });
                 Ok(Response::Mw {
                     handle,
-                    rkey: keys.rkey,
+                    rkey: keys.rkey.value(),
                     bound: false,
                 })
             }
@@ -1012,7 +1012,7 @@ impl<'d> Conn<'d> {
                 let (rkey, bound) = d.devices[i].read(|e| e.query_mw(h))?;
                 Ok(Response::Mw {
                     handle: mw,
-                    rkey,
+                    rkey: rkey.value(),
                     bound,
                 })
             }
@@ -1032,7 +1032,7 @@ impl<'d> Conn<'d> {
                 let rkey = d.devices[i].with(|e| e.bind_mw(qpn, wr_id, h, bind, signaled))?;
                 Ok(Response::Mw {
                     handle: mw,
-                    rkey,
+                    rkey: rkey.value(),
                     bound: false,
                 })
             }

@@ -28,7 +28,7 @@ fn child_process_peer() {
         "CHILD {} {} {} {} {}",
         hex(&me.gid),
         me.qpn,
-        me.rkey,
+        me.rkey.value(),
         me.buf.addr(),
         std::process::id()
     ));
@@ -104,7 +104,7 @@ fn a_client_killed_mid_way_loses_its_resources_and_its_peer_sees_errors() {
     let info = next_line("CHILD ");
     let f: Vec<&str> = info.split_whitespace().collect();
     let (child_gid, child_qpn) = (unhex(f[0]), f[1].parse::<u32>().unwrap());
-    let child_rkey: u32 = f[2].parse().unwrap();
+    let child_rkey = engine::Rkey::new(f[2].parse().unwrap());
     let child_addr: u64 = f[3].parse().unwrap();
 
     // Connect both ways; the child SENDs into the parent's receive buffer.

@@ -107,14 +107,17 @@ fn netns_peer() {
         "PEER {} {} {} {} {}",
         hex(&me.gid),
         me.qpn,
-        me.rkey,
+        me.rkey.value(),
         me.buf.addr(),
         port.active_mtu.bytes()
     ));
     let line = hear();
     let f: Vec<&str> = line.split_whitespace().collect();
     let (gid, qpn) = (unhex(f[0]), f[1].parse::<u32>().unwrap());
-    let (rkey, raddr) = (f[2].parse::<u32>().unwrap(), f[3].parse::<u64>().unwrap());
+    let (rkey, raddr) = (
+        engine::Rkey::new(f[2].parse::<u32>().unwrap()),
+        f[3].parse::<u64>().unwrap(),
+    );
     // The path MTU an application picks: the smaller of the two ports' (what `ibv_devinfo`
     // shows as active_mtu on each host).
     let mtu = (port.active_mtu.bytes() as u32).min(f[4].parse().unwrap());

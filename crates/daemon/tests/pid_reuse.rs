@@ -271,10 +271,10 @@ fn a_dead_clients_pid_taken_by_another_process_is_never_reached_by_its_peers_wri
     let info = client.line("CLIENT ");
     let mut f = info.split_whitespace();
     let gid = unhex(f.next().unwrap());
-    let theirs: Vec<(u32, u32)> = (0..PAIRS)
+    let theirs: Vec<(u32, engine::Rkey)> = (0..PAIRS)
         .map(|_| {
             let qpn = f.next().unwrap().parse().unwrap();
-            (qpn, f.next().unwrap().parse().unwrap())
+            (qpn, engine::Rkey::new(f.next().unwrap().parse().unwrap()))
         })
         .collect();
     let mut reply = hex(&me[0].gid);

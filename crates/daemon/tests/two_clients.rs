@@ -249,7 +249,7 @@ fn a_remote_write_with_a_wrong_rkey_fails_without_touching_memory() {
                 wr_id: 9,
                 op: SendOp::RdmaWrite {
                     remote_addr: b.buf.addr(),
-                    rkey: b.rkey ^ 0x55,
+                    rkey: engine::Rkey::new(b.rkey.value() ^ 0x55),
                 },
                 flags: SendFlags::from_bits_truncate(SIGNALED),
                 payload: SendPayload::Sges(

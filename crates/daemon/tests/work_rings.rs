@@ -412,7 +412,7 @@ fn garbage_and_foreign_wqes_put_the_qp_in_error_and_the_daemon_serves_on() {
                 let mut wr = plain.clone();
                 wr.op = SendOp::BindMw {
                     mw: engine::MwHandle(999_999),
-                    rkey: 1,
+                    rkey: engine::Rkey::new(1),
                     bind: engine::MwBind {
                         mr: engine::MrHandle(999_999),
                         addr: 0,

@@ -91,7 +91,7 @@ fn engine_with_unacked_qps(n: u32, t0: Instant) -> Engine {
         connect(&mut e, qpn, peer, 0x100 + i);
         for k in 0..SENDS {
             let sge = Sge::new(BASE + 64 * k, 64, mr.lkey);
-            let wr = SendWr::rdma_write(k, vec![sge], 0x2000_0000, 0x1234);
+            let wr = SendWr::rdma_write(k, vec![sge], 0x2000_0000, engine::Rkey::new(0x1234));
             e.post_send(qpn, wr).expect("post_send");
         }
     }

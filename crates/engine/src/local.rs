@@ -63,14 +63,13 @@ fn execute<M: Memory + ?Sized>(
 ) -> Result<(), WcStatus> {
     match w.op {
         SendOp::BindMw { mw, rkey, bind } => {
-            mw::bind(ctx.mrs, ctx.mws, qp.pd, qp.qpn, mw, rkey, &bind)
+            mw::bind(ctx.mrs, ctx.mws, qp.pd, qp.qpn, mw, rkey.value(), &bind)
                 .map_err(|()| WcStatus::MwBindErr)
         }
         // IBA 10.6.7.2.2 / 10.8.2.2: LOCAL_INV of a key this QP may not invalidate is a
         // memory management operation error (`IBV_WC_MW_BIND_ERR` in verbs).
-        SendOp::LocalInv { rkey } => {
-            mw::invalidate(ctx.mrs, ctx.mws, qp.pd, None, rkey).map_err(|()| WcStatus::MwBindErr)
-        }
+        SendOp::LocalInv { rkey } => mw::invalidate(ctx.mrs, ctx.mws, qp.pd, None, rkey.value())
+            .map_err(|()| WcStatus::MwBindErr),
         _ => Ok(()),
     }
 }

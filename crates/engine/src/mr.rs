@@ -9,7 +9,7 @@ use crate::pd::PdHandle;
 use crate::qp_attr::AccessFlags;
 use crate::rng::Rng;
 use crate::table::Table;
-use crate::Engine;
+use crate::{Engine, Lkey, Rkey};
 
 /// Handle of a memory region within one [`crate::Engine`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -21,9 +21,9 @@ pub struct MrKeys {
     /// Handle for `dereg_mr`.
     pub handle: MrHandle,
     /// Local key, for SGEs of this QP's work requests.
-    pub lkey: u32,
+    pub lkey: Lkey,
     /// Remote key, for peers' RDMA and ATOMIC operations.
-    pub rkey: u32,
+    pub rkey: Rkey,
 }
 
 bitflags! {
@@ -96,8 +96,8 @@ impl MrTable {
         }
         Some(MrKeys {
             handle: MrHandle(idx),
-            lkey,
-            rkey,
+            lkey: Lkey::new(lkey),
+            rkey: Rkey::new(rkey),
         })
     }
 
@@ -326,8 +326,8 @@ impl<M: Memory + ?Sized> Engine<M> {
         let m = self.mrs.get(mr).ok_or(VerbsError::InvalidMr)?;
         Ok(MrKeys {
             handle: mr,
-            lkey: m.lkey,
-            rkey: m.rkey,
+            lkey: Lkey::new(m.lkey),
+            rkey: Rkey::new(m.rkey),
         })
     }
 }

@@ -14,7 +14,7 @@ use crate::pd::PdHandle;
 use crate::qp_attr::AccessFlags;
 use crate::rng::Rng;
 use crate::table::Table;
-use crate::Engine;
+use crate::{Engine, Rkey};
 
 /// Handle of a memory window within one [`crate::Engine`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -36,7 +36,7 @@ pub struct MwKeys {
     /// Handle for `bind_mw`, bind WRs and `dealloc_mw`.
     pub handle: MwHandle,
     /// The window's current rkey (it changes on every bind).
-    pub rkey: u32,
+    pub rkey: Rkey,
 }
 
 /// `struct ibv_mw_bind_info`: the part of an MR a window exposes, and with which rights.
@@ -133,7 +133,11 @@ impl MwTable {
 
 /// The rkey after `rkey` with the same window index and the next tag (`ibv_inc_rkey`): what
 /// a type 2 bind WR names as the window's new key.
-pub fn inc_rkey(rkey: u32) -> u32 {
+pub fn inc_rkey(rkey: Rkey) -> Rkey {
+    Rkey::new(next_tag(rkey.value()))
+}
+
+fn next_tag(rkey: u32) -> u32 {
     (rkey & !0xff) | (rkey.wrapping_add(1) & 0xff)
 }
 
@@ -317,7 +321,7 @@ impl<M: Memory + ?Sized> Engine<M> {
         }
         Ok(MwKeys {
             handle: MwHandle(idx),
-            rkey,
+            rkey: Rkey::new(rkey),
         })
     }
 
@@ -331,9 +335,9 @@ impl<M: Memory + ?Sized> Engine<M> {
     }
 
     /// The window's current rkey and whether it is bound.
-    pub fn query_mw(&self, mw: MwHandle) -> Result<(u32, bool), VerbsError> {
+    pub fn query_mw(&self, mw: MwHandle) -> Result<(Rkey, bool), VerbsError> {
         let w = self.mws.table.get(mw.0).ok_or(VerbsError::InvalidMw)?;
-        Ok((w.rkey, w.binding.is_some()))
+        Ok((Rkey::new(w.rkey), w.binding.is_some()))
     }
 
     /// `ibv_bind_mw` for a type 1 window: posts a bind WR on `qpn` (it executes in order with
@@ -346,18 +350,18 @@ impl<M: Memory + ?Sized> Engine<M> {
         mw: MwHandle,
         bind: MwBind,
         signaled: bool,
-    ) -> Result<u32, VerbsError> {
+    ) -> Result<Rkey, VerbsError> {
         let w = self.mws.table.get(mw.0).ok_or(VerbsError::InvalidMw)?;
         if w.mw_type != MwType::Type1 {
             // Type 2 windows are bound with a bind WR naming the new key (`ibv_post_send`).
             return Err(VerbsError::InvalidMw);
         }
-        let rkey = inc_rkey(w.posted_rkey);
+        let rkey = inc_rkey(Rkey::new(w.posted_rkey));
         let wr = crate::SendWr::new(wr_id, crate::SendOp::BindMw { mw, rkey, bind }, Vec::new())
             .signaled(signaled);
         self.post_send(qpn, wr)?;
         if let Some(w) = self.mws.table.get_mut(mw.0) {
-            w.posted_rkey = rkey;
+            w.posted_rkey = rkey.value();
         }
         Ok(rkey)
     }
@@ -373,7 +377,7 @@ mod tests {
 
     #[test]
     fn inc_rkey_keeps_the_index() {
-        assert_eq!(inc_rkey(0x8000_01ff), 0x8000_0100);
-        assert_eq!(inc_rkey(0x8000_0105), 0x8000_0106);
+        assert_eq!(inc_rkey(Rkey::new(0x8000_01ff)), Rkey::new(0x8000_0100));
+        assert_eq!(inc_rkey(Rkey::new(0x8000_0105)), Rkey::new(0x8000_0106));
     }
 }

@@ -9,7 +9,7 @@ use std::net::IpAddr;
 
 use wire::{
     AtomicEthRepr, BthRepr, IpRepr, Ipv4Repr, Ipv6Repr, Opcode, PacketLayout, Psn, Qpn, RethRepr,
-    Rkey, TransportRepr, ROCEV2_UDP_PORT,
+    TransportRepr, ROCEV2_UDP_PORT,
 };
 
 use crate::counters::Counter;
@@ -111,7 +111,7 @@ pub(crate) fn validate(
             continue;
         }
         let owner = mrs
-            .check_local(sge.lkey, pd, sge.addr, u64::from(sge.length), write)
+            .check_local(sge.lkey.value(), pd, sge.addr, u64::from(sge.length), write)
             .map_err(|_| WcStatus::LocProtErr)?;
         owners.push(owner);
     }
@@ -322,7 +322,7 @@ pub(crate) fn transmit<M: Memory + ?Sized>(
             // the responder answers it as a new request starting at this PSN.
             t.reth = Some(RethRepr {
                 va: remote_addr.wrapping_add(offset),
-                rkey: Rkey::new(rkey),
+                rkey,
                 dma_len: wqe.len.saturating_sub(offset) as u32,
             });
         }
@@ -337,7 +337,7 @@ pub(crate) fn transmit<M: Memory + ?Sized>(
             t = TransportRepr::new(bth);
             t.atomic_eth = Some(AtomicEthRepr {
                 va: remote_addr,
-                rkey: Rkey::new(rkey),
+                rkey,
                 swap_add: swap,
                 compare,
             });
@@ -352,7 +352,7 @@ pub(crate) fn transmit<M: Memory + ?Sized>(
             t = TransportRepr::new(bth);
             t.atomic_eth = Some(AtomicEthRepr {
                 va: remote_addr,
-                rkey: Rkey::new(rkey),
+                rkey,
                 swap_add: add,
                 compare: 0,
             });
@@ -380,7 +380,7 @@ pub(crate) fn transmit<M: Memory + ?Sized>(
                     } => {
                         t.reth = Some(RethRepr {
                             va: remote_addr,
-                            rkey: Rkey::new(rkey),
+                            rkey,
                             dma_len: wqe.len as u32,
                         });
                     }
@@ -392,7 +392,7 @@ pub(crate) fn transmit<M: Memory + ?Sized>(
                     SendOp::SendWithImm { imm } | SendOp::RdmaWriteWithImm { imm, .. } => {
                         t.immdt = Some(imm);
                     }
-                    SendOp::SendWithInv { rkey } => t.ieth = Some(Rkey::new(rkey)),
+                    SendOp::SendWithInv { rkey } => t.ieth = Some(rkey),
                     _ => {}
                 }
             }
@@ -478,7 +478,7 @@ mod tests {
         );
         let w = SendOp::RdmaWriteWithImm {
             remote_addr: 0,
-            rkey: 0,
+            rkey: crate::Rkey::new(0),
             imm: 0,
         };
         assert_eq!(send_opcode(&w, true, false), Opcode::RcRdmaWriteFirst);

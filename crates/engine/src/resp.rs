@@ -155,7 +155,7 @@ fn scatter_recv<M: Memory + ?Sized>(
         let n = ((l - offset) as usize).min(rest.len());
         let addr = sge.addr + offset;
         let owner = mrs
-            .check_local(sge.lkey, pd, addr, n as u64, true)
+            .check_local(sge.lkey.value(), pd, addr, n as u64, true)
             .map_err(|_| WcStatus::LocProtErr)?;
         mem.write(owner, addr, &rest[..n])
             .map_err(|_| WcStatus::LocProtErr)?;

@@ -5,7 +5,7 @@
 //! packets until the next FIRST or ONLY, and a receive WQE partly filled by the lost
 //! message is reused for the next one, never completed.
 
-use wire::{BthRepr, OpKind, Opcode, PacketLayout, Qpn, RethRepr, Rkey, RoceV2Packet};
+use wire::{BthRepr, OpKind, Opcode, PacketLayout, Qpn, RethRepr, RoceV2Packet};
 use wire::{TransportRepr, ROCEV2_UDP_PORT};
 
 use crate::counters::Counter;
@@ -105,7 +105,7 @@ pub(crate) fn transmit<M: Memory + ?Sized>(
             } if first => {
                 t.reth = Some(RethRepr {
                     va: remote_addr,
-                    rkey: Rkey::new(rkey),
+                    rkey,
                     dma_len: w.len as u32,
                 });
             }

@@ -4,6 +4,7 @@ use bitflags::bitflags;
 use smallvec::SmallVec;
 
 use crate::cq::WcOpcode;
+use crate::{Lkey, Rkey};
 
 /// One scatter/gather element: `length` bytes at `addr` of the MR whose lkey is `lkey`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -13,12 +14,12 @@ pub struct Sge {
     /// Length in bytes.
     pub length: u32,
     /// Local key of the memory region holding the range.
-    pub lkey: u32,
+    pub lkey: Lkey,
 }
 
 impl Sge {
     /// An SGE covering `length` bytes at `addr` in the MR with `lkey`.
-    pub const fn new(addr: u64, length: u32, lkey: u32) -> Sge {
+    pub const fn new(addr: u64, length: u32, lkey: Lkey) -> Sge {
         Sge { addr, length, lkey }
     }
 }
@@ -52,21 +53,21 @@ pub enum SendOp {
     /// SEND with invalidate: the peer's completion names `rkey` as invalidated.
     SendWithInv {
         /// The remote key to invalidate.
-        rkey: u32,
+        rkey: Rkey,
     },
     /// RDMA WRITE to `remote_addr` in the peer MR `rkey`.
     RdmaWrite {
         /// Remote virtual address.
         remote_addr: u64,
         /// Remote key.
-        rkey: u32,
+        rkey: Rkey,
     },
     /// RDMA WRITE with immediate: also consumes a receive WQE of the peer.
     RdmaWriteWithImm {
         /// Remote virtual address.
         remote_addr: u64,
         /// Remote key.
-        rkey: u32,
+        rkey: Rkey,
         /// Immediate data.
         imm: u32,
     },
@@ -75,7 +76,7 @@ pub enum SendOp {
         /// Remote virtual address.
         remote_addr: u64,
         /// Remote key.
-        rkey: u32,
+        rkey: Rkey,
     },
     /// ATOMIC compare-and-swap of the 8-byte word at `remote_addr`; the original word lands
     /// in the local SGE (8 bytes).
@@ -83,7 +84,7 @@ pub enum SendOp {
         /// Remote virtual address (8-byte aligned).
         remote_addr: u64,
         /// Remote key.
-        rkey: u32,
+        rkey: Rkey,
         /// Value to compare with.
         compare: u64,
         /// Value stored when equal.
@@ -95,7 +96,7 @@ pub enum SendOp {
         /// Remote virtual address (8-byte aligned).
         remote_addr: u64,
         /// Remote key.
-        rkey: u32,
+        rkey: Rkey,
         /// Value to add.
         add: u64,
     },
@@ -105,14 +106,14 @@ pub enum SendOp {
         /// The window.
         mw: crate::mw::MwHandle,
         /// The window's rkey once bound.
-        rkey: u32,
+        rkey: Rkey,
         /// What it exposes.
         bind: crate::mw::MwBind,
     },
     /// Invalidate a type 2 window or a memory region by key (`IBV_WR_LOCAL_INV`).
     LocalInv {
         /// The window's rkey, or the region's lkey or rkey.
-        rkey: u32,
+        rkey: Rkey,
     },
 }
 
@@ -217,12 +218,17 @@ impl SendWr {
     }
 
     /// A signaled RDMA WRITE of `sges` to `remote_addr` / `rkey`.
-    pub fn rdma_write(wr_id: u64, sges: impl Into<SgeList>, remote_addr: u64, rkey: u32) -> SendWr {
+    pub fn rdma_write(
+        wr_id: u64,
+        sges: impl Into<SgeList>,
+        remote_addr: u64,
+        rkey: Rkey,
+    ) -> SendWr {
         SendWr::new(wr_id, SendOp::RdmaWrite { remote_addr, rkey }, sges)
     }
 
     /// A signaled RDMA READ of `remote_addr` / `rkey` into `sges`.
-    pub fn rdma_read(wr_id: u64, sges: impl Into<SgeList>, remote_addr: u64, rkey: u32) -> SendWr {
+    pub fn rdma_read(wr_id: u64, sges: impl Into<SgeList>, remote_addr: u64, rkey: Rkey) -> SendWr {
         SendWr::new(wr_id, SendOp::RdmaRead { remote_addr, rkey }, sges)
     }
 
@@ -230,14 +236,14 @@ impl SendWr {
     pub fn bind_mw(
         wr_id: u64,
         mw: crate::mw::MwHandle,
-        rkey: u32,
+        rkey: Rkey,
         bind: crate::mw::MwBind,
     ) -> SendWr {
         SendWr::new(wr_id, SendOp::BindMw { mw, rkey, bind }, SgeList::new())
     }
 
     /// A signaled local invalidation of `rkey` (a type 2 window, or a region's key).
-    pub fn local_inv(wr_id: u64, rkey: u32) -> SendWr {
+    pub fn local_inv(wr_id: u64, rkey: Rkey) -> SendWr {
         SendWr::new(wr_id, SendOp::LocalInv { rkey }, SgeList::new())
     }
 

@@ -156,7 +156,12 @@ fn a_qp_of_an_srq_failing_on_the_wire_reports_last_wqe_reached() {
         0,
     );
     // A WRITE with a wrong rkey fails B's QP (remote access error).
-    let wr = SendWr::rdma_write(1, vec![a.sge(0, 8)], b.addr(0), b.mr.rkey ^ 1);
+    let wr = SendWr::rdma_write(
+        1,
+        vec![a.sge(0, 8)],
+        b.addr(0),
+        engine::Rkey::new(b.mr.rkey.value() ^ 1),
+    );
     sim.node_mut(a.node).engine.post_send(qa.qpn, wr).unwrap();
     let wc = drain_cq(&mut sim, a.node, qa.send_cq, 1, SECOND);
     assert_eq!(wc[0].status, WcStatus::RemAccessErr);

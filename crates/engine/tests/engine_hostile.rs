@@ -78,8 +78,8 @@ impl R {
 struct Victim {
     e: Engine,
     qpns: Vec<u32>,
-    rkey: u32,
-    lkey: u32,
+    rkey: engine::Rkey,
+    lkey: engine::Lkey,
     cq: engine::CqHandle,
 }
 
@@ -190,7 +190,7 @@ fn random_packet(r: &mut R, v: &Victim, buf: &mut [u8]) -> usize {
         _ => BASE + 8 * r.below(1000),
     };
     let rkey = if r.below(3) == 0 {
-        r.next() as u32
+        Rkey::new(r.next() as u32)
     } else {
         v.rkey
     };
@@ -201,11 +201,7 @@ fn random_packet(r: &mut R, v: &Victim, buf: &mut [u8]) -> usize {
             2 => 0,
             _ => 256,
         };
-        t.reth = Some(RethRepr {
-            va,
-            rkey: Rkey::new(rkey),
-            dma_len,
-        });
+        t.reth = Some(RethRepr { va, rkey, dma_len });
     }
     if ext.aeth {
         let raw = r.below(256) as u8;
@@ -224,7 +220,7 @@ fn random_packet(r: &mut R, v: &Victim, buf: &mut [u8]) -> usize {
     if ext.atomic_eth {
         t.atomic_eth = Some(AtomicEthRepr {
             va,
-            rkey: Rkey::new(rkey),
+            rkey,
             swap_add: r.next(),
             compare: r.next(),
         });
@@ -282,15 +278,15 @@ fn random_well_formed_packets_never_break_the_engine() {
                     0 => SendOp::Send,
                     1 => SendOp::RdmaWrite {
                         remote_addr: BASE,
-                        rkey: 1,
+                        rkey: engine::Rkey::new(1),
                     },
                     2 => SendOp::RdmaRead {
                         remote_addr: BASE,
-                        rkey: 1,
+                        rkey: engine::Rkey::new(1),
                     },
                     _ => SendOp::AtomicFetchAdd {
                         remote_addr: BASE,
-                        rkey: 1,
+                        rkey: engine::Rkey::new(1),
                         add: 1,
                     },
                 };

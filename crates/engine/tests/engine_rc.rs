@@ -481,7 +481,7 @@ fn rnr_nak_waits_until_a_receive_is_posted() {
 #[test]
 fn bad_rkey_fails_with_remote_access_error_and_flushes_the_rest() {
     let mut w = World::new(PathMtu::Mtu1024);
-    let bad = w.b.mr.rkey ^ 0x5a5;
+    let bad = engine::Rkey::new(w.b.mr.rkey.value() ^ 0x5a5);
     let sge = w.a.sge(BASE, 100);
     w.a.e
         .post_send(w.a.qpn, SendWr::rdma_write(1, vec![sge], BASE, bad))
@@ -526,7 +526,7 @@ fn unreachable_peer_ends_in_retry_exceeded() {
 #[test]
 fn bad_lkey_completes_with_local_protection_error() {
     let mut w = World::new(PathMtu::Mtu1024);
-    let sge = Sge::new(BASE, 10, w.a.mr.lkey ^ 1);
+    let sge = Sge::new(BASE, 10, engine::Lkey::new(w.a.mr.lkey.value() ^ 1));
     w.a.e
         .post_send(w.a.qpn, SendWr::rdma_write(1, vec![sge], BASE, w.b.mr.rkey))
         .unwrap();
@@ -1053,7 +1053,7 @@ fn write_with_immediate_consumes_a_receive_and_send_with_invalidate_reports_the_
         (11, WcOpcode::Recv, 16)
     );
     assert!(b[1].wc_flags.contains(WcFlags::WITH_INV));
-    assert_eq!(b[1].invalidated_rkey.value(), extra.rkey);
+    assert_eq!(b[1].invalidated_rkey, extra.rkey);
 }
 
 #[test]
@@ -1083,7 +1083,10 @@ fn verbs_reject_what_verbs_reject() {
         22,
         "RESET rejects receives"
     );
-    let sges = vec![Sge::new(BASE, 1, 0), Sge::new(BASE, 1, 0)];
+    let sges = vec![
+        Sge::new(BASE, 1, engine::Lkey::new(0)),
+        Sge::new(BASE, 1, engine::Lkey::new(0)),
+    ];
     let a = QpAttr {
         qp_state: QpState::Init,
         port_num: 1,

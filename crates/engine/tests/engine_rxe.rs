@@ -128,7 +128,7 @@ struct Host {
     e: Engine,
     mem: Mem,
     cq: engine::CqHandle,
-    lkey: u32,
+    lkey: engine::Lkey,
 }
 
 const LOCAL: u64 = 0x7000_0000;
@@ -158,7 +158,7 @@ fn host(
             | AccessFlags::REMOTE_READ
             | AccessFlags::REMOTE_ATOMIC;
         let keys = e.reg_mr(pd, MemOwner(0), mr_base, mr_len, all).unwrap();
-        if want_rkey.is_none_or(|k| k == keys.rkey) {
+        if want_rkey.is_none_or(|k| k == keys.rkey.value()) {
             break (e, pd, keys);
         }
         seed += 1;
@@ -435,7 +435,7 @@ fn per_message_wrs(
 /// RDMA WRITE (QP 0x11): one WR per message rxe's requester wrote, with its data.
 fn write_wrs(flow: &[RoceV2Packet<'_>], a: &Host, _b: &Host) -> (Vec<SendWr>, usize) {
     let wrs = per_message_wrs(flow, a, |i, sge| {
-        SendWr::rdma_write(i, vec![sge], 0x5635_b307_2000, 0x2a9)
+        SendWr::rdma_write(i, vec![sge], 0x5635_b307_2000, engine::Rkey::new(0x2a9))
     });
     (wrs, 0)
 }
@@ -470,7 +470,7 @@ fn read_wrs(flow: &[RoceV2Packet<'_>], a: &Host, b: &Host) -> (Vec<SendWr>, usiz
     let wrs = (0..n)
         .map(|i| {
             let sge = Sge::new(LOCAL + 0x4000 * i as u64, reth.dma_len, a.lkey);
-            SendWr::rdma_read(i as u64, vec![sge], reth.va, reth.rkey.value())
+            SendWr::rdma_read(i as u64, vec![sge], reth.va, reth.rkey)
         })
         .collect();
     (wrs, 0)
@@ -503,7 +503,7 @@ fn fetch_add_wrs(flow: &[RoceV2Packet<'_>], a: &Host, b: &Host) -> (Vec<SendWr>,
         let sge = Sge::new(LOCAL + 8 * i as u64, 8, a.lkey);
         let op = SendOp::AtomicFetchAdd {
             remote_addr: at.va,
-            rkey: at.rkey.value(),
+            rkey: at.rkey,
             add: at.swap_add,
         };
         wrs.push(SendWr::new(i as u64, op, vec![sge]));

@@ -108,7 +108,12 @@ fn every_operation_between_two_qps_of_one_engine_moves_the_right_bytes_in_large_
     // A bad rkey still fails as a remote access error.
     p.post_send(
         &a,
-        SendWr::rdma_write(6, vec![a.sge(0, 10)], b.addr(0), b.mr.rkey ^ 0x100),
+        SendWr::rdma_write(
+            6,
+            vec![a.sge(0, 10)],
+            b.addr(0),
+            engine::Rkey::new(b.mr.rkey.value() ^ 0x100),
+        ),
     );
     let wc = p.wait_cq(&a, a.send_cq, 1, DEADLINE).unwrap();
     assert_eq!(wc[0].status, WcStatus::RemAccessErr);

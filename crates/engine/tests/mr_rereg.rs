@@ -77,7 +77,7 @@ impl W {
     }
 
     /// A writes `data` from its offset 0 to B's `addr` through `rkey` on `qa`.
-    fn write(&mut self, qa: Qp4, addr: u64, rkey: u32, data: &[u8]) -> WcStatus {
+    fn write(&mut self, qa: Qp4, addr: u64, rkey: engine::Rkey, data: &[u8]) -> WcStatus {
         let a = self.a;
         self.sim.node(a.node).mem.set(OWNER, a.addr(0), data);
         let wr = SendWr::rdma_write(1, vec![a.sge(0, data.len() as u32)], addr, rkey);

@@ -64,7 +64,7 @@ impl W {
     }
 
     /// A writes 16 bytes at B's `addr` through `rkey` on `qa`; returns the status.
-    fn write(&mut self, qa: Qp4, addr: u64, len: u32, rkey: u32) -> WcStatus {
+    fn write(&mut self, qa: Qp4, addr: u64, len: u32, rkey: engine::Rkey) -> WcStatus {
         let a = self.a;
         let wr = SendWr::rdma_write(77, vec![a.sge(0, len)], addr, rkey);
         self.sim
@@ -77,7 +77,7 @@ impl W {
     }
 
     /// A reads `len` bytes at B's `addr` through `rkey` on `qa`; returns the status.
-    fn read(&mut self, qa: Qp4, addr: u64, len: u32, rkey: u32) -> WcStatus {
+    fn read(&mut self, qa: Qp4, addr: u64, len: u32, rkey: engine::Rkey) -> WcStatus {
         let a = self.a;
         let wr = SendWr::rdma_read(78, vec![a.sge(0x8000, len)], addr, rkey);
         self.sim
@@ -247,8 +247,9 @@ fn type2_window_serves_only_its_qp_and_dies_with_local_inv() {
 }
 
 /// `ibv_inc_rkey`: the next tag of the same key index.
-fn engine_inc(rkey: u32) -> u32 {
-    (rkey & !0xff) | (rkey.wrapping_add(1) & 0xff)
+fn engine_inc(rkey: engine::Rkey) -> engine::Rkey {
+    let k = rkey.value();
+    engine::Rkey::new((k & !0xff) | (k.wrapping_add(1) & 0xff))
 }
 
 #[test]
@@ -277,7 +278,7 @@ fn send_with_invalidate_frees_the_window_at_the_receiver() {
     let got = drain_cq(&mut w.sim, b.node, qb.recv_cq, 1, SECOND);
     assert_eq!(got[0].status, WcStatus::Success);
     assert!(got[0].wc_flags.contains(WcFlags::WITH_INV));
-    assert_eq!(got[0].invalidated_rkey.value(), rkey);
+    assert_eq!(got[0].invalidated_rkey, rkey);
     assert_eq!(w.eb().query_mw(mw.handle).unwrap(), (rkey, false));
     let _ = drain_cq(&mut w.sim, a.node, qa.send_cq, 1, SECOND);
     assert_eq!(w.write(qa, b.addr(0), 16, rkey), WcStatus::RemAccessErr);
@@ -441,7 +442,7 @@ fn local_invalidation_of_an_mr_stops_remote_and_local_use() {
         .unwrap();
     let (qa, qb) = w.pair();
     assert_eq!(w.write(qa, b.addr(0x4_0000), 8, mr.rkey), WcStatus::Success);
-    let inv = w.post_b(qb, SendWr::local_inv(1, mr.lkey));
+    let inv = w.post_b(qb, SendWr::local_inv(1, engine::Rkey::new(mr.lkey.value())));
     assert_eq!(
         (inv.status, inv.opcode),
         (WcStatus::Success, WcOpcode::LocalInv)
@@ -457,7 +458,7 @@ fn local_invalidation_of_an_mr_stops_remote_and_local_use() {
     );
     // A key of no MR or window: the invalidation fails.
     let (_qa, qb) = w.pair();
-    let bad = w.post_b(qb, SendWr::local_inv(3, 0x1234_5678));
+    let bad = w.post_b(qb, SendWr::local_inv(3, engine::Rkey::new(0x1234_5678)));
     assert_eq!(bad.status, WcStatus::MwBindErr);
     // Deregistering the invalidated MR still works.
     w.eb().dereg_mr(mr.handle).unwrap();

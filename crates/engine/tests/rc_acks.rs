@@ -657,7 +657,12 @@ fn a_held_ack_leaves_just_before_the_responses_queued_after_it() {
                 Syndrome::ACK_NO_CREDIT,
             ),
             Second::BadKey => (
-                SendWr::rdma_write(2, vec![a.sge(SRC, 8)], b.addr(WRITE_AT), b.mr.rkey ^ 0x100),
+                SendWr::rdma_write(
+                    2,
+                    vec![a.sge(SRC, 8)],
+                    b.addr(WRITE_AT),
+                    engine::Rkey::new(b.mr.rkey.value() ^ 0x100),
+                ),
                 Syndrome::Nak(NakCode::RemoteAccessError),
             ),
             Second::Gap => {

@@ -127,7 +127,12 @@ fn traffic(ipv6: bool) -> Vec<common::Seen> {
             vec![a.sge(0, 3000)],
         ),
         // Last: a remote access error, answered by a NAK.
-        SendWr::rdma_write(13, vec![a.sge(0, 64)], b.addr(0), rkey ^ 1),
+        SendWr::rdma_write(
+            13,
+            vec![a.sge(0, 64)],
+            b.addr(0),
+            engine::Rkey::new(rkey.value() ^ 1),
+        ),
     ];
     for wr in ops {
         p.post_send(&a, wr);

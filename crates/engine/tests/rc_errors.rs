@@ -25,7 +25,12 @@ fn an_rkey_violation_completes_with_remote_access_error_and_flushes_the_rest() {
     );
     p.post_send(
         &a,
-        SendWr::rdma_write(2, vec![a.sge(0, 100)], b.addr(0), b.mr.rkey ^ 0x5a),
+        SendWr::rdma_write(
+            2,
+            vec![a.sge(0, 100)],
+            b.addr(0),
+            engine::Rkey::new(b.mr.rkey.value() ^ 0x5a),
+        ),
     );
     p.post_send(
         &a,
@@ -126,7 +131,7 @@ fn a_write_to_an_mr_of_another_pd_is_a_remote_access_error() {
 fn a_bad_lkey_completes_with_local_protection_error() {
     let mut p = Pair::new(PairConfig::default());
     let (a, b) = (p.a, p.b);
-    let bad = Sge::new(a.addr(0), 64, a.mr.lkey ^ 0x33);
+    let bad = Sge::new(a.addr(0), 64, engine::Lkey::new(a.mr.lkey.value() ^ 0x33));
     p.post_send(&a, SendWr::rdma_write(1, vec![bad], b.addr(0), b.mr.rkey));
     p.post_send(
         &a,
@@ -267,8 +272,24 @@ fn zero_length_rdma_does_not_check_the_rkey() {
     // IBA: the responder validates the R_Key only when the DMA length is not zero.
     let mut p = Pair::new(PairConfig::default());
     let (a, b) = (p.a, p.b);
-    p.post_send(&a, SendWr::rdma_write(1, vec![], b.addr(0), b.mr.rkey ^ 1));
-    p.post_send(&a, SendWr::rdma_read(2, vec![], b.addr(0), b.mr.rkey ^ 1));
+    p.post_send(
+        &a,
+        SendWr::rdma_write(
+            1,
+            vec![],
+            b.addr(0),
+            engine::Rkey::new(b.mr.rkey.value() ^ 1),
+        ),
+    );
+    p.post_send(
+        &a,
+        SendWr::rdma_read(
+            2,
+            vec![],
+            b.addr(0),
+            engine::Rkey::new(b.mr.rkey.value() ^ 1),
+        ),
+    );
     let sc = p.wait_cq(&a, a.send_cq, 2, DEADLINE).unwrap();
     assert_eq!(
         statuses(&sc),
@@ -283,7 +304,12 @@ fn a_qp_in_error_can_be_reset_and_reconnected() {
     let (a, b) = (p.a, p.b);
     p.post_send(
         &a,
-        SendWr::rdma_write(1, vec![a.sge(0, 8)], b.addr(0), b.mr.rkey ^ 1),
+        SendWr::rdma_write(
+            1,
+            vec![a.sge(0, 8)],
+            b.addr(0),
+            engine::Rkey::new(b.mr.rkey.value() ^ 1),
+        ),
     );
     let sc = p.wait_cq(&a, a.send_cq, 1, DEADLINE).unwrap();
     assert_eq!(statuses(&sc), vec![(1, WcStatus::RemAccessErr)]);
@@ -323,7 +349,7 @@ fn a_qp_in_error_can_be_reset_and_reconnected() {
 fn a_receive_buffer_with_a_bad_lkey_fails_the_send_on_both_sides() {
     let mut p = Pair::new(PairConfig::default());
     let (a, b) = (p.a, p.b);
-    let bad = Sge::new(b.addr(0), 64, b.mr.lkey ^ 1);
+    let bad = Sge::new(b.addr(0), 64, engine::Lkey::new(b.mr.lkey.value() ^ 1));
     p.post_recv(&b, RecvWr::new(1, vec![bad]));
     p.post_send(&a, SendWr::send(2, vec![a.sge(0, 32)]));
     let sc = p.wait_cq(&a, a.send_cq, 1, DEADLINE).unwrap();

@@ -319,7 +319,7 @@ fn sges(side: &Side, pieces: &[(u64, usize)]) -> Vec<Sge> {
 
 fn send_wr(d: &Dir, op: &Op) -> SendWr {
     // Flipping a tag bit keeps the MR index: the key names the right MR but does not match.
-    let rkey = d.resp.mr.rkey ^ u32::from(op.bad_rkey);
+    let rkey = engine::Rkey::new(d.resp.mr.rkey.value() ^ u32::from(op.bad_rkey));
     let remote_addr = d.resp.addr(op.remote.0);
     let send_op = match op.kind {
         Kind::Send => SendOp::Send,

@@ -208,7 +208,7 @@ fn run(seed: u64) -> Result<u64, String> {
     let mw = eb
         .alloc_mw(b.pd, engine::MwType::Type2)
         .map_err(|e| e.to_string())?;
-    let mw_rkey = (mw.rkey & !0xff) | (mw.rkey.wrapping_add(1) & 0xff);
+    let mw_rkey = engine::inc_rkey(mw.rkey);
     let bind = engine::MwBind {
         mr: b.mr.handle,
         addr: b.addr(0x40_0000),

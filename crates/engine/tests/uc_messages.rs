@@ -262,7 +262,7 @@ fn uc_write_with_a_bad_rkey_is_dropped_and_the_qp_carries_on() {
         1,
         vec![a.sge(0, 100)],
         b.addr(0),
-        b.mr.rkey ^ 0x55,
+        engine::Rkey::new(b.mr.rkey.value() ^ 0x55),
     ));
     t.post_send(SendWr::rdma_write(
         2,
@@ -300,7 +300,13 @@ fn uc_refuses_read_atomic_and_send_with_invalidate() {
         e.post_send(qa.qpn, read),
         Err(engine::VerbsError::OpNotSupported)
     );
-    let inv = SendWr::new(1, SendOp::SendWithInv { rkey: 1 }, vec![]);
+    let inv = SendWr::new(
+        1,
+        SendOp::SendWithInv {
+            rkey: engine::Rkey::new(1),
+        },
+        vec![],
+    );
     assert_eq!(
         e.post_send(qa.qpn, inv),
         Err(engine::VerbsError::OpNotSupported)
@@ -337,7 +343,7 @@ fn uc_writes_through_a_type2_window_bound_on_the_uc_qp() {
     let (a, b, qb) = (t.a, t.b, t.qb);
     let eb = &mut t.sim.node_mut(b.node).engine;
     let mw = eb.alloc_mw(b.pd, engine::MwType::Type2).unwrap();
-    let rkey = (mw.rkey & !0xff) | (mw.rkey.wrapping_add(1) & 0xff);
+    let rkey = engine::inc_rkey(mw.rkey);
     let bind = engine::MwBind {
         mr: b.mr.handle,
         addr: b.addr(0x1000),

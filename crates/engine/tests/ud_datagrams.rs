@@ -353,7 +353,7 @@ fn ud_post_checks_the_address_handle_and_the_opcode() {
     let (a, qa) = (t.a, t.qa);
     let dest = t.dest(QKEY);
     let e = &mut t.sim.node_mut(a.node).engine;
-    let write = SendWr::rdma_write(1, vec![a.sge(0, 8)], 0, 0);
+    let write = SendWr::rdma_write(1, vec![a.sge(0, 8)], 0, engine::Rkey::new(0));
     assert_eq!(
         e.post_send_ud(qa.qpn, write, dest),
         Err(engine::VerbsError::OpNotSupported)

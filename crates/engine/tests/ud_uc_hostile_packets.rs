@@ -78,7 +78,7 @@ fn random_uc_and_ud_packets_never_break_the_engine() {
         0,
     );
     let mw = e.alloc_mw(pd, MwType::Type2).unwrap();
-    let mw_rkey = (mw.rkey & !0xff) | (mw.rkey.wrapping_add(1) & 0xff);
+    let mw_rkey = engine::inc_rkey(mw.rkey);
     let bind = MwBind {
         mr: mr.handle,
         addr: BASE,
@@ -145,18 +145,14 @@ fn random_uc_and_ud_packets_never_break_the_engine() {
                 0 => mr.rkey,
                 1 => mw_rkey,
                 2 => mw.rkey,
-                _ => rng.next_u64() as u32,
+                _ => Rkey::new(rng.next_u64() as u32),
             };
             let dma_len = if rng.chance(0.5) {
                 plen as u32
             } else {
                 rng.next_u64() as u32
             };
-            t.reth = Some(RethRepr {
-                va,
-                rkey: Rkey::new(rkey),
-                dma_len,
-            });
+            t.reth = Some(RethRepr { va, rkey, dma_len });
         }
         if ext.deth {
             let qkey = if rng.chance(0.7) {
@@ -173,7 +169,7 @@ fn random_uc_and_ud_packets_never_break_the_engine() {
             t.immdt = Some(rng.next_u64() as u32);
         }
         if ext.ieth {
-            t.ieth = Some(Rkey::new(if rng.chance(0.5) { mw_rkey } else { mr.rkey }));
+            t.ieth = Some(if rng.chance(0.5) { mw_rkey } else { mr.rkey });
         }
         if ext.aeth {
             t.aeth = Some(wire::AethRepr {
@@ -184,7 +180,7 @@ fn random_uc_and_ud_packets_never_break_the_engine() {
         if ext.atomic_eth {
             t.atomic_eth = Some(wire::AtomicEthRepr {
                 va: BASE,
-                rkey: Rkey::new(mr.rkey),
+                rkey: mr.rkey,
                 swap_add: 1,
                 compare: 0,
             });

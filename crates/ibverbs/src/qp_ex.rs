@@ -8,7 +8,9 @@
 
 use core::ffi::{c_int, c_void};
 
-use engine::{InlineData, QpType, SendFlags, SendOp, SendPayload, SendWr, Sge, SgeList, UdDest};
+use engine::{
+    InlineData, Lkey, QpType, Rkey, SendFlags, SendOp, SendPayload, SendWr, Sge, SgeList, UdDest,
+};
 
 use crate::abi::*;
 use crate::device::ctx;
@@ -396,17 +398,39 @@ unsafe extern "C" fn wr_send_imm(q: *mut ibv_qp_ex_tail, imm: u32) {
 
 unsafe extern "C" fn wr_send_inv(q: *mut ibv_qp_ex_tail, rkey: u32) {
     // SAFETY: the program's extended QP.
-    unsafe { begin(q, SendOp::SendWithInv { rkey }) }
+    unsafe {
+        begin(
+            q,
+            SendOp::SendWithInv {
+                rkey: Rkey::new(rkey),
+            },
+        )
+    }
 }
 
 unsafe extern "C" fn wr_local_inv(q: *mut ibv_qp_ex_tail, rkey: u32) {
     // SAFETY: the program's extended QP.
-    unsafe { begin(q, SendOp::LocalInv { rkey }) }
+    unsafe {
+        begin(
+            q,
+            SendOp::LocalInv {
+                rkey: Rkey::new(rkey),
+            },
+        )
+    }
 }
 
 unsafe extern "C" fn wr_rdma_write(q: *mut ibv_qp_ex_tail, rkey: u32, remote_addr: u64) {
     // SAFETY: the program's extended QP.
-    unsafe { begin(q, SendOp::RdmaWrite { remote_addr, rkey }) }
+    unsafe {
+        begin(
+            q,
+            SendOp::RdmaWrite {
+                remote_addr,
+                rkey: Rkey::new(rkey),
+            },
+        )
+    }
 }
 
 unsafe extern "C" fn wr_rdma_write_imm(
@@ -418,7 +442,7 @@ unsafe extern "C" fn wr_rdma_write_imm(
     let imm = u32::from_be(imm);
     let op = SendOp::RdmaWriteWithImm {
         remote_addr,
-        rkey,
+        rkey: Rkey::new(rkey),
         imm,
     };
     // SAFETY: the program's extended QP.
@@ -427,7 +451,15 @@ unsafe extern "C" fn wr_rdma_write_imm(
 
 unsafe extern "C" fn wr_rdma_read(q: *mut ibv_qp_ex_tail, rkey: u32, remote_addr: u64) {
     // SAFETY: the program's extended QP.
-    unsafe { begin(q, SendOp::RdmaRead { remote_addr, rkey }) }
+    unsafe {
+        begin(
+            q,
+            SendOp::RdmaRead {
+                remote_addr,
+                rkey: Rkey::new(rkey),
+            },
+        )
+    }
 }
 
 unsafe extern "C" fn wr_atomic_cmp_swp(
@@ -439,7 +471,7 @@ unsafe extern "C" fn wr_atomic_cmp_swp(
 ) {
     let op = SendOp::AtomicCmpSwap {
         remote_addr,
-        rkey,
+        rkey: Rkey::new(rkey),
         compare,
         swap,
     };
@@ -455,7 +487,7 @@ unsafe extern "C" fn wr_atomic_fetch_add(
 ) {
     let op = SendOp::AtomicFetchAdd {
         remote_addr,
-        rkey,
+        rkey: Rkey::new(rkey),
         add,
     };
     // SAFETY: the program's extended QP.
@@ -479,7 +511,14 @@ unsafe extern "C" fn wr_bind_mw(
             match mw_bind_of(&*info) {
                 Ok(bind) => {
                     let mw = (*(mw as *mut Mw)).handle;
-                    b.begin(qp, SendOp::BindMw { mw, rkey, bind });
+                    b.begin(
+                        qp,
+                        SendOp::BindMw {
+                            mw,
+                            rkey: Rkey::new(rkey),
+                            bind,
+                        },
+                    );
                 }
                 Err(e) => b.fail(e),
             }
@@ -494,7 +533,7 @@ unsafe extern "C" fn wr_unsupported(q: *mut ibv_qp_ex_tail) {
 }
 
 unsafe extern "C" fn wr_set_sge(q: *mut ibv_qp_ex_tail, lkey: u32, addr: u64, length: u32) {
-    let sges = SgeList::from_slice(&[Sge::new(addr, length, lkey)]);
+    let sges = SgeList::from_slice(&[Sge::new(addr, length, Lkey::new(lkey))]);
     // SAFETY: the program's extended QP; inline data is its readable memory.
     unsafe { with_batch(q, |_, b| b.set_sges(sges)) }
 }
@@ -514,7 +553,7 @@ unsafe extern "C" fn wr_set_sge_list(q: *mut ibv_qp_ex_tail, n: usize, list: *co
             };
             let sges = s
                 .iter()
-                .map(|e| Sge::new(e.addr, e.length, e.lkey))
+                .map(|e| Sge::new(e.addr, e.length, Lkey::new(e.lkey)))
                 .collect();
             b.set_sges(sges);
         })

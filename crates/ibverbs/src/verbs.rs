@@ -5,9 +5,9 @@ use std::os::fd::AsRawFd;
 use std::sync::Mutex;
 
 use engine::{
-    AccessFlags, AhAttr, AhHandle, InlineData, MrHandle, MwBind, MwHandle, MwType, PdHandle,
-    QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendPayload,
-    SendWr, Sge, SgeList, SrqAttr, SrqHandle, UdDest,
+    AccessFlags, AhAttr, AhHandle, InlineData, Lkey, MrHandle, MwBind, MwHandle, MwType, PdHandle,
+    QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, Rkey, SendFlags, SendOp,
+    SendPayload, SendWr, Sge, SgeList, SrqAttr, SrqHandle, UdDest,
 };
 use softrdma::raw::{QpHandle, Qpn};
 use softrdma::RawCq;
@@ -1129,7 +1129,7 @@ unsafe fn sges(sg: *const ibv_sge, n: c_int) -> Result<SgeList, c_int> {
     // SAFETY: the caller's list has `n` entries (ibv_post_* contract).
     let s = unsafe { std::slice::from_raw_parts(sg, n) };
     Ok(s.iter()
-        .map(|e| Sge::new(e.addr, e.length, e.lkey))
+        .map(|e| Sge::new(e.addr, e.length, Lkey::new(e.lkey)))
         .collect())
 }
 
@@ -1143,11 +1143,11 @@ unsafe fn send_wr(w: &ibv_send_wr) -> Result<SendWr, c_int> {
         match w.opcode {
             0 => SendOp::RdmaWrite {
                 remote_addr: w.wr.rdma.remote_addr,
-                rkey: w.wr.rdma.rkey,
+                rkey: Rkey::new(w.wr.rdma.rkey),
             },
             1 => SendOp::RdmaWriteWithImm {
                 remote_addr: w.wr.rdma.remote_addr,
-                rkey: w.wr.rdma.rkey,
+                rkey: Rkey::new(w.wr.rdma.rkey),
                 imm: u32::from_be(w.imm_data),
             },
             2 => SendOp::Send,
@@ -1156,20 +1156,22 @@ unsafe fn send_wr(w: &ibv_send_wr) -> Result<SendWr, c_int> {
             },
             4 => SendOp::RdmaRead {
                 remote_addr: w.wr.rdma.remote_addr,
-                rkey: w.wr.rdma.rkey,
+                rkey: Rkey::new(w.wr.rdma.rkey),
             },
             5 => SendOp::AtomicCmpSwap {
                 remote_addr: w.wr.atomic.remote_addr,
-                rkey: w.wr.atomic.rkey,
+                rkey: Rkey::new(w.wr.atomic.rkey),
                 compare: w.wr.atomic.compare_add,
                 swap: w.wr.atomic.swap,
             },
             6 => SendOp::AtomicFetchAdd {
                 remote_addr: w.wr.atomic.remote_addr,
-                rkey: w.wr.atomic.rkey,
+                rkey: Rkey::new(w.wr.atomic.rkey),
                 add: w.wr.atomic.compare_add,
             },
-            7 => SendOp::LocalInv { rkey: w.imm_data },
+            7 => SendOp::LocalInv {
+                rkey: Rkey::new(w.imm_data),
+            },
             8 => {
                 // IBV_WR_BIND_MW (type 2 windows): the program picked the new key.
                 let b = w.bind_mw;
@@ -1181,11 +1183,13 @@ unsafe fn send_wr(w: &ibv_send_wr) -> Result<SendWr, c_int> {
                 let (mw, bind) = ((*(b.mw as *mut Mw)).handle, mw_bind_of(&b.bind_info)?);
                 SendOp::BindMw {
                     mw,
-                    rkey: b.rkey,
+                    rkey: Rkey::new(b.rkey),
                     bind,
                 }
             }
-            9 => SendOp::SendWithInv { rkey: w.imm_data },
+            9 => SendOp::SendWithInv {
+                rkey: Rkey::new(w.imm_data),
+            },
             _ => return Err(libc::EINVAL),
         }
     };

@@ -26,8 +26,8 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use engine::{
-    AccessFlags, CqHandle, PdHandle, QpCap, QpInitAttr, QpType, RecvWr, SendWr, Sge, WcOpcode,
-    WcStatus,
+    AccessFlags, CqHandle, Lkey, PdHandle, QpCap, QpInitAttr, QpType, RecvWr, Rkey, SendWr, Sge,
+    WcOpcode, WcStatus,
 };
 use runtime::{
     CmChannel, CmEvent, CommId, ConnParam, PortSpace, Runtime, RuntimeConfig, RuntimeError,
@@ -90,8 +90,8 @@ struct Device {
     cq: CqHandle,
     /// Registered; read and written only under the engine lock (see `reg_mr`).
     area: Vec<u8>,
-    lkey: u32,
-    rkey: u32,
+    lkey: Lkey,
+    rkey: Rkey,
     channel: CmChannel,
 }
 
@@ -171,7 +171,7 @@ impl Device {
             let _g = self.rt.lock();
             let info = &mut self.area[SEND_AT..SEND_AT + 16];
             info[..8].copy_from_slice(&addr.to_be_bytes());
-            info[8..12].copy_from_slice(&rkey.to_be_bytes());
+            info[8..12].copy_from_slice(&rkey.value().to_be_bytes());
             info[12..].copy_from_slice(&(size as u32).to_be_bytes());
         }
         self.post_send(qp, SendWr::send(2, &[self.sge(SEND_AT, 16)][..]))?;
@@ -295,10 +295,10 @@ fn connect(d: &Device, server: IpAddr, port: u16, deadline: Instant) -> Result<(
 }
 
 /// rping's server info: where the client's buffer is.
-fn parse_info(b: &[u8]) -> (u64, u32, u32) {
+fn parse_info(b: &[u8]) -> (u64, Rkey, u32) {
     let u32_at = |i: usize| u32::from_be_bytes(b[i..i + 4].try_into().expect("4 bytes"));
     let addr = u64::from_be_bytes(b[..8].try_into().expect("8 bytes"));
-    (addr, u32_at(8), u32_at(12))
+    (addr, Rkey::new(u32_at(8)), u32_at(12))
 }
 
 fn server(local: IpAddr, port: u16) -> Result<u32> {

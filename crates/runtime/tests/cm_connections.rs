@@ -230,7 +230,7 @@ fn a_connection_made_through_the_cm_alone_carries_a_send_and_an_rdma_write() {
     // The listener advertises its buffer in the REP's private data, as rping does.
     let mut advert = [0u8; 12];
     advert[..8].copy_from_slice(&(b.buf.as_ptr() as u64).to_be_bytes());
-    advert[8..].copy_from_slice(&b.mr.rkey.to_be_bytes());
+    advert[8..].copy_from_slice(&b.mr.rkey.value().to_be_bytes());
     let c = connect(&a, &b, b"hello from a", &advert);
     assert_eq!(&c.rep_data[..12], &advert, "the REP's private data arrives");
     assert_eq!(a.state(c.a_qp), QpState::Rts);
@@ -250,7 +250,7 @@ fn a_connection_made_through_the_cm_alone_carries_a_send_and_an_rdma_write() {
     assert_eq!(b.read(0, 27), b"a SEND over a CM connection");
 
     let addr = u64::from_be_bytes(c.rep_data[..8].try_into().unwrap());
-    let rkey = u32::from_be_bytes(c.rep_data[8..12].try_into().unwrap());
+    let rkey = engine::Rkey::new(u32::from_be_bytes(c.rep_data[8..12].try_into().unwrap()));
     a.fill(100, b"an RDMA WRITE");
     a.rt.lock()
         .post_send(

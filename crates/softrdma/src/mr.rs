@@ -429,11 +429,7 @@ impl RawMemoryRegion {
             len,
             size: self.len,
         })?;
-        Ok(Sge::new(
-            self.addr() + off as u64,
-            len32,
-            self.lkey().value(),
-        ))
+        Ok(Sge::new(self.addr() + off as u64, len32, self.lkey()))
     }
 
     /// What a peer needs to reach `range` of this region (address, length, rkey).

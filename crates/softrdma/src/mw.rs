@@ -217,8 +217,8 @@ impl Qp {
         // Held across reading, posting and advancing the posted key, so that two threads
         // binding the same window post distinct keys.
         let mut posted = mw.posted_rkey.lock().unwrap_or_else(|e| e.into_inner());
-        let rkey = Rkey::new(inc_rkey(posted.value()));
-        self.post_send(SendWr::bind_mw(wr_id, mw.handle, rkey.value(), bind))?;
+        let rkey = inc_rkey(*posted);
+        self.post_send(SendWr::bind_mw(wr_id, mw.handle, rkey, bind))?;
         *posted = rkey;
         remote.rkey = rkey;
         Ok(remote)
@@ -231,7 +231,7 @@ impl Qp {
     /// `MwBindErr` for a key this QP may not invalidate (a type 1 window, an unbound one,
     /// another PD's).
     pub fn local_inv(&self, wr_id: u64, rkey: Rkey) -> Result<()> {
-        self.post_send(SendWr::local_inv(wr_id, rkey.value()))
+        self.post_send(SendWr::local_inv(wr_id, rkey))
     }
 
     /// Post a signaled SEND of `sges` that also invalidates `rkey` at the peer
@@ -240,7 +240,7 @@ impl Qp {
     /// `invalidated_rkey`; a key the peer may not invalidate fails its receive
     /// (`RemInvReqErr`) and this send.
     pub fn send_with_inv(&self, wr_id: u64, sges: &[Sge], rkey: Rkey) -> Result<()> {
-        let op = SendOp::SendWithInv { rkey: rkey.value() };
+        let op = SendOp::SendWithInv { rkey };
         self.post_send(SendWr::new(wr_id, op, sges))
     }
 }

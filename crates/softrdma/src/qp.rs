@@ -591,12 +591,7 @@ impl Qp {
 
     /// Post a signaled RDMA WRITE of `sges` to `remote`'s address.
     pub fn write(&self, wr_id: u64, sges: &[Sge], remote: &RemoteMr) -> Result<()> {
-        self.post_send(SendWr::rdma_write(
-            wr_id,
-            sges,
-            remote.addr,
-            remote.rkey.value(),
-        ))
+        self.post_send(SendWr::rdma_write(wr_id, sges, remote.addr, remote.rkey))
     }
 
     /// Post a signaled RDMA WRITE with immediate (consumes a receive at the peer).
@@ -609,7 +604,7 @@ impl Qp {
     ) -> Result<()> {
         let op = SendOp::RdmaWriteWithImm {
             remote_addr: remote.addr,
-            rkey: remote.rkey.value(),
+            rkey: remote.rkey,
             imm,
         };
         self.post_send(SendWr::new(wr_id, op, sges))
@@ -617,12 +612,7 @@ impl Qp {
 
     /// Post a signaled RDMA READ of `remote` into `sges`.
     pub fn read(&self, wr_id: u64, sges: &[Sge], remote: &RemoteMr) -> Result<()> {
-        self.post_send(SendWr::rdma_read(
-            wr_id,
-            sges,
-            remote.addr,
-            remote.rkey.value(),
-        ))
+        self.post_send(SendWr::rdma_read(wr_id, sges, remote.addr, remote.rkey))
     }
 
     /// Post a signaled ATOMIC compare-and-swap on the 8-byte word at `remote.addr`; the
@@ -637,7 +627,7 @@ impl Qp {
     ) -> Result<()> {
         let op = SendOp::AtomicCmpSwap {
             remote_addr: remote.addr,
-            rkey: remote.rkey.value(),
+            rkey: remote.rkey,
             compare,
             swap,
         };
@@ -649,7 +639,7 @@ impl Qp {
     pub fn fetch_add(&self, wr_id: u64, result: Sge, remote: &RemoteMr, add: u64) -> Result<()> {
         let op = SendOp::AtomicFetchAdd {
             remote_addr: remote.addr,
-            rkey: remote.rkey.value(),
+            rkey: remote.rkey,
             add,
         };
         self.post_send(SendWr::new(wr_id, op, vec![result]))

@@ -190,12 +190,12 @@ on_both_backends! {
 
         // SEND into a posted receive; the receiver's CQ was armed, so its descriptor fires.
         let rb = bs.dev.raw();
-        let recv = RecvWr::new(7, vec![Sge::new(bs.ptr as u64, 64, bs.mr.lkey.value())]);
+        let recv = RecvWr::new(7, vec![Sge::new(bs.ptr as u64, 64, bs.mr.lkey)]);
         rb.post_recv(bs.qp.handle, recv).unwrap();
         rb.arm_cq(&bs.cq, false).unwrap();
         a.put(0, b"hello raw");
         let ra = a.dev.raw();
-        let send = SendWr::new(1, SendOp::Send, vec![Sge::new(a.ptr as u64, 9, a.mr.lkey.value())]);
+        let send = SendWr::new(1, SendOp::Send, vec![Sge::new(a.ptr as u64, 9, a.mr.lkey)]);
         ra.post_send(a.qp.handle, send).unwrap();
         let wc = next_completion(&a);
         assert_eq!((wc.wr_id, wc.status), (1, WcStatus::Success));
@@ -212,9 +212,9 @@ on_both_backends! {
             2,
             SendOp::RdmaWrite {
                 remote_addr: bs.ptr as u64 + 100,
-                rkey: bs.mr.rkey.value(),
+                rkey: bs.mr.rkey,
             },
-            vec![Sge::new(a.ptr as u64 + 16, 7, a.mr.lkey.value())],
+            vec![Sge::new(a.ptr as u64 + 16, 7, a.mr.lkey)],
         );
         ra.post_send(a.qp.handle, write).unwrap();
         let wc = next_completion(&a);
@@ -245,7 +245,7 @@ on_both_backends! {
         connect(&bs, &a);
         let rb = bs.dev.raw();
         for i in 0..4u64 {
-            let sge = Sge::new(bs.ptr as u64 + i * 64, 64, bs.mr.lkey.value());
+            let sge = Sge::new(bs.ptr as u64 + i * 64, 64, bs.mr.lkey);
             rb.post_srq_recv(srq, RecvWr::new(i, vec![sge])).unwrap();
         }
         let limit = SrqAttr {
@@ -255,7 +255,7 @@ on_both_backends! {
         rb.modify_srq(srq, &limit, SrqAttrMask::LIMIT).unwrap();
         let ra = a.dev.raw();
         for i in 0..2u64 {
-            let send = SendWr::new(i, SendOp::Send, vec![Sge::new(a.ptr as u64, 8, a.mr.lkey.value())]);
+            let send = SendWr::new(i, SendOp::Send, vec![Sge::new(a.ptr as u64, 8, a.mr.lkey)]);
             ra.post_send(a.qp.handle, send).unwrap();
             assert_eq!(next_completion(&a).status, WcStatus::Success);
             assert_eq!(next_completion(&bs).status, WcStatus::Success);

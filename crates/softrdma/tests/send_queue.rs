@@ -136,7 +136,7 @@ fn an_erring_send_queue_takes_every_post_and_the_limit_returns_after_reset(
     // An unsignaled WR with a key the sender does not hold fails when executed: its error
     // completion comes all the same, the QP goes to ERR and the WRs behind it flush.
     let bad = a.mr.sge(..8).unwrap();
-    let bad = Sge::new(bad.addr, bad.length, bad.lkey ^ 0x5a5a_5a00);
+    let bad = Sge::new(bad.addr, bad.length, softrdma::Lkey::new(bad.lkey.value() ^ 0x5a5a_5a00));
     a.qp
         .post_send(SendWr::send(0, vec![bad]).signaled(false))
         .unwrap();

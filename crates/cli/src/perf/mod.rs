@@ -811,22 +811,22 @@ fn work_request(
     let op = match test {
         Test::WriteBw | Test::WriteLat => SendOp::RdmaWrite {
             remote_addr: remote.addr,
-            rkey: remote.rkey.value(),
+            rkey: remote.rkey,
         },
         Test::ReadBw | Test::ReadLat => SendOp::RdmaRead {
             remote_addr: remote.addr,
-            rkey: remote.rkey.value(),
+            rkey: remote.rkey,
         },
         Test::SendBw | Test::SendLat => SendOp::Send,
         Test::AtomicBw | Test::AtomicLat if cas => SendOp::AtomicCmpSwap {
             remote_addr: remote.addr,
-            rkey: remote.rkey.value(),
+            rkey: remote.rkey,
             compare: 0,
             swap: 0,
         },
         Test::AtomicBw | Test::AtomicLat => SendOp::AtomicFetchAdd {
             remote_addr: remote.addr,
-            rkey: remote.rkey.value(),
+            rkey: remote.rkey,
             add: 1,
         },
     };

@@ -219,8 +219,8 @@ pub struct Side {
     pub qp: u32,
     pub qpn: u32,
     pub mr: u32,
-    pub lkey: u32,
-    pub rkey: u32,
+    pub lkey: engine::Lkey,
+    pub rkey: engine::Rkey,
     pub buf: Buf,
     pub gid: [u8; 16],
 }
@@ -269,8 +269,8 @@ impl Side {
             qp: qp.handle,
             qpn: qp.qpn,
             mr: mr.handle,
-            lkey: mr.lkey,
-            rkey: mr.rkey,
+            lkey: engine::Lkey::new(mr.lkey),
+            rkey: engine::Rkey::new(mr.rkey),
             buf,
             gid,
         }

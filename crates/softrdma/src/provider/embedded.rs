@@ -16,8 +16,8 @@ use runtime::{CmChannel, CmEvent, CommId, ConnParam, CqNotifier, EngineGuard, Ru
 use wire::{RejectReason, ServiceId};
 
 use super::{
-    device_closed, BackendKind, Lkey, Provider, ProviderCmChannel, ProviderCq, QpHandle, Qpn,
-    RawMr, RawQp, Rkey,
+    device_closed, BackendKind, Provider, ProviderCmChannel, ProviderCq, QpHandle, Qpn, RawMr,
+    RawQp, Rkey,
 };
 use crate::Result;
 
@@ -50,8 +50,8 @@ fn qpn(qp: QpHandle) -> u32 {
 fn raw_mr(k: engine::MrKeys) -> RawMr {
     RawMr {
         handle: k.handle,
-        lkey: Lkey(k.lkey),
-        rkey: Rkey(k.rkey),
+        lkey: k.lkey,
+        rkey: k.rkey,
     }
 }
 
@@ -276,7 +276,7 @@ impl Provider for Embedded {
 
     fn alloc_mw(&self, pd: PdHandle, mw_type: MwType) -> Result<(MwHandle, Rkey)> {
         let k = self.rt.lock().alloc_mw(pd, mw_type)?;
-        Ok((k.handle, Rkey(k.rkey)))
+        Ok((k.handle, k.rkey))
     }
 
     fn dealloc_mw(&self, mw: MwHandle) -> Result<()> {
@@ -285,7 +285,7 @@ impl Provider for Embedded {
 
     fn query_mw(&self, mw: MwHandle) -> Result<(Rkey, bool)> {
         let (rkey, bound) = self.rt.lock().query_mw(mw)?;
-        Ok((Rkey(rkey), bound))
+        Ok((rkey, bound))
     }
 
     fn cm_channel(&self) -> Result<Box<dyn ProviderCmChannel>> {
@@ -304,7 +304,7 @@ impl Provider for Embedded {
         signaled: bool,
     ) -> Result<Rkey> {
         let rkey = self.rt.lock().bind_mw(qpn(qp), wr_id, mw, bind, signaled)?;
-        Ok(Rkey(rkey))
+        Ok(rkey)
     }
 }
 
