@@ -366,7 +366,7 @@ wire_struct! {
         qkey: u32,
         rq_psn: u32,
         sq_psn: u32,
-        dest_qp_num: u32,
+        dest_qp_num: Qpn,
         qp_access_flags: AccessFlags,
         cap: QpCap,
         ah_attr: AhAttr,
@@ -475,7 +475,7 @@ wire_struct! {
         peer: IpAddr,
         peer_port: u16,
         local: IpAddr,
-        remote_qpn: u32,
+        remote_qpn: Qpn,
         responder_resources: u8,
         initiator_depth: u8,
         private_data: Vec<u8>,
@@ -628,5 +628,26 @@ impl Wire for CmEvent {
             10 => CmEvent::TimeWaitExit { id: r.take()? },
             _ => return Err(ProtoError::Invalid("CM event kind")),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_qpn_over_24_bits_is_refused_and_keys_keep_their_32_bits() {
+        let mut w = Writer::default();
+        w.put(&Qpn::MULTICAST)
+            .put(&0x0100_0000u32)
+            .put(&Rkey::new(u32::MAX))
+            .put(&Lkey::new(u32::MAX));
+        assert_eq!(w.buf[..4], 0x00ff_ffffu32.to_le_bytes());
+        let mut r = Reader::new(&w.buf);
+        assert_eq!(r.take::<Qpn>(), Ok(Qpn::MULTICAST));
+        assert!(matches!(r.take::<Qpn>(), Err(ProtoError::Invalid(_))));
+        assert_eq!(r.take::<Rkey>(), Ok(Rkey::new(u32::MAX)));
+        assert_eq!(r.take::<Lkey>(), Ok(Lkey::new(u32::MAX)));
+        assert_eq!(r.finish(), Ok(()));
     }
 }

@@ -1026,7 +1026,7 @@ mod tests {
             qkey: 1,
             rq_psn: 2,
             sq_psn: 3,
-            dest_qp_num: 4,
+            dest_qp_num: Qpn::new(4),
             qp_access_flags: AccessFlags::REMOTE_WRITE,
             cap: init().cap,
             ah_attr: AhAttr {
@@ -1312,7 +1312,7 @@ mod tests {
             peer: IpAddr::from([10, 0, 0, 1]),
             peer_port: 41_000,
             local: IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
-            remote_qpn: 0x11,
+            remote_qpn: Qpn::new(0x11),
             responder_resources: 4,
             initiator_depth: 2,
             private_data: b"req".to_vec(),
@@ -1345,7 +1345,7 @@ mod tests {
             CmEvent::Disconnected { id: CommId(6) },
             CmEvent::ConnectRequest(Box::new(cm::ConnectRequest {
                 datagram: true,
-                remote_qpn: 0,
+                remote_qpn: Qpn::new(0),
                 ece: cm::Ece::default(),
                 ..request.clone()
             })),
@@ -1362,7 +1362,7 @@ mod tests {
             },
             CmEvent::ConnectResponse {
                 id: CommId(10),
-                remote_qpn: 0xab_cdef,
+                remote_qpn: Qpn::new(0xab_cdef),
                 private_data: vec![5; 196],
                 ece: cm::Ece {
                     vendor_id: 3,

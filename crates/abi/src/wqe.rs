@@ -218,6 +218,10 @@ pub enum WqeError {
         /// The entry's size.
         len: usize,
     },
+    /// A UD send's destination QP number does not fit 24 bits: it names no QP, and is
+    /// refused rather than masked into the number of another one.
+    #[error("destination QP number {0:#x} does not fit 24 bits")]
+    Qpn(u32),
     /// The request cannot be written as an entry (an opcode of the engine the ABI lacks).
     #[error("{0} has no entry layout")]
     Unsupported(&'static str),
@@ -357,7 +361,8 @@ pub fn encode_send(wr: &SendWr, ud: Option<&UdDest>, out: &mut [u8]) -> Result<u
         _ => return Err(WqeError::Unsupported("this send opcode")),
     }
     if let Some(d) = ud {
-        (h.ud, h.ah, h.remote_qpn, h.remote_qkey) = (1, d.ah.0, d.remote_qpn, d.remote_qkey);
+        (h.ud, h.ah, h.remote_qpn, h.remote_qkey) =
+            (1, d.ah.0, d.remote_qpn.value(), d.remote_qkey);
     }
     let short = WqeError::Short(out.len());
     let end = match &wr.payload {
@@ -461,7 +466,7 @@ pub fn decode_send(entry: &[u8]) -> Result<(SendWr, Option<UdDest>), WqeError> {
         0 => None,
         1 => Some(UdDest {
             ah: AhHandle(h.ah),
-            remote_qpn: h.remote_qpn,
+            remote_qpn: Qpn::try_new(h.remote_qpn).ok_or(WqeError::Qpn(h.remote_qpn))?,
             remote_qkey: h.remote_qkey,
         }),
         _ => return Err(WqeError::Flags(h.ud)),
@@ -675,7 +680,7 @@ mod tests {
         let mut buf = [0u8; MAX_SEND_ENTRY];
         let dest = UdDest {
             ah: AhHandle(5),
-            remote_qpn: 0x11,
+            remote_qpn: Qpn::new(0x11),
             remote_qkey: 0x8001_0000,
         };
         for op in ops() {
@@ -737,6 +742,19 @@ mod tests {
         lie[12..16].copy_from_slice(&8u32.to_ne_bytes()); // INLINE, with SGEs
         assert!(decode_send(&lie).is_err());
         assert_eq!(decode_send(&buf[..40]), Err(WqeError::Short(40)));
+        // A UD destination QPN over 24 bits is refused, not masked into another QP's number.
+        let dest = UdDest {
+            ah: AhHandle(1),
+            remote_qpn: Qpn::MULTICAST,
+            remote_qkey: 7,
+        };
+        let n = encode_send(&wr, Some(&dest), &mut buf).unwrap();
+        assert_eq!(decode_send(&buf[..n]).unwrap().1, Some(dest));
+        let (mut h, _) = SendWqe::read_from_prefix(&buf[..n]).unwrap();
+        h.remote_qpn = 0x0100_0011;
+        let mut lie = buf;
+        lie[..SEND_WQE_LEN].copy_from_slice(h.as_bytes());
+        assert_eq!(decode_send(&lie[..n]), Err(WqeError::Qpn(0x0100_0011)));
         let bad = Cqe {
             status: 99,
             ..Cqe::default()

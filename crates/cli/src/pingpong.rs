@@ -641,7 +641,7 @@ fn connect_uc(qp: &Qp, remote: &Endpoint, mtu: Mtu, sgid_index: u8) -> Result<()
     let rtr = QpAttr {
         qp_state: QpState::Rtr,
         path_mtu,
-        dest_qp_num: remote.qpn.value(),
+        dest_qp_num: remote.qpn,
         rq_psn: remote.psn,
         ah_attr: AhAttr {
             dgid: remote.gid.0,

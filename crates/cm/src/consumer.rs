@@ -6,7 +6,7 @@
 
 use std::net::IpAddr;
 
-use wire::{Ece, RejectReason, ServiceId};
+use wire::{Ece, Qpn, RejectReason, ServiceId};
 
 use crate::CommId;
 
@@ -88,7 +88,7 @@ pub struct ConnectRequest {
     /// The local address the request came to.
     pub local: IpAddr,
     /// The peer's QP number.
-    pub remote_qpn: u32,
+    pub remote_qpn: Qpn,
     /// READ/ATOMIC requests the peer accepts outstanding (cap for our initiator depth).
     pub responder_resources: u8,
     /// READ/ATOMIC requests the peer may have outstanding (cap for our responder resources).
@@ -129,7 +129,7 @@ pub enum CmEvent {
         /// The connection.
         id: CommId,
         /// The peer's QP number.
-        remote_qpn: u32,
+        remote_qpn: Qpn,
         /// The REP's private data (all 196 bytes).
         private_data: Vec<u8>,
         /// The REP's ECE (`rdma_get_remote_ece`).

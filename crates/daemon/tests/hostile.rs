@@ -297,7 +297,7 @@ fn another_clients_srqs_ahs_windows_channels_and_events_are_out_of_reach() {
                 &wr,
                 &UdDest {
                     ah: AhHandle(h),
-                    remote_qpn: 1,
+                    remote_qpn: wire::Qpn::GSI,
                     remote_qkey: 1
                 }
             )

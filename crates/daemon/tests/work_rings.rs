@@ -399,7 +399,7 @@ fn garbage_and_foreign_wqes_put_the_qp_in_error_and_the_daemon_serves_on() {
             Box::new(|_| {
                 let dest = UdDest {
                     ah: AhHandle(999_999),
-                    remote_qpn: 1,
+                    remote_qpn: wire::Qpn::GSI,
                     remote_qkey: 0,
                 };
                 send_entry(&plain, Some(&dest))

@@ -124,7 +124,7 @@ fn connect(h: &mut Host, peer_qpn: u32, peer_ip: IpAddr) {
         ..AhAttr::default()
     };
     a.path_mtu = PathMtu::Mtu4096;
-    a.dest_qp_num = peer_qpn;
+    a.dest_qp_num = engine::Qpn::new(peer_qpn);
     a.max_dest_rd_atomic = 16;
     a.min_rnr_timer = 1;
     let m = M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN;

@@ -112,7 +112,7 @@ fn connect(e: &mut Engine, qpn: u32, peer: IpAddr, peer_qpn: u32) {
     let rtr = QpAttr {
         qp_state: QpState::Rtr,
         path_mtu: PathMtu::Mtu1024,
-        dest_qp_num: peer_qpn,
+        dest_qp_num: engine::Qpn::new(peer_qpn),
         max_dest_rd_atomic: 1,
         min_rnr_timer: 1,
         ah_attr: AhAttr {

@@ -499,7 +499,7 @@ impl<M: Memory + ?Sized> Engine<M> {
             // The path MTU may change in RTR -> RTS and later: keep the path in step.
             if let Some(p) = qp.path.as_mut() {
                 p.mtu = segment_size(&self.config, qp.attr.path_mtu, p.internal);
-                p.dest_qpn = qp.attr.dest_qp_num;
+                p.dest_qpn = qp.attr.dest_qp_num.value();
             }
         }
         self.active.insert(qpn);
@@ -541,16 +541,15 @@ impl<M: Memory + ?Sized> Engine<M> {
         Ok(Path {
             src_ip,
             dst_ip,
-            dest_qpn: a.dest_qp_num,
+            dest_qpn: a.dest_qp_num.value(),
             mtu: segment_size(&self.config, a.path_mtu, internal),
             internal,
             hop_limit: a.ah_attr.hop_limit,
             traffic_class: a.ah_attr.traffic_class,
             flow_label: a.ah_attr.grh_flow_label(),
-            udp_src_port: self
-                .config
-                .udp_src_port
-                .unwrap_or_else(|| udp_src_port(a.ah_attr.grh_flow_label(), qpn, a.dest_qp_num)),
+            udp_src_port: self.config.udp_src_port.unwrap_or_else(|| {
+                udp_src_port(a.ah_attr.grh_flow_label(), qpn, a.dest_qp_num.value())
+            }),
         })
     }
 

@@ -16,6 +16,7 @@
 use core::fmt;
 
 use bitflags::bitflags;
+use wire::Qpn;
 
 /// The path MTU type (`enum ibv_mtu`), shared with the wire codec.
 pub use wire::Mtu;
@@ -433,8 +434,8 @@ pub struct QpAttr {
     pub rq_psn: u32,
     /// First send PSN (24 bits).
     pub sq_psn: u32,
-    /// Remote QP number (24 bits; RC/UC).
-    pub dest_qp_num: u32,
+    /// Remote QP number (RC/UC).
+    pub dest_qp_num: Qpn,
     /// Remote operations the responder allows (RC/UC).
     pub qp_access_flags: AccessFlags,
     /// Queue sizes (query only; never modifiable).
@@ -484,7 +485,7 @@ impl Default for QpAttr {
             qkey: 0,
             rq_psn: 0,
             sq_psn: 0,
-            dest_qp_num: 0,
+            dest_qp_num: Qpn::new(0),
             qp_access_flags: AccessFlags::empty(),
             cap: QpCap::default(),
             ah_attr: AhAttr::default(),

@@ -678,15 +678,6 @@ fn check_values(
             limits.max_dest_rd_atomic.into(),
         )?;
     }
-    if mask.contains(M::DEST_QPN) {
-        in_range(
-            M::DEST_QPN,
-            "dest_qp_num",
-            attr.dest_qp_num.into(),
-            0,
-            MAX_24_BIT.into(),
-        )?;
-    }
     Ok(())
 }
 
@@ -698,7 +689,7 @@ mod tests {
         QpAttr {
             qp_state: QpState::Rtr,
             path_mtu: Mtu::Mtu1024,
-            dest_qp_num: 0x12,
+            dest_qp_num: crate::Qpn::new(0x12),
             rq_psn: 0x00ab_cdef,
             max_dest_rd_atomic: 4,
             min_rnr_timer: 12,

@@ -56,7 +56,7 @@ pub(crate) fn complete<M: Memory + ?Sized>(
 ) {
     let Some(r) = qp.rq.pop_front() else { return };
     let mut wc = WorkCompletion::new(r.wr_id, WcStatus::Success, WcOpcode::Recv, qp.qpn);
-    wc.src_qp = crate::Qpn::new(qp.attr.dest_qp_num);
+    wc.src_qp = qp.attr.dest_qp_num;
     fill(&mut wc);
     let cq = qp.recv_cq;
     ctx.push_cqe_se(qp, cq, wc, solicited);

@@ -126,7 +126,7 @@ fn complete_recv<M: Memory + ?Sized>(
         return;
     };
     let mut wc = WorkCompletion::new(r.wr_id, WcStatus::Success, WcOpcode::Recv, qp.qpn);
-    wc.src_qp = Qpn::new(qp.attr.dest_qp_num);
+    wc.src_qp = qp.attr.dest_qp_num;
     wc_fill(&mut wc);
     let cq = qp.recv_cq;
     ctx.push_cqe_se(qp, cq, wc, solicited);

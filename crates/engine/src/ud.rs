@@ -30,7 +30,7 @@ pub struct UdDest {
     /// The address handle (same PD as the QP).
     pub ah: AhHandle,
     /// Destination QP number.
-    pub remote_qpn: u32,
+    pub remote_qpn: Qpn,
     /// Q_Key to send with; one with the high bit set means "the QP's own Q_Key" (the IBA
     /// Q_Key rules of chapter 10, as `ibv_post_send(3)` states them).
     pub remote_qkey: u32,
@@ -62,7 +62,7 @@ impl<M: Memory + ?Sized> Engine<M> {
             return Err(VerbsError::InvalidAh);
         }
         let path = self
-            .ud_path(dest.ah, qpn, dest.remote_qpn & 0xff_ffff)
+            .ud_path(dest.ah, qpn, dest.remote_qpn.value())
             .ok_or(VerbsError::InvalidAh)?;
         let qkey = if dest.remote_qkey & 0x8000_0000 != 0 {
             own_qkey

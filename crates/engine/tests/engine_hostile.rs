@@ -106,7 +106,7 @@ fn connect(e: &mut Engine, q: u32, i: u32) {
         ..AhAttr::default()
     };
     a.path_mtu = PathMtu::Mtu256;
-    a.dest_qp_num = 0x100 + i;
+    a.dest_qp_num = engine::Qpn::new(0x100 + i);
     a.rq_psn = 1000;
     a.max_dest_rd_atomic = 2;
     let m = M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC;

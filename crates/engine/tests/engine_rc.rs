@@ -165,7 +165,7 @@ fn connect_qp(
         ..AhAttr::default()
     };
     a.path_mtu = mtu;
-    a.dest_qp_num = peer_qpn;
+    a.dest_qp_num = engine::Qpn::new(peer_qpn);
     a.rq_psn = 100;
     a.max_dest_rd_atomic = 4;
     a.min_rnr_timer = 1;

@@ -211,7 +211,7 @@ fn host(
         ..AhAttr::default()
     };
     a.path_mtu = PathMtu::Mtu1024;
-    a.dest_qp_num = qpn;
+    a.dest_qp_num = engine::Qpn::new(qpn);
     a.rq_psn = rq_psn;
     a.max_dest_rd_atomic = 16;
     a.min_rnr_timer = 12;

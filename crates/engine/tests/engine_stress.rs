@@ -166,7 +166,7 @@ fn connect(h: &mut Host, peer: &Host, mtu: PathMtu, sq_psn: u32, rq_psn: u32) {
         ..AhAttr::default()
     };
     a.path_mtu = mtu;
-    a.dest_qp_num = peer.qpn;
+    a.dest_qp_num = engine::Qpn::new(peer.qpn);
     a.rq_psn = rq_psn;
     a.max_dest_rd_atomic = 8;
     a.min_rnr_timer = 1;

@@ -232,7 +232,7 @@ fn one_srq_feeds_an_rc_qp_and_a_ud_qp() {
         .unwrap();
     let dest = UdDest {
         ah,
-        remote_qpn: ud_b.qpn,
+        remote_qpn: engine::Qpn::new(ud_b.qpn),
         remote_qkey: 7,
     };
     // A datagram with the wrong Q_Key takes no WQE from the SRQ.

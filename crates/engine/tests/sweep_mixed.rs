@@ -341,7 +341,7 @@ fn run(seed: u64) -> Result<u64, String> {
                 SendWr::new(id, SendOp::SendWithImm { imm: m.seq as u32 }, sge),
                 UdDest {
                     ah,
-                    remote_qpn: ud_b.qpn,
+                    remote_qpn: engine::Qpn::new(ud_b.qpn),
                     remote_qkey: 0x8000_0000,
                 },
             ),

@@ -49,7 +49,7 @@ impl Ud {
     fn dest(&self, qkey: u32) -> UdDest {
         UdDest {
             ah: self.ah_ab,
-            remote_qpn: self.qb.qpn,
+            remote_qpn: engine::Qpn::new(self.qb.qpn),
             remote_qkey: qkey,
         }
     }
@@ -162,7 +162,7 @@ fn ud_over_ipv6_puts_the_ipv6_header_in_the_grh() {
         SendWr::send(2, vec![engine::Sge::new(0x1_0000, 15, mr_a.lkey)]),
         UdDest {
             ah,
-            remote_qpn: qb.qpn,
+            remote_qpn: engine::Qpn::new(qb.qpn),
             remote_qkey: QKEY,
         },
     )
@@ -477,7 +477,7 @@ fn ud_address_handle_picks_the_source_gid_and_sets_tos_and_ttl() {
     .unwrap();
     let dest = UdDest {
         ah,
-        remote_qpn: qb.qpn,
+        remote_qpn: engine::Qpn::new(qb.qpn),
         remote_qkey: QKEY,
     };
     ea.post_send_ud(

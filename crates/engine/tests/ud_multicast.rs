@@ -94,7 +94,7 @@ impl Dev {
         let wr = SendWr::send(7, vec![self.sge(0, data.len() as u32)]);
         let dest = UdDest {
             ah,
-            remote_qpn: MULTICAST_QPN,
+            remote_qpn: engine::Qpn::new(MULTICAST_QPN),
             remote_qkey: qkey,
         };
         self.e.post_send_ud(q.qpn, wr, dest).unwrap();

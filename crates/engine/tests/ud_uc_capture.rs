@@ -125,7 +125,7 @@ fn traffic(ipv6: bool) -> Vec<Seen> {
     }
     let dest = UdDest {
         ah,
-        remote_qpn: ud_b.qpn,
+        remote_qpn: engine::Qpn::new(ud_b.qpn),
         remote_qkey: 77,
     };
     ea.post_send_ud(ud_a.qpn, SendWr::send(1, vec![a.sge(0, 1000)]), dest)

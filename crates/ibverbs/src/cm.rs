@@ -299,7 +299,7 @@ pub unsafe extern "C" fn softrdma_cm_get_event(c: *mut ibv_context, out: *mut Cm
                 r.service_id = q.service_id.0;
                 r.peer = CmAddr::new(q.peer, q.peer_port);
                 r.local = CmAddr::new(q.local, 0);
-                r.remote_qpn = q.remote_qpn;
+                r.remote_qpn = q.remote_qpn.value();
                 r.responder_resources = q.responder_resources;
                 r.initiator_depth = q.initiator_depth;
                 r.set_private_data(&q.private_data);
@@ -323,7 +323,7 @@ pub unsafe extern "C" fn softrdma_cm_get_event(c: *mut ibv_context, out: *mut Cm
             } => {
                 r.kind = event::CONNECT_RESPONSE;
                 r.comm_id = id.0;
-                r.remote_qpn = remote_qpn;
+                r.remote_qpn = remote_qpn.value();
                 r.set_private_data(&private_data);
                 r.ece = ece;
             }

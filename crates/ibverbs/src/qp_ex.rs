@@ -9,7 +9,8 @@
 use core::ffi::{c_int, c_void};
 
 use engine::{
-    InlineData, Lkey, QpType, Rkey, SendFlags, SendOp, SendPayload, SendWr, Sge, SgeList, UdDest,
+    InlineData, Lkey, QpType, Qpn, Rkey, SendFlags, SendOp, SendPayload, SendWr, Sge, SgeList,
+    UdDest,
 };
 
 use crate::abi::*;
@@ -633,7 +634,8 @@ unsafe extern "C" fn wr_set_ud_addr(
             }
             let dest = UdDest {
                 ah: (*(ah as *mut Ah)).handle,
-                remote_qpn,
+                // The low 24 bits, as for `ibv_post_send` (and rxe).
+                remote_qpn: Qpn::new(remote_qpn),
                 remote_qkey,
             };
             match b.current() {

@@ -918,7 +918,10 @@ fn qp_attr_from_c(a: &ibv_qp_attr, mask: QpAttrMask) -> Result<QpAttr, c_int> {
     r.qkey = a.qkey;
     r.rq_psn = a.rq_psn;
     r.sq_psn = a.sq_psn;
-    r.dest_qp_num = a.dest_qp_num;
+    if mask.contains(QpAttrMask::DEST_QPN) {
+        // A number over 24 bits names no QP: EINVAL, as the kernel's modify_qp answers.
+        r.dest_qp_num = Qpn::try_new(a.dest_qp_num).ok_or(libc::EINVAL)?;
+    }
     if mask.contains(QpAttrMask::ACCESS_FLAGS) {
         r.qp_access_flags = AccessFlags::from_bits(a.qp_access_flags).ok_or(libc::EINVAL)?;
     }
@@ -980,7 +983,7 @@ pub(crate) fn qp_attr_to_c(a: &QpAttr) -> ibv_qp_attr {
         qkey: a.qkey,
         rq_psn: a.rq_psn,
         sq_psn: a.sq_psn,
-        dest_qp_num: a.dest_qp_num,
+        dest_qp_num: a.dest_qp_num.value(),
         qp_access_flags: a.qp_access_flags.bits(),
         cap,
         ah_attr: ah_to_c(&a.ah_attr),
@@ -1258,7 +1261,8 @@ unsafe extern "C" fn post_send(
                 let ah = unsafe { &*(ud.ah as *mut Ah) };
                 let dest = UdDest {
                     ah: ah.handle,
-                    remote_qpn: ud.remote_qpn,
+                    // The low 24 bits, as rxe puts `wr.ud.remote_qpn` into the BTH.
+                    remote_qpn: Qpn::new(ud.remote_qpn),
                     remote_qkey: ud.remote_qkey,
                 };
                 raw.post_send_ud(q.handle, sw, dest).map_err(verr)

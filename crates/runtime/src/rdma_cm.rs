@@ -405,7 +405,7 @@ impl CmHost {
                 };
                 let event = CmEvent::ConnectResponse {
                     id,
-                    remote_qpn: rep.local_qpn.value(),
+                    remote_qpn: rep.local_qpn,
                     private_data: rep.private_data.as_bytes().to_vec(),
                     ece: rep.ece,
                 };
@@ -484,7 +484,7 @@ impl CmHost {
             peer,
             peer_port,
             local,
-            remote_qpn: 0,
+            remote_qpn: Qpn::new(0),
             responder_resources: 0,
             initiator_depth: 0,
             private_data,
@@ -540,7 +540,7 @@ impl CmHost {
             peer,
             peer_port,
             local,
-            remote_qpn: req.local_qpn.value(),
+            remote_qpn: req.local_qpn,
             responder_resources: req.responder_resources,
             initiator_depth: req.initiator_depth,
             private_data,
@@ -604,7 +604,7 @@ impl CmHost {
                 // Kernel cm_rep_handler: the REP's responder resources bound our initiator
                 // depth, its initiator depth our responder resources.
                 let rtr = Rtr {
-                    dest_qpn: rep.local_qpn.value(),
+                    dest_qpn: rep.local_qpn,
                     rq_psn: c.psn.value(),
                     max_dest_rd_atomic: rep.initiator_depth.min(c.param.responder_resources),
                     min_rnr_timer: c.param.min_rnr_timer,
@@ -627,7 +627,7 @@ impl CmHost {
                     mtu: req.mtu().map_or(port_mtu, |m| m.min(port_mtu)),
                 };
                 let rtr = Rtr {
-                    dest_qpn: req.local_qpn.value(),
+                    dest_qpn: req.local_qpn,
                     rq_psn: c.psn.value(),
                     max_dest_rd_atomic: c.param.responder_resources,
                     min_rnr_timer: c.param.min_rnr_timer,
@@ -1087,7 +1087,7 @@ struct Path {
 
 /// The RTR attributes the CM exchange decided.
 struct Rtr {
-    dest_qpn: u32,
+    dest_qpn: Qpn,
     rq_psn: u32,
     max_dest_rd_atomic: u8,
     min_rnr_timer: u8,
@@ -1517,8 +1517,8 @@ mod tests {
         assert_eq!(qb.sq_psn, req.starting_psn.value());
         assert_eq!(qb.rq_psn, rep.starting_psn.value());
         assert_eq!(qa.sq_psn, rep.starting_psn.value());
-        assert_eq!(qa.dest_qp_num, b.qpn);
-        assert_eq!(qb.dest_qp_num, a.qpn);
+        assert_eq!(qa.dest_qp_num.value(), b.qpn);
+        assert_eq!(qb.dest_qp_num.value(), a.qpn);
     }
 
     /// A UD QP of `s` in RTS with Q_Key `qkey`.

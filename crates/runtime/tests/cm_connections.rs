@@ -179,7 +179,7 @@ fn connect(a: &Device, b: &Device, hello: &[u8], reply: &[u8]) -> Connected {
     assert_eq!(req.service_id, SERVICE);
     assert_eq!(req.peer, a.ip());
     assert_eq!(req.local, b.ip());
-    assert_eq!(req.remote_qpn, a_qp);
+    assert_eq!(req.remote_qpn.value(), a_qp);
     assert_eq!(&req.private_data[..hello.len()], hello);
     let b_qp = b.qp();
     b.rt.lock()
@@ -592,7 +592,11 @@ fn qps_their_consumers_move_connect_with_the_attributes_the_cm_hands_out() {
     let CmEvent::ConnectRequest(req) = b.event() else {
         panic!("the listener gets the request")
     };
-    assert_eq!(req.remote_qpn, a_qp, "the REQ announces the consumer's QP");
+    assert_eq!(
+        req.remote_qpn.value(),
+        a_qp,
+        "the REQ announces the consumer's QP"
+    );
     // The passive side moves its QP before accepting, as rdma-core's rdma_accept does.
     for state in [QpState::Init, QpState::Rtr, QpState::Rts] {
         move_qp(&b, req.id, b_qp, state);
@@ -608,7 +612,7 @@ fn qps_their_consumers_move_connect_with_the_attributes_the_cm_hands_out() {
     let CmEvent::ConnectResponse { id, remote_qpn, .. } = a.event() else {
         panic!("the connector gets the REP as a response to act on")
     };
-    assert_eq!((id, remote_qpn), (a_id, b_qp));
+    assert_eq!((id, remote_qpn.value()), (a_id, b_qp));
     assert!(
         b.channel.get_event().is_none(),
         "no RTU yet: the listener is not established"
@@ -618,7 +622,10 @@ fn qps_their_consumers_move_connect_with_the_attributes_the_cm_hands_out() {
     }
     let qa = a.rt.lock().query_qp(a_qp).unwrap();
     let qb = b.rt.lock().query_qp(b_qp).unwrap();
-    assert_eq!((qa.dest_qp_num, qb.dest_qp_num), (b_qp, a_qp));
+    assert_eq!(
+        (qa.dest_qp_num.value(), qb.dest_qp_num.value()),
+        (b_qp, a_qp)
+    );
     assert_eq!(qa.sq_psn, qb.rq_psn, "a sends from the PSN b expects");
     assert_eq!(qb.sq_psn, qa.rq_psn, "b sends from the PSN a expects");
     a.rt.lock().cm_establish(&a.channel, a_id).unwrap();

@@ -142,8 +142,9 @@
 //! [`MemoryRegion::rkey`](RawMemoryRegion::rkey) hand them out; a number from elsewhere (a
 //! command line, another program) becomes one explicitly with [`Qpn::try_new`] (`None` over
 //! 24 bits), [`Lkey::new`] or [`Rkey::new`], and `value()` gives the number back. The verbs
-//! structures shared with the engine ([`Sge`], [`SendWr`], [`WorkCompletion`], [`QpAttr`],
-//! [`AsyncEvent`]) still carry plain `u32`s: compare them with a newtype's `value()`.
+//! structures shared with the engine carry them too: an [`Sge`]'s lkey, a [`SendOp`]'s rkey,
+//! a [`WorkCompletion`]'s `qp_num`, `src_qp` and `invalidated_rkey`, a [`QpAttr`]'s
+//! `dest_qp_num` and an [`AsyncEvent`]'s QPN.
 //!
 //! ```
 //! use softrdma::{Lkey, Qpn, Rkey};

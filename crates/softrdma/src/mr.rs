@@ -385,8 +385,7 @@ impl RawMemoryRegion {
         self.keys.handle
     }
 
-    /// Local key, for SGEs ([`Sge::new`] takes its [`Lkey::value`]; [`Self::sge`] builds
-    /// one).
+    /// Local key, for SGEs ([`Sge::new`] takes it; [`Self::sge`] builds one).
     pub fn lkey(&self) -> Lkey {
         self.keys.lkey
     }

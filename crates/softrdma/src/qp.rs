@@ -417,7 +417,7 @@ impl Qp {
         }
         let dest = engine::UdDest {
             ah: ah.handle,
-            remote_qpn: remote_qpn.value(),
+            remote_qpn,
             remote_qkey: qkey,
         };
         self.provider().post_send_ud(self.handle(), wr, dest)
@@ -490,7 +490,7 @@ impl Qp {
         let rtr = QpAttr {
             qp_state: QpState::Rtr,
             path_mtu: smaller(smaller(o.mtu, port_mtu), remote.mtu),
-            dest_qp_num: remote.qpn.value(),
+            dest_qp_num: remote.qpn,
             rq_psn: remote.psn,
             max_dest_rd_atomic: o.max_dest_rd_atomic,
             min_rnr_timer: o.min_rnr_timer,

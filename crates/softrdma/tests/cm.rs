@@ -61,7 +61,7 @@ on_both_backends! {
                 let req = listener.next_request(WAIT).unwrap();
                 assert_eq!(req.peer().ip(), a.dev.local_addr().ip());
                 assert_eq!(&req.private_data()[..5], b"hello");
-                assert_eq!(req.details().remote_qpn, a_qp.qpn().value());
+                assert_eq!(req.details().remote_qpn, a_qp.qpn());
                 assert_eq!(req.details().ece, asked);
                 let mut welcome = ConnParam::with_private_data(b"welcome");
                 welcome.ece = granted;

@@ -94,7 +94,7 @@ on_both_backends! {
         let (a, b) = common::pair_v4_on(backend, 64);
         let q = a.qp.query().unwrap();
         assert_eq!(q.qp_state, softrdma::QpState::Rts);
-        assert_eq!(q.dest_qp_num, b.qp.qpn().value());
+        assert_eq!(q.dest_qp_num, b.qp.qpn());
         assert_eq!(q.rq_psn, b.qp.initial_psn());
         assert!(q.cap.max_send_wr >= 128 && q.cap.max_recv_sge >= 4, "{:?}", q.cap);
         assert_eq!(q.ah_attr.dgid, b.dev.gid(0).unwrap().0);

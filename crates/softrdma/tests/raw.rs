@@ -109,7 +109,7 @@ fn connect(s: &Side, peer: &Side) {
     let rtr = QpAttr {
         qp_state: QpState::Rtr,
         path_mtu: s.dev.query_port().unwrap().active_mtu,
-        dest_qp_num: peer.qp.qpn.value(),
+        dest_qp_num: peer.qp.qpn,
         rq_psn: 100,
         max_dest_rd_atomic: 1,
         min_rnr_timer: 1,

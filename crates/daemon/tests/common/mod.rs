@@ -296,7 +296,7 @@ impl Side {
         let rtr = QpAttr {
             qp_state: QpState::Rtr,
             path_mtu: wire::Mtu::from_bytes(path_mtu as usize).expect("an IBA MTU"),
-            dest_qp_num: qpn,
+            dest_qp_num: wire::Qpn::new(qpn),
             rq_psn: 100,
             max_dest_rd_atomic: 4,
             min_rnr_timer: 1,

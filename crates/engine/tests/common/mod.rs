@@ -435,7 +435,7 @@ pub fn connect(
     let rtr = QpAttr {
         qp_state: QpState::Rtr,
         path_mtu: cfg.mtu,
-        dest_qp_num: peer.qpn,
+        dest_qp_num: engine::Qpn::new(peer.qpn),
         rq_psn,
         max_dest_rd_atomic: cfg.max_dest_rd_atomic,
         min_rnr_timer: cfg.min_rnr_timer,
@@ -865,7 +865,7 @@ pub fn connect4(
     let rtr = QpAttr {
         qp_state: QpState::Rtr,
         path_mtu: mtu,
-        dest_qp_num: peer_qpn,
+        dest_qp_num: engine::Qpn::new(peer_qpn),
         rq_psn,
         max_dest_rd_atomic: 16,
         min_rnr_timer: 1,
