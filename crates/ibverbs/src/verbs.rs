@@ -1595,3 +1595,31 @@ symver!(
     ibv_query_qp,
     ibv_destroy_qp,
 );
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dest_qpn_over_24_bits_is_einval_and_ignored_outside_the_mask() {
+        let a = ibv_qp_attr {
+            dest_qp_num: 0x0100_0011,
+            ..ibv_qp_attr::default()
+        };
+        assert_eq!(
+            qp_attr_from_c(&a, QpAttrMask::DEST_QPN).map(|r| r.dest_qp_num),
+            Err(libc::EINVAL)
+        );
+        // Outside the mask the field is not read: a program need not clear it.
+        assert!(qp_attr_from_c(&a, QpAttrMask::empty()).is_ok());
+        let a = ibv_qp_attr {
+            dest_qp_num: 0xff_ffff,
+            ..ibv_qp_attr::default()
+        };
+        assert_eq!(
+            qp_attr_from_c(&a, QpAttrMask::DEST_QPN).map(|r| r.dest_qp_num),
+            Ok(Qpn::MULTICAST)
+        );
+        assert_eq!(qp_attr_to_c(&QpAttr::default()).dest_qp_num, 0);
+    }
+}
