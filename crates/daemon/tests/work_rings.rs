@@ -406,6 +406,21 @@ fn garbage_and_foreign_wqes_put_the_qp_in_error_and_the_daemon_serves_on() {
             }),
         ),
         (
+            "a UD send whose destination QPN does not fit 24 bits",
+            wq::SQ,
+            Box::new(|_| {
+                let dest = UdDest {
+                    ah: AhHandle(0),
+                    remote_qpn: wire::Qpn::GSI,
+                    remote_qkey: 0,
+                };
+                let mut e = send_entry(&plain, Some(&dest));
+                let at = std::mem::offset_of!(wqe::SendWqe, remote_qpn);
+                e[at..at + 4].copy_from_slice(&0x0100_0001u32.to_ne_bytes());
+                e
+            }),
+        ),
+        (
             "a bind of a window the connection does not hold",
             wq::SQ,
             Box::new(|_| {
