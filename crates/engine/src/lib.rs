@@ -125,7 +125,7 @@ mod table;
 mod timers;
 mod uc;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::net::IpAddr;
 
 pub use counters::{Counter, Counters};
@@ -295,6 +295,11 @@ impl<M: Memory + ?Sized> Ctx<'_, M> {
     }
 }
 
+/// The QPs by number: a hash map, one look-up per packet, post and timer whatever the
+/// number of QPs (a B-tree cost a walk through cold nodes at ten thousand). Nothing may
+/// depend on its iteration order: the one pass that acts on many QPs sorts them first.
+pub(crate) type QpTable = foldhash::HashMap<u32, Qp>;
+
 /// One soft HCA with one RoCEv2 port.
 ///
 /// `M` is how it reaches memory: `dyn Memory` by default ([`Engine::new`]); a host that
@@ -308,7 +313,7 @@ pub struct Engine<M: Memory + ?Sized = dyn Memory> {
     pds: Table<Pd>,
     mrs: MrTable,
     cqs: Table<Cq>,
-    qps: BTreeMap<u32, Qp>,
+    qps: QpTable,
     srqs: Table<srq::Srq>,
     mws: mw::MwTable,
     ahs: Table<ah::Ah>,
@@ -392,7 +397,7 @@ impl<M: Memory + ?Sized> Engine<M> {
             pds: Table::default(),
             mrs: MrTable::default(),
             cqs: Table::default(),
-            qps: BTreeMap::new(),
+            qps: QpTable::default(),
             srqs: Table::default(),
             mws: mw::MwTable::default(),
             ahs: Table::default(),
@@ -643,17 +648,26 @@ impl<M: Memory + ?Sized> Engine<M> {
             let cqs = std::mem::take(&mut overflowed);
             let now = Instant::default();
             let mut ctx = ctx!(self, now, overflowed);
-            let mut failed = Vec::new();
-            for qp in self.qps.values_mut() {
-                if (cqs.contains(&qp.send_cq) || cqs.contains(&qp.recv_cq))
-                    && qp.state() != QpState::Err
-                {
-                    ctx.events.push_back(AsyncEvent::QpFatal {
-                        qpn: crate::Qpn::new(qp.qpn),
-                    });
-                    comp::enter_error(qp, &mut ctx);
-                    failed.push(qp.qpn);
-                }
+            // In QPN order, whatever the table's: the events and the flushed completions
+            // come out the same on every run.
+            let mut failed: Vec<u32> = self
+                .qps
+                .iter()
+                .filter(|(_, qp)| {
+                    (cqs.contains(&qp.send_cq) || cqs.contains(&qp.recv_cq))
+                        && qp.state() != QpState::Err
+                })
+                .map(|(&qpn, _)| qpn)
+                .collect();
+            failed.sort_unstable();
+            for &qpn in &failed {
+                let Some(qp) = self.qps.get_mut(&qpn) else {
+                    continue;
+                };
+                ctx.events.push_back(AsyncEvent::QpFatal {
+                    qpn: crate::Qpn::new(qp.qpn),
+                });
+                comp::enter_error(qp, &mut ctx);
             }
             for qpn in failed {
                 self.retime(qpn);

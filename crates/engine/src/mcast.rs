@@ -19,7 +19,6 @@ use crate::counters::Counter;
 use crate::device::{DeviceAttr, Gid};
 use crate::error::VerbsError;
 use crate::memory::Memory;
-use crate::qp::Qp;
 use crate::qp_attr::QpType;
 use crate::{recv, ud, Ctx, Engine};
 
@@ -172,7 +171,7 @@ pub(crate) fn is_for_multicast(pkt: &RoceV2Packet<'_>) -> bool {
 pub(crate) fn handle<M: Memory + ?Sized>(
     ctx: &mut Ctx<'_, M>,
     groups: &Groups,
-    qps: &mut BTreeMap<u32, Qp>,
+    qps: &mut crate::QpTable,
     pkt: &RoceV2Packet<'_>,
     bytes: &[u8],
     internal: bool,

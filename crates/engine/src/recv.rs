@@ -2,14 +2,12 @@
 //! responder (requests). Every rejected packet is counted by reason and dropped, as a NIC
 //! does; nothing here can panic on any input.
 
-use std::collections::BTreeMap;
 
 use wire::{OpKind, RoceV2Packet, Transport, WireError};
 
 use crate::counters::Counter;
 use crate::device::{Gid, Ipv4IdentPolicy};
 use crate::memory::Memory;
-use crate::qp::Qp;
 use crate::qp_attr::QpType;
 use crate::{comp, mcast, resp, srq, uc, ud, Ctx};
 
@@ -32,7 +30,7 @@ pub(crate) struct Addresses<'a> {
 pub(crate) fn handle<M: Memory + ?Sized>(
     ctx: &mut Ctx<'_, M>,
     addresses: Addresses<'_>,
-    qps: &mut BTreeMap<u32, Qp>,
+    qps: &mut crate::QpTable,
     gsi: &mut crate::gsi::Gsi,
     bytes: &[u8],
     internal: bool,
