@@ -2,7 +2,6 @@
 //! responder (requests). Every rejected packet is counted by reason and dropped, as a NIC
 //! does; nothing here can panic on any input.
 
-
 use wire::{OpKind, RoceV2Packet, Transport, WireError};
 
 use crate::counters::Counter;
