@@ -42,7 +42,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use common::{cli_binary, describe, finish, Guard, On, TestDaemon};
+use common::{describe, finish, Guard, On, TestDaemon};
 use hosts::Hosts;
 use rxe_vm::{Capture, RxeVm, Vm, HOST_ADDR, NS, VM_ADDR};
 
@@ -485,19 +485,9 @@ struct Icrcs {
     bad: u64,
 }
 
-/// `softrdma decode` of a capture: its summary and its lines (the first 60 and the last 20
-/// when longer), and the ICRC counts.
+/// `softrdma decode` of a capture (see [`common::decoded`]), and its ICRC counts.
 fn decode(pcap: &Path) -> (String, Icrcs) {
-    let o = match Command::new(cli_binary()).arg("decode").arg(pcap).output() {
-        Ok(o) => o,
-        Err(e) => {
-            return (
-                format!("  softrdma decode did not run: {e}\n"),
-                Icrcs::default(),
-            )
-        }
-    };
-    let summary = String::from_utf8_lossy(&o.stderr).trim().to_string();
+    let (summary, text) = common::decoded(pcap);
     let number_before = |what: &str| -> u64 {
         summary
             .split(", ")
@@ -511,23 +501,7 @@ fn decode(pcap: &Path) -> (String, Icrcs) {
         good: number_before(" RoCEv2 with good ICRC"),
         bad: number_before(" with bad ICRC"),
     };
-    let text = String::from_utf8_lossy(&o.stdout);
-    let lines: Vec<&str> = text.lines().collect();
-    let mut s = format!("  {}\n", summary);
-    if lines.len() <= 80 {
-        for l in &lines {
-            let _ = writeln!(s, "  {l}");
-        }
-    } else {
-        for l in &lines[..60] {
-            let _ = writeln!(s, "  {l}");
-        }
-        let _ = writeln!(s, "  ... {} lines ...", lines.len() - 80);
-        for l in &lines[lines.len() - 20..] {
-            let _ = writeln!(s, "  {l}");
-        }
-    }
-    (s, icrcs)
+    (text, icrcs)
 }
 
 /// A fresh folder for one direction's captures.

@@ -24,6 +24,9 @@ struct OneHost {
     udp: u16,
     /// The test daemon, on `Backend::Daemon`; killed on drop.
     daemon: Option<TestDaemon>,
+    /// Where the embedded devices record their packets (`server.pcap`, `client.pcap`),
+    /// decoded when a run fails.
+    captures: tempfile::TempDir,
     /// One pair at a time: busy-polling programs side by side starve each other on a small
     /// machine. Held until the daemon is gone (fields drop in order).
     _one: MutexGuard<'static, ()>,
@@ -40,8 +43,21 @@ impl OneHost {
                 Backend::Daemon => Some(TestDaemon::start(&["127.0.0.1"])),
                 Backend::Embedded => None,
             },
+            captures: tempfile::tempdir().expect("capture directory"),
             _one: one,
         }
+    }
+
+    /// `command` with the device `on(addr)` recording into `captures/<side>.pcap` (on an
+    /// embedded device; a daemon's device records only with `--capture`).
+    fn recorded(&self, mut command: Command, side: &str) -> Command {
+        if self.daemon.is_none() {
+            command.env(
+                "SOFTRDMA_CAPTURE",
+                self.captures.path().join(format!("{side}.pcap")),
+            );
+        }
+        command
     }
 
     fn on<'a>(&'a self, addr: &'a str) -> On<'a> {
@@ -57,11 +73,14 @@ impl OneHost {
 
 impl Sides for OneHost {
     fn server(&self, prog: &str, args: &[&str]) -> Command {
-        verbs_command(prog, args, self.on("127.0.0.1"))
+        self.recorded(verbs_command(prog, args, self.on("127.0.0.1")), "server")
     }
 
     fn client(&self, prog: &str, args: &[&str]) -> Command {
-        verbs_command(prog, args, self.on(self.client_addr()))
+        self.recorded(
+            verbs_command(prog, args, self.on(self.client_addr())),
+            "client",
+        )
     }
 
     fn server_addr(&self) -> &str {
@@ -83,6 +102,15 @@ impl Sides for OneHost {
 
     fn server_listens(&self) -> Option<u64> {
         self.daemon.as_ref().map(TestDaemon::cm_listens)
+    }
+
+    fn evidence(&self) -> String {
+        ["server", "client"]
+            .iter()
+            .map(|side| self.captures.path().join(format!("{side}.pcap")))
+            .filter(|pcap| pcap.exists())
+            .map(|pcap| format!("{}:\n{}", pcap.display(), common::decoded(&pcap).1))
+            .collect()
     }
 }
 

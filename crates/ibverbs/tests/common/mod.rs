@@ -182,10 +182,13 @@ pub fn configure(c: &mut Command, on: On<'_>) {
     }
 }
 
-/// `prog args` with the drop-in library and the device `on` names.
+/// `prog args` with the drop-in library and the device `on` names. Its output is line
+/// buffered (coreutils' `stdbuf`), so that a program killed at a time limit still shows
+/// what it printed.
 pub fn verbs_command(prog: &str, args: &[&str], on: On<'_>) -> Command {
-    let mut c = Command::new(prog);
-    c.args(args)
+    let mut c = Command::new("stdbuf");
+    c.args(["-oL", "-eL", prog])
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -469,28 +472,100 @@ pub fn finish(mut g: Guard, limit: Duration) -> (Output, bool) {
         v
     });
     let start = Instant::now();
-    let mut timed_out = false;
+    // What its threads were doing when it overran, if it did.
+    let mut overran = None;
     let status = loop {
         if let Some(s) = child.try_wait().expect("try_wait") {
             break s;
         }
         if start.elapsed() > limit {
-            timed_out = true;
+            overran = Some(threads_of(child.id()));
             let _ = child.kill();
             break child.wait().expect("wait");
         }
         std::thread::sleep(Duration::from_millis(20));
     };
     let stdout = t1.join().unwrap_or_default();
-    let stderr = t2.join().unwrap_or_default();
+    let mut stderr = t2.join().unwrap_or_default();
+    if let Some(threads) = &overran {
+        stderr.extend_from_slice(
+            format!("--- its threads at the time limit ({limit:?}) ---\n{threads}").as_bytes(),
+        );
+    }
     (
         Output {
             status,
             stdout,
             stderr,
         },
-        timed_out,
+        overran.is_some(),
     )
+}
+
+/// What each thread of process `pid` is doing: name, state, where it waits in the kernel
+/// and the system call it is in (what a program stuck at a time limit shows of itself).
+pub fn threads_of(pid: u32) -> String {
+    let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return format!("process {pid} is gone\n");
+    };
+    let mut lines: Vec<String> = tasks
+        .flatten()
+        .map(|t| {
+            let dir = t.path();
+            let stat = read(&dir.join("stat"));
+            // The state follows the parenthesized name, which may itself hold spaces.
+            let state = stat
+                .rsplit_once(") ")
+                .and_then(|(_, rest)| rest.split(' ').next())
+                .unwrap_or("?")
+                .to_string();
+            let syscall = read(&dir.join("syscall"));
+            format!(
+                "{} {}: state {state}, waits in {}, syscall {}",
+                t.file_name().to_string_lossy(),
+                read(&dir.join("comm")).trim(),
+                read(&dir.join("wchan")).trim(),
+                syscall.split(' ').next().unwrap_or("?").trim()
+            )
+        })
+        .collect();
+    lines.sort();
+    lines.join("\n") + "\n"
+}
+
+/// `softrdma decode` of a capture: its summary line, and the summary with the packet lines
+/// (the first 60 and the last 20 when longer), indented, for a failure message.
+pub fn decoded(pcap: &Path) -> (String, String) {
+    use std::fmt::Write as _;
+    let o = match Command::new(cli_binary()).arg("decode").arg(pcap).output() {
+        Ok(o) => o,
+        Err(e) => {
+            return (
+                String::new(),
+                format!("  softrdma decode did not run: {e}\n"),
+            )
+        }
+    };
+    let summary = String::from_utf8_lossy(&o.stderr).trim().to_string();
+    let text = String::from_utf8_lossy(&o.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    let mut s = format!("  {summary}\n");
+    let (head, tail) = if lines.len() <= 80 {
+        (&lines[..], &lines[..0])
+    } else {
+        (&lines[..60], &lines[lines.len() - 20..])
+    };
+    for l in head {
+        let _ = writeln!(s, "  {l}");
+    }
+    if !tail.is_empty() {
+        let _ = writeln!(s, "  ... {} lines ...", lines.len() - 80);
+        for l in tail {
+            let _ = writeln!(s, "  {l}");
+        }
+    }
+    (summary, s)
 }
 
 /// Run to completion with a time limit.

@@ -12,7 +12,9 @@ use std::process::{Command, Output};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::common::{c_program, describe, finish, free_tcp_port, library_dir, require, run, Guard};
+use crate::common::{
+    c_program, describe, finish, free_tcp_port, library_dir, require, run, threads_of, Guard,
+};
 use crate::rdmacm_lib;
 
 /// How long one side of a program may take.
@@ -33,6 +35,11 @@ pub trait Sides {
     /// How many services the server's device listens on now, where that can be read (a
     /// daemon's `cm_listens`); `None` on an embedded device.
     fn server_listens(&self) -> Option<u64>;
+    /// What the sides recorded of the run so far (their packet captures, decoded), for the
+    /// message of a failure; empty where they record nothing.
+    fn evidence(&self) -> String {
+        String::new()
+    }
 }
 
 /// Stands for the rdma_cm port in a program's arguments: [`pair`] puts a free port there, a
@@ -43,8 +50,11 @@ pub const PORT: &str = "{port}";
 /// stack (the kernel's CM answers the same way: a REQ for a service no one listens on gets
 /// a REJ, reason 8, invalid service ID).
 enum TooEarly {
-    /// The server is not listening yet (on an embedded device, where [`pair`] cannot see
-    /// when it listens): run the client again against the same server.
+    /// The server was not listening yet (on an embedded device, where [`pair`] cannot see
+    /// when it listens). Start both again: a client of several connections may have had
+    /// the later ones accepted before it gave up, and the server counts them (udaddy -c 2's
+    /// server then waits for data on a connection whose client is gone, and never answers
+    /// the next client's second SIDR REQ: seen under a CPU-bound neighbour, 2 runs in 20).
     ServerNotListening,
     /// perftest -R makes two connections on the port: one to exchange parameters, then the
     /// test's. Its server listens for the second only after the exchange, and the client
@@ -110,7 +120,7 @@ fn too_early(o: &Output) -> Option<TooEarly> {
 
 /// Run `prog` as server and client (`prog` is `server+client` when the two sides are two
 /// programs), [`PORT`] in their arguments replaced by the port; while the client failed
-/// only because it came too early ([`TooEarly`]), it is run again. A server that serves
+/// only because it came too early ([`TooEarly`]), both run again. A server that serves
 /// until killed (`server_exits` false) must still be running at the end. Returns (server,
 /// client).
 pub fn pair(
@@ -138,24 +148,34 @@ pub fn pair(
                 .expect("spawn server"),
         ));
         await_listens(sides, Some(&mut server), |n| n > 0);
-        loop {
-            let client = run(
-                sides.client(client_prog, &on_port(client_args, &port)),
-                LIMIT,
+        let spawned = sides
+            .client(client_prog, &on_port(client_args, &port))
+            .spawn()
+            .expect("spawn client");
+        let (client, timed_out) = finish(Guard(Some(spawned)), LIMIT);
+        if timed_out {
+            let server_threads = server
+                .0
+                .as_ref()
+                .map_or(String::new(), |c| threads_of(c.id()));
+            panic!(
+                "{prog}: the client timed out: {}\nthe server's threads:\n{server_threads}{}",
+                describe(&client),
+                sides.evidence()
             );
-            let why = too_early(&client).filter(|_| start.elapsed() < LIMIT);
-            if why.is_some() {
+        }
+        match too_early(&client).filter(|_| start.elapsed() < LIMIT) {
+            Some(why) => {
+                let why = match why {
+                    TooEarly::ServerNotListening => "the client came before the listen",
+                    TooEarly::PerftestServerListenedLate => "the server listened late",
+                };
+                eprintln!("{prog}: {why}, starting both again");
                 std::thread::sleep(Duration::from_millis(200));
+                // The server is killed as its guard goes.
+                continue 'server;
             }
-            match why {
-                Some(TooEarly::ServerNotListening) => continue,
-                Some(TooEarly::PerftestServerListenedLate) => {
-                    eprintln!("{prog}: the server listened late, starting both again");
-                    // The server is killed as its guard goes.
-                    continue 'server;
-                }
-                None => break 'server (server, client),
-            }
+            None => break 'server (server, client),
         }
     };
     let server = if server_exits {
