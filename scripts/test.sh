@@ -32,6 +32,9 @@ dpkg -s rdma-core >/dev/null 2>&1 || need+=(rdma-core)
 command -v ucx_info >/dev/null 2>&1 && command -v ucx_perftest >/dev/null 2>&1 \
   || need+=(ucx-utils)
 command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
+# The tests run the C programs line-buffered (stdbuf), so a program killed at a time limit
+# keeps what it printed.
+command -v stdbuf >/dev/null 2>&1 || need+=(coreutils)
 # OpenMPI over UCX on softrdma (crates/cli/tests/mpi.rs): mpirun and mpicc.
 command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin)
 command -v mpicc >/dev/null 2>&1 || need+=(libopenmpi-dev)
@@ -51,6 +54,8 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo clippy -p softrdma --features tokio --all-targets --locked -- -D warnings
+echo "== cargo doc"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --lib --locked
 echo "== cargo test"
 cargo test --workspace --locked
 echo "== cargo test (softrdma's async API, feature tokio)"

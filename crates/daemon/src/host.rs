@@ -18,7 +18,7 @@
 //!   control socket takes what waits in the rings first ([`Device::with`]), so a post
 //!   followed by a verb on the socket keeps its order.
 //! - CQ rings: after every change, completions move into the rings of the CQs that have
-//!   one ([`fill_ring`]).
+//!   one (`fill_ring`).
 //! - Client memory: reads ahead are forgotten whenever the device lock is taken, and the
 //!   writes held back land before any packet leaves or completion is delivered.
 

@@ -8,7 +8,7 @@
 //!
 //! It does not link the device stack: everything goes through libibverbs, the public
 //! `ibv_*` calls and a private `softrdma_cm_*` interface ([`abi::cm_ffi`]), looked up at
-//! run time ([`verbs`]). Devices are opened once, on the first call, and stay open.
+//! run time (its `verbs` module). Devices are opened once, on the first call, and stay open.
 //!
 //! What it does: event channels (`channel->fd` is a pollable epoll descriptor), ids with
 //! and without a channel (synchronous ids, `rdma_create_ep`/`rdma_get_request`), bind,

@@ -272,7 +272,7 @@ struct Params {
 }
 
 /// Most QPs `-q` asks for (perftest's limit); the device's `max_qp` and `max_cqe` may allow
-/// fewer, which [`Side::new`] reports.
+/// fewer, which `Side::new` reports.
 pub const MAX_QPS: u32 = 16384;
 
 /// Largest message (perftest's -a limit) and so the largest region each side registers.

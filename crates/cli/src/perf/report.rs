@@ -30,7 +30,7 @@ impl BwResult {
         }
     }
 
-    /// Messages per second, in millions (perftest's MsgRate[Mpps]).
+    /// Messages per second, in millions (perftest's `MsgRate[Mpps]`).
     pub fn mpps(&self) -> f64 {
         let s = self.elapsed.as_secs_f64();
         if s > 0.0 {
