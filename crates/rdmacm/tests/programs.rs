@@ -48,8 +48,9 @@ impl OneHost {
         }
     }
 
-    /// `command` with the device `on(addr)` recording into `captures/<side>.pcap` (on an
-    /// embedded device; a daemon's device records only with `--capture`).
+    /// `command` with its embedded device recording into `captures/<side>.pcap` (a client
+    /// run again starts the file afresh); unchanged on the daemon, whose device records
+    /// only with `--capture`.
     fn recorded(&self, mut command: Command, side: &str) -> Command {
         if self.daemon.is_none() {
             command.env(
