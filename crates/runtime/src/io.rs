@@ -863,7 +863,9 @@ impl Rx {
             return 0;
         }
         let mut packets = 0;
-        for (i, r) in got {
+        // By reference: moving the batch into an iterator copies all its 64 slots (5 KB),
+        // a tenth of a ping-pong's user time.
+        for &(i, r) in &got {
             packets += self.accept(i, r);
         }
         self.counters.rx_datagrams += packets as u64;
