@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # Issue 15's scale table through softrdmad: `write_bw -s SIZE -q N` between two processes on
 # one softrdmad (loopback, both on its device), for each N given, REPEAT times each. Prints
-# the tool's result line (with its same-run baselines) and softrdmad's CPU seconds per run.
+# the tool's rates, the ACKs the device sent per message, and softrdmad's CPU per message
+# over the data phase alone: each row is two runs, a short one (one message per QP) and the
+# long one, and the CPU is their difference over the messages' difference, so that creating
+# and connecting N QPs does not count.
 #
 #   scripts/daemon-scale.sh [N...]
 #   e.g. scripts/daemon-scale.sh 1 100 1000 10000
 #
-# MSGS sets the messages per run (default: 20 per QP, at least 20 000), SIZE the message
-# size (4096), REPEAT the runs per N (2). Builds the release binaries first; uses its own
-# socket and a port outside the default 4791, so a softrdmad already running is left alone.
+# MSGS sets the messages of the long run (default: 200 per QP, at least 1 000 000), SIZE the
+# message size (4096), REPEAT the rows per N (2), TX the tool's -t (its default, 128: what is
+# outstanding over all QPs). Builds the release binaries first; uses its own socket and a
+# port outside the default 4791, so a softrdmad already running is left alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -gt 0 ] || set -- 1 100 1000 10000
@@ -22,27 +26,39 @@ DPID=$!
 trap 'kill $DPID 2>/dev/null; wait $DPID 2>/dev/null; rm -rf "$TMP"' EXIT
 for _ in $(seq 50); do [ -S "$TMP/sock" ] && break; sleep 0.1; done
 export SOFTRDMA_BACKEND=daemon SOFTRDMA_DAEMON_SPAWN=0 SOFTRDMA_DAEMON_SOCKET="$TMP/sock"
-cpu() { awk '{print $14 + $15}' "/proc/$DPID/stat"; }
 TCK=$(getconf CLK_TCK)
+cpu() { awk -v t="$TCK" '{print ($14 + $15) / t}' "/proc/$DPID/stat"; }
+acks() { "$B/softrdma" stat --socket "$TMP/sock" --filter resp_acks_sent | awk '{s += $2} END {print s}'; }
 PORT=$((31000 + RANDOM % 1000))
-echo "| N | messages | MB/s peak | MB/s average | M msg/s | softrdmad CPU s |"
-echo "|---|---|---|---|---|---|"
+# bench N MESSAGES: one run; sets ROW (the tool's size line) and CPU, ACKS (the deltas).
+bench() {
+    local n=$1 m=$2 c0 a0 spid
+    PORT=$((PORT + 1))
+    c0=$(cpu) a0=$(acks)
+    timeout 600 "$B/softrdma" write_bw -s "$SIZE" -q "$n" -n "$m" -p "$PORT" ${TX:+-t "$TX"} \
+        > "$TMP/server.out" 2>&1 &
+    spid=$!
+    sleep 0.5
+    timeout 600 "$B/softrdma" write_bw 127.0.0.1 -s "$SIZE" -q "$n" -n "$m" -p "$PORT" \
+        ${TX:+-t "$TX"} > "$TMP/client.out" 2>&1
+    wait "$spid"
+    ROW=$(awk -v s="$SIZE" '$1 == s && NF == 5 { print $3, $4, $5; exit }' "$TMP/client.out")
+    CPU=$(echo "$(cpu) - $c0" | bc -l)
+    ACKS=$(($(acks) - a0))
+}
+echo "| N | messages | MB/s average | M msg/s | ACKs per message | softrdmad CPU per message, data phase (us) | softrdmad CPU, share of the data phase |"
+echo "|---|---|---|---|---|---|---|"
 for N in "$@"; do
-    M=${MSGS:-$((N * 20 > 20000 ? N * 20 : 20000))}
+    M=${MSGS:-$((N * 200 > 1000000 ? N * 200 : 1000000))}
     for _ in $(seq "$REPEAT"); do
-        PORT=$((PORT + 1))
-        c0=$(cpu)
-        timeout 300 "$B/softrdma" write_bw -s "$SIZE" -q "$N" -n "$M" -p "$PORT" \
-            > "$TMP/server.out" 2>&1 &
-        SPID=$!
-        sleep 0.5
-        timeout 300 "$B/softrdma" write_bw 127.0.0.1 -s "$SIZE" -q "$N" -n "$M" -p "$PORT" \
-            --baseline > "$TMP/client.out" 2>&1
-        wait $SPID
-        c1=$(cpu)
-        row=$(awk -v s="$SIZE" '$1 == s && NF == 5 { print $3, $4, $5; exit }' "$TMP/client.out")
-        read -r peak avg rate <<< "$row"
-        printf '| %s | %s | %s | %s | %s | %.2f |\n' "$N" "$M" "$peak" "$avg" "$rate" \
-            "$(echo "($c1 - $c0) / $TCK" | bc -l)"
+        bench "$N" "$N"
+        short_cpu=$CPU
+        bench "$N" "$M"
+        read -r _peak avg rate <<< "$ROW"
+        awk -v n="$N" -v m="$M" -v avg="$avg" -v rate="$rate" -v acks="$ACKS" \
+            -v c="$CPU" -v c0="$short_cpu" 'BEGIN {
+                per = (c - c0) / (m - n) * 1e6
+                printf "| %s | %s | %s | %.3f | %.2f | %.2f | %.0f%% |\n",
+                    n, m, avg, rate, acks / m, per, per * rate * 100 }'
     done
 done

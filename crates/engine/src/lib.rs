@@ -320,9 +320,15 @@ pub struct Engine<M: Memory + ?Sized = dyn Memory> {
     port_state: PortState,
     /// Delivered events that must be acknowledged (`ack_async_event`).
     unacked_events: Vec<AsyncEvent>,
-    /// QPs that may have something to send: `poll_transmit` looks only at these, so idle
-    /// QPs cost nothing (a QP leaves the set when it has nothing queued at all).
+    /// QPs with something to send that need not wait (see `Qp::urgent`): `poll_transmit`
+    /// looks only at these, so idle QPs cost nothing.
     active: sched::Active,
+    /// QPs whose responder holds a plain ACK alone, by when it is due: they are not in
+    /// `active`, so that a pass looks at none of them before it is due (with many QPs each
+    /// holding one, a pass that scanned them cost a look at every one per packet sent).
+    acks: timers::Timers,
+    /// QPs whose ACK came due, served one a `poll_transmit`, earliest last.
+    due_acks: Vec<u32>,
     next_qpn: u32,
     counters: Counters,
     events: VecDeque<AsyncEvent>,
@@ -404,6 +410,8 @@ impl<M: Memory + ?Sized> Engine<M> {
             port_state: PortState::Active,
             unacked_events: Vec::new(),
             active: sched::Active::default(),
+            acks: timers::Timers::default(),
+            due_acks: Vec::new(),
             next_qpn: FIRST_QPN,
             counters: Counters::default(),
             events: VecDeque::new(),
@@ -464,10 +472,22 @@ impl<M: Memory + ?Sized> Engine<M> {
             )
         };
         if let Some(qpn) = touched {
-            self.active.insert(qpn);
+            self.schedule(qpn);
             self.retime(qpn);
         }
         self.error_overflowed(overflowed);
+    }
+
+    /// Serve `qpn` after a call that may have given it something to send: a request or an
+    /// urgent response joins `active`, a plain ACK waiting alone is filed by when it is due.
+    fn schedule(&mut self, qpn: u32) {
+        let Some(qp) = self.qps.get(&qpn) else {
+            return;
+        };
+        if qp.urgent() {
+            self.active.insert(qpn);
+        }
+        self.acks.file(qpn, resp::ack_due(qp));
     }
 
     /// File `qpn`'s timers again after a call that may have started or stopped one.
@@ -489,11 +509,11 @@ impl<M: Memory + ?Sized> Engine<M> {
                 };
                 if comp::next_timeout(qp).is_some_and(|t| t <= now) {
                     comp::handle_timers(qp, &mut ctx);
-                    self.active.insert(qpn);
                 }
             }
         }
         for &qpn in &due {
+            self.schedule(qpn);
             self.retime(qpn);
         }
         due.clear();
@@ -535,8 +555,8 @@ impl<M: Memory + ?Sized> Engine<M> {
             self.counters.add(Counter::TxBytes, t.len as u64);
             return Some(t);
         }
-        self.transmit_pass(now, buf, Pass::Urgent)
-            .or_else(|| self.transmit_pass(now, buf, Pass::DueAcks))
+        self.transmit_pass(now, buf)
+            .or_else(|| self.transmit_due_ack(now, buf))
     }
 
     /// The oldest MAD received on QP1 (the GSI), for the device's connection manager.
@@ -558,9 +578,8 @@ impl<M: Memory + ?Sized> Engine<M> {
         self.gsi.send(&self.gids, src, dst, dest_qp, mad)
     }
 
-    /// One round-robin pass over the QPs that may have something to send, for the first
-    /// packet `pass` looks for.
-    fn transmit_pass(&mut self, now: Instant, buf: &mut [u8], pass: Pass) -> Option<Transmit> {
+    /// One round-robin pass over the QPs with something urgent to send, for the first packet.
+    fn transmit_pass(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
         let mut overflowed = Vec::new();
         let mut result = None;
         let mut sent_by = None;
@@ -577,12 +596,15 @@ impl<M: Memory + ?Sized> Engine<M> {
                     self.active.served(qpn, false);
                     continue;
                 };
-                if let Some(t) = transmit_one(qp, &mut ctx, buf, pass) {
+                let sent = transmit_one(qp, &mut ctx, buf, Pass::Urgent);
+                // What it sent may leave a plain ACK alone in its queue, to wait until due.
+                self.acks.file(qpn, resp::ack_due(qp));
+                if let Some(t) = sent {
                     self.active.served(qpn, true);
                     found = Some((qpn, t));
                     break;
                 }
-                self.active.served(qpn, qp.may_transmit());
+                self.active.served(qpn, qp.urgent());
             }
             if let Some((qpn, t)) = found {
                 sent_by = Some(qpn);
@@ -594,6 +616,36 @@ impl<M: Memory + ?Sized> Engine<M> {
         if let Some(qpn) = sent_by {
             // Sending starts the local ACK timer.
             self.retime(qpn);
+        }
+        self.error_overflowed(overflowed);
+        result
+    }
+
+    /// The next plain ACK that is due at `now`, from the QPs `acks` has filed by then.
+    fn transmit_due_ack(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        if self.due_acks.is_empty() {
+            self.acks.take_due(now, &mut self.due_acks);
+            // Earliest last: `pop` serves it first.
+            self.due_acks.reverse();
+        }
+        let mut overflowed = Vec::new();
+        let mut result = None;
+        {
+            let mut ctx = ctx!(self, now, overflowed);
+            while let Some(qpn) = self.due_acks.pop() {
+                let Some(qp) = self.qps.get_mut(&qpn) else {
+                    continue;
+                };
+                if let Some(t) = transmit_one(qp, &mut ctx, buf, Pass::DueAcks) {
+                    ctx.counters.inc(Counter::TxPackets);
+                    ctx.counters.add(Counter::TxBytes, t.len as u64);
+                    result = Some(t);
+                    break;
+                }
+                // Filed earlier than its ACK is due (a newer one took its place), or sent
+                // already (something queued behind it made it leave): file it as it is.
+                self.acks.file(qpn, resp::ack_due(qp));
+            }
         }
         self.error_overflowed(overflowed);
         result
@@ -612,15 +664,22 @@ impl<M: Memory + ?Sized> Engine<M> {
                 .is_none_or(|t| timers.is_some_and(|f| f <= t)),
             "a QP's timer is filed later than it falls due"
         );
+        debug_assert!(
+            !self.due_acks.is_empty()
+                || self
+                    .qps
+                    .values()
+                    .filter_map(resp::ack_due)
+                    .min()
+                    .is_none_or(|t| self.acks.first().is_some_and(|f| f <= t)),
+            "a QP's ACK is filed later than it is due"
+        );
         if self.port_state == PortState::Down {
             // Nothing leaves a port that is down: held ACKs wait for it to come up.
             return timers;
         }
-        let acks = if self.parting.is_empty() {
-            self.active
-                .iter()
-                .filter_map(|q| self.qps.get(q).and_then(resp::ack_due))
-                .min()
+        let acks = if self.parting.is_empty() && self.due_acks.is_empty() {
+            self.acks.first()
         } else {
             Some(Instant::default())
         };
@@ -634,10 +693,9 @@ impl<M: Memory + ?Sized> Engine<M> {
     /// driving the engine: its next `poll_transmit` passes send them, so no peer waits for
     /// an ACK that would never leave.
     pub fn flush_acks(&mut self) {
-        for &qpn in self.active.iter() {
-            if let Some(qp) = self.qps.get_mut(&qpn) {
-                resp::release_ack(qp);
-            }
+        for (&qpn, qp) in self.qps.iter_mut() {
+            resp::release_ack(qp);
+            self.acks.file(qpn, resp::ack_due(qp));
         }
     }
 
@@ -670,6 +728,8 @@ impl<M: Memory + ?Sized> Engine<M> {
                 comp::enter_error(qp, &mut ctx);
             }
             for qpn in failed {
+                // Entering ERR makes an ACK waiting alone due at once.
+                self.schedule(qpn);
                 self.retime(qpn);
             }
         }

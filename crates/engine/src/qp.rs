@@ -249,6 +249,14 @@ impl Qp {
     pub(crate) fn may_transmit(&self) -> bool {
         !self.resp.out.is_empty() || self.req.cur < self.sq.len()
     }
+
+    /// Whether it may have something to send that need not wait: a request, or a responder
+    /// packet other than a plain ACK waiting alone (the engine files that one by when it is
+    /// due, `resp::ack_due`).
+    pub(crate) fn urgent(&self) -> bool {
+        self.req.cur < self.sq.len()
+            || (!self.resp.out.is_empty() && crate::resp::ack_due(self).is_none())
+    }
 }
 
 /// The UDP source port of a connected QP's packets, as Linux computes it for RoCEv2
@@ -363,6 +371,7 @@ impl<M: Memory + ?Sized> Engine<M> {
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError> {
         let qp = self.qps.remove(&qpn).ok_or(VerbsError::InvalidQp)?;
         self.active.remove(qpn);
+        self.acks.file(qpn, None);
         self.timers.file(qpn, None);
         // The ACK it still owed its peer leaves on its behalf: the requests it acknowledges
         // were executed, and the peer would retry them into a QP that is gone.
@@ -502,7 +511,7 @@ impl<M: Memory + ?Sized> Engine<M> {
                 p.dest_qpn = qp.attr.dest_qp_num.value();
             }
         }
-        self.active.insert(qpn);
+        self.schedule(qpn);
         if next == QpState::Reset && current != QpState::Reset {
             self.clean_cqs(qpn);
         }
@@ -564,7 +573,7 @@ impl<M: Memory + ?Sized> Engine<M> {
             uc::check_op(qp.qp_type, &wr.op)?;
             req::post(qp, &mut ctx, wr)
         };
-        self.active.insert(qpn);
+        self.schedule(qpn);
         self.retime(qpn);
         self.error_overflowed(overflowed);
         r

@@ -1,6 +1,7 @@
-//! Which QPs [`crate::Engine::poll_transmit`] looks at, and in which order: the QPs that may
-//! have something to send, served round robin, so that idle QPs cost nothing and a busy one
-//! cannot starve the others.
+//! Which QPs [`crate::Engine::poll_transmit`] looks at, and in which order: the QPs that have
+//! something to send that need not wait, served round robin, so that idle QPs cost nothing
+//! and a busy one cannot starve the others. (A plain ACK waiting alone is timed apart, in
+//! the engine's `acks`.)
 //!
 //! A queue in arrival order plus a membership set. Both keep their capacity when they empty,
 //! so a QP going idle and busy again once per message (a ping-pong) allocates nothing once
@@ -54,6 +55,7 @@ impl Active {
     }
 
     /// Every QP waiting, in serving order.
+    #[cfg(test)]
     pub(crate) fn iter(&self) -> impl Iterator<Item = &u32> {
         self.queue.iter()
     }

@@ -80,7 +80,7 @@ impl<M: Memory + ?Sized> Engine<M> {
             }
             r
         };
-        self.active.insert(qpn);
+        self.schedule(qpn);
         self.error_overflowed(overflowed);
         r
     }
