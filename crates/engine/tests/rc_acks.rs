@@ -282,8 +282,10 @@ fn clean_scenario(seed: u64) -> Result<(), String> {
     };
     let mut p = Pair::new(cfg);
     let tap = Tap::install(&mut p.sim);
+    // Up to a dozen QP pairs, so that many QPs hold an ACK at once (the engine times them
+    // apart from the QPs with urgent work).
     let mut pairs = vec![(p.a, p.b)];
-    for _ in 1..rng.range_inclusive(1, 3) {
+    for _ in 1..rng.range_inclusive(1, 12) {
         pairs.push(p.add_qp_pair());
     }
     // Every direction of every pair: (requester, responder).
