@@ -292,9 +292,11 @@ impl Program {
 /// one line per program. `peer`: the server's address when the VM is the client.
 ///
 /// The function prints `@@ BEGIN <port>`, runs the program in the background with a time
-/// limit while `nc` listens on port + 100 to kill it (how the other side ends it early),
-/// retries while a client cannot connect yet, prints the program's standard error and then
-/// `@@ END <port> rc=<status> tries=<n>`. A client that failed ends its server the same way.
+/// limit while `nc` listens on port + 100 to kill it (how the other side ends it early) and
+/// on port + 200 to start it afresh (it prints `@@ AGAIN <port>`: how our client restarts a
+/// server it confused), retries while a client cannot connect yet, prints the program's
+/// standard error and then `@@ END <port> rc=<status> tries=<n>`. A client that failed ends
+/// its server the same way.
 /// Standard output goes to the console as it comes (a terminal: line-buffered), so a program
 /// that is killed still shows what it printed.
 fn vm_script(matrix: &[Program], peer: Option<&str>) -> String {
@@ -309,7 +311,9 @@ fn vm_script(matrix: &[Program], peer: Option<&str>) -> String {
         "r(){{ p=$1;shift;echo \"@@ BEGIN $p\";i=0;while :;do \
          if [ \"$O\" ];then timeout {VM_PROGRAM_SECS} \"$@\" >/o 2>&1& \
          else timeout {VM_PROGRAM_SECS} \"$@\" 2>/o& fi;w=$!;\
-         nc -l -p $((p+100)) -e kill $w& n=$!;wait $w;r=$?;kill $n 2>/dev/null;\
+         nc -l -p $((p+100)) -e kill $w& n=$!;nc -l -p $((p+200)) -e sh -c \"touch /a;kill $w\"& m=$!;\
+         wait $w;r=$?;kill $n $m 2>/dev/null;\
+         if [ -e /a ];then rm /a;echo \"@@ AGAIN $p\";sleep 1;continue;fi;\
          grep -qE \"t connect to|REJECTED|UNREACHABLE|rdma_client f\" /o||break;i=$((i+1));\
          [ $i -lt {VM_CONNECT_TRIES} ]||break;\
          sleep 1;done;cat /o;{stop_peer}echo \"@@ END $p rc=$r tries=$i\";}}\n"
@@ -846,14 +850,26 @@ fn run_client(ours: &Ours, vm: &mut Vm, p: &Program, port: u16) -> (Output, bool
             String::from_utf8_lossy(&o.stdout),
             String::from_utf8_lossy(&o.stderr)
         );
-        // A refused TCP exchange, or an rdma_cm request nothing listens for yet.
-        let not_listening =
-            !o.status.success() && (said.contains(&refused) || said.contains("REJECTED"));
+        // A refused TCP exchange, or an rdma_cm request nothing listens for yet (perftest
+        // says "REJECTED", or only the event's number and then that its handshake failed).
+        let not_listening = !o.status.success()
+            && (said.contains(&refused)
+                || said.contains("REJECTED")
+                || said.contains("Unable to perform rdma_client function"));
         if not_listening
             && vm.ended(port).is_none()
             && vm.running()
             && tried.elapsed() < CONNECT_LIMIT
         {
+            // perftest's `-R` client connects its test QP right after the handshake
+            // connection, and the emulated VM's server may not listen for it yet: rejected
+            // then, the client's retry would start a new handshake that the server takes
+            // for its test connection (both then wait until their timeouts). Rejected past
+            // the handshake (perftest: "Failed to create RDMA CM connection with
+            // resources"), start the server afresh first.
+            if said.contains("connection with resources") && !vm.restart_program(port, END_LIMIT) {
+                return (o, killed);
+            }
             std::thread::sleep(Duration::from_millis(500));
             continue;
         }
@@ -980,12 +996,11 @@ fn kernel_rxe_clients_run_the_matrix_against_softrdma_servers() {
 /// rping, ucmatose and ib_write_bw -R through the drop-in librdmacm against the kernel's
 /// rdma_cm: the CM protocol on QP1, our side the active one.
 ///
-/// Run again once, in a fresh VM, when a program failed: perftest's `-R` client connects its
-/// test QP about a second after its handshake connection, and a server in the emulated VM
-/// that is slower than that to listen rejects it (REJ reason 8, invalid service ID, seen in a
-/// capture); the client's retry then starts a new handshake connection, which the server
-/// takes for its test connection, and both wait until their timeouts. A second failure fails
-/// the test, with both reports.
+/// Run again once, in a fresh VM, when a program failed. (perftest's `-R` client connects its
+/// test QP right after its handshake connection, and a server in the emulated VM that is
+/// slower than that to listen rejects it: REJ reason 8, invalid service ID, seen in a
+/// capture. `run_client` then starts that server afresh before it retries.) A second failure
+/// fails the test, with both reports.
 #[test]
 fn softrdma_rdma_cm_clients_connect_to_kernel_rdma_cm_servers() {
     let first = direction(CM_MATRIX, Serves::Rxe, RxPath::Auto);

@@ -383,6 +383,36 @@ impl Vm {
         }
     }
 
+    /// Start the VM's program on `port` afresh: connect to its restart port `port + 200`,
+    /// where the script's listener kills it and marks the kill as a restart, again every
+    /// second until the script says `@@ AGAIN <port>` once more. False if it did not within
+    /// `limit` (or the program ended meanwhile).
+    pub fn restart_program(&mut self, port: u16, limit: Duration) -> bool {
+        let again = format!("@@ AGAIN {port}");
+        let count = |log: &str| log.lines().filter(|l| l.trim() == again).count();
+        let before = count(&self.log());
+        let start = Instant::now();
+        loop {
+            if self.ended(port).is_some() || !self.running() || start.elapsed() > limit {
+                return false;
+            }
+            let target = format!(": >/dev/tcp/{VM_ADDR}/{}", port + 200);
+            let _ = Command::new("ip")
+                .args(["netns", "exec", NS, "timeout", "3", "bash", "-c", &target])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+            let tried = Instant::now();
+            while tried.elapsed() < Duration::from_secs(1) {
+                if count(&self.log()) > before {
+                    return true;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+
     /// Wait at most `limit` for the VM to power off (its script ends with that), killing it
     /// after; true if it powered off by itself.
     pub fn power_off(&mut self, limit: Duration) -> bool {
