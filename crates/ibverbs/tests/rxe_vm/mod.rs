@@ -366,13 +366,7 @@ impl Vm {
         let start = Instant::now();
         loop {
             if self.ended(port).is_none() && self.running() {
-                let target = format!(": >/dev/tcp/{VM_ADDR}/{}", port + 100);
-                let _ = Command::new("ip")
-                    .args(["netns", "exec", NS, "timeout", "3", "bash", "-c", &target])
-                    .stdin(Stdio::null())
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .status();
+                knock(port + 100);
             }
             if let Some(rc) = self.wait_end(port, Duration::from_secs(1)) {
                 return Some(rc);
@@ -396,13 +390,7 @@ impl Vm {
             if self.ended(port).is_some() || !self.running() || start.elapsed() > limit {
                 return false;
             }
-            let target = format!(": >/dev/tcp/{VM_ADDR}/{}", port + 200);
-            let _ = Command::new("ip")
-                .args(["netns", "exec", NS, "timeout", "3", "bash", "-c", &target])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
+            knock(port + 200);
             let tried = Instant::now();
             while tried.elapsed() < Duration::from_secs(1) {
                 if count(&self.log()) > before {
@@ -437,6 +425,18 @@ impl Vm {
             let _ = c.wait();
         }
     }
+}
+
+/// Connect to the VM's TCP `port` and close at once (what the script's `nc` listeners wait
+/// for); no answer within 3 s is no error.
+fn knock(port: u16) {
+    let target = format!(": >/dev/tcp/{VM_ADDR}/{port}");
+    let _ = Command::new("ip")
+        .args(["netns", "exec", NS, "timeout", "3", "bash", "-c", &target])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
 }
 
 impl Drop for Vm {
