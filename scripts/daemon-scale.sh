@@ -13,6 +13,9 @@
 # message size (4096), REPEAT the rows per N (2), TX the tool's -t (its default, 128: what is
 # outstanding over all QPs). Builds the release binaries first; uses its own socket and a
 # port outside the default 4791, so a softrdmad already running is left alone.
+#
+# BACKEND=embedded runs the same long runs without softrdmad: each process its own device,
+# on 127.0.0.2 and 127.0.0.1 (every message and ACK a UDP datagram); it prints the rates only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -gt 0 ] || set -- 1 100 1000 10000
@@ -21,6 +24,29 @@ REPEAT=${REPEAT:-2}
 cargo build --release -q -p softrdma-cli -p softrdma-daemon
 B=$PWD/target/release
 TMP=$(mktemp -d)
+if [ "${BACKEND:-daemon}" = embedded ]; then
+    trap 'rm -rf "$TMP"' EXIT
+    PORT=$((31000 + RANDOM % 1000))
+    echo "| N | messages | MB/s average | M msg/s |"
+    echo "|---|---|---|---|"
+    for N in "$@"; do
+        M=${MSGS:-$((N * 200 > 1000000 ? N * 200 : 1000000))}
+        for _ in $(seq "$REPEAT"); do
+            PORT=$((PORT + 1))
+            timeout 600 "$B/softrdma" write_bw -s "$SIZE" -q "$N" -n "$M" -B 127.0.0.1 \
+                -p "$PORT" ${TX:+-t "$TX"} > "$TMP/server.out" 2>&1 &
+            spid=$!
+            sleep 0.5
+            timeout 600 "$B/softrdma" write_bw 127.0.0.1 -B 127.0.0.2 -s "$SIZE" -q "$N" \
+                -n "$M" -p "$PORT" ${TX:+-t "$TX"} > "$TMP/client.out" 2>&1
+            wait "$spid"
+            awk -v s="$SIZE" -v n="$N" -v m="$M" \
+                '$1 == s && NF == 5 { printf "| %s | %s | %s | %s |\n", n, m, $4, $5; exit }' \
+                "$TMP/client.out"
+        done
+    done
+    exit 0
+fi
 "$B/softrdmad" --addr 127.0.0.1 --port 24791 --socket "$TMP/sock" > "$TMP/daemon.log" 2>&1 &
 DPID=$!
 trap 'kill $DPID 2>/dev/null; wait $DPID 2>/dev/null; rm -rf "$TMP"' EXIT
