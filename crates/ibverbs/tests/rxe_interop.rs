@@ -837,7 +837,6 @@ fn direction(matrix: &[Program], serves: Serves, rx_path: RxPath) -> Report {
 fn run_client(ours: &Ours, vm: &mut Vm, p: &Program, port: u16) -> (Output, bool) {
     let args = p.args(&ours.device, &ours.gid, port, Some(VM_ADDR));
     let tried = Instant::now();
-    let refused = format!("Couldn't connect to {VM_ADDR}:{port}");
     loop {
         let g = Guard(Some(
             ours.command(p.name, &args)
@@ -845,18 +844,9 @@ fn run_client(ours: &Ours, vm: &mut Vm, p: &Program, port: u16) -> (Output, bool
                 .expect("spawn our client"),
         ));
         let (o, killed) = finish(g, PROGRAM_LIMIT);
-        let said = format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
-        // A refused TCP exchange, or an rdma_cm request nothing listens for yet (perftest
-        // says "REJECTED", or only the event's number and then that its handshake failed).
-        let not_listening = !o.status.success()
-            && (said.contains(&refused)
-                || said.contains("REJECTED")
-                || said.contains("Unable to perform rdma_client function"));
-        if not_listening
+        // Failed only because the VM's server was not listening yet (`common::too_early`).
+        let early = common::too_early(&o);
+        if early.is_some()
             && vm.ended(port).is_none()
             && vm.running()
             && tried.elapsed() < CONNECT_LIMIT
@@ -864,10 +854,11 @@ fn run_client(ours: &Ours, vm: &mut Vm, p: &Program, port: u16) -> (Output, bool
             // perftest's `-R` client connects its test QP right after the handshake
             // connection, and the emulated VM's server may not listen for it yet: rejected
             // then, the client's retry would start a new handshake that the server takes
-            // for its test connection (both then wait until their timeouts). Rejected past
-            // the handshake (perftest: "Failed to create RDMA CM connection with
-            // resources"), start the server afresh first.
-            if said.contains("connection with resources") && !vm.restart_program(port, END_LIMIT) {
+            // for its test connection (both then wait until their timeouts). Start the
+            // server afresh first.
+            if matches!(early, Some(common::TooEarly::PerftestServerListenedLate))
+                && !vm.restart_program(port, END_LIMIT)
+            {
                 return (o, killed);
             }
             std::thread::sleep(Duration::from_millis(500));
