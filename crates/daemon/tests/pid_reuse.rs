@@ -223,10 +223,17 @@ impl Drop for KillOnDrop {
 }
 
 /// Start the impostor with pid `pid`, which no process holds: the kernel gives the next
-/// process the number after `ns_last_pid`. Another process starting at the same moment may
-/// take it first; then try again.
+/// process the number after `ns_last_pid`. Another process or thread starting at the same
+/// moment (this binary's tests run in parallel, and every thread takes a number too) may
+/// take it first; then wait until its holder is gone and try again.
 fn start_impostor_as(pid: i32) -> Role {
-    for _ in 0..200 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while std::time::Instant::now() < deadline {
+        if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            // Taken (by a process, or by a thread: `/proc/<tid>` answers too).
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        }
         std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string())
             .expect("write /proc/sys/kernel/ns_last_pid");
         let r = Role::start("impostor", None, Some(NOBODY));
@@ -234,7 +241,7 @@ fn start_impostor_as(pid: i32) -> Role {
             return r;
         }
     }
-    panic!("could not start a process with pid {pid}");
+    panic!("could not start a process with pid {pid}: still taken after a minute");
 }
 
 /// Post `op` of `len` bytes from/to offset `local` of `side`'s buffer; its completion.
