@@ -330,14 +330,16 @@ impl Ring {
         let slot = self.slot(self.mine).cast::<u64>();
         // Whole words up to the entry's end, the last one zero-padded; bytes past it keep
         // what they held (entries say their own length).
-        for (i, chunk) in entry.chunks(8).enumerate() {
-            let mut w = [0u8; 8];
-            w[..chunk.len()].copy_from_slice(chunk);
+        let (words, tail) = entry.as_chunks::<8>();
+        let mut last = [0u8; 8];
+        last[..tail.len()].copy_from_slice(tail);
+        let tail_word = (!tail.is_empty()).then_some(&last);
+        for (i, w) in words.iter().chain(tail_word).enumerate() {
             // SAFETY: `slot..slot + entry_size` is inside the ring (see `slot`), so inside
             // the mapping, and 8-aligned (the ring starts `RING_ALIGN`-aligned, the header
             // and every entry size are multiples of 8), and `entry.len() <= entry_size`;
             // volatile because the peer maps the same bytes.
-            unsafe { slot.add(i).write_volatile(u64::from_ne_bytes(w)) };
+            unsafe { slot.add(i).write_volatile(u64::from_ne_bytes(*w)) };
         }
         self.mine = self.mine.wrapping_add(1);
         self.word(PROD).store(self.mine, Ordering::Release);

@@ -403,20 +403,22 @@ fn fill_ring(engine: &mut SendEngine, cq: CqHandle, ring: &mut Ring) -> Result<(
         }
         let free = ring.free()? as usize;
         if free > 0 {
-            // In turns of a stack array: delivering completions allocates nothing.
-            let mut wcs = [engine::WorkCompletion::default(); 32];
+            // Straight from the engine's queue into the ring: delivering completions
+            // allocates and stages nothing.
+            let mut pushed = Ok(true);
             let n = engine
-                .poll_cq_into(cq, &mut wcs[..free.min(32)])
+                .poll_cq_with(cq, free, |c| {
+                    if pushed.is_ok() {
+                        // `free` slots were checked above and only this thread (under the
+                        // lock) produces.
+                        pushed = ring.push(abi::wqe::Cqe::of(c).bytes());
+                    }
+                })
                 .unwrap_or(0);
+            pushed?;
             if n == 0 {
                 // Not expected while `cq_len` counts some; never loop on it.
                 return Ok(());
-            }
-            for c in &wcs[..n] {
-                let e = abi::wqe::Cqe::of(c);
-                // `free` slots were checked above and only this thread (under the lock)
-                // produces.
-                ring.push(e.bytes())?;
             }
             continue;
         }

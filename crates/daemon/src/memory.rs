@@ -182,14 +182,15 @@ pub struct Region {
     pub mapped: Option<Arc<SharedMemory>>,
 }
 
-/// Where an access lands, once checked against its region (one reference taken, the one
-/// the access uses).
-enum Hit {
+/// Where an access lands, once checked against its region, borrowed from the region table:
+/// a copy into a mapping is made while the table is locked (no reference counted per
+/// access); an access through the process file takes its own reference first.
+enum Hit<'a> {
     /// In the region's mapping in the daemon, at this offset.
-    Mapped(Arc<SharedMemory>, usize),
+    Mapped(&'a SharedMemory, usize),
     /// In the client process, through its memory file.
     Process {
-        process: Arc<ClientProcess>,
+        process: &'a Arc<ClientProcess>,
         addr: usize,
         /// End of the region (reads ahead stop there).
         region_end: usize,
@@ -226,7 +227,7 @@ impl Regions {
         self.map.is_empty()
     }
 
-    fn check(&self, owner: MemOwner, addr: u64, len: usize) -> Result<Hit, MemoryError> {
+    fn check(&self, owner: MemOwner, addr: u64, len: usize) -> Result<Hit<'_>, MemoryError> {
         let r = self
             .map
             .get(&owner.0)
@@ -238,9 +239,9 @@ impl Regions {
             return Err(fault);
         }
         Ok(match &r.mapped {
-            Some(m) => Hit::Mapped(m.clone(), (addr - r.base) as usize),
+            Some(m) => Hit::Mapped(m, (addr - r.base) as usize),
             None => Hit::Process {
-                process: r.process.clone(),
+                process: &r.process,
                 addr: usize::try_from(addr).map_err(|_| fault)?,
                 region_end: usize::try_from(region_end).map_err(|_| fault)?,
             },
@@ -536,7 +537,8 @@ impl ClientMemory {
 
 impl Memory for ClientMemory {
     fn read(&mut self, owner: MemOwner, addr: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
-        let hit = lock(&self.regions).check(owner, addr, buf.len())?;
+        let regions = lock(&self.regions);
+        let hit = regions.check(owner, addr, buf.len())?;
         if buf.is_empty() {
             return Ok(());
         }
@@ -556,8 +558,9 @@ impl Memory for ClientMemory {
                 process,
                 addr,
                 region_end,
-            } => (process, addr, region_end),
+            } => (process.clone(), addr, region_end),
         };
+        drop(regions);
         let len = buf.len();
         let epoch = self.epoch.load(Ordering::Acquire);
         let ra = &mut self.ahead;
@@ -600,7 +603,8 @@ impl Memory for ClientMemory {
     }
 
     fn write(&mut self, owner: MemOwner, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
-        let hit = lock(&self.regions).check(owner, addr, data.len())?;
+        let regions = lock(&self.regions);
+        let hit = regions.check(owner, addr, data.len())?;
         if data.is_empty() {
             return Ok(());
         }
@@ -614,8 +618,9 @@ impl Memory for ClientMemory {
                 unsafe { copy_last_byte_last(data, m.as_ptr().add(off)) };
                 return Ok(());
             }
-            Hit::Process { process, addr, .. } => (process, addr),
+            Hit::Process { process, addr, .. } => (process.clone(), addr),
         };
+        drop(regions);
         if data.len() >= WRITE_BEHIND {
             self.behind.flush();
             process.write(a, data)?;
@@ -653,29 +658,35 @@ impl Memory for ClientMemory {
         compare: u64,
         swap: u64,
     ) -> Result<u64, MemoryError> {
-        let hit = lock(&self.regions).check(owner, addr, 8)?;
+        let regions = lock(&self.regions);
+        let hit = regions.check(owner, addr, 8)?;
         self.ahead.epoch = 0;
         self.behind.flush();
-        match &hit {
-            Hit::Mapped(m, off) => Ok(mapped_atomic(m, *off, |old| {
-                (old == compare).then_some(swap)
-            })),
-            Hit::Process { process, addr, .. } => {
-                self.read_modify_write(process, *addr, |old| (old == compare).then_some(swap))
+        let (process, a) = match hit {
+            Hit::Mapped(m, off) => {
+                return Ok(mapped_atomic(m, off, |old| {
+                    (old == compare).then_some(swap)
+                }))
             }
-        }
+            Hit::Process { process, addr, .. } => (process.clone(), addr),
+        };
+        drop(regions);
+        self.read_modify_write(&process, a, |old| (old == compare).then_some(swap))
     }
 
     fn fetch_add(&mut self, owner: MemOwner, addr: u64, add: u64) -> Result<u64, MemoryError> {
-        let hit = lock(&self.regions).check(owner, addr, 8)?;
+        let regions = lock(&self.regions);
+        let hit = regions.check(owner, addr, 8)?;
         self.ahead.epoch = 0;
         self.behind.flush();
-        match &hit {
-            Hit::Mapped(m, off) => Ok(mapped_atomic(m, *off, |old| Some(old.wrapping_add(add)))),
-            Hit::Process { process, addr, .. } => {
-                self.read_modify_write(process, *addr, |old| Some(old.wrapping_add(add)))
+        let (process, a) = match hit {
+            Hit::Mapped(m, off) => {
+                return Ok(mapped_atomic(m, off, |old| Some(old.wrapping_add(add))))
             }
-        }
+            Hit::Process { process, addr, .. } => (process.clone(), addr),
+        };
+        drop(regions);
+        self.read_modify_write(&process, a, |old| Some(old.wrapping_add(add)))
     }
 }
 

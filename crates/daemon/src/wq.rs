@@ -194,7 +194,20 @@ impl WorkRing {
     /// queue is full, or a batch is done.
     pub fn drain(&mut self, engine: &mut runtime::SendEngine, stats: &WqStats) -> Drained {
         let mut took = 0;
-        while took < BATCH {
+        let drained = self.drain_counting(engine, stats, &mut took);
+        // One count per drain, not per WQE: the counters are shared with `stat`'s thread.
+        stats.ring_wqes.fetch_add(took as u64, Ordering::Relaxed);
+        drained
+    }
+
+    /// [`WorkRing::drain`], counting the WQEs the engine took in `took`.
+    fn drain_counting(
+        &mut self,
+        engine: &mut runtime::SendEngine,
+        stats: &WqStats,
+        took: &mut usize,
+    ) -> Drained {
+        while *took < BATCH {
             // A stashed entry is still in `entry`: it goes first.
             let popped = if self.stash {
                 Ok(true)
@@ -226,12 +239,12 @@ impl WorkRing {
                 }
             };
             match self.post(engine, posted, stats) {
-                Ok(true) => took += 1,
+                Ok(true) => *took += 1,
                 Ok(false) => break,
                 Err(()) => return Drained::Broken,
             }
         }
-        Drained::Took(took)
+        Drained::Took(*took)
     }
 
     /// The popped entry as a WQE of this ring's queue with the engine's handles.
@@ -278,10 +291,7 @@ impl WorkRing {
             _ => Err(VerbsError::OpNotSupported),
         };
         match r {
-            Ok(()) => {
-                stats.ring_wqes.fetch_add(1, Ordering::Relaxed);
-                Ok(true)
-            }
+            Ok(()) => Ok(true),
             Err(VerbsError::QueueFull) => {
                 self.stash = true;
                 Ok(false)

@@ -346,6 +346,23 @@ impl<M: Memory + ?Sized> Engine<M> {
         Ok(n)
     }
 
+    /// `ibv_poll_cq` handing each completion to `f` in place, oldest first, up to `max`;
+    /// returns how many. For a host that copies completions on (into a ring of its own):
+    /// nothing is allocated or staged.
+    pub fn poll_cq_with(
+        &mut self,
+        cq: CqHandle,
+        max: usize,
+        mut f: impl FnMut(&WorkCompletion),
+    ) -> Result<usize, VerbsError> {
+        let c = self.cqs.get_mut(cq.0).ok_or(VerbsError::InvalidCq)?;
+        let n = max.min(c.entries.len());
+        for wc in c.entries.drain(..n) {
+            f(&wc);
+        }
+        Ok(n)
+    }
+
     /// `ibv_req_notify_cq`: raise one completion event for `cq` when its next completion
     /// arrives (with `solicited_only`: the next solicited or error completion).
     pub fn req_notify_cq(&mut self, cq: CqHandle, solicited_only: bool) -> Result<(), VerbsError> {
