@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 15's scale table through softrdmad: `write_bw -s SIZE -q N` between two processes on
+# Issue 15's scale table through softrdmad: `TEST -s SIZE -q N` between two processes on
 # one softrdmad (loopback, both on its device), for each N given, REPEAT times each. Prints
 # the tool's rates, the ACKs the device sent per message, and softrdmad's CPU per message
 # over the data phase alone: each row is two runs, a short one (one message per QP) and the
@@ -11,8 +11,12 @@
 #
 # MSGS sets the messages of the long run (default: 200 per QP, at least 1 000 000), SIZE the
 # message size (4096), REPEAT the rows per N (2), TX the tool's -t (its default, 128: what is
-# outstanding over all QPs). Builds the release binaries first; uses its own socket and a
-# port outside the default 4791, so a softrdmad already running is left alone.
+# outstanding over all QPs), TEST the tool (write_bw; send_bw too). PIN=1 puts softrdmad on
+# CPU 0 and both processes on CPU 1 (taskset), so that the rows show the daemon's cost with
+# a core of its own rather than how the scheduler shared two.
+# Issue 13's message rate: SIZE=2 MSGS=3000000 TEST=send_bw scripts/daemon-scale.sh 1
+# Builds the release binaries first; uses its own socket and a port outside the default
+# 4791, so a softrdmad already running is left alone.
 #
 # BACKEND=embedded runs the same long runs without softrdmad: each process its own device,
 # on 127.0.0.2 and 127.0.0.1 (every message and ACK a UDP datagram); it prints the rates only.
@@ -20,6 +24,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -gt 0 ] || set -- 1 100 1000 10000
 SIZE=${SIZE:-4096}
+TEST=${TEST:-write_bw}
+DPIN=() CPIN=()
+if [ "${PIN:-0}" = 1 ]; then DPIN=(taskset -c 0) CPIN=(taskset -c 1); fi
 REPEAT=${REPEAT:-2}
 cargo build --release -q -p softrdma-cli -p softrdma-daemon
 B=$PWD/target/release
@@ -33,11 +40,11 @@ if [ "${BACKEND:-daemon}" = embedded ]; then
         M=${MSGS:-$((N * 200 > 1000000 ? N * 200 : 1000000))}
         for _ in $(seq "$REPEAT"); do
             PORT=$((PORT + 1))
-            timeout 600 "$B/softrdma" write_bw -s "$SIZE" -q "$N" -n "$M" -B 127.0.0.1 \
+            timeout 600 "${CPIN[@]}" "$B/softrdma" "$TEST" -s "$SIZE" -q "$N" -n "$M" -B 127.0.0.1 \
                 -p "$PORT" ${TX:+-t "$TX"} > "$TMP/server.out" 2>&1 &
             spid=$!
             sleep 0.5
-            timeout 600 "$B/softrdma" write_bw 127.0.0.1 -B 127.0.0.2 -s "$SIZE" -q "$N" \
+            timeout 600 "${CPIN[@]}" "$B/softrdma" "$TEST" 127.0.0.1 -B 127.0.0.2 -s "$SIZE" -q "$N" \
                 -n "$M" -p "$PORT" ${TX:+-t "$TX"} > "$TMP/client.out" 2>&1
             wait "$spid"
             awk -v s="$SIZE" -v n="$N" -v m="$M" \
@@ -47,7 +54,7 @@ if [ "${BACKEND:-daemon}" = embedded ]; then
     done
     exit 0
 fi
-"$B/softrdmad" --addr 127.0.0.1 --port 24791 --socket "$TMP/sock" > "$TMP/daemon.log" 2>&1 &
+"${DPIN[@]}" "$B/softrdmad" --addr 127.0.0.1 --port 24791 --socket "$TMP/sock" > "$TMP/daemon.log" 2>&1 &
 DPID=$!
 trap 'kill $DPID 2>/dev/null; wait $DPID 2>/dev/null; rm -rf "$TMP"' EXIT
 for _ in $(seq 50); do [ -S "$TMP/sock" ] && break; sleep 0.1; done
@@ -61,11 +68,11 @@ bench() {
     local n=$1 m=$2 c0 a0 spid
     PORT=$((PORT + 1))
     c0=$(cpu) a0=$(acks)
-    timeout 600 "$B/softrdma" write_bw -s "$SIZE" -q "$n" -n "$m" -p "$PORT" ${TX:+-t "$TX"} \
+    timeout 600 "${CPIN[@]}" "$B/softrdma" "$TEST" -s "$SIZE" -q "$n" -n "$m" -p "$PORT" ${TX:+-t "$TX"} \
         > "$TMP/server.out" 2>&1 &
     spid=$!
     sleep 0.5
-    timeout 600 "$B/softrdma" write_bw 127.0.0.1 -s "$SIZE" -q "$n" -n "$m" -p "$PORT" \
+    timeout 600 "${CPIN[@]}" "$B/softrdma" "$TEST" 127.0.0.1 -s "$SIZE" -q "$n" -n "$m" -p "$PORT" \
         ${TX:+-t "$TX"} > "$TMP/client.out" 2>&1
     wait "$spid"
     ROW=$(awk -v s="$SIZE" '$1 == s && NF == 5 { print $3, $4, $5; exit }' "$TMP/client.out")
