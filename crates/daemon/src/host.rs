@@ -405,17 +405,25 @@ fn fill_ring(engine: &mut SendEngine, cq: CqHandle, ring: &mut Ring) -> Result<(
         if free > 0 {
             // Straight from the engine's queue into the ring: delivering completions
             // allocates and stages nothing.
-            let mut pushed = Ok(true);
+            // A completion the ring does not take (the client broke its ring) stays in the
+            // engine's queue.
+            let mut broken = None;
             let n = engine
                 .poll_cq_with(cq, free, |c| {
-                    if pushed.is_ok() {
-                        // `free` slots were checked above and only this thread (under the
-                        // lock) produces.
-                        pushed = ring.push(abi::wqe::Cqe::of(c).bytes());
+                    // `free` slots were checked above and only this thread (under the lock)
+                    // produces.
+                    match ring.push(abi::wqe::Cqe::of(c).bytes()) {
+                        Ok(pushed) => pushed,
+                        Err(e) => {
+                            broken = Some(e);
+                            false
+                        }
                     }
                 })
                 .unwrap_or(0);
-            pushed?;
+            if let Some(e) = broken {
+                return Err(e);
+            }
             if n == 0 {
                 // Not expected while `cq_len` counts some; never loop on it.
                 return Ok(());

@@ -347,18 +347,25 @@ impl<M: Memory + ?Sized> Engine<M> {
     }
 
     /// `ibv_poll_cq` handing each completion to `f` in place, oldest first, up to `max`;
-    /// returns how many. For a host that copies completions on (into a ring of its own):
-    /// nothing is allocated or staged.
+    /// returns how many it took. For a host that copies completions on (into a ring of its
+    /// own): nothing is allocated or staged. A completion `f` refuses (returns false) stays
+    /// queued, first, and ends the poll.
     pub fn poll_cq_with(
         &mut self,
         cq: CqHandle,
         max: usize,
-        mut f: impl FnMut(&WorkCompletion),
+        mut f: impl FnMut(&WorkCompletion) -> bool,
     ) -> Result<usize, VerbsError> {
         let c = self.cqs.get_mut(cq.0).ok_or(VerbsError::InvalidCq)?;
-        let n = max.min(c.entries.len());
-        for wc in c.entries.drain(..n) {
-            f(&wc);
+        let mut n = 0;
+        while n < max {
+            match c.entries.front() {
+                Some(wc) if f(wc) => {
+                    c.entries.pop_front();
+                    n += 1;
+                }
+                _ => break,
+            }
         }
         Ok(n)
     }
