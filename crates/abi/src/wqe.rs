@@ -285,14 +285,13 @@ fn take_sges(entry: &[u8], at: usize, n: u32) -> Result<SgeList, WqeError> {
     }
     let end = at + n as usize * SGE_LEN;
     let bytes = entry.get(at..end).ok_or(too_long)?;
-    Ok(bytes
-        .chunks_exact(SGE_LEN)
-        .map(|c| {
-            // `chunks_exact` hands out exactly SGE_LEN bytes: the read cannot fail.
-            let s = WqeSge::read_from_bytes(c).unwrap_or_default();
-            Sge::new(s.addr, s.length, Lkey::new(s.lkey))
-        })
-        .collect())
+    let mut sges = SgeList::new();
+    for c in bytes.chunks_exact(SGE_LEN) {
+        // `chunks_exact` hands out exactly SGE_LEN bytes: the read cannot fail.
+        let s = WqeSge::read_from_bytes(c).unwrap_or_default();
+        sges.push(Sge::new(s.addr, s.length, Lkey::new(s.lkey)));
+    }
+    Ok(sges)
 }
 
 /// Write `wr` (with `ud`'s address for a UD send) as a send entry into `out`; returns the

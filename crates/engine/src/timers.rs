@@ -49,7 +49,11 @@ impl Timers {
                 self.by_time.push(Reverse((t, qpn)));
             }
             None => {
-                self.of_qp.remove(&qpn);
+                // Nothing filed, nothing to clear: a QP with no timer (a sender with no ACK
+                // pending, filed after every packet it sends) costs one look-up.
+                if self.of_qp.remove(&qpn).is_none() {
+                    return;
+                }
             }
         }
         self.drop_stale();
