@@ -472,8 +472,7 @@ impl<M: Memory + ?Sized> Engine<M> {
             )
         };
         if let Some(qpn) = touched {
-            self.schedule(qpn);
-            self.retime(qpn);
+            self.refile(qpn);
         }
         self.error_overflowed(overflowed);
     }
@@ -488,6 +487,20 @@ impl<M: Memory + ?Sized> Engine<M> {
             self.active.insert(qpn);
         }
         self.acks.file(qpn, resp::ack_due(qp));
+    }
+
+    /// [`Engine::schedule`] and [`Engine::retime`] at once, after a call that may have given
+    /// `qpn` something to send and started or stopped a timer: one look-up of the QP, not
+    /// two (this runs after every packet received and every WR posted).
+    fn refile(&mut self, qpn: u32) {
+        let Some(qp) = self.qps.get(&qpn) else {
+            return;
+        };
+        if qp.urgent() {
+            self.active.insert(qpn);
+        }
+        self.acks.file(qpn, resp::ack_due(qp));
+        self.timers.file(qpn, comp::next_timeout(qp));
     }
 
     /// File `qpn`'s timers again after a call that may have started or stopped one.
@@ -513,8 +526,7 @@ impl<M: Memory + ?Sized> Engine<M> {
             }
         }
         for &qpn in &due {
-            self.schedule(qpn);
-            self.retime(qpn);
+            self.refile(qpn);
         }
         due.clear();
         self.due = due;
@@ -729,8 +741,7 @@ impl<M: Memory + ?Sized> Engine<M> {
             }
             for qpn in failed {
                 // Entering ERR makes an ACK waiting alone due at once.
-                self.schedule(qpn);
-                self.retime(qpn);
+                self.refile(qpn);
             }
         }
     }

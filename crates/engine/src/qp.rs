@@ -573,8 +573,7 @@ impl<M: Memory + ?Sized> Engine<M> {
             uc::check_op(qp.qp_type, &wr.op)?;
             req::post(qp, &mut ctx, wr)
         };
-        self.schedule(qpn);
-        self.retime(qpn);
+        self.refile(qpn);
         self.error_overflowed(overflowed);
         r
     }
