@@ -54,13 +54,8 @@ if [ "${BACKEND:-daemon}" = embedded ]; then
     done
     exit 0
 fi
-"${DPIN[@]}" "$B/softrdmad" --addr 127.0.0.1 --port 24791 --socket "$TMP/sock" > "$TMP/daemon.log" 2>&1 &
-DPID=$!
-trap 'kill $DPID 2>/dev/null; wait $DPID 2>/dev/null; rm -rf "$TMP"' EXIT
-for _ in $(seq 50); do [ -S "$TMP/sock" ] && break; sleep 0.1; done
-export SOFTRDMA_BACKEND=daemon SOFTRDMA_DAEMON_SPAWN=0 SOFTRDMA_DAEMON_SOCKET="$TMP/sock"
-TCK=$(getconf CLK_TCK)
-cpu() { awk -v t="$TCK" '{print ($14 + $15) / t}' "/proc/$DPID/stat"; }
+# shellcheck source=scripts/bench-daemon.sh
+. scripts/bench-daemon.sh
 acks() { "$B/softrdma" stat --socket "$TMP/sock" --filter resp_acks_sent | awk '{s += $2} END {print s}'; }
 PORT=$((31000 + RANDOM % 1000))
 # bench N MESSAGES: one run; sets ROW (the tool's size line) and CPU, ACKS (the deltas).

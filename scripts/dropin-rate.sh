@@ -24,13 +24,8 @@ if [ "${PIN:-0}" = 1 ]; then DPIN=(taskset -c 0) CPIN=(taskset -c 1); fi
 cargo build --release -q -p softrdma-ibverbs -p softrdma-cli -p softrdma-daemon
 B=$PWD/target/release
 TMP=$(mktemp -d)
-"${DPIN[@]}" "$B/softrdmad" --addr 127.0.0.1 --port 24791 --socket "$TMP/sock" > "$TMP/daemon.log" 2>&1 &
-DPID=$!
-trap 'kill $DPID 2>/dev/null; wait $DPID 2>/dev/null; rm -rf "$TMP"' EXIT
-for _ in $(seq 50); do [ -S "$TMP/sock" ] && break; sleep 0.1; done
-export SOFTRDMA_BACKEND=daemon SOFTRDMA_DAEMON_SPAWN=0 SOFTRDMA_DAEMON_SOCKET="$TMP/sock"
-TCK=$(getconf CLK_TCK)
-cpu() { awk -v t="$TCK" '{print ($14 + $15) / t}' "/proc/$DPID/stat"; }
+# shellcheck source=scripts/bench-daemon.sh
+. scripts/bench-daemon.sh
 PORT=$((20000 + RANDOM % 5000))
 echo "| test | -s | messages | M msg/s | UDP datagrams, same run (M/s) | ratio | softrdmad CPU per message (us) |"
 echo "|---|---|---|---|---|---|---|"

@@ -477,21 +477,10 @@ impl<M: Memory + ?Sized> Engine<M> {
         self.error_overflowed(overflowed);
     }
 
-    /// Serve `qpn` after a call that may have given it something to send: a request or an
-    /// urgent response joins `active`, a plain ACK waiting alone is filed by when it is due.
-    fn schedule(&mut self, qpn: u32) {
-        let Some(qp) = self.qps.get(&qpn) else {
-            return;
-        };
-        if qp.urgent() {
-            self.active.insert(qpn);
-        }
-        self.acks.file(qpn, resp::ack_due(qp));
-    }
-
-    /// [`Engine::schedule`] and [`Engine::retime`] at once, after a call that may have given
-    /// `qpn` something to send and started or stopped a timer: one look-up of the QP, not
-    /// two (this runs after every packet received and every WR posted).
+    /// Serve `qpn` after a call that may have given it something to send or started or
+    /// stopped one of its timers (this runs after every packet received and every WR
+    /// posted): a request or an urgent response joins `active`, a plain ACK waiting alone
+    /// is filed by when it is due, and the requester timers are filed again. One look-up.
     fn refile(&mut self, qpn: u32) {
         let Some(qp) = self.qps.get(&qpn) else {
             return;

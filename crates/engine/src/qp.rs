@@ -511,11 +511,10 @@ impl<M: Memory + ?Sized> Engine<M> {
                 p.dest_qpn = qp.attr.dest_qp_num.value();
             }
         }
-        self.schedule(qpn);
         if next == QpState::Reset && current != QpState::Reset {
             self.clean_cqs(qpn);
         }
-        self.retime(qpn);
+        self.refile(qpn);
         self.error_overflowed(overflowed);
         Ok(())
     }

@@ -80,7 +80,7 @@ impl<M: Memory + ?Sized> Engine<M> {
             }
             r
         };
-        self.schedule(qpn);
+        self.refile(qpn);
         self.error_overflowed(overflowed);
         r
     }
