@@ -142,12 +142,13 @@ fn internal_packets_are_refused_from_a_socket_and_network_packets_from_the_host(
     assert!(t.internal);
     assert!(t.len > 20_000, "one segment carries the whole message");
     let internal = buf[..t.len].to_vec();
-    // As if it came from a socket: its ICRC is not there, so it is dropped.
-    let bad_icrc = p.engine(&a).counters().get(Counter::RxBadIcrc);
+    // As if it came from a socket: neither its IPv4 header checksum nor its ICRC is
+    // there, so it is dropped as malformed.
+    let malformed = p.engine(&a).counters().get(Counter::RxMalformed);
     p.engine(&a).handle_datagram(now, &internal);
     assert_eq!(
-        p.engine(&a).counters().get(Counter::RxBadIcrc),
-        bad_icrc + 1
+        p.engine(&a).counters().get(Counter::RxMalformed),
+        malformed + 1
     );
     assert!(p.mem(&b).get(OWNER, b.addr(0), 4).iter().all(|&x| x == 0));
     // Handed back as the host would: it lands.

@@ -225,9 +225,15 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv4<T> {
     /// Compute and store the header checksum.
     #[inline]
     pub fn fill_checksum(&mut self) {
-        set_u16(self.b(), field::CHECKSUM, 0);
+        self.clear_checksum();
         let c = checksum(&self.buf.as_ref()[..IPV4_HEADER_LEN]);
         set_u16(self.b(), field::CHECKSUM, c);
+    }
+
+    /// Zero the header checksum field.
+    #[inline]
+    pub fn clear_checksum(&mut self) {
+        set_u16(self.b(), field::CHECKSUM, 0);
     }
 }
 
@@ -284,6 +290,17 @@ impl Ipv4Repr {
     /// (link-layer padding) are allowed and ignored.
     #[inline]
     pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &Ipv4<&T>) -> Result<Ipv4Repr, WireError> {
+        Self::parse_with(p, true)
+    }
+
+    /// [`Ipv4Repr::parse`], with the header checksum checked or not (an internal segment,
+    /// built in this process and never on a wire, has none: see
+    /// [`crate::packet::PacketLayout::finish_internal`]).
+    #[inline]
+    pub fn parse_with<T: AsRef<[u8]> + ?Sized>(
+        p: &Ipv4<&T>,
+        verify_checksum: bool,
+    ) -> Result<Ipv4Repr, WireError> {
         if p.version() != 4 {
             return Err(WireError::BadIpVersion {
                 version: p.version(),
@@ -292,7 +309,7 @@ impl Ipv4Repr {
         if p.ihl() != 5 {
             return Err(WireError::Ipv4Options { ihl: p.ihl() });
         }
-        if !p.verify_checksum() {
+        if verify_checksum && !p.verify_checksum() {
             return Err(WireError::BadIpChecksum);
         }
         if p.more_frags() || p.frag_offset() != 0 {
@@ -334,6 +351,15 @@ impl Ipv4Repr {
     /// clamped here rather than wrapped).
     #[inline]
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(&self, p: &mut Ipv4<&mut T>) {
+        self.emit_unchecksummed(p);
+        p.fill_checksum();
+    }
+
+    /// [`Ipv4Repr::emit`] without the checksum (left 0): for a packet whose checksum is
+    /// filled once it is finished ([`crate::packet::PacketLayout::finish`]), or that never
+    /// needs one.
+    #[inline]
+    pub fn emit_unchecksummed<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(&self, p: &mut Ipv4<&mut T>) {
         p.set_version_ihl();
         p.set_tos(self.tos);
         let total = self.payload_len.min(Self::MAX_PAYLOAD) + IPV4_HEADER_LEN;
@@ -344,7 +370,7 @@ impl Ipv4Repr {
         p.set_protocol(IP_PROTO_UDP);
         p.set_src_addr(self.src);
         p.set_dst_addr(self.dst);
-        p.fill_checksum();
+        p.clear_checksum();
     }
 }
 

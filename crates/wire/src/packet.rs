@@ -95,6 +95,13 @@ impl IpRepr {
     /// [`Ipv6Repr::parse`]).
     #[inline]
     pub fn parse(bytes: &[u8]) -> Result<IpRepr, WireError> {
+        Self::parse_with(bytes, true)
+    }
+
+    /// [`IpRepr::parse`], with an IPv4 header checksum checked or not (see
+    /// [`Ipv4Repr::parse_with`]).
+    #[inline]
+    pub fn parse_with(bytes: &[u8], verify_checksum: bool) -> Result<IpRepr, WireError> {
         let Some(&b0) = bytes.first() else {
             return Err(WireError::Truncated {
                 header: HeaderKind::Ipv4,
@@ -103,7 +110,10 @@ impl IpRepr {
             });
         };
         match b0 >> 4 {
-            4 => Ok(IpRepr::V4(Ipv4Repr::parse(&Ipv4::new_checked(bytes)?)?)),
+            4 => Ok(IpRepr::V4(Ipv4Repr::parse_with(
+                &Ipv4::new_checked(bytes)?,
+                verify_checksum,
+            )?)),
             6 => Ok(IpRepr::V6(Ipv6Repr::parse(&Ipv6::new_checked(bytes)?)?)),
             v => Err(WireError::BadIpVersion { version: v }),
         }
@@ -112,6 +122,12 @@ impl IpRepr {
     /// Write the header at the start of `buf` (at least [`IpRepr::header_len`] bytes).
     #[inline]
     pub fn emit(&self, buf: &mut [u8]) -> Result<(), WireError> {
+        self.emit_with(buf, true)
+    }
+
+    /// [`IpRepr::emit`], with an IPv4 header checksum filled or left 0.
+    #[inline]
+    fn emit_with(&self, buf: &mut [u8], checksum: bool) -> Result<(), WireError> {
         let need = self.header_len();
         let Some(b) = buf.get_mut(..need) else {
             return Err(WireError::BufferTooSmall {
@@ -120,7 +136,8 @@ impl IpRepr {
             });
         };
         match self {
-            IpRepr::V4(r) => r.emit(&mut Ipv4::new_unchecked(b)),
+            IpRepr::V4(r) if checksum => r.emit(&mut Ipv4::new_unchecked(b)),
+            IpRepr::V4(r) => r.emit_unchecksummed(&mut Ipv4::new_unchecked(b)),
             IpRepr::V6(r) => r.emit(&mut Ipv6::new_unchecked(b)),
         }
         Ok(())
@@ -459,7 +476,8 @@ impl<'a> RoceV2Packet<'a> {
         bytes: &'a [u8],
         compute_icrc: bool,
     ) -> Result<(RoceV2Packet<'a>, u32), WireError> {
-        let ip = IpRepr::parse(bytes)?;
+        // An internal segment (no ICRC) has no IPv4 header checksum either.
+        let ip = IpRepr::parse_with(bytes, compute_icrc)?;
         let ip_len = ip.header_len();
         // The IP parsers checked that the claimed length fits the buffer.
         let end = ip_len + ip.payload_len();
@@ -638,12 +656,14 @@ impl PacketLayout {
         }
     }
 
-    /// Step 1: write IP, UDP and transport headers into `buf[..header_len()]`.
+    /// Step 1: write IP, UDP and transport headers into `buf[..header_len()]`. The IPv4
+    /// header checksum is left 0 until step 3: [`PacketLayout::finish`] fills it, and a
+    /// packet that never leaves the process ([`PacketLayout::finish_internal`]) goes without.
     #[inline]
     pub fn emit_headers(&self, buf: &mut [u8]) -> Result<(), WireError> {
         self.check_buf(buf)?;
         let ip_len = self.ip.header_len();
-        self.ip.emit(&mut buf[..ip_len])?;
+        self.ip.emit_with(&mut buf[..ip_len], false)?;
         self.udp.emit(&mut Udp::new_unchecked(
             &mut buf[ip_len..ip_len + UDP_HEADER_LEN],
         ));
@@ -660,8 +680,8 @@ impl PacketLayout {
 
     /// Step 3 for a packet that never leaves this host (one engine hands it to another in
     /// the same process, see [`RoceV2Packet::parse_internal`]): the zero pad and a zero
-    /// ICRC field, no checksum computed; returns the packet length. Such a packet must not
-    /// be sent: a peer would drop it for its ICRC.
+    /// ICRC field, no checksum computed (neither the ICRC nor the IPv4 header's); returns
+    /// the packet length. Such a packet must not be sent: a peer would drop it.
     #[inline]
     pub fn finish_internal(&self, buf: &mut [u8]) -> Result<usize, WireError> {
         self.check_buf(buf)?;
@@ -681,6 +701,10 @@ impl PacketLayout {
         let ip_len = self.ip.header_len();
         let icrc = icrc::compute_unchecked(&buf[..icrc_at], ip_len);
         buf[icrc_at..len].copy_from_slice(&icrc::icrc_bytes(icrc));
+        // The ICRC masks the IPv4 header checksum, so it is filled after.
+        if let IpRepr::V4(_) = &self.ip {
+            Ipv4::new_unchecked(&mut buf[..ip_len]).fill_checksum();
+        }
         // IPv6 forbids a zero UDP checksum (RFC 8200 8.1; Linux drops such datagrams unless
         // told otherwise), so it is computed there, over everything including the ICRC.
         // IPv4 keeps 0 as rxe sends. The ICRC masks the field either way.
@@ -894,11 +918,13 @@ mod tests {
             assert_eq!(p.transport, send_only());
             assert_eq!(p.icrc, 0);
             assert!(!p.icrc_ok);
-            // Never good enough for ingress from a socket.
-            assert!(matches!(
-                RoceV2Packet::parse_checked(&buf),
-                Err(WireError::BadIcrc { .. })
-            ));
+            // Never good enough for ingress from a socket: over IPv4 not even the header
+            // checksum is there.
+            let checked = RoceV2Packet::parse_checked(&buf);
+            match ip {
+                IpRepr::V4(_) => assert_eq!(checked, Err(WireError::BadIpChecksum)),
+                IpRepr::V6(_) => assert!(matches!(checked, Err(WireError::BadIcrc { .. }))),
+            }
             // Structural checks still apply.
             assert!(RoceV2Packet::parse_internal(&buf[..buf.len() - 1]).is_err());
         }
