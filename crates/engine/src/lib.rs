@@ -482,20 +482,24 @@ impl<M: Memory + ?Sized> Engine<M> {
     /// posted): a request or an urgent response joins `active`, a plain ACK waiting alone
     /// is filed by when it is due, and the requester timers are filed again. One look-up.
     fn refile(&mut self, qpn: u32) {
-        let Some(qp) = self.qps.get(&qpn) else {
+        let Some(qp) = self.qps.get_mut(&qpn) else {
             return;
         };
         if qp.urgent() {
             self.active.insert(qpn);
         }
-        self.acks.file(qpn, resp::ack_due(qp));
-        self.timers.file(qpn, comp::next_timeout(qp));
+        let (ack, timer) = (resp::ack_due(qp), comp::next_timeout(qp));
+        self.acks.file_known(&mut qp.filed.ack, qpn, ack);
+        self.timers.file_known(&mut qp.filed.timer, qpn, timer);
     }
 
     /// File `qpn`'s timers again after a call that may have started or stopped one.
     fn retime(&mut self, qpn: u32) {
-        let deadline = self.qps.get(&qpn).and_then(comp::next_timeout);
-        self.timers.file(qpn, deadline);
+        let Some(qp) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        let deadline = comp::next_timeout(qp);
+        self.timers.file_known(&mut qp.filed.timer, qpn, deadline);
     }
 
     /// Run the timers that are due at `now` (local ACK timeout, RNR wait).
@@ -509,6 +513,8 @@ impl<M: Memory + ?Sized> Engine<M> {
                 let Some(qp) = self.qps.get_mut(&qpn) else {
                     continue;
                 };
+                // Taken out of `timers`: what the QP knew of its entry is wrong now.
+                qp.filed.timer.forget();
                 if comp::next_timeout(qp).is_some_and(|t| t <= now) {
                     comp::handle_timers(qp, &mut ctx);
                 }
@@ -599,7 +605,8 @@ impl<M: Memory + ?Sized> Engine<M> {
                 };
                 let sent = transmit_one(qp, &mut ctx, buf, Pass::Urgent);
                 // What it sent may leave a plain ACK alone in its queue, to wait until due.
-                self.acks.file(qpn, resp::ack_due(qp));
+                let ack = resp::ack_due(qp);
+                self.acks.file_known(&mut qp.filed.ack, qpn, ack);
                 if let Some(t) = sent {
                     self.active.served(qpn, true);
                     found = Some((qpn, t));
@@ -628,6 +635,12 @@ impl<M: Memory + ?Sized> Engine<M> {
             self.acks.take_due(now, &mut self.due_acks);
             // Earliest last: `pop` serves it first.
             self.due_acks.reverse();
+            // Taken out of `acks`: what each QP knew of its entry is wrong now.
+            for qpn in &self.due_acks {
+                if let Some(qp) = self.qps.get_mut(qpn) {
+                    qp.filed.ack.forget();
+                }
+            }
         }
         let mut overflowed = Vec::new();
         let mut result = None;
@@ -645,7 +658,8 @@ impl<M: Memory + ?Sized> Engine<M> {
                 }
                 // Filed earlier than its ACK is due (a newer one took its place), or sent
                 // already (something queued behind it made it leave): file it as it is.
-                self.acks.file(qpn, resp::ack_due(qp));
+                let ack = resp::ack_due(qp);
+                self.acks.file_known(&mut qp.filed.ack, qpn, ack);
             }
         }
         self.error_overflowed(overflowed);
@@ -696,7 +710,8 @@ impl<M: Memory + ?Sized> Engine<M> {
     pub fn flush_acks(&mut self) {
         for (&qpn, qp) in self.qps.iter_mut() {
             resp::release_ack(qp);
-            self.acks.file(qpn, resp::ack_due(qp));
+            let ack = resp::ack_due(qp);
+            self.acks.file_known(&mut qp.filed.ack, qpn, ack);
         }
     }
 

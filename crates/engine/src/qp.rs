@@ -238,6 +238,17 @@ pub(crate) struct Qp {
     pub(crate) counters: Counters,
     /// State of the UC / UD / SRQ functions.
     pub(crate) ext: crate::qp_ext::QpExt,
+    /// Its entries in the engine's requester timers and held-back ACKs, as last filed.
+    pub(crate) filed: FiledTimers,
+}
+
+/// A QP's own record of what the engine's [`crate::timers::Timers`] hold for it.
+#[derive(Debug, Default)]
+pub(crate) struct FiledTimers {
+    /// In `Engine::timers` (local ACK timeout, RNR wait).
+    pub(crate) timer: crate::timers::Filed,
+    /// In `Engine::acks` (a plain ACK held back until due).
+    pub(crate) ack: crate::timers::Filed,
 }
 
 impl Qp {
@@ -351,6 +362,7 @@ impl<M: Memory + ?Sized> Engine<M> {
             resp: RespState::default(),
             counters: Counters::default(),
             ext: Default::default(),
+            filed: FiledTimers::default(),
         };
         self.qps.insert(qpn, qp);
         // `handle_timeout` lists at most one entry per QP: room for all of them now, so the

@@ -28,9 +28,25 @@ pub(crate) struct Timers {
     of_qp: HashMap<u32, Instant>,
 }
 
+/// What a QP's entry in one [`Timers`] is, as the QP itself remembers it, so that filing
+/// what is filed already (the same deadline, a later one, or none again: after every packet
+/// and every post) costs no look-up at all. Unknown until the QP is first filed through
+/// [`Timers::file_known`], and again once [`Timers::take_due`] took the QP (the engine
+/// forgets it then).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Filed(Option<Option<Instant>>);
+
+impl Filed {
+    /// Nothing known: the next filing looks.
+    pub(crate) fn forget(&mut self) {
+        self.0 = None;
+    }
+}
+
 impl Timers {
-    /// Record `qpn`'s earliest deadline (`None`: no timer runs).
-    pub(crate) fn file(&mut self, qpn: u32, deadline: Option<Instant>) {
+    /// Record `qpn`'s earliest deadline (`None`: no timer runs). Returns the deadline filed
+    /// for it now (an earlier one filed before stays).
+    pub(crate) fn file(&mut self, qpn: u32, deadline: Option<Instant>) -> Option<Instant> {
         match deadline {
             Some(t) => {
                 // An earlier deadline filed already stays: the QP is looked at then, finds
@@ -38,7 +54,7 @@ impl Timers {
                 // timer pushed back on every ACK then costs one look-up per message, not
                 // a heap push and pop.
                 match self.of_qp.entry(qpn) {
-                    Entry::Occupied(e) if *e.get() <= t => return,
+                    Entry::Occupied(e) if *e.get() <= t => return Some(*e.get()),
                     Entry::Occupied(mut e) => {
                         e.insert(t);
                     }
@@ -49,14 +65,25 @@ impl Timers {
                 self.by_time.push(Reverse((t, qpn)));
             }
             None => {
-                // Nothing filed, nothing to clear: a QP with no timer (a sender with no ACK
-                // pending, filed after every packet it sends) costs one look-up.
+                // Nothing filed, nothing to clear.
                 if self.of_qp.remove(&qpn).is_none() {
-                    return;
+                    return None;
                 }
             }
         }
         self.drop_stale();
+        deadline
+    }
+
+    /// [`Timers::file`] for a QP that keeps `filed` (its own record of its entry here):
+    /// nothing is looked up when the filing would change nothing.
+    pub(crate) fn file_known(&mut self, filed: &mut Filed, qpn: u32, deadline: Option<Instant>) {
+        match (filed.0, deadline) {
+            (Some(None), None) => return,
+            (Some(Some(held)), Some(t)) if held <= t => return,
+            _ => {}
+        }
+        filed.0 = Some(self.file(qpn, deadline));
     }
 
     /// The earliest deadline.
