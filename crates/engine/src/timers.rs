@@ -66,9 +66,7 @@ impl Timers {
             }
             None => {
                 // Nothing filed, nothing to clear.
-                if self.of_qp.remove(&qpn).is_none() {
-                    return None;
-                }
+                self.of_qp.remove(&qpn)?;
             }
         }
         self.drop_stale();
