@@ -13,8 +13,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::common::{
-    c_program, describe, finish, free_tcp_port, library_dir, require, run, threads_of, too_early,
-    Guard, TooEarly,
+    c_program, describe, finish, free_tcp_port, library_dir, perftest_clock_failed, require, run,
+    threads_of, too_early, Guard, TooEarly,
 };
 use crate::rdmacm_lib;
 
@@ -72,9 +72,10 @@ fn await_listens(sides: &impl Sides, mut server: Option<&mut Guard>, done: impl 
 
 /// Run `prog` as server and client (`prog` is `server+client` when the two sides are two
 /// programs), [`PORT`] in their arguments replaced by the port; while the client failed
-/// only because it came too early ([`TooEarly`]), both run again. A server that serves
-/// until killed (`server_exits` false) must still be running at the end. Returns (server,
-/// client).
+/// only because it came too early ([`TooEarly`]), both run again, and so they do (twice at
+/// most) when perftest could not calibrate its clock (`perftest_clock_failed`). A server
+/// that serves until killed (`server_exits` false) must still be running at the end.
+/// Returns (server, client).
 pub fn pair(
     sides: &mut impl Sides,
     prog: &str,
@@ -85,66 +86,75 @@ pub fn pair(
     rdmacm_lib::install_beside(&library_dir());
     let (server_prog, client_prog) = prog.split_once('+').unwrap_or((prog, prog));
     let start = Instant::now();
-    let (server, client) = 'server: loop {
-        let port = free_tcp_port().to_string();
-        // Where the listens can be read, the client starts only once the server listens.
-        // Retrying is not enough: ucmatose -c 2 too early may have its first REQ rejected
-        // and its second accepted; its exit then rejects that one (REJ, timeout), and the
-        // server's rdma_accept fails with EINVAL, as over the kernel's CM. A previous
-        // server's listens go first.
-        await_listens(sides, None, |n| n == 0);
-        let mut server = Guard(Some(
-            sides
-                .server(server_prog, &on_port(server_args, &port))
+    // A pair whose perftest could not calibrate its clock runs again, twice at most.
+    let mut clock_retries = 0;
+    loop {
+        let (server, client) = 'server: loop {
+            let port = free_tcp_port().to_string();
+            // Where the listens can be read, the client starts only once the server listens.
+            // Retrying is not enough: ucmatose -c 2 too early may have its first REQ rejected
+            // and its second accepted; its exit then rejects that one (REJ, timeout), and the
+            // server's rdma_accept fails with EINVAL, as over the kernel's CM. A previous
+            // server's listens go first.
+            await_listens(sides, None, |n| n == 0);
+            let mut server = Guard(Some(
+                sides
+                    .server(server_prog, &on_port(server_args, &port))
+                    .spawn()
+                    .expect("spawn server"),
+            ));
+            await_listens(sides, Some(&mut server), |n| n > 0);
+            let spawned = sides
+                .client(client_prog, &on_port(client_args, &port))
                 .spawn()
-                .expect("spawn server"),
-        ));
-        await_listens(sides, Some(&mut server), |n| n > 0);
-        let spawned = sides
-            .client(client_prog, &on_port(client_args, &port))
-            .spawn()
-            .expect("spawn client");
-        let (client, timed_out) = finish(Guard(Some(spawned)), LIMIT);
-        if timed_out {
-            let server_threads = server
-                .0
-                .as_ref()
-                .map_or(String::new(), |c| threads_of(c.id()));
-            panic!(
-                "{prog}: the client timed out: {}\nthe server's threads:\n{server_threads}{}",
-                describe(&client),
-                sides.evidence()
-            );
-        }
-        match too_early(&client).filter(|_| start.elapsed() < LIMIT) {
-            Some(why) => {
-                let why = match why {
-                    TooEarly::ServerNotListening => "the client came before the listen",
-                    TooEarly::PerftestServerListenedLate => "the server listened late",
-                };
-                eprintln!("{prog}: {why}, starting both again");
-                std::thread::sleep(Duration::from_millis(200));
-                // The server is killed as its guard goes.
-                continue 'server;
+                .expect("spawn client");
+            let (client, timed_out) = finish(Guard(Some(spawned)), LIMIT);
+            if timed_out {
+                let server_threads = server
+                    .0
+                    .as_ref()
+                    .map_or(String::new(), |c| threads_of(c.id()));
+                panic!(
+                    "{prog}: the client timed out: {}\nthe server's threads:\n{server_threads}{}",
+                    describe(&client),
+                    sides.evidence()
+                );
             }
-            None => break 'server (server, client),
+            match too_early(&client).filter(|_| start.elapsed() < LIMIT) {
+                Some(why) => {
+                    let why = match why {
+                        TooEarly::ServerNotListening => "the client came before the listen",
+                        TooEarly::PerftestServerListenedLate => "the server listened late",
+                    };
+                    eprintln!("{prog}: {why}, starting both again");
+                    std::thread::sleep(Duration::from_millis(200));
+                    // The server is killed as its guard goes.
+                    continue 'server;
+                }
+                None => break 'server (server, client),
+            }
+        };
+        let server = if server_exits {
+            let (o, timed_out) = finish(server, LIMIT);
+            assert!(
+                !timed_out,
+                "{prog}: the server timed out: {}\nclient: {}",
+                describe(&o),
+                describe(&client)
+            );
+            o
+        } else {
+            let (o, _) = finish(server, Duration::from_millis(300));
+            o
+        };
+        if (perftest_clock_failed(&server) || perftest_clock_failed(&client)) && clock_retries < 2 {
+            clock_retries += 1;
+            eprintln!("{prog}: perftest could not calibrate its clock; starting both again");
+            continue;
         }
-    };
-    let server = if server_exits {
-        let (o, timed_out) = finish(server, LIMIT);
-        assert!(
-            !timed_out,
-            "{prog}: the server timed out: {}\nclient: {}",
-            describe(&o),
-            describe(&client)
-        );
-        o
-    } else {
-        let (o, _) = finish(server, Duration::from_millis(300));
-        o
-    };
-    sides.assert_alive();
-    (server, client)
+        sides.assert_alive();
+        return (server, client);
+    }
 }
 
 /// Fails the test unless `o` exited 0.
