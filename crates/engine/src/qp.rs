@@ -368,6 +368,8 @@ impl<M: Memory + ?Sized> Engine<M> {
         // `handle_timeout` lists at most one entry per QP: room for all of them now, so the
         // first timer that ever fires (a local ACK timeout after a stall) allocates nothing.
         self.due.reserve(self.qps.len());
+        // Likewise the set of QPs with something to send.
+        self.active.reserve(self.qps.len());
         if let Some(p) = self.pds.get_mut(init.pd.0) {
             p.users += 1;
         }

@@ -39,6 +39,14 @@ impl Active {
         self.queue.len()
     }
 
+    /// Room for `qps` QPs at once, so that the first time a QP becomes active allocates
+    /// nothing (a responder's QP is active only now and then: a NAK, a READ response, an
+    /// ACK that cannot wait; the first one used to allocate both the set and the queue).
+    pub(crate) fn reserve(&mut self, qps: usize) {
+        self.members.reserve(qps.saturating_sub(self.members.len()));
+        self.queue.reserve(qps.saturating_sub(self.queue.len()));
+    }
+
     /// Take the next QP to serve; give it back with [`Active::served`].
     pub(crate) fn next(&mut self) -> Option<u32> {
         self.queue.pop_front()
@@ -84,5 +92,12 @@ mod tests {
         a.remove(9);
         assert_eq!(a.iter().copied().collect::<Vec<_>>(), [5, 3]);
         assert_eq!(a.len(), 2);
+        // Room reserved up front: as many QPs as there are can be active at once.
+        let mut b = Active::default();
+        b.reserve(40);
+        assert!(b.members.capacity() >= 40 && b.queue.capacity() >= 40);
+        b.insert(1);
+        b.reserve(40);
+        assert!(b.members.capacity() >= 40 && b.queue.capacity() >= 40);
     }
 }
