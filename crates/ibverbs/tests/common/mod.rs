@@ -455,6 +455,19 @@ impl Drop for Guard {
     }
 }
 
+/// [`finish`] a server whose client has finished: the test fails if it does not exit
+/// within `limit`, showing both sides.
+pub fn finish_server(prog: &str, server: Guard, limit: Duration, client: &Output) -> Output {
+    let (o, timed_out) = finish(server, limit);
+    assert!(
+        !timed_out,
+        "{prog}: the server timed out: {}\nclient: {}",
+        describe(&o),
+        describe(client)
+    );
+    o
+}
+
 /// Wait for the child at most `limit`, then collect its output (killed if it overran).
 pub fn finish(mut g: Guard, limit: Duration) -> (Output, bool) {
     let mut child = g.0.take().expect("child present");
@@ -692,13 +705,7 @@ pub fn server_client(
             }
             break o;
         };
-        let (server, timed_out) = finish(server, limit);
-        assert!(
-            !timed_out,
-            "server timed out: {}\nclient: {}",
-            describe(&server),
-            describe(&client)
-        );
+        let server = finish_server(prog, server, limit, &client);
         if (perftest_clock_failed(&server) || perftest_clock_failed(&client)) && tries < 2 {
             tries += 1;
             eprintln!("{prog}: perftest could not calibrate its clock; running the pair again");

@@ -13,8 +13,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::common::{
-    c_program, describe, finish, free_tcp_port, library_dir, perftest_clock_failed, require, run,
-    threads_of, too_early, Guard, TooEarly,
+    c_program, describe, finish, finish_server, free_tcp_port, library_dir, perftest_clock_failed,
+    require, run, threads_of, too_early, Guard, TooEarly,
 };
 use crate::rdmacm_lib;
 
@@ -135,14 +135,7 @@ pub fn pair(
             }
         };
         let server = if server_exits {
-            let (o, timed_out) = finish(server, LIMIT);
-            assert!(
-                !timed_out,
-                "{prog}: the server timed out: {}\nclient: {}",
-                describe(&o),
-                describe(&client)
-            );
-            o
+            finish_server(prog, server, LIMIT, &client)
         } else {
             let (o, _) = finish(server, Duration::from_millis(300));
             o
