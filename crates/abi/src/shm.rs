@@ -158,6 +158,270 @@ fn map(fd: &impl AsFd, offset: u64, len: usize) -> Result<NonNull<u8>, ShmError>
     NonNull::new(p.cast::<u8>()).ok_or(ShmError::Refused("null mapping"))
 }
 
+/// One line of a process's `/proc/<pid>/maps`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mapping<'a> {
+    /// First address.
+    pub start: u64,
+    /// One past the last address.
+    pub end: u64,
+    /// `rwxp` / `rw-s`: readable, writable, executable, private or shared.
+    pub perms: &'a str,
+    /// Offset in the file of the byte at `start`.
+    pub offset: u64,
+    /// The file's device (major, minor); (0, 0) for anonymous memory.
+    pub dev: (u32, u32),
+    /// The file's inode; 0 for anonymous memory.
+    pub inode: u64,
+    /// The file's path, or a name such as `[heap]`; empty for anonymous memory.
+    pub path: &'a str,
+}
+
+impl Mapping<'_> {
+    /// Readable and writable.
+    pub fn read_write(&self) -> bool {
+        self.perms.starts_with("rw")
+    }
+
+    /// A shared mapping (`s`), not a private copy (`p`).
+    pub fn shared(&self) -> bool {
+        self.perms.ends_with('s')
+    }
+}
+
+/// The lines of a `/proc/<pid>/maps` text that parse, in its order (ascending addresses).
+pub fn mappings(maps: &str) -> impl Iterator<Item = Mapping<'_>> {
+    maps.lines().filter_map(|line| {
+        let mut f = line.splitn(6, ' ');
+        let (range, perms, offset, dev, inode) =
+            (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
+        let path = f.next().unwrap_or("").trim_start();
+        let (a, b) = range.split_once('-')?;
+        let (ma, mi) = dev.split_once(':')?;
+        Some(Mapping {
+            start: u64::from_str_radix(a, 16).ok()?,
+            end: u64::from_str_radix(b, 16).ok()?,
+            perms,
+            offset: u64::from_str_radix(offset, 16).ok()?,
+            dev: (
+                u32::from_str_radix(ma, 16).ok()?,
+                u32::from_str_radix(mi, 16).ok()?,
+            ),
+            inode: inode.parse().ok()?,
+            path,
+        })
+    })
+}
+
+/// Whether `maps` shows `fd`'s file mapped shared and read-write over all of
+/// `addr..addr + len`, as one mapping, with byte `offset` of the file at `addr`: then a
+/// mapping of that file holds exactly the bytes the process sees at those addresses.
+pub fn maps_show_file(maps: &str, addr: u64, len: u64, fd: &impl AsFd, offset: u64) -> bool {
+    let Ok(st) = rustix::fs::fstat(fd) else {
+        return false;
+    };
+    let dev = (rustix::fs::major(st.st_dev), rustix::fs::minor(st.st_dev));
+    let Some(end) = addr.checked_add(len) else {
+        return false;
+    };
+    mappings(maps).any(|m| {
+        m.read_write()
+            && m.shared()
+            && m.start <= addr
+            && end <= m.end
+            && m.dev == dev
+            && m.inode == st.st_ino
+            && m.offset.checked_add(addr - m.start) == Some(offset)
+    })
+}
+
+/// Whether `maps` shows all of `addr..addr + len` (non-empty) as private anonymous
+/// read-write memory (the heap's included, a stack's not), in one or more mappings.
+pub fn maps_show_private_anonymous(maps: &str, addr: u64, len: u64) -> bool {
+    let Some(end) = addr.checked_add(len) else {
+        return false;
+    };
+    let mut cur = addr;
+    for m in mappings(maps) {
+        if m.end <= cur {
+            continue;
+        }
+        let anonymous = m.inode == 0 && (m.path.is_empty() || m.path == "[heap]");
+        if m.start > cur || !anonymous || !m.read_write() || m.shared() {
+            return false;
+        }
+        cur = m.end;
+        if cur >= end {
+            return len > 0;
+        }
+    }
+    false
+}
+
+/// This process's own `/proc/self/maps`.
+pub fn own_maps() -> std::io::Result<String> {
+    std::fs::read_to_string("/proc/self/maps")
+}
+
+/// Private anonymous memory of this process moved, bytes and addresses kept, into a sealed
+/// memfd mapped shared in its place: a peer that maps the file (the daemon) then reaches
+/// the bytes with memory copies. Dropping it puts private anonymous memory with the same
+/// bytes back, if the file is still mapped there.
+#[derive(Debug)]
+pub struct Adopted {
+    addr: NonNull<u8>,
+    len: usize,
+    fd: OwnedFd,
+    /// Given back already.
+    restored: bool,
+}
+
+// SAFETY: like SharedMemory: the value holds an address and a file; the bytes are the
+// process's, reached by its own code as before.
+unsafe impl Send for Adopted {}
+// SAFETY: `&Adopted` gives out only the address, the length and the fd.
+unsafe impl Sync for Adopted {}
+
+/// Copy the pages of `src` that are not all zero to `dst` (which reads as zeros): untouched
+/// anonymous pages stay unallocated in the copy.
+///
+/// # Safety
+/// Both valid for `len` bytes (a multiple of the page size, page-aligned), not overlapping,
+/// and not written by anyone else meanwhile.
+unsafe fn copy_nonzero_pages(src: *const u8, dst: *mut u8, len: usize) {
+    let page = rustix::param::page_size();
+    let mut off = 0;
+    while off < len {
+        let n = page.min(len - off);
+        // SAFETY: within src's `len` bytes, which no one writes meanwhile (the contract).
+        let from = unsafe { std::slice::from_raw_parts(src.add(off), n) };
+        if from.iter().any(|&b| b != 0) {
+            // SAFETY: within dst's `len` bytes; the two do not overlap.
+            unsafe { std::ptr::copy_nonoverlapping(from.as_ptr(), dst.add(off), n) };
+        }
+        off += n;
+    }
+}
+
+impl Adopted {
+    /// Move `len` bytes at `addr` into a new memfd called `name`, mapped shared read-write at
+    /// `addr` in place of the private pages.
+    ///
+    /// # Safety
+    /// `addr..addr + len` must be page-aligned, non-empty private anonymous read-write memory
+    /// of this process (see [`maps_show_private_anonymous`]) that stays allocated while the
+    /// value lives. Its bytes are copied and then the mapping is replaced: a write another
+    /// thread makes between the two is lost, so the caller must know that no one writes the
+    /// range during the call.
+    pub unsafe fn adopt(name: &str, addr: NonNull<u8>, len: usize) -> Result<Adopted, ShmError> {
+        let page = rustix::param::page_size();
+        if len == 0 || !(addr.as_ptr() as usize).is_multiple_of(page) || !len.is_multiple_of(page) {
+            return Err(ShmError::Refused("not whole pages"));
+        }
+        let mut file = SharedMemory::create(name, len)?;
+        // SAFETY: the caller's range (readable, no writer meanwhile) and the fresh mapping of
+        // the file, `len` bytes each, apart.
+        unsafe { copy_nonzero_pages(addr.as_ptr(), file.as_ptr(), len) };
+        let fd = file.take_fd().ok_or(ShmError::Refused("no file"))?;
+        // SAFETY: replaces the caller's pages (whose bytes the file now holds) by the file,
+        // at the same address and length, with the same access; MAP_FIXED is confined to
+        // the caller's range.
+        unsafe {
+            rustix::mm::mmap(
+                addr.as_ptr().cast(),
+                len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED | MapFlags::FIXED,
+                &fd,
+                0,
+            )
+        }
+        .map_err(os("mmap fixed"))?;
+        Ok(Adopted {
+            addr,
+            len,
+            fd,
+            restored: false,
+        })
+    }
+
+    /// First byte.
+    pub fn addr(&self) -> NonNull<u8> {
+        self.addr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Never empty ([`Adopted::adopt`] refuses that).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The file, to pass to the peer.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// Put private anonymous pages with the file's bytes back at the address, and close the
+    /// file. Does nothing to the addresses unless `/proc/self/maps` shows the file still
+    /// mapped there (the owner may have unmapped them early). On an error the file stays
+    /// mapped there: every byte is still in place, shared.
+    pub fn give_back(mut self) -> Result<(), ShmError> {
+        let r = self.restore();
+        self.restored = true;
+        r
+    }
+
+    fn restore(&mut self) -> Result<(), ShmError> {
+        let maps = own_maps().map_err(|e| ShmError::Os {
+            what: "read /proc/self/maps",
+            source: e,
+        })?;
+        let (addr, len) = (self.addr.as_ptr() as u64, self.len as u64);
+        if !maps_show_file(&maps, addr, len, &self.fd, 0) {
+            return Ok(());
+        }
+        // SAFETY: a fresh private anonymous mapping chosen by the kernel.
+        let copy = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                self.len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::PRIVATE,
+            )
+        }
+        .map_err(os("mmap"))?;
+        // SAFETY: the file's mapping at `addr` (just seen in the maps; the owner does not
+        // write it while it gives it back) and the fresh copy, `len` bytes each, apart.
+        unsafe { copy_nonzero_pages(self.addr.as_ptr(), copy.cast(), self.len) };
+        // SAFETY: moves the copy over the file's mapping at the same address and length in
+        // one step; nothing else refers to the copy's old address.
+        unsafe {
+            rustix::mm::mremap_fixed(
+                copy,
+                self.len,
+                self.len,
+                rustix::mm::MremapFlags::MAYMOVE,
+                self.addr.as_ptr().cast(),
+            )
+        }
+        .map_err(os("mremap"))?;
+        Ok(())
+    }
+}
+
+impl Drop for Adopted {
+    fn drop(&mut self) {
+        if !self.restored {
+            // Errors as in give_back: the bytes stay in place, shared.
+            let _ = self.restore();
+        }
+    }
+}
+
 impl Drop for SharedMemory {
     fn drop(&mut self) {
         // SAFETY: the mapping made in `map`, of this length; no reference into it outlives
@@ -215,5 +479,129 @@ mod tests {
         let fd = a.take_fd().unwrap();
         assert!(a.fd().is_none());
         assert!(rustix::fs::ftruncate(&fd, 0).is_err());
+    }
+
+    const MAPS: &str = "\
+00400000-00452000 r-xp 00000000 08:02 173521      /usr/bin/dbus-daemon
+00e03000-00e24000 rw-p 00000000 00:00 0           [heap]
+00e24000-00e26000 rw-p 00000000 00:00 0
+35b1800000-35b1820000 rw-s 00001000 00:01 4242    /memfd:softrdma-mr (deleted)
+7fff6ae00000-7fff6ae21000 rw-p 00000000 00:00 0   [stack]
+garbage line
+";
+
+    #[test]
+    fn maps_lines_parse_with_and_without_a_path() {
+        let m: Vec<_> = mappings(MAPS).collect();
+        assert_eq!(m.len(), 5, "the garbage line is skipped");
+        assert_eq!(m[0].path, "/usr/bin/dbus-daemon");
+        assert_eq!((m[0].dev, m[0].inode), ((8, 2), 173521));
+        assert_eq!(m[2].path, "");
+        assert_eq!((m[2].start, m[2].end), (0xe24000, 0xe26000));
+        assert!(m[3].shared() && m[3].read_write() && !m[0].read_write());
+        assert_eq!(m[3].offset, 0x1000);
+        assert_eq!(m[3].path, "/memfd:softrdma-mr (deleted)");
+    }
+
+    #[test]
+    fn only_private_anonymous_memory_counts_as_such() {
+        let yes = |a: u64, len: u64| maps_show_private_anonymous(MAPS, a, len);
+        assert!(yes(0xe03000, 0x1000));
+        assert!(
+            yes(0xe23000, 0x2000),
+            "across the heap into the next anonymous mapping"
+        );
+        assert!(!yes(0xe25000, 0x2000), "runs past the end");
+        assert!(!yes(0xe03000, 0), "empty");
+        assert!(!yes(0x400000, 0x1000), "a file");
+        assert!(!yes(0x35b1800000, 0x1000), "shared");
+        assert!(!yes(0x7fff6ae00000, 0x1000), "the stack");
+        assert!(!yes(u64::MAX - 10, 0x1000), "overflow");
+    }
+
+    #[test]
+    fn adopted_memory_keeps_its_bytes_and_gets_them_back_private() {
+        let len = 4 * PAGE;
+        // SAFETY: a fresh private anonymous mapping.
+        let p = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::PRIVATE,
+            )
+        }
+        .unwrap()
+        .cast::<u8>();
+        // Pages 0 and 3 written, 1 and 2 untouched.
+        // SAFETY: within the mapping, used by this test only.
+        unsafe {
+            p.write(1);
+            p.add(len - 1).write(2);
+        }
+        let addr = NonNull::new(p).unwrap();
+        let maps = own_maps().unwrap();
+        assert!(maps_show_private_anonymous(&maps, p as u64, len as u64));
+        assert!(matches!(
+            // SAFETY: refused before it touches anything.
+            unsafe { Adopted::adopt("t", NonNull::new(p.wrapping_add(1)).unwrap(), PAGE) },
+            Err(ShmError::Refused(_))
+        ));
+        // SAFETY: whole pages of private anonymous memory this test owns; no other writer.
+        let a = unsafe { Adopted::adopt("t", addr, len) }.unwrap();
+        assert!(maps_show_file(
+            &own_maps().unwrap(),
+            p as u64,
+            len as u64,
+            &a.fd(),
+            0
+        ));
+        // A second mapping of the file sees the bytes, and its writes show at `p`.
+        let peer = SharedMemory::map_client(&a.fd(), 0, len as u64).unwrap();
+        // SAFETY: within both mappings.
+        unsafe {
+            assert_eq!(
+                (peer.as_ptr().read(), peer.as_ptr().add(len - 1).read()),
+                (1, 2)
+            );
+            assert_eq!(peer.as_ptr().add(PAGE).read(), 0);
+            peer.as_ptr().add(2 * PAGE).write(3);
+            assert_eq!(p.add(2 * PAGE).read(), 3);
+        }
+        a.give_back().unwrap();
+        assert!(maps_show_private_anonymous(
+            &own_maps().unwrap(),
+            p as u64,
+            len as u64
+        ));
+        // SAFETY: within the mapping, private again; the peer's copy no longer aliases it.
+        unsafe {
+            assert_eq!(
+                (p.read(), p.add(2 * PAGE).read(), p.add(len - 1).read()),
+                (1, 3, 2)
+            );
+            peer.as_ptr().write(9);
+            assert_eq!(p.read(), 1);
+        }
+        // Addresses the owner mapped anew before the give-back are left alone.
+        // SAFETY: as above.
+        let b = unsafe { Adopted::adopt("t", addr, PAGE) }.unwrap();
+        // SAFETY: replaces the test's own page with fresh private memory, then marks it.
+        unsafe {
+            rustix::mm::mmap_anonymous(
+                p.cast(),
+                PAGE,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::PRIVATE | MapFlags::FIXED,
+            )
+            .unwrap();
+            p.write(7);
+        }
+        b.give_back().unwrap();
+        // SAFETY: the test's mapping, then unmapped.
+        unsafe {
+            assert_eq!(p.read(), 7);
+            rustix::mm::munmap(p.cast(), len).unwrap();
+        }
     }
 }

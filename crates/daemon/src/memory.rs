@@ -267,31 +267,13 @@ pub fn range_is_mapped(process: &ClientProcess, addr: u64, len: u64) -> bool {
     let Ok(maps) = process.maps() else {
         return false;
     };
-    let mut spans: Vec<(u64, u64)> = maps
-        .lines()
-        .filter_map(|line| {
-            let mut f = line.split_whitespace();
-            let range = f.next()?;
-            let perms = f.next()?;
-            if !perms.starts_with("rw") {
-                return None;
-            }
-            let (a, b) = range.split_once('-')?;
-            Some((
-                u64::from_str_radix(a, 16).ok()?,
-                u64::from_str_radix(b, 16).ok()?,
-            ))
-        })
-        .collect();
-    spans.sort_unstable();
     let mut cur = addr;
-    for (a, b) in spans {
-        if a > cur {
+    // The lines come in ascending order of address, and do not overlap.
+    for m in abi::shm::mappings(&maps).filter(|m| m.read_write()) {
+        if m.start > cur {
             break;
         }
-        if b > cur {
-            cur = b;
-        }
+        cur = cur.max(m.end);
         if cur >= end {
             return true;
         }
@@ -301,9 +283,9 @@ pub fn range_is_mapped(process: &ClientProcess, addr: u64, len: u64) -> bool {
 }
 
 /// Whether `process` has `fd`'s file mapped shared and read-write over all of
-/// `addr..addr + len`, as one mapping, with byte `offset` of the file at `addr` (by its
-/// `/proc/<pid>/maps`): then the daemon's own mapping of that file holds exactly the bytes
-/// the client sees at those addresses.
+/// `addr..addr + len` with byte `offset` of the file at `addr` (by its `/proc/<pid>/maps`):
+/// then the daemon's own mapping of that file holds exactly the bytes the client sees at
+/// those addresses.
 pub fn mapping_matches(
     process: &ClientProcess,
     addr: u64,
@@ -311,48 +293,9 @@ pub fn mapping_matches(
     fd: &impl std::os::fd::AsFd,
     offset: u64,
 ) -> bool {
-    let Ok(st) = rustix::fs::fstat(fd) else {
-        return false;
-    };
-    let (major, minor) = (rustix::fs::major(st.st_dev), rustix::fs::minor(st.st_dev));
-    let Some(end) = addr.checked_add(len) else {
-        return false;
-    };
-    let Ok(maps) = process.maps() else {
-        return false;
-    };
-    maps.lines().any(|line| {
-        let mut f = line.split_whitespace();
-        let (Some(range), Some(perms), Some(off), Some(dev), Some(inode)) =
-            (f.next(), f.next(), f.next(), f.next(), f.next())
-        else {
-            return false;
-        };
-        let parse = || -> Option<bool> {
-            let (a, b) = range.split_once('-')?;
-            let (a, b) = (
-                u64::from_str_radix(a, 16).ok()?,
-                u64::from_str_radix(b, 16).ok()?,
-            );
-            let off = u64::from_str_radix(off, 16).ok()?;
-            let (ma, mi) = dev.split_once(':')?;
-            let (ma, mi) = (
-                u32::from_str_radix(ma, 16).ok()?,
-                u32::from_str_radix(mi, 16).ok()?,
-            );
-            let inode: u64 = inode.parse().ok()?;
-            Some(
-                perms.starts_with("rw")
-                    && perms.ends_with('s')
-                    && a <= addr
-                    && end <= b
-                    && (ma, mi) == (major, minor)
-                    && inode == st.st_ino
-                    && off.checked_add(addr - a) == Some(offset),
-            )
-        };
-        parse().unwrap_or(false)
-    })
+    process
+        .maps()
+        .is_ok_and(|maps| abi::shm::maps_show_file(&maps, addr, len, fd, offset))
 }
 
 /// Copy `src` to `dst` in address order as far as an observer polling the last byte can

@@ -112,6 +112,112 @@ pub(crate) fn shared_file_of(addr: usize, len: usize) -> Option<(std::os::fd::Ow
     Some((dup, (addr - start) as u64))
 }
 
+/// Memory of the program's own that registrations on the daemon moved into a memfd (see
+/// [`share_for_registration`]), by start address: the adoption and how many registrations
+/// use it. Each is also listed in [`SHARED_BUFFERS`] while it lives. Lock order: this, then
+/// that.
+static ADOPTED: std::sync::Mutex<std::collections::BTreeMap<usize, (abi::shm::Adopted, usize)>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+fn adopted(
+) -> std::sync::MutexGuard<'static, std::collections::BTreeMap<usize, (abi::shm::Adopted, usize)>> {
+    // Every update is one map operation: a poisoned lock still guards a consistent map.
+    ADOPTED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Whether registrations on the daemon may move the program's own memory into shared memory
+/// (`SOFTRDMA_ADOPT_MEMORY`, on unless `0`).
+fn adoption_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("SOFTRDMA_ADOPT_MEMORY").is_none_or(|v| v != "0"))
+}
+
+/// How a registration on the daemon passes `addr..addr + len`, when it can pass it as a file
+/// the daemon maps: a descriptor of the file, the offset of `addr` in it, and the adopted
+/// memory it holds a use of (give it back with [`release_adopted`] when the region goes).
+pub(crate) struct SharedRange {
+    pub fd: std::os::fd::OwnedFd,
+    pub offset: u64,
+    pub adopted: Option<usize>,
+}
+
+/// The file to register `addr..addr + len` with on the daemon: a shared-memory [`Buffer`]'s,
+/// or memory the program allocated itself (the drop-in's callers), adopted into a memfd
+/// when it is whole pages of private anonymous memory. `None`: the daemon reaches the range
+/// through `/proc/<pid>/mem`, one system call per access.
+///
+/// Adopting copies the pages into the file and maps the file in their place, bytes and
+/// addresses unchanged; the last registration over them gives private pages back. A write
+/// by another thread into those pages while the registration call runs would be lost, and
+/// after `fork` the child shares the pages with the parent instead of copying them: both
+/// are why `SOFTRDMA_ADOPT_MEMORY=0` turns it off.
+///
+/// # Safety
+/// The caller registers the range: it stays allocated until the registration ends, and no
+/// one writes it during this call.
+pub(crate) unsafe fn share_for_registration(addr: usize, len: usize) -> Option<SharedRange> {
+    let mut adopted = adopted();
+    if let Some((fd, offset)) = shared_file_of(addr, len) {
+        // An adoption's file starts at its first page.
+        let start = addr - offset as usize;
+        let adopted = adopted.get_mut(&start).map(|(_, users)| {
+            *users += 1;
+            start
+        });
+        return Some(SharedRange {
+            fd,
+            offset,
+            adopted,
+        });
+    }
+    let page = rustix::param::page_size();
+    if !adoption_enabled() || len == 0 || !addr.is_multiple_of(page) || !len.is_multiple_of(page) {
+        return None;
+    }
+    let maps = abi::shm::own_maps().ok()?;
+    if !abi::shm::maps_show_private_anonymous(&maps, addr as u64, len as u64) {
+        return None;
+    }
+    let ptr = std::ptr::NonNull::new(addr as *mut u8)?;
+    // SAFETY: whole pages of private anonymous read-write memory (just seen in the maps),
+    // which the caller keeps allocated and does not write during this call.
+    let a = match unsafe { abi::shm::Adopted::adopt("softrdma-mr", ptr, len) } {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::debug!(error = %e, addr, len, "memory not adopted");
+            return None;
+        }
+    };
+    use std::os::fd::AsRawFd;
+    let fd = rustix::io::fcntl_dupfd_cloexec(a.fd(), 0).ok()?;
+    shared_buffers().insert(addr, (len, a.fd().as_raw_fd()));
+    adopted.insert(addr, (a, 1));
+    Some(SharedRange {
+        fd,
+        offset: 0,
+        adopted: Some(addr),
+    })
+}
+
+/// A registration over adopted memory `start` ended (or never began): the last one gives
+/// the program private pages back.
+pub(crate) fn release_adopted(start: usize) {
+    let mut adopted = adopted();
+    let Some((_, users)) = adopted.get_mut(&start) else {
+        return;
+    };
+    *users -= 1;
+    if *users > 0 {
+        return;
+    }
+    shared_buffers().remove(&start);
+    if let Some((a, _)) = adopted.remove(&start) {
+        if let Err(e) = a.give_back() {
+            tracing::warn!(error = %e, start, "memory left in its shared file");
+        }
+    }
+}
+
 /// `len` zero bytes in a new memfd, listed in [`SHARED_BUFFERS`] so that registering any
 /// range of them passes the file; `None` (logged) when the system gives no shared memory.
 fn new_shared(name: &str, len: usize) -> Option<(abi::shm::SharedMemory, std::ptr::NonNull<u8>)> {

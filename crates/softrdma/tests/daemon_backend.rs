@@ -536,3 +536,89 @@ fn large_buffers_are_shared_with_the_daemon_and_move_intact_to_and_from_heap_mem
     assert_eq!(heap.read_u64(8).unwrap(), 42);
     assert_eq!(a.mr.read_u64(8).unwrap(), 7);
 }
+
+/// The path of the mapping that holds `addr` in this process's `/proc/self/maps` (empty for
+/// anonymous memory).
+fn mapping_path_at(addr: usize) -> String {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    for line in maps.lines() {
+        let mut f = line.splitn(6, ' ');
+        let (a, b) = f.next().unwrap().split_once('-').unwrap();
+        let (a, b) = (
+            usize::from_str_radix(a, 16).unwrap(),
+            usize::from_str_radix(b, 16).unwrap(),
+        );
+        if (a..b).contains(&addr) {
+            return f.nth(4).unwrap_or("").trim().to_string();
+        }
+    }
+    panic!("{addr:#x} is not mapped");
+}
+
+#[test]
+#[allow(unsafe_code)]
+fn memory_a_program_allocated_itself_is_shared_with_the_daemon_while_registered() {
+    const PAGE: usize = 4096;
+    let (a, b) = common::pair_v4_on(BackendKind::Daemon, 1 << 16);
+    let layout = std::alloc::Layout::from_size_align(3 * PAGE, PAGE).unwrap();
+    // SAFETY: a non-zero size.
+    let p = unsafe { std::alloc::alloc_zeroed(layout) };
+    assert!(!p.is_null());
+    let at = |i: usize| p as usize + i;
+    let mut expect: Vec<u8> = (0..3 * PAGE).map(|i| (i * 13 + 1) as u8).collect();
+    // The middle page stays zero, as untouched memory is.
+    expect[PAGE..2 * PAGE].fill(0);
+    // SAFETY: within the allocation, which nothing else uses yet.
+    unsafe { std::ptr::copy_nonoverlapping(expect.as_ptr(), p, 3 * PAGE) };
+    let held = || {
+        // SAFETY: within the live allocation; the test reads it only between operations.
+        unsafe { std::slice::from_raw_parts(p, 3 * PAGE).to_vec() }
+    };
+    // Anonymous memory: the heap's, or a mapping of malloc's.
+    let private = |i: usize| matches!(mapping_path_at(at(i)).as_str(), "" | "[heap]");
+    assert!(private(0), "heap memory to begin with");
+
+    // SAFETY: the allocation outlives both regions (freed at the end, after they went),
+    // and the test touches it only between operations.
+    let whole = unsafe { b.pd.register_raw(p, 3 * PAGE, all_access()) }.unwrap();
+    assert!(
+        mapping_path_at(at(PAGE)).starts_with("/memfd:softrdma-mr"),
+        "registered whole pages are moved into shared memory: {}",
+        mapping_path_at(at(PAGE))
+    );
+    assert_eq!(held(), expect, "the bytes stayed at their addresses");
+
+    // The daemon writes them with memory copies: a WRITE across the page boundaries.
+    let data: Vec<u8> = (0..PAGE + 200).map(|i| (i * 7 + 3) as u8).collect();
+    a.mr.write(0, &data).unwrap();
+    a.qp.write(
+        1,
+        &[a.mr.sge(..data.len()).unwrap()],
+        &whole.remote(PAGE - 100..).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(a.cq.wait_ok(WAIT).unwrap().wr_id, 1);
+    expect[PAGE - 100..2 * PAGE + 100].copy_from_slice(&data);
+    assert_eq!(held(), expect);
+
+    // A second region over part of it shares the same file; the first going keeps it.
+    // SAFETY: as above.
+    let part = unsafe { b.pd.register_raw(p.add(PAGE), PAGE, all_access()) }.unwrap();
+    drop(whole);
+    assert!(mapping_path_at(at(PAGE)).starts_with("/memfd:softrdma-mr"));
+    a.qp.read(
+        2,
+        &[a.mr.sge(8192..8192 + PAGE).unwrap()],
+        &part.remote(..).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(a.cq.wait_ok(WAIT).unwrap().wr_id, 2);
+    assert_eq!(a.mr.to_vec()[8192..8192 + PAGE], expect[PAGE..2 * PAGE]);
+
+    // The last region going gives private memory back, with every byte.
+    drop(part);
+    assert!(private(0) && private(PAGE) && private(2 * PAGE));
+    assert_eq!(held(), expect);
+    // SAFETY: allocated above with this layout; no region names it any more.
+    unsafe { std::alloc::dealloc(p, layout) };
+}

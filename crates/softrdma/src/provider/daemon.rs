@@ -65,6 +65,9 @@ pub(crate) struct DaemonDevice {
     ah_pds: Mutex<HashMap<u32, u32>>,
     /// The completion rings of this connection's CQs, by handle (a QP reset cleans them).
     cq_rings: Mutex<HashMap<u32, Weak<Mutex<CqRing>>>>,
+    /// The adopted memory each of this connection's MRs holds a use of, by handle (see
+    /// `crate::mr::share_for_registration`).
+    adopted: Mutex<HashMap<u32, usize>>,
 }
 
 /// Largest work ring the daemon grants.
@@ -306,6 +309,7 @@ impl DaemonDevice {
             srqs: Mutex::new(HashMap::new()),
             ah_pds: Mutex::new(HashMap::new()),
             cq_rings: Mutex::new(HashMap::new()),
+            adopted: Mutex::new(HashMap::new()),
             client: Mutex::new(client),
             dev: info.index,
             info,
@@ -314,6 +318,13 @@ impl DaemonDevice {
             gids,
             events: Mutex::new(VecDeque::new()),
         })
+    }
+
+    /// Region `mr` no longer reaches the adopted memory it used, if any.
+    fn release_adopted(&self, mr: MrHandle) {
+        if let Some(start) = lock(&self.adopted).remove(&mr.0) {
+            crate::mr::release_adopted(start);
+        }
     }
 
     /// Free the queue slots the completions in `wcs` retire (see `QpRings::rq_outstanding`
@@ -516,16 +527,29 @@ impl Provider for Daemon {
         len: usize,
         access: AccessFlags,
     ) -> Result<RawMr> {
-        // Memory of a shared-memory Buffer goes with its file: the daemon maps it.
-        let m = match crate::mr::shared_file_of(addr as usize, len) {
-            Some((fd, offset)) => self.dev.c().reg_mr_shared(
-                pd.0,
-                addr as u64,
-                len as u64,
-                access,
-                fd.as_fd(),
-                offset,
-            )?,
+        // Memory the daemon can map goes with its file: a shared-memory Buffer's, or the
+        // program's own, adopted into one.
+        // SAFETY: the caller registers the range (reg_mr's contract).
+        let m = match unsafe { crate::mr::share_for_registration(addr as usize, len) } {
+            Some(shared) => {
+                let m = self.dev.c().reg_mr_shared(
+                    pd.0,
+                    addr as u64,
+                    len as u64,
+                    access,
+                    shared.fd.as_fd(),
+                    shared.offset,
+                );
+                if let Some(start) = shared.adopted {
+                    match &m {
+                        Ok(m) => {
+                            lock(&self.dev.adopted).insert(m.handle, start);
+                        }
+                        Err(_) => crate::mr::release_adopted(start),
+                    }
+                }
+                m?
+            }
             None => self
                 .dev
                 .c()
@@ -552,6 +576,10 @@ impl Provider for Daemon {
             .dev
             .c()
             .rereg_mr(mr.0, flags, pd.0, addr as u64, len as u64, access)?;
+        if flags.contains(ReregFlags::CHANGE_TRANSLATION) {
+            // The region now reaches the new range through the process file.
+            self.dev.release_adopted(mr);
+        }
         Ok(RawMr {
             handle: mr,
             lkey: Lkey(m.lkey),
@@ -560,7 +588,9 @@ impl Provider for Daemon {
     }
 
     fn dereg_mr(&self, mr: MrHandle) -> Result<()> {
-        Ok(self.dev.c().dereg_mr(mr.0)?)
+        self.dev.c().dereg_mr(mr.0)?;
+        self.dev.release_adopted(mr);
+        Ok(())
     }
 
     /// A failed deregistration (connection broken, or refused) ends this connection and
@@ -571,6 +601,8 @@ impl Provider for Daemon {
             tracing::warn!(error = %e, "dereg_mr failed");
             tracing::warn!("closing the softrdmad connection so it releases the memory");
             self.dev.c().close_and_wait();
+            // The daemon has let go of every region: none reaches adopted memory now.
+            self.dev.release_adopted(mr);
         }
     }
 
