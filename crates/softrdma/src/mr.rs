@@ -112,17 +112,41 @@ pub(crate) fn shared_file_of(addr: usize, len: usize) -> Option<(std::os::fd::Ow
     Some((dup, (addr - start) as u64))
 }
 
-/// Memory of the program's own that registrations on the daemon moved into a memfd (see
-/// [`share_for_registration`]), by start address: the adoption and how many registrations
-/// use it. Each is also listed in [`SHARED_BUFFERS`] while it lives. Lock order: this, then
-/// that.
-static ADOPTED: std::sync::Mutex<std::collections::BTreeMap<usize, (abi::shm::Adopted, usize)>> =
-    std::sync::Mutex::new(std::collections::BTreeMap::new());
+/// Every live registration of this process, on any device of either backend, and the memory
+/// of the program's own that registrations on the daemon adopted into a memfd (see
+/// [`Registry::share`]). Registrations take its lock for the whole verb, so that adopting
+/// pages (copy, then remap) never races a device that could write them. Lock order: this,
+/// then [`SHARED_BUFFERS`].
+#[derive(Default)]
+pub(crate) struct Registry {
+    /// By (device serial, MR handle): the pages covered, and the adoption it uses.
+    live: std::collections::HashMap<(u64, u32), Registered>,
+    /// Adopted memory by start address: the adoption and how many live registrations use
+    /// it. One that none uses but that other registrations still overlap stays (at 0) until
+    /// they go too. Each is also listed in [`SHARED_BUFFERS`] while it lives.
+    adopted: std::collections::BTreeMap<usize, (abi::shm::Adopted, usize)>,
+}
 
-fn adopted(
-) -> std::sync::MutexGuard<'static, std::collections::BTreeMap<usize, (abi::shm::Adopted, usize)>> {
-    // Every update is one map operation: a poisoned lock still guards a consistent map.
-    ADOPTED.lock().unwrap_or_else(|e| e.into_inner())
+struct Registered {
+    /// First page and the end of the last, by address.
+    pages: (usize, usize),
+    adopted: Option<usize>,
+}
+
+static REGISTRY: std::sync::LazyLock<std::sync::Mutex<Registry>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// The registry, locked.
+pub(crate) fn registry() -> std::sync::MutexGuard<'static, Registry> {
+    // Each update finishes its map operations before anything can panic: a poisoned lock
+    // still guards consistent maps.
+    REGISTRY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A number for each device opened in this process, naming its registrations.
+pub(crate) fn device_serial() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Whether registrations on the daemon may move the program's own memory into shared memory
@@ -132,88 +156,163 @@ fn adoption_enabled() -> bool {
     *ON.get_or_init(|| std::env::var_os("SOFTRDMA_ADOPT_MEMORY").is_none_or(|v| v != "0"))
 }
 
-/// How a registration on the daemon passes `addr..addr + len`, when it can pass it as a file
+/// The whole pages `addr..addr + len` touches.
+fn pages_of(addr: usize, len: usize) -> (usize, usize) {
+    let end = addr.saturating_add(len.max(1));
+    (addr - addr % PAGE, end.div_ceil(PAGE).saturating_mul(PAGE))
+}
+
+/// How a registration on the daemon passes `addr..addr + len` when it can pass it as a file
 /// the daemon maps: a descriptor of the file, the offset of `addr` in it, and the adopted
-/// memory it holds a use of (give it back with [`release_adopted`] when the region goes).
+/// memory it holds a use of (recorded with [`Registry::registered`], or given up with
+/// [`Registry::release`] if the registration fails).
 pub(crate) struct SharedRange {
     pub fd: std::os::fd::OwnedFd,
     pub offset: u64,
     pub adopted: Option<usize>,
 }
 
-/// The file to register `addr..addr + len` with on the daemon: a shared-memory [`Buffer`]'s,
-/// or memory the program allocated itself (the drop-in's callers), adopted into a memfd
-/// when it is whole pages of private anonymous memory. `None`: the daemon reaches the range
-/// through `/proc/<pid>/mem`, one system call per access.
-///
-/// Adopting copies the pages into the file and maps the file in their place, bytes and
-/// addresses unchanged; the last registration over them gives private pages back. A write
-/// by another thread into those pages while the registration call runs would be lost, and
-/// after `fork` the child shares the pages with the parent instead of copying them: both
-/// are why `SOFTRDMA_ADOPT_MEMORY=0` turns it off.
-///
-/// # Safety
-/// The caller registers the range: it stays allocated until the registration ends, and no
-/// one writes it during this call.
-pub(crate) unsafe fn share_for_registration(addr: usize, len: usize) -> Option<SharedRange> {
-    let mut adopted = adopted();
-    if let Some((fd, offset)) = shared_file_of(addr, len) {
-        // An adoption's file starts at its first page.
-        let start = addr - offset as usize;
-        let adopted = adopted.get_mut(&start).map(|(_, users)| {
-            *users += 1;
-            start
-        });
-        return Some(SharedRange {
-            fd,
-            offset,
-            adopted,
-        });
-    }
-    let page = rustix::param::page_size();
-    if !adoption_enabled() || len == 0 || !addr.is_multiple_of(page) || !len.is_multiple_of(page) {
-        return None;
-    }
-    let maps = abi::shm::own_maps().ok()?;
-    if !abi::shm::maps_show_private_anonymous(&maps, addr as u64, len as u64) {
-        return None;
-    }
-    let ptr = std::ptr::NonNull::new(addr as *mut u8)?;
-    // SAFETY: whole pages of private anonymous read-write memory (just seen in the maps),
-    // which the caller keeps allocated and does not write during this call.
-    let a = match unsafe { abi::shm::Adopted::adopt("softrdma-mr", ptr, len) } {
-        Ok(a) => a,
-        Err(e) => {
-            tracing::debug!(error = %e, addr, len, "memory not adopted");
+impl Registry {
+    /// The file to register `addr..addr + len` with on the daemon: a shared-memory
+    /// [`Buffer`]'s, or memory the program allocated itself (the drop-in's callers), adopted
+    /// into a memfd when it is whole pages of private anonymous memory that no live
+    /// registration touches. `None`: the daemon reaches the range through
+    /// `/proc/<pid>/mem`, one system call per access.
+    ///
+    /// Adopting copies the pages into the file and maps the file in their place, bytes and
+    /// addresses unchanged; when no registration touches them any more, private pages come
+    /// back. A write by another thread of the program into those pages while the
+    /// registration call runs would be lost (as would one while the last deregistration
+    /// runs), and after `fork` the child shares them with the parent instead of copying:
+    /// `SOFTRDMA_ADOPT_MEMORY=0` turns adoption off. Pages that hold the calling thread's
+    /// stack are never adopted.
+    ///
+    /// # Safety
+    /// The caller registers the range: it stays allocated until the registration ends, and
+    /// no one writes it during this call.
+    pub(crate) unsafe fn share(&mut self, addr: usize, len: usize) -> Option<SharedRange> {
+        if let Some((fd, offset)) = shared_file_of(addr, len) {
+            // An adoption's file starts at its first page.
+            let start = addr - offset as usize;
+            let adopted = self.adopted.get_mut(&start).map(|(_, users)| {
+                *users += 1;
+                start
+            });
+            return Some(SharedRange {
+                fd,
+                offset,
+                adopted,
+            });
+        }
+        if !adoption_enabled() || len == 0 || pages_of(addr, len) != (addr, addr + len) {
             return None;
         }
-    };
-    use std::os::fd::AsRawFd;
-    let fd = rustix::io::fcntl_dupfd_cloexec(a.fd(), 0).ok()?;
-    shared_buffers().insert(addr, (len, a.fd().as_raw_fd()));
-    adopted.insert(addr, (a, 1));
-    Some(SharedRange {
-        fd,
-        offset: 0,
-        adopted: Some(addr),
-    })
-}
-
-/// A registration over adopted memory `start` ended (or never began): the last one gives
-/// the program private pages back.
-pub(crate) fn release_adopted(start: usize) {
-    let mut adopted = adopted();
-    let Some((_, users)) = adopted.get_mut(&start) else {
-        return;
-    };
-    *users -= 1;
-    if *users > 0 {
-        return;
+        if self.touched(addr, addr + len) {
+            return None;
+        }
+        let maps = abi::shm::own_maps().ok()?;
+        if !abi::shm::maps_show_private_anonymous(&maps, addr as u64, len as u64) {
+            return None;
+        }
+        // The mapping that holds this thread's stack: its writes during the copy would be
+        // lost.
+        let here = &maps as *const String as u64;
+        if abi::shm::mappings(&maps).any(|m| {
+            m.start <= here
+                && here < m.end
+                && m.start < (addr + len) as u64
+                && (addr as u64) < m.end
+        }) {
+            return None;
+        }
+        let ptr = std::ptr::NonNull::new(addr as *mut u8)?;
+        // SAFETY: whole pages of private anonymous read-write memory (just seen in the maps),
+        // which the caller keeps allocated and does not write during this call; no device
+        // reaches them (no live registration touches them, and none starts while the
+        // registry is locked); not this thread's stack.
+        let a = match unsafe { abi::shm::Adopted::adopt("softrdma-mr", ptr, len) } {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::debug!(error = %e, addr, len, "memory not adopted");
+                return None;
+            }
+        };
+        use std::os::fd::AsRawFd;
+        let fd = rustix::io::fcntl_dupfd_cloexec(a.fd(), 0).ok()?;
+        shared_buffers().insert(addr, (len, a.fd().as_raw_fd()));
+        self.adopted.insert(addr, (a, 1));
+        Some(SharedRange {
+            fd,
+            offset: 0,
+            adopted: Some(addr),
+        })
     }
-    shared_buffers().remove(&start);
-    if let Some((a, _)) = adopted.remove(&start) {
-        if let Err(e) = a.give_back() {
-            tracing::warn!(error = %e, start, "memory left in its shared file");
+
+    /// Whether a live registration touches the pages `start..end`.
+    fn touched(&self, start: usize, end: usize) -> bool {
+        self.live
+            .values()
+            .any(|r| r.pages.0 < end && start < r.pages.1)
+    }
+
+    /// Region `mr` of device `dev` now covers `addr..addr + len`, using adopted memory
+    /// `adopted` (from [`Registry::share`]).
+    pub(crate) fn registered(
+        &mut self,
+        dev: u64,
+        mr: u32,
+        addr: usize,
+        len: usize,
+        adopted: Option<usize>,
+    ) {
+        let pages = pages_of(addr, len);
+        if let Some(old) = self.live.insert((dev, mr), Registered { pages, adopted }) {
+            // A new translation (ibv_rereg_mr): the old range is no longer reached.
+            if let Some(start) = old.adopted {
+                self.release(start);
+            }
+            self.give_back_untouched(old.pages);
+        }
+    }
+
+    /// Region `mr` of device `dev` is gone: the device no longer reaches its memory.
+    pub(crate) fn deregistered(&mut self, dev: u64, mr: u32) {
+        if let Some(old) = self.live.remove(&(dev, mr)) {
+            if let Some(start) = old.adopted {
+                self.release(start);
+            }
+            self.give_back_untouched(old.pages);
+        }
+    }
+
+    /// One use of adopted memory `start` less (a registration ended or never began).
+    pub(crate) fn release(&mut self, start: usize) {
+        if let Some((_, users)) = self.adopted.get_mut(&start) {
+            *users = users.saturating_sub(1);
+        }
+        self.give_back_untouched(pages_of(start, 1));
+    }
+
+    /// Give private pages back for every adoption around `pages` that no registration uses
+    /// or touches any more.
+    fn give_back_untouched(&mut self, pages: (usize, usize)) {
+        let idle: Vec<usize> = self
+            .adopted
+            .range(..pages.1)
+            .filter(|(&start, (a, users))| *users == 0 && pages.0 < start + a.len())
+            .map(|(&start, _)| start)
+            .collect();
+        for start in idle {
+            let end = start + self.adopted[&start].0.len();
+            if self.touched(start, end) {
+                continue;
+            }
+            shared_buffers().remove(&start);
+            if let Some((a, _)) = self.adopted.remove(&start) {
+                if let Err(e) = a.give_back() {
+                    tracing::warn!(error = %e, start, "memory left in its shared file");
+                }
+            }
         }
     }
 }

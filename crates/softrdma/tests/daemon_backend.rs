@@ -622,3 +622,35 @@ fn memory_a_program_allocated_itself_is_shared_with_the_daemon_while_registered(
     // SAFETY: allocated above with this layout; no region names it any more.
     unsafe { std::alloc::dealloc(p, layout) };
 }
+
+#[test]
+#[allow(unsafe_code)]
+fn pages_a_live_registration_reaches_are_not_adopted() {
+    const PAGE: usize = 4096;
+    let (_a, b) = common::pair_v4_on(BackendKind::Daemon, 4096);
+    let layout = std::alloc::Layout::from_size_align(2 * PAGE, PAGE).unwrap();
+    // SAFETY: a non-zero size.
+    let p = unsafe { std::alloc::alloc_zeroed(layout) };
+    assert!(!p.is_null());
+    let adopted = || mapping_path_at(p as usize).starts_with("/memfd:softrdma-mr");
+    // SAFETY (all three): the allocation outlives the regions, and the test does not touch
+    // it while they live.
+    // Not whole pages: reached through the process file, and the pages stay private.
+    let plain = unsafe { b.pd.register_raw(p.add(100), 1000, all_access()) }.unwrap();
+    assert!(!adopted());
+    // Whole pages that the first region reaches: the daemon may be writing them.
+    let over = unsafe { b.pd.register_raw(p, 2 * PAGE, all_access()) }.unwrap();
+    assert!(!adopted(), "adopting would copy pages a region reaches");
+    drop((plain, over));
+    let alone = unsafe { b.pd.register_raw(p, 2 * PAGE, all_access()) }.unwrap();
+    assert!(adopted(), "nothing reaches them now");
+    // A region inside adopted pages uses the same file; the pages come back when the last
+    // region that touches them goes.
+    let inside = unsafe { b.pd.register_raw(p.add(100), 1000, all_access()) }.unwrap();
+    drop(alone);
+    assert!(adopted());
+    drop(inside);
+    assert!(!adopted());
+    // SAFETY: allocated above with this layout; no region names it any more.
+    unsafe { std::alloc::dealloc(p, layout) };
+}

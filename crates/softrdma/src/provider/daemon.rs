@@ -65,9 +65,8 @@ pub(crate) struct DaemonDevice {
     ah_pds: Mutex<HashMap<u32, u32>>,
     /// The completion rings of this connection's CQs, by handle (a QP reset cleans them).
     cq_rings: Mutex<HashMap<u32, Weak<Mutex<CqRing>>>>,
-    /// The adopted memory each of this connection's MRs holds a use of, by handle (see
-    /// `crate::mr::share_for_registration`).
-    adopted: Mutex<HashMap<u32, usize>>,
+    /// What this device's registrations are named by in `crate::mr::Registry`.
+    serial: u64,
 }
 
 /// Largest work ring the daemon grants.
@@ -309,7 +308,7 @@ impl DaemonDevice {
             srqs: Mutex::new(HashMap::new()),
             ah_pds: Mutex::new(HashMap::new()),
             cq_rings: Mutex::new(HashMap::new()),
-            adopted: Mutex::new(HashMap::new()),
+            serial: crate::mr::device_serial(),
             client: Mutex::new(client),
             dev: info.index,
             info,
@@ -318,13 +317,6 @@ impl DaemonDevice {
             gids,
             events: Mutex::new(VecDeque::new()),
         })
-    }
-
-    /// Region `mr` no longer reaches the adopted memory it used, if any.
-    fn release_adopted(&self, mr: MrHandle) {
-        if let Some(start) = lock(&self.adopted).remove(&mr.0) {
-            crate::mr::release_adopted(start);
-        }
     }
 
     /// Free the queue slots the completions in `wcs` retire (see `QpRings::rq_outstanding`
@@ -528,9 +520,11 @@ impl Provider for Daemon {
         access: AccessFlags,
     ) -> Result<RawMr> {
         // Memory the daemon can map goes with its file: a shared-memory Buffer's, or the
-        // program's own, adopted into one.
+        // program's own, adopted into one. The registry stays locked until the region is
+        // recorded.
+        let mut registry = crate::mr::registry();
         // SAFETY: the caller registers the range (reg_mr's contract).
-        let m = match unsafe { crate::mr::share_for_registration(addr as usize, len) } {
+        let m = match unsafe { registry.share(addr as usize, len) } {
             Some(shared) => {
                 let m = self.dev.c().reg_mr_shared(
                     pd.0,
@@ -540,21 +534,23 @@ impl Provider for Daemon {
                     shared.fd.as_fd(),
                     shared.offset,
                 );
-                if let Some(start) = shared.adopted {
-                    match &m {
-                        Ok(m) => {
-                            lock(&self.dev.adopted).insert(m.handle, start);
-                        }
-                        Err(_) => crate::mr::release_adopted(start),
+                match (m, shared.adopted) {
+                    (Err(e), Some(start)) => {
+                        registry.release(start);
+                        return Err(e.into());
                     }
+                    (m, adopted) => (m?, adopted),
                 }
-                m?
             }
-            None => self
-                .dev
-                .c()
-                .reg_mr_at(pd.0, addr as u64, len as u64, access)?,
+            None => (
+                self.dev
+                    .c()
+                    .reg_mr_at(pd.0, addr as u64, len as u64, access)?,
+                None,
+            ),
         };
+        let (m, adopted) = m;
+        registry.registered(self.dev.serial, m.handle, addr as usize, len, adopted);
         Ok(RawMr {
             handle: MrHandle(m.handle),
             lkey: Lkey(m.lkey),
@@ -572,13 +568,14 @@ impl Provider for Daemon {
         len: usize,
         access: AccessFlags,
     ) -> Result<RawMr> {
+        let mut registry = crate::mr::registry();
         let m = self
             .dev
             .c()
             .rereg_mr(mr.0, flags, pd.0, addr as u64, len as u64, access)?;
         if flags.contains(ReregFlags::CHANGE_TRANSLATION) {
             // The region now reaches the new range through the process file.
-            self.dev.release_adopted(mr);
+            registry.registered(self.dev.serial, mr.0, addr as usize, len, None);
         }
         Ok(RawMr {
             handle: mr,
@@ -589,7 +586,7 @@ impl Provider for Daemon {
 
     fn dereg_mr(&self, mr: MrHandle) -> Result<()> {
         self.dev.c().dereg_mr(mr.0)?;
-        self.dev.release_adopted(mr);
+        crate::mr::registry().deregistered(self.dev.serial, mr.0);
         Ok(())
     }
 
@@ -601,8 +598,8 @@ impl Provider for Daemon {
             tracing::warn!(error = %e, "dereg_mr failed");
             tracing::warn!("closing the softrdmad connection so it releases the memory");
             self.dev.c().close_and_wait();
-            // The daemon has let go of every region: none reaches adopted memory now.
-            self.dev.release_adopted(mr);
+            // The daemon has let go of every region: none reaches its memory now.
+            crate::mr::registry().deregistered(self.dev.serial, mr.0);
         }
     }
 

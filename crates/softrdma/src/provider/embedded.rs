@@ -32,12 +32,17 @@ pub(crate) struct Embedded {
     /// Its CQs poll and wait through it (with a weak reference: a CQ a C program leaves
     /// behind does not keep the engine, its thread and its socket, after the device closed).
     rt: Arc<Runtime>,
+    /// What this device's registrations are named by in `crate::mr::Registry`.
+    serial: u64,
 }
 
 impl Embedded {
     /// The provider over a started runtime.
     pub(crate) fn new(rt: Runtime) -> Embedded {
-        Embedded { rt: Arc::new(rt) }
+        Embedded {
+            rt: Arc::new(rt),
+            serial: crate::mr::device_serial(),
+        }
     }
 }
 
@@ -144,8 +149,11 @@ impl Provider for Embedded {
         len: usize,
         access: AccessFlags,
     ) -> Result<RawMr> {
+        // Recorded so that no adoption copies pages this device may write.
+        let mut registry = crate::mr::registry();
         // SAFETY: forwarded from this function's contract.
         let k = unsafe { self.rt.lock().reg_mr(pd, addr, len, access)? };
+        registry.registered(self.serial, k.handle.0, addr as usize, len, None);
         Ok(raw_mr(k))
     }
 
@@ -159,13 +167,19 @@ impl Provider for Embedded {
         len: usize,
         access: AccessFlags,
     ) -> Result<RawMr> {
+        let mut registry = crate::mr::registry();
         // SAFETY: forwarded from this function's contract.
         let k = unsafe { self.rt.lock().rereg_mr(mr, flags, pd, addr, len, access)? };
+        if flags.contains(ReregFlags::CHANGE_TRANSLATION) {
+            registry.registered(self.serial, mr.0, addr as usize, len, None);
+        }
         Ok(raw_mr(k))
     }
 
     fn dereg_mr(&self, mr: MrHandle) -> Result<()> {
-        Ok(self.rt.lock().dereg_mr(mr)?)
+        self.rt.lock().dereg_mr(mr)?;
+        crate::mr::registry().deregistered(self.serial, mr.0);
+        Ok(())
     }
 
     fn create_cq(&self, depth: u32) -> Result<Box<dyn ProviderCq>> {
