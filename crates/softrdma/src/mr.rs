@@ -156,6 +156,42 @@ fn adoption_enabled() -> bool {
     *ON.get_or_init(|| std::env::var_os("SOFTRDMA_ADOPT_MEMORY").is_none_or(|v| v != "0"))
 }
 
+/// Make `fork` give the child private copies of adopted memory, as Linux does with the
+/// pinned pages of registered memory (what `ibv_is_fork_initialized`'s
+/// `IBV_FORK_UNNEEDED` promises): a child's writes never reach the parent's registered
+/// buffers. The registry is held across the fork, so the child finds it whole.
+fn fork_copies_adopted_memory() {
+    thread_local! {
+        static HELD: std::cell::RefCell<Option<std::sync::MutexGuard<'static, Registry>>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    extern "C" fn prepare() {
+        HELD.with(|h| *h.borrow_mut() = Some(registry()));
+    }
+    extern "C" fn parent() {
+        HELD.with(|h| drop(h.borrow_mut().take()));
+    }
+    extern "C" fn child() {
+        HELD.with(|h| {
+            if let Some(mut r) = h.borrow_mut().take() {
+                r.forget_in_child();
+            }
+        });
+    }
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: three handlers that only take and release this module's lock and remap
+        // this module's adopted memory, on the thread that forks.
+        let r = unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+        if r != 0 {
+            tracing::warn!(
+                errno = r,
+                "no fork handler: a child would share adopted memory"
+            );
+        }
+    });
+}
+
 /// The whole pages `addr..addr + len` touches.
 fn pages_of(addr: usize, len: usize) -> (usize, usize) {
     let end = addr.saturating_add(len.max(1));
@@ -241,6 +277,7 @@ impl Registry {
         let fd = rustix::io::fcntl_dupfd_cloexec(a.fd(), 0).ok()?;
         shared_buffers().insert(addr, (len, a.fd().as_raw_fd()));
         self.adopted.insert(addr, (a, 1));
+        fork_copies_adopted_memory();
         Some(SharedRange {
             fd,
             offset: 0,
@@ -291,6 +328,20 @@ impl Registry {
             *users = users.saturating_sub(1);
         }
         self.give_back_untouched(pages_of(start, 1));
+    }
+
+    /// In a child after `fork`: no registration is inherited, and every adopted page
+    /// becomes the child's private copy.
+    fn forget_in_child(&mut self) {
+        self.live.clear();
+        let starts: Vec<usize> = self.adopted.keys().copied().collect();
+        for start in starts {
+            shared_buffers().remove(&start);
+            if let Some((a, _)) = self.adopted.remove(&start) {
+                // On failure the child keeps sharing those pages with the parent.
+                let _ = a.give_back();
+            }
+        }
     }
 
     /// Give private pages back for every adoption around `pages` that no registration uses

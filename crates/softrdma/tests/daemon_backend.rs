@@ -601,6 +601,25 @@ fn memory_a_program_allocated_itself_is_shared_with_the_daemon_while_registered(
     expect[PAGE - 100..2 * PAGE + 100].copy_from_slice(&data);
     assert_eq!(held(), expect);
 
+    // A child made by fork gets its own copy: its writes do not reach the parent's region.
+    // SAFETY: the child only stores one byte and exits (the fork handler copies the pages
+    // in it first).
+    match unsafe { libc::fork() } {
+        0 => unsafe {
+            p.add(PAGE).write(0xee);
+            libc::_exit(i32::from(p.add(PAGE).read() != 0xee))
+        },
+        child => {
+            assert!(child > 0, "fork");
+            let mut status = 0;
+            // SAFETY: waits for our own child.
+            assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+            assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+        }
+    }
+    assert_eq!(held()[PAGE], expect[PAGE], "the child wrote its own copy");
+    assert!(mapping_path_at(at(PAGE)).starts_with("/memfd:softrdma-mr"));
+
     // A second region over part of it shares the same file; the first going keeps it.
     // SAFETY: as above.
     let part = unsafe { b.pd.register_raw(p.add(PAGE), PAGE, all_access()) }.unwrap();
