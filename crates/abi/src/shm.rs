@@ -263,31 +263,42 @@ pub fn own_maps() -> std::io::Result<String> {
     std::fs::read_to_string("/proc/self/maps")
 }
 
-/// Private anonymous memory of this process moved, bytes and addresses kept, into a sealed
-/// memfd mapped shared in its place: a peer that maps the file (the daemon) then reaches
-/// the bytes with memory copies. Dropping it puts private anonymous memory with the same
-/// bytes back, if the file is still mapped there.
+/// One sealed memfd that holds every range of this process's own memory adopted into shared
+/// memory ([`Arena::adopt`]), each at an offset of its own: a process that registers many
+/// regions holds one descriptor, not one per region. The file only grows (it is sealed
+/// against shrinking, so a peer's mapping of it never faults); a range given back leaves a
+/// hole that holds no memory.
 #[derive(Debug)]
+pub struct Arena {
+    fd: OwnedFd,
+    /// Bytes the file has: the next adoption's offset.
+    size: u64,
+}
+
+/// A range of this process's memory that lives in the [`Arena`]'s file, mapped shared at its
+/// own addresses. [`Arena::give_back`] makes it private memory again; dropped without that,
+/// it simply stays shared.
+#[derive(Debug)]
+#[must_use = "give it back to the arena, or the range stays shared"]
 pub struct Adopted {
     addr: NonNull<u8>,
     len: usize,
-    fd: OwnedFd,
-    /// Given back already.
-    restored: bool,
+    /// Offset in the arena's file of the byte at `addr`.
+    offset: u64,
 }
 
-// SAFETY: like SharedMemory: the value holds an address and a file; the bytes are the
+// SAFETY: like SharedMemory: the value holds an address and numbers; the bytes are the
 // process's, reached by its own code as before.
 unsafe impl Send for Adopted {}
-// SAFETY: `&Adopted` gives out only the address, the length and the fd.
+// SAFETY: `&Adopted` gives out only numbers.
 unsafe impl Sync for Adopted {}
 
 /// Copy the pages of `src` that are not all zero to `dst` (which reads as zeros): untouched
 /// anonymous pages stay unallocated in the copy.
 ///
 /// # Safety
-/// Both valid for `len` bytes (a multiple of the page size, page-aligned), not overlapping,
-/// and not written by anyone else meanwhile.
+/// Both valid for `len` bytes (page-aligned), not overlapping, and not written by anyone
+/// else meanwhile.
 unsafe fn copy_nonzero_pages(src: *const u8, dst: *mut u8, len: usize) {
     let page = rustix::param::page_size();
     let mut off = 0;
@@ -303,48 +314,120 @@ unsafe fn copy_nonzero_pages(src: *const u8, dst: *mut u8, len: usize) {
     }
 }
 
-impl Adopted {
-    /// Move `len` bytes at `addr` into a new memfd called `name`, mapped shared read-write at
-    /// `addr` in place of the private pages.
+impl Arena {
+    /// An empty arena: a memfd called `name`, sealed against shrinking.
+    pub fn create(name: &str) -> Result<Arena, ShmError> {
+        let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+            .map_err(os("memfd_create"))?;
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::SEAL)
+            .map_err(os("F_ADD_SEALS"))?;
+        Ok(Arena { fd, size: 0 })
+    }
+
+    /// The file, to pass to a peer with the offsets of its ranges.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// Move `len` bytes at `addr` into the file, mapped shared read-write at `addr` in place
+    /// of the private pages, bytes unchanged.
     ///
     /// # Safety
-    /// `addr..addr + len` must be page-aligned, non-empty private anonymous read-write memory
-    /// of this process (see [`maps_show_private_anonymous`]) that stays allocated while the
-    /// value lives. Its bytes are copied and then the mapping is replaced: a write another
-    /// thread makes between the two is lost, so the caller must know that no one writes the
-    /// range during the call.
-    pub unsafe fn adopt(name: &str, addr: NonNull<u8>, len: usize) -> Result<Adopted, ShmError> {
+    /// `addr..addr + len` must be page-aligned, non-empty private anonymous read-write
+    /// memory of this process (see [`maps_show_private_anonymous`]). Its bytes are copied
+    /// and then the mapping is replaced: a write anyone makes between the two is lost, so
+    /// the caller must know that no one writes the range during the call.
+    pub unsafe fn adopt(&mut self, addr: NonNull<u8>, len: usize) -> Result<Adopted, ShmError> {
         let page = rustix::param::page_size();
         if len == 0 || !(addr.as_ptr() as usize).is_multiple_of(page) || !len.is_multiple_of(page) {
             return Err(ShmError::Refused("not whole pages"));
         }
-        let mut file = SharedMemory::create(name, len)?;
-        // SAFETY: the caller's range (readable, no writer meanwhile) and the fresh mapping of
-        // the file, `len` bytes each, apart.
-        unsafe { copy_nonzero_pages(addr.as_ptr(), file.as_ptr(), len) };
-        let fd = file.take_fd().ok_or(ShmError::Refused("no file"))?;
+        let offset = self.size;
+        let size = offset
+            .checked_add(len as u64)
+            .ok_or(ShmError::Refused("the arena is full"))?;
+        rustix::fs::ftruncate(&self.fd, size).map_err(os("ftruncate"))?;
+        self.size = size;
+        let copy = map(&self.fd, offset, len)?;
+        // SAFETY: the caller's range (readable, no writer meanwhile) and a fresh mapping of
+        // the file's new bytes, `len` bytes each, apart.
+        unsafe { copy_nonzero_pages(addr.as_ptr(), copy.as_ptr(), len) };
         // SAFETY: replaces the caller's pages (whose bytes the file now holds) by the file,
-        // at the same address and length, with the same access; MAP_FIXED is confined to
-        // the caller's range.
-        unsafe {
-            rustix::mm::mmap(
+        // at the same address and length, with the same access: MAP_FIXED is confined to
+        // the caller's range. Then the copy's own mapping goes.
+        let r = unsafe {
+            let r = rustix::mm::mmap(
                 addr.as_ptr().cast(),
                 len,
                 ProtFlags::READ | ProtFlags::WRITE,
                 MapFlags::SHARED | MapFlags::FIXED,
-                &fd,
-                0,
-            )
-        }
-        .map_err(os("mmap fixed"))?;
-        Ok(Adopted {
-            addr,
-            len,
-            fd,
-            restored: false,
-        })
+                &self.fd,
+                offset,
+            );
+            let _ = rustix::mm::munmap(copy.as_ptr().cast(), len);
+            r
+        };
+        r.map_err(os("mmap fixed"))?;
+        Ok(Adopted { addr, len, offset })
     }
 
+    /// Put private anonymous pages with the range's bytes back at its addresses, and free
+    /// its bytes in the file. Leaves the addresses alone unless `/proc/self/maps` shows the
+    /// range still mapped there (the owner may have unmapped them early). On an error the
+    /// range stays mapped shared, every byte in place.
+    pub fn give_back(&self, a: Adopted) -> Result<(), ShmError> {
+        self.copy_out(&a)?;
+        // The file's pages of the range hold nothing anyone maps now: free them.
+        rustix::fs::fallocate(
+            &self.fd,
+            rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE,
+            a.offset,
+            a.len as u64,
+        )
+        .map_err(os("fallocate"))
+    }
+
+    /// Put private anonymous pages with the range's bytes back at its addresses, leaving the
+    /// file's bytes as they are: for a child after `fork`, whose parent still maps them.
+    pub fn copy_out(&self, a: &Adopted) -> Result<(), ShmError> {
+        let maps = own_maps().map_err(|e| ShmError::Os {
+            what: "read /proc/self/maps",
+            source: e,
+        })?;
+        let (addr, len) = (a.addr.as_ptr() as u64, a.len as u64);
+        if !maps_show_file(&maps, addr, len, &self.fd, a.offset) {
+            return Ok(());
+        }
+        // SAFETY: a fresh private anonymous mapping chosen by the kernel.
+        let copy = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                a.len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::PRIVATE,
+            )
+        }
+        .map_err(os("mmap"))?;
+        // SAFETY: the file's mapping at `addr` (just seen in the maps; the owner does not
+        // write it while it gives it back) and the fresh copy, apart.
+        unsafe { copy_nonzero_pages(a.addr.as_ptr(), copy.cast(), a.len) };
+        // SAFETY: moves the copy over the file's mapping, same address and length, in one
+        // step; nothing else refers to the copy's old address.
+        unsafe {
+            rustix::mm::mremap_fixed(
+                copy,
+                a.len,
+                a.len,
+                rustix::mm::MremapFlags::MAYMOVE,
+                a.addr.as_ptr().cast(),
+            )
+        }
+        .map_err(os("mremap"))?;
+        Ok(())
+    }
+}
+
+impl Adopted {
     /// First byte.
     pub fn addr(&self) -> NonNull<u8> {
         self.addr
@@ -355,70 +438,14 @@ impl Adopted {
         self.len
     }
 
-    /// Never empty ([`Adopted::adopt`] refuses that).
+    /// Never empty ([`Arena::adopt`] refuses that).
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
-    /// The file, to pass to the peer.
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
-    }
-
-    /// Put private anonymous pages with the file's bytes back at the address, and close the
-    /// file. Does nothing to the addresses unless `/proc/self/maps` shows the file still
-    /// mapped there (the owner may have unmapped them early). On an error the file stays
-    /// mapped there: every byte is still in place, shared.
-    pub fn give_back(mut self) -> Result<(), ShmError> {
-        let r = self.restore();
-        self.restored = true;
-        r
-    }
-
-    fn restore(&mut self) -> Result<(), ShmError> {
-        let maps = own_maps().map_err(|e| ShmError::Os {
-            what: "read /proc/self/maps",
-            source: e,
-        })?;
-        let (addr, len) = (self.addr.as_ptr() as u64, self.len as u64);
-        if !maps_show_file(&maps, addr, len, &self.fd, 0) {
-            return Ok(());
-        }
-        // SAFETY: a fresh private anonymous mapping chosen by the kernel.
-        let copy = unsafe {
-            rustix::mm::mmap_anonymous(
-                std::ptr::null_mut(),
-                self.len,
-                ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::PRIVATE,
-            )
-        }
-        .map_err(os("mmap"))?;
-        // SAFETY: the file's mapping at `addr` (just seen in the maps; the owner does not
-        // write it while it gives it back) and the fresh copy, `len` bytes each, apart.
-        unsafe { copy_nonzero_pages(self.addr.as_ptr(), copy.cast(), self.len) };
-        // SAFETY: moves the copy over the file's mapping at the same address and length in
-        // one step; nothing else refers to the copy's old address.
-        unsafe {
-            rustix::mm::mremap_fixed(
-                copy,
-                self.len,
-                self.len,
-                rustix::mm::MremapFlags::MAYMOVE,
-                self.addr.as_ptr().cast(),
-            )
-        }
-        .map_err(os("mremap"))?;
-        Ok(())
-    }
-}
-
-impl Drop for Adopted {
-    fn drop(&mut self) {
-        if !self.restored {
-            // Errors as in give_back: the bytes stay in place, shared.
-            let _ = self.restore();
-        }
+    /// Offset in the arena's file of the first byte.
+    pub fn offset(&self) -> u64 {
+        self.offset
     }
 }
 
@@ -542,22 +569,34 @@ garbage line
         let addr = NonNull::new(p).unwrap();
         let maps = own_maps().unwrap();
         assert!(maps_show_private_anonymous(&maps, p as u64, len as u64));
+        let mut arena = Arena::create("t").unwrap();
         assert!(matches!(
             // SAFETY: refused before it touches anything.
-            unsafe { Adopted::adopt("t", NonNull::new(p.wrapping_add(1)).unwrap(), PAGE) },
+            unsafe { arena.adopt(NonNull::new(p.wrapping_add(1)).unwrap(), PAGE) },
             Err(ShmError::Refused(_))
         ));
+        // Two ranges, at two offsets of the one file.
         // SAFETY: whole pages of private anonymous memory this test owns; no other writer.
-        let a = unsafe { Adopted::adopt("t", addr, len) }.unwrap();
+        let (a, b) = unsafe {
+            (
+                arena.adopt(addr, PAGE).unwrap(),
+                arena
+                    .adopt(NonNull::new(p.add(PAGE)).unwrap(), len - PAGE)
+                    .unwrap(),
+            )
+        };
+        assert_eq!((a.offset(), b.offset()), (0, PAGE as u64));
+        let maps = own_maps().unwrap();
+        assert!(maps_show_file(&maps, p as u64, PAGE as u64, &arena.fd(), 0));
         assert!(maps_show_file(
-            &own_maps().unwrap(),
-            p as u64,
-            len as u64,
-            &a.fd(),
-            0
+            &maps,
+            p as u64 + PAGE as u64,
+            PAGE as u64,
+            &arena.fd(),
+            PAGE as u64
         ));
         // A second mapping of the file sees the bytes, and its writes show at `p`.
-        let peer = SharedMemory::map_client(&a.fd(), 0, len as u64).unwrap();
+        let peer = SharedMemory::map_client(&arena.fd(), 0, len as u64).unwrap();
         // SAFETY: within both mappings.
         unsafe {
             assert_eq!(
@@ -568,24 +607,22 @@ garbage line
             peer.as_ptr().add(2 * PAGE).write(3);
             assert_eq!(p.add(2 * PAGE).read(), 3);
         }
-        a.give_back().unwrap();
+        arena.give_back(b).unwrap();
+        // SAFETY: within the mappings; `p + PAGE..` is private again, and its bytes in the
+        // file were freed (the peer reads zeros there).
+        unsafe {
+            assert_eq!((p.add(2 * PAGE).read(), p.add(len - 1).read()), (3, 2));
+            assert_eq!(peer.as_ptr().add(len - 1).read(), 0);
+            p.add(len - 1).write(4);
+            assert_eq!(peer.as_ptr().add(len - 1).read(), 0);
+            assert_eq!(p.read(), 1, "the other range is untouched");
+        }
         assert!(maps_show_private_anonymous(
             &own_maps().unwrap(),
-            p as u64,
-            len as u64
+            p as u64 + PAGE as u64,
+            (len - PAGE) as u64
         ));
-        // SAFETY: within the mapping, private again; the peer's copy no longer aliases it.
-        unsafe {
-            assert_eq!(
-                (p.read(), p.add(2 * PAGE).read(), p.add(len - 1).read()),
-                (1, 3, 2)
-            );
-            peer.as_ptr().write(9);
-            assert_eq!(p.read(), 1);
-        }
         // Addresses the owner mapped anew before the give-back are left alone.
-        // SAFETY: as above.
-        let b = unsafe { Adopted::adopt("t", addr, PAGE) }.unwrap();
         // SAFETY: replaces the test's own page with fresh private memory, then marks it.
         unsafe {
             rustix::mm::mmap_anonymous(
@@ -597,7 +634,7 @@ garbage line
             .unwrap();
             p.write(7);
         }
-        b.give_back().unwrap();
+        arena.give_back(a).unwrap();
         // SAFETY: the test's mapping, then unmapped.
         unsafe {
             assert_eq!(p.read(), 7);

@@ -85,31 +85,34 @@ enum Backing {
 
 const PAGE: usize = 4096;
 
-/// Buffers in shared memory, by start address: (length, the memfd). An entry lives exactly
-/// as long as its buffer's mapping (removed before the mapping is dropped, under this lock);
-/// a slab's entry covers every buffer in it and lives as long as the process.
-static SHARED_BUFFERS: std::sync::Mutex<std::collections::BTreeMap<usize, (usize, i32)>> =
+/// Buffers in shared memory, by start address: (length, the memfd, the offset in it of the
+/// start). An entry lives exactly as long as its buffer's mapping (removed before the
+/// mapping is dropped, under this lock); a slab's entry covers every buffer in it and lives
+/// as long as the process; an adopted range's, as long as the adoption.
+static SHARED_BUFFERS: std::sync::Mutex<std::collections::BTreeMap<usize, (usize, i32, u64)>> =
     std::sync::Mutex::new(std::collections::BTreeMap::new());
 
 fn shared_buffers(
-) -> std::sync::MutexGuard<'static, std::collections::BTreeMap<usize, (usize, i32)>> {
+) -> std::sync::MutexGuard<'static, std::collections::BTreeMap<usize, (usize, i32, u64)>> {
     // Every update is one map operation: a poisoned lock still guards a consistent map.
     SHARED_BUFFERS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// If `addr..addr + len` lies within one shared-memory [`Buffer`], a new descriptor of its
-/// file and the offset of `addr` in it (for registering it on the daemon).
-pub(crate) fn shared_file_of(addr: usize, len: usize) -> Option<(std::os::fd::OwnedFd, u64)> {
+/// If `addr..addr + len` lies within one shared-memory [`Buffer`] or adopted range: a new
+/// descriptor of its file, the offset of `addr` in it (for registering it on the daemon),
+/// and the start address of its entry.
+fn shared_file_of(addr: usize, len: usize) -> Option<(std::os::fd::OwnedFd, u64, usize)> {
     let map = shared_buffers();
-    let (&start, &(blen, raw)) = map.range(..=addr).next_back()?;
+    let (&start, &(blen, raw, base)) = map.range(..=addr).next_back()?;
     if addr.checked_add(len)? > start + blen {
         return None;
     }
-    // SAFETY: the entry exists only while its buffer's mapping, which owns `raw`, lives; it
-    // is removed under this lock (held here) before that fd is closed.
+    // SAFETY: the entry exists only while its buffer's mapping, which owns `raw`, lives (an
+    // adopted range's: while the registry's arena, which is never dropped, holds it); it is
+    // removed under this lock (held here) before that fd is closed.
     let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(raw) };
     let dup = rustix::io::fcntl_dupfd_cloexec(fd, 0).ok()?;
-    Some((dup, (addr - start) as u64))
+    Some((dup, base + (addr - start) as u64, start))
 }
 
 /// Every live registration of this process, on any device of either backend, and the memory
@@ -125,6 +128,8 @@ pub(crate) struct Registry {
     /// it. One that none uses but that other registrations still overlap stays (at 0) until
     /// they go too. Each is also listed in [`SHARED_BUFFERS`] while it lives.
     adopted: std::collections::BTreeMap<usize, (abi::shm::Adopted, usize)>,
+    /// The file that holds every adopted range (made at the first adoption, never closed).
+    arena: Option<abi::shm::Arena>,
 }
 
 struct Registered {
@@ -227,9 +232,7 @@ impl Registry {
     /// The caller registers the range: it stays allocated until the registration ends, and
     /// no one writes it during this call.
     pub(crate) unsafe fn share(&mut self, addr: usize, len: usize) -> Option<SharedRange> {
-        if let Some((fd, offset)) = shared_file_of(addr, len) {
-            // An adoption's file starts at its first page.
-            let start = addr - offset as usize;
+        if let Some((fd, offset, start)) = shared_file_of(addr, len) {
             let adopted = self.adopted.get_mut(&start).map(|(_, users)| {
                 *users += 1;
                 start
@@ -266,7 +269,21 @@ impl Registry {
         // which the caller keeps allocated and does not write during this call; no device
         // reaches them (no live registration touches them, and none starts while the
         // registry is locked); not this thread's stack.
-        let a = match unsafe { abi::shm::Adopted::adopt("softrdma-mr", ptr, len) } {
+        let arena = match &mut self.arena {
+            Some(arena) => arena,
+            None => match abi::shm::Arena::create("softrdma-registered") {
+                Ok(arena) => self.arena.insert(arena),
+                Err(e) => {
+                    tracing::debug!(error = %e, "no arena for adopted memory");
+                    return None;
+                }
+            },
+        };
+        // SAFETY: whole pages of private anonymous read-write memory (just seen in the maps),
+        // which the caller keeps allocated and does not write during this call; no device
+        // reaches them (no live registration touches them, and none starts while the
+        // registry is locked); not this thread's stack.
+        let a = match unsafe { arena.adopt(ptr, len) } {
             Ok(a) => a,
             Err(e) => {
                 tracing::debug!(error = %e, addr, len, "memory not adopted");
@@ -274,13 +291,19 @@ impl Registry {
             }
         };
         use std::os::fd::AsRawFd;
-        let fd = rustix::io::fcntl_dupfd_cloexec(a.fd(), 0).ok()?;
-        shared_buffers().insert(addr, (len, a.fd().as_raw_fd()));
+        let offset = a.offset();
+        let Ok(fd) = rustix::io::fcntl_dupfd_cloexec(arena.fd(), 0) else {
+            // Registered through the process file instead, on private pages again (or, if
+            // even that fails, on the shared ones, every byte in place).
+            let _ = arena.give_back(a);
+            return None;
+        };
+        shared_buffers().insert(addr, (len, arena.fd().as_raw_fd(), offset));
         self.adopted.insert(addr, (a, 1));
         fork_copies_adopted_memory();
         Some(SharedRange {
             fd,
-            offset: 0,
+            offset,
             adopted: Some(addr),
         })
     }
@@ -337,11 +360,14 @@ impl Registry {
         let starts: Vec<usize> = self.adopted.keys().copied().collect();
         for start in starts {
             shared_buffers().remove(&start);
-            if let Some((a, _)) = self.adopted.remove(&start) {
-                // On failure the child keeps sharing those pages with the parent.
-                let _ = a.give_back();
+            if let (Some((a, _)), Some(arena)) = (self.adopted.remove(&start), &self.arena) {
+                // The parent keeps the file's bytes. On failure the child keeps sharing
+                // those pages with it.
+                let _ = arena.copy_out(&a);
             }
         }
+        // The file is the parent's: the child's own adoptions go to a file of its own.
+        self.arena = None;
     }
 
     /// Give private pages back for every adoption around `pages` that no registration uses
@@ -359,8 +385,8 @@ impl Registry {
                 continue;
             }
             shared_buffers().remove(&start);
-            if let Some((a, _)) = self.adopted.remove(&start) {
-                if let Err(e) = a.give_back() {
+            if let (Some((a, _)), Some(arena)) = (self.adopted.remove(&start), &self.arena) {
+                if let Err(e) = arena.give_back(a) {
                     tracing::warn!(error = %e, start, "memory left in its shared file");
                 }
             }
@@ -382,7 +408,7 @@ fn new_shared(name: &str, len: usize) -> Option<(abi::shm::SharedMemory, std::pt
     // A new mapping is never at address 0 and keeps its file: both hold.
     let ptr = std::ptr::NonNull::new(m.as_ptr())?;
     let fd = m.fd()?.as_raw_fd();
-    shared_buffers().insert(ptr.as_ptr() as usize, (len, fd));
+    shared_buffers().insert(ptr.as_ptr() as usize, (len, fd, 0));
     Some((m, ptr))
 }
 
@@ -894,8 +920,8 @@ mod tests {
         assert!(pa + PAGE <= pb || pb + 2 * PAGE <= pa, "{pa:#x} {pb:#x}");
         // Both are found in a file, at their offsets, and the file holds their bytes.
         a.as_mut_slice().copy_from_slice(b"hi");
-        let (fa, offa) = shared_file_of(pa, 2).expect("a's file");
-        let (fb, offb) = shared_file_of(pb + 5, PAGE - 4).expect("b's file");
+        let (fa, offa, _) = shared_file_of(pa, 2).expect("a's file");
+        let (fb, offb, _) = shared_file_of(pb + 5, PAGE - 4).expect("b's file");
         assert!(offa % PAGE as u64 == 0 && offb % PAGE as u64 == 5);
         let mut two = [0u8; 2];
         rustix::io::pread(&fa, &mut two, offa).unwrap();

@@ -582,7 +582,7 @@ fn memory_a_program_allocated_itself_is_shared_with_the_daemon_while_registered(
     // and the test touches it only between operations.
     let whole = unsafe { b.pd.register_raw(p, 3 * PAGE, all_access()) }.unwrap();
     assert!(
-        mapping_path_at(at(PAGE)).starts_with("/memfd:softrdma-mr"),
+        mapping_path_at(at(PAGE)).starts_with("/memfd:softrdma-registered"),
         "registered whole pages are moved into shared memory: {}",
         mapping_path_at(at(PAGE))
     );
@@ -618,13 +618,13 @@ fn memory_a_program_allocated_itself_is_shared_with_the_daemon_while_registered(
         }
     }
     assert_eq!(held()[PAGE], expect[PAGE], "the child wrote its own copy");
-    assert!(mapping_path_at(at(PAGE)).starts_with("/memfd:softrdma-mr"));
+    assert!(mapping_path_at(at(PAGE)).starts_with("/memfd:softrdma-registered"));
 
     // A second region over part of it shares the same file; the first going keeps it.
     // SAFETY: as above.
     let part = unsafe { b.pd.register_raw(p.add(PAGE), PAGE, all_access()) }.unwrap();
     drop(whole);
-    assert!(mapping_path_at(at(PAGE)).starts_with("/memfd:softrdma-mr"));
+    assert!(mapping_path_at(at(PAGE)).starts_with("/memfd:softrdma-registered"));
     a.qp.read(
         2,
         &[a.mr.sge(8192..8192 + PAGE).unwrap()],
@@ -651,7 +651,7 @@ fn pages_a_live_registration_reaches_are_not_adopted() {
     // SAFETY: a non-zero size.
     let p = unsafe { std::alloc::alloc_zeroed(layout) };
     assert!(!p.is_null());
-    let adopted = || mapping_path_at(p as usize).starts_with("/memfd:softrdma-mr");
+    let adopted = || mapping_path_at(p as usize).starts_with("/memfd:softrdma-registered");
     // SAFETY (all three): the allocation outlives the regions, and the test does not touch
     // it while they live.
     // Not whole pages: reached through the process file, and the pages stay private.
