@@ -197,6 +197,11 @@ fn fork_copies_adopted_memory() {
     });
 }
 
+/// Largest range adopted. Adopting reads every page (an untouched one costs a fault that
+/// maps the zero page): a region over a vast reservation, most of it never touched, would
+/// take seconds to register, and goes through the process file instead.
+const ADOPT_MAX: usize = 4 << 30;
+
 /// The whole pages `addr..addr + len` touches.
 fn pages_of(addr: usize, len: usize) -> (usize, usize) {
     let end = addr.saturating_add(len.max(1));
@@ -243,7 +248,11 @@ impl Registry {
                 adopted,
             });
         }
-        if !adoption_enabled() || len == 0 || pages_of(addr, len) != (addr, addr + len) {
+        if !adoption_enabled()
+            || len == 0
+            || len > ADOPT_MAX
+            || pages_of(addr, len) != (addr, addr + len)
+        {
             return None;
         }
         if self.touched(addr, addr + len) {
