@@ -293,25 +293,36 @@ unsafe impl Send for Adopted {}
 // SAFETY: `&Adopted` gives out only numbers.
 unsafe impl Sync for Adopted {}
 
-/// Copy the pages of `src` that are not all zero to `dst` (which reads as zeros): untouched
-/// anonymous pages stay unallocated in the copy.
-///
-/// # Safety
-/// Both valid for `len` bytes (page-aligned), not overlapping, and not written by anyone
-/// else meanwhile.
-unsafe fn copy_nonzero_pages(src: *const u8, dst: *mut u8, len: usize) {
-    let page = rustix::param::page_size();
-    let mut off = 0;
-    while off < len {
-        let n = page.min(len - off);
-        // SAFETY: within src's `len` bytes, which no one writes meanwhile (the contract).
-        let from = unsafe { std::slice::from_raw_parts(src.add(off), n) };
-        if from.iter().any(|&b| b != 0) {
-            // SAFETY: within dst's `len` bytes; the two do not overlap.
-            unsafe { std::ptr::copy_nonoverlapping(from.as_ptr(), dst.add(off), n) };
+/// Write all of `data` at `offset` of `fd`.
+fn write_all_at(fd: &OwnedFd, mut data: &[u8], mut offset: u64) -> Result<(), ShmError> {
+    while !data.is_empty() {
+        match rustix::io::pwrite(fd, data, offset) {
+            Ok(0) => return Err(ShmError::Refused("the file took no bytes")),
+            Ok(n) => {
+                data = &data[n..];
+                offset += n as u64;
+            }
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(os("pwrite")(e)),
         }
-        off += n;
     }
+    Ok(())
+}
+
+/// Fill all of `buf` from `offset` of `fd`.
+fn read_exact_at(fd: &OwnedFd, mut buf: &mut [u8], mut offset: u64) -> Result<(), ShmError> {
+    while !buf.is_empty() {
+        match rustix::io::pread(fd, &mut *buf, offset) {
+            Ok(0) => return Err(ShmError::Refused("the file ended early")),
+            Ok(n) => {
+                buf = &mut buf[n..];
+                offset += n as u64;
+            }
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(os("pread")(e)),
+        }
+    }
+    Ok(())
 }
 
 impl Arena {
@@ -348,26 +359,38 @@ impl Arena {
             .ok_or(ShmError::Refused("the arena is full"))?;
         rustix::fs::ftruncate(&self.fd, size).map_err(os("ftruncate"))?;
         self.size = size;
-        let copy = map(&self.fd, offset, len)?;
-        // SAFETY: the caller's range (readable, no writer meanwhile) and a fresh mapping of
-        // the file's new bytes, `len` bytes each, apart.
-        unsafe { copy_nonzero_pages(addr.as_ptr(), copy.as_ptr(), len) };
+        // SAFETY: the caller's range: readable, and no one writes it meanwhile.
+        let bytes = unsafe { std::slice::from_raw_parts(addr.as_ptr(), len) };
+        // Runs of pages that are not all zero go into the file with one write each (the
+        // kernel copies, no page faults); untouched pages stay holes that hold no memory.
+        let mut run: Option<usize> = None;
+        for (i, p) in bytes.chunks(page).enumerate() {
+            match (p.iter().any(|&b| b != 0), run) {
+                (true, None) => run = Some(i * page),
+                (false, Some(start)) => {
+                    write_all_at(&self.fd, &bytes[start..i * page], offset + start as u64)?;
+                    run = None;
+                }
+                _ => {}
+            }
+        }
+        if let Some(start) = run {
+            write_all_at(&self.fd, &bytes[start..], offset + start as u64)?;
+        }
         // SAFETY: replaces the caller's pages (whose bytes the file now holds) by the file,
         // at the same address and length, with the same access: MAP_FIXED is confined to
-        // the caller's range. Then the copy's own mapping goes.
-        let r = unsafe {
-            let r = rustix::mm::mmap(
+        // the caller's range.
+        unsafe {
+            rustix::mm::mmap(
                 addr.as_ptr().cast(),
                 len,
                 ProtFlags::READ | ProtFlags::WRITE,
                 MapFlags::SHARED | MapFlags::FIXED,
                 &self.fd,
                 offset,
-            );
-            let _ = rustix::mm::munmap(copy.as_ptr().cast(), len);
-            r
-        };
-        r.map_err(os("mmap fixed"))?;
+            )
+        }
+        .map_err(os("mmap fixed"))?;
         Ok(Adopted { addr, len, offset })
     }
 
@@ -408,12 +431,36 @@ impl Arena {
             )
         }
         .map_err(os("mmap"))?;
-        // SAFETY: the file's mapping at `addr` (just seen in the maps; the owner does not
-        // write it while it gives it back) and the fresh copy, apart.
-        unsafe { copy_nonzero_pages(a.addr.as_ptr(), copy.cast(), a.len) };
+        let fill = || -> Result<(), ShmError> {
+            // SAFETY: the fresh mapping, `len` bytes, nothing else refers to it.
+            let dst = unsafe { std::slice::from_raw_parts_mut(copy.cast::<u8>(), a.len) };
+            // The file's data (holes read as zero, as the fresh pages do), one read per
+            // extent; the owner does not write the range while it gives it back.
+            let end = a.offset + len;
+            let mut at = a.offset;
+            while at < end {
+                let data = match rustix::fs::seek(&self.fd, rustix::fs::SeekFrom::Data(at)) {
+                    Ok(d) if d < end => d,
+                    Ok(_) | Err(rustix::io::Errno::NXIO) => break,
+                    Err(e) => return Err(os("SEEK_DATA")(e)),
+                };
+                let hole = rustix::fs::seek(&self.fd, rustix::fs::SeekFrom::Hole(data))
+                    .map_err(os("SEEK_HOLE"))?
+                    .min(end);
+                let (from, to) = ((data - a.offset) as usize, (hole - a.offset) as usize);
+                read_exact_at(&self.fd, &mut dst[from..to], data)?;
+                at = hole;
+            }
+            Ok(())
+        };
+        if let Err(e) = fill() {
+            // SAFETY: the fresh mapping made above, which nothing else refers to.
+            let _ = unsafe { rustix::mm::munmap(copy, a.len) };
+            return Err(e);
+        }
         // SAFETY: moves the copy over the file's mapping, same address and length, in one
         // step; nothing else refers to the copy's old address.
-        unsafe {
+        let moved = unsafe {
             rustix::mm::mremap_fixed(
                 copy,
                 a.len,
@@ -421,8 +468,12 @@ impl Arena {
                 rustix::mm::MremapFlags::MAYMOVE,
                 a.addr.as_ptr().cast(),
             )
+        };
+        if let Err(e) = moved {
+            // SAFETY: the fresh mapping made above, which nothing else refers to.
+            let _ = unsafe { rustix::mm::munmap(copy, a.len) };
+            return Err(os("mremap")(e));
         }
-        .map_err(os("mremap"))?;
         Ok(())
     }
 }
