@@ -260,22 +260,11 @@ impl WorkQueueRing {
         if !self.ring.push(entry)? {
             return Ok(Posted::Full);
         }
-        // Orders the push before the read of the watch word (see `Ring::set_watched`).
-        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-        if self.ring.watched() {
-            // The daemon looks at this ring on every pass: no bit, no eventfd.
-            return Ok(Posted::Queued { doorbell: false });
-        }
         let doorbell = self.doorbell.ring(self.bit)?;
         if doorbell {
             self.doorbells += 1;
         }
         Ok(Posted::Queued { doorbell })
-    }
-
-    /// Whether the daemon says it looks at this ring on every pass (posts ring no doorbell).
-    pub fn daemon_watches(&self) -> bool {
-        self.ring.watched()
     }
 
     /// Whether the daemon's progress thread says it sleeps (the next post rings).

@@ -12,7 +12,6 @@
 //! | 0 | magic `RING_MAGIC`, version, entry size, capacity (a power of two) |
 //! | 16 | reserved (version 1's wakeup word: work rings now ring bits of a [`crate::doorbell`] page) |
 //! | 20 | backlog word: non-zero while the producer holds entries waiting for room and wants a doorbell when slots free up |
-//! | 24 | watch word (work rings): non-zero while the daemon looks at this ring on every pass of its progress thread, so a post needs no doorbell ([`Ring::set_watched`]); zero in rings made before it existed, which then always ring |
 //! | 64 | producer index (free-running u32) |
 //! | 128 | consumer index (free-running u32) |
 //! | 192 | `capacity` entries of `entry size` bytes |
@@ -36,7 +35,6 @@ use crate::shm::{SharedMemory, ShmError};
 pub const RING_MAGIC: u32 = u32::from_le_bytes(*b"SRRG");
 const VERSION: u32 = 2;
 const BACKLOG: usize = 20;
-const WATCH: usize = 24;
 const PROD: usize = 64;
 const CONS: usize = 128;
 const ENTRIES: usize = 192;
@@ -176,7 +174,6 @@ impl Ring {
         ring.word(4).store(VERSION, Ordering::Relaxed);
         ring.word(8).store(entry_size as u32, Ordering::Relaxed);
         ring.word(BACKLOG).store(0, Ordering::Relaxed);
-        ring.word(WATCH).store(0, Ordering::Relaxed);
         ring.word(PROD).store(0, Ordering::Relaxed);
         ring.word(CONS).store(0, Ordering::Relaxed);
         ring.word(12).store(capacity, Ordering::Release);
@@ -406,23 +403,6 @@ impl Ring {
         self.word(BACKLOG)
             .store(u32::from(waiting), Ordering::SeqCst);
         std::sync::atomic::fence(Ordering::SeqCst);
-    }
-
-    /// Consumer: say whether this end looks at the ring on every pass, so that the producer
-    /// may leave out its doorbell. No post is lost: the producer publishes its entry, then a
-    /// full fence, then reads this word; this end, after clearing it, fences and then looks
-    /// at the producer index ([`Ring::is_empty`]) once more. So either the producer sees the
-    /// word cleared and rings, or this end sees the entry.
-    pub fn set_watched(&self, watched: bool) {
-        self.word(WATCH).store(u32::from(watched), Ordering::SeqCst);
-        std::sync::atomic::fence(Ordering::SeqCst);
-    }
-
-    /// Producer, after [`Ring::push`] and a full fence: whether the consumer said it looks at
-    /// the ring on every pass (no doorbell needed). The word is only a hint: any value is
-    /// safe to read, and a consumer that lies only delays its own ring.
-    pub fn watched(&self) -> bool {
-        self.word(WATCH).load(Ordering::SeqCst) != 0
     }
 
     /// Consumer, after popping: whether the producer said entries wait for room (ring its

@@ -102,7 +102,7 @@ impl Attachment for Rings {
             self.stats.doorbell_wakeups.fetch_add(1, Ordering::Relaxed);
         }
         self.asleep = asleep;
-        for c in self.work.values_mut() {
+        for c in self.work.values() {
             c.set_sleeping(asleep);
         }
     }
@@ -292,7 +292,7 @@ impl Device {
         let c = match rings.work.entry(conn) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {
-                let mut c = ConnRings::new()?;
+                let c = ConnRings::new()?;
                 // Under the lock the progress thread sets and clears every page's word: a
                 // page made while it sleeps asks for doorbells from the start.
                 c.set_sleeping(asleep);

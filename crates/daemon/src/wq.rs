@@ -36,13 +36,6 @@ use abi::wqe;
 /// lock for long.
 const BATCH: usize = 64;
 
-/// Rings of one connection the daemon looks at on every pass without a doorbell, at most:
-/// a ring joins when a pass found work in it (see `Ring::set_watched`).
-const WATCH_MAX: usize = 64;
-
-/// A watched ring found empty on this many passes in a row goes back to doorbells.
-const WATCH_IDLE: u32 = 256;
-
 /// The queue a work ring feeds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Queue {
@@ -139,10 +132,6 @@ pub struct WorkRing {
     /// room comes (kept as the entry's bytes, so a post never copies a WR to keep it).
     stash: bool,
     entry: Vec<u8>,
-    /// The daemon looks at it on every pass (the client rings no doorbell meanwhile).
-    watched: bool,
-    /// Passes in a row that found a watched ring empty.
-    idle: u32,
 }
 
 impl core::fmt::Debug for WorkRing {
@@ -175,18 +164,7 @@ impl WorkRing {
             handle,
             handles,
             stash: false,
-            watched: false,
-            idle: 0,
         }
-    }
-
-    /// Look at this ring on every pass from now on, or stop. After stopping, the caller looks
-    /// once more ([`WorkRing::waiting`]): a post made while the client still saw the ring
-    /// watched rang no doorbell.
-    fn watch(&mut self, on: bool) {
-        self.watched = on;
-        self.idle = 0;
-        self.ring.set_watched(on);
     }
 
     /// The queue it feeds.
@@ -395,18 +373,6 @@ impl Bits {
         self.words[bit as usize / 64] &= !(1 << (bit % 64));
     }
 
-    /// Add every bit of `other` to this set (which keeps its own).
-    fn union(&mut self, other: &Bits) {
-        for (i, &sum) in other.summary.iter().enumerate() {
-            let mut t = sum;
-            while t != 0 {
-                let w = i * 64 + t.trailing_zeros() as usize;
-                t &= t - 1;
-                self.add(w, other.words[w]);
-            }
-        }
-    }
-
     /// Move every bit of `other` into this set.
     fn absorb(&mut self, other: &mut Bits) {
         other.drain_words(|w, bits| self.add(w, bits));
@@ -446,9 +412,6 @@ pub struct ConnRings {
     stashed: Bits,
     /// The rings a pass looks at (kept to reuse its storage; empty between passes).
     look: Bits,
-    /// Rings looked at on every pass without a doorbell, and how many.
-    watched: Bits,
-    watching: usize,
 }
 
 impl core::fmt::Debug for ConnRings {
@@ -473,8 +436,6 @@ impl ConnRings {
             again: Bits::new(),
             stashed: Bits::new(),
             look: Bits::new(),
-            watched: Bits::new(),
-            watching: 0,
         })
     }
 
@@ -505,13 +466,9 @@ impl ConnRings {
         if let Some(r) = self.rings.get_mut(bit as usize).and_then(Option::take) {
             self.by_queue.remove(&r.queue());
             self.free_bits.push(bit);
-            if r.watched {
-                self.watching -= 1;
-            }
         }
         self.again.remove(bit);
         self.stashed.remove(bit);
-        self.watched.remove(bit);
     }
 
     /// Stop taking posts for `queue`; whether it had a ring.
@@ -540,27 +497,8 @@ impl ConnRings {
     }
 
     /// Tell the client whether it must write the device's eventfd after ringing a bit.
-    /// Going to sleep, the daemon stops watching rings (the client rings their bits again);
-    /// one that received a post meanwhile is looked at again, which keeps it awake.
-    pub fn set_sleeping(&mut self, sleeping: bool) {
+    pub fn set_sleeping(&self, sleeping: bool) {
         self.page.set_sleeping(sleeping);
-        if !sleeping || self.watching == 0 {
-            return;
-        }
-        let (rings, again) = (&mut self.rings, &mut self.again);
-        self.watched.drain_words(|w, mut bits| {
-            while bits != 0 {
-                let bit = (w * 64) as u32 + bits.trailing_zeros();
-                bits &= bits - 1;
-                if let Some(Some(r)) = rings.get_mut(bit as usize) {
-                    r.watch(false);
-                    if r.waiting() {
-                        again.insert(bit);
-                    }
-                }
-            }
-        });
-        self.watching = 0;
     }
 
     /// Whether WQEs may wait that the daemon could take now: a bit is set, or a drain
@@ -585,11 +523,9 @@ impl ConnRings {
         });
         look.absorb(&mut self.again);
         look.absorb(&mut self.stashed);
-        look.union(&self.watched);
         let mut took = 0;
         let mut broken = Vec::new();
         let (rings, again, stashed) = (&mut self.rings, &mut self.again, &mut self.stashed);
-        let (watched, watching) = (&mut self.watched, &mut self.watching);
         look.drain_words(|w, mut bits| {
             while bits != 0 {
                 let b = bits.trailing_zeros();
@@ -602,22 +538,6 @@ impl ConnRings {
                 match r.drain(engine, stats) {
                     Drained::Took(n) => {
                         took += n;
-                        if n > 0 {
-                            r.idle = 0;
-                            // A busy ring is looked at on every pass, with no doorbell.
-                            if !r.watched && *watching < WATCH_MAX {
-                                r.watch(true);
-                                watched.insert(bit);
-                                *watching += 1;
-                            }
-                        } else if r.watched {
-                            r.idle += 1;
-                            if r.idle > WATCH_IDLE {
-                                r.watch(false);
-                                watched.remove(bit);
-                                *watching -= 1;
-                            }
-                        }
                         if r.backlogged() {
                             stashed.insert(bit);
                         } else if r.waiting() {

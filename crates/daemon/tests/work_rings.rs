@@ -241,45 +241,6 @@ fn a_busy_daemon_takes_wqes_with_no_doorbell() {
     assert_eq!(s.get("srxe0.progress_sleeps"), sleeps);
 }
 
-#[test]
-fn a_busy_ring_is_watched_without_doorbells_until_the_daemon_sleeps() {
-    // Awake for 200 ms after work: the ring is watched meanwhile, and given back to
-    // doorbells before the daemon sleeps.
-    let d = daemon_with_spin(200_000);
-    let (mut a, mut b) = connected_pair(&d, 64 * 64);
-    let (mut sq, _) = rings(&mut a);
-    let (_, mut rq) = rings(&mut b);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut i = 0u64;
-    // Post until a pass found work in the receive ring: from then on the daemon watches it.
-    while !rq.daemon_watches() {
-        assert!(Instant::now() < deadline, "the ring was never watched");
-        if rq.unconsumed().unwrap() == 0 && i < 32 {
-            rq.post(&recv(&b, i, 64 * i)).unwrap();
-            i += 1;
-        }
-        std::hint::spin_loop();
-    }
-    // Going to sleep, it stops watching, so a post finds it asleep and rings.
-    wait_asleep(&rq);
-    assert!(!rq.daemon_watches(), "a sleeping daemon watches no ring");
-    let p = rq.post(&recv(&b, i, 64 * i)).unwrap();
-    assert!(matches!(p, Posted::Queued { .. }));
-    wait_taken(&rq);
-    let posted = i + 1;
-    // Every receive was taken: as many SENDs land, in order.
-    for j in 0..posted {
-        sq.post(&send(&a, j, &format!("seen {j:02}"))).unwrap();
-        wait_taken(&sq);
-    }
-    let wb = b.wait(posted as usize);
-    for (j, w) in wb.iter().enumerate() {
-        assert_eq!((w.wr_id, w.status), (j as u64, 0));
-        assert_eq!(b.buf.read(64 * j, 7), format!("seen {j:02}").as_bytes());
-    }
-    assert_eq!(d.stats().get("srxe0.ring_wqes"), 2 * posted);
-}
-
 /// An RC QP in INIT on `side`'s connection.
 fn spare_qp(side: &mut Side) -> u32 {
     let qp = side
