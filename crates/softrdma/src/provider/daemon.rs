@@ -56,13 +56,13 @@ pub(crate) struct DaemonDevice {
     /// (`None`: the daemon offers none; every post goes by request).
     work_doorbell: Option<WorkDoorbell>,
     /// Work rings and post-time facts of this connection's QPs, by handle.
-    qps: Mutex<HashMap<QpHandle, Arc<QpRings>>>,
+    qps: Mutex<foldhash::HashMap<QpHandle, Arc<QpRings>>>,
     /// The same QPs by QP number (completions name QPs by number).
-    qps_by_qpn: Mutex<HashMap<Qpn, Arc<QpRings>>>,
+    qps_by_qpn: Mutex<foldhash::HashMap<Qpn, Arc<QpRings>>>,
     /// Work rings of this connection's SRQs, by handle.
-    srqs: Mutex<HashMap<u32, Arc<SrqRing>>>,
+    srqs: Mutex<foldhash::HashMap<u32, Arc<SrqRing>>>,
     /// The PD of each of this connection's AHs, by handle (a UD post checks it).
-    ah_pds: Mutex<HashMap<u32, u32>>,
+    ah_pds: Mutex<foldhash::HashMap<u32, u32>>,
     /// The completion rings of this connection's CQs, by handle (a QP reset cleans them).
     cq_rings: Mutex<HashMap<u32, Weak<Mutex<CqRing>>>>,
     /// What this device's registrations are named by in `crate::mr::Registry`.
@@ -303,10 +303,10 @@ impl DaemonDevice {
             event_channel,
             doorbell,
             work_doorbell,
-            qps: Mutex::new(HashMap::new()),
-            qps_by_qpn: Mutex::new(HashMap::new()),
-            srqs: Mutex::new(HashMap::new()),
-            ah_pds: Mutex::new(HashMap::new()),
+            qps: Mutex::default(),
+            qps_by_qpn: Mutex::default(),
+            srqs: Mutex::default(),
+            ah_pds: Mutex::default(),
             cq_rings: Mutex::new(HashMap::new()),
             serial: crate::mr::device_serial(),
             client: Mutex::new(client),
