@@ -229,8 +229,8 @@ impl Registry {
     /// addresses unchanged; when no registration touches them any more, private pages come
     /// back. A write by another thread of the program into those pages while the
     /// registration call runs would be lost (as would one while the last deregistration
-    /// runs), and after `fork` the child shares them with the parent instead of copying:
-    /// `SOFTRDMA_ADOPT_MEMORY=0` turns adoption off. Pages that hold the calling thread's
+    /// runs): `SOFTRDMA_ADOPT_MEMORY=0` turns adoption off. After `fork` the child gets its
+    /// own copy (see [`fork_copies_adopted_memory`]). Pages that hold the calling thread's
     /// stack are never adopted.
     ///
     /// # Safety
@@ -274,10 +274,6 @@ impl Registry {
             return None;
         }
         let ptr = std::ptr::NonNull::new(addr as *mut u8)?;
-        // SAFETY: whole pages of private anonymous read-write memory (just seen in the maps),
-        // which the caller keeps allocated and does not write during this call; no device
-        // reaches them (no live registration touches them, and none starts while the
-        // registry is locked); not this thread's stack.
         let arena = match &mut self.arena {
             Some(arena) => arena,
             None => match abi::shm::Arena::create("softrdma-registered") {

@@ -535,9 +535,16 @@ impl Provider for Daemon {
                     shared.offset,
                 );
                 match (m, shared.adopted) {
+                    // Adopted memory the daemon would not map is still the program's
+                    // memory: give it back and register it as before adoption.
                     (Err(e), Some(start)) => {
+                        tracing::debug!(error = %e, "adopted memory refused; by the process file");
                         registry.release(start);
-                        return Err(e.into());
+                        let m = self
+                            .dev
+                            .c()
+                            .reg_mr_at(pd.0, addr as u64, len as u64, access)?;
+                        (m, None)
                     }
                     (m, adopted) => (m?, adopted),
                 }
