@@ -359,38 +359,47 @@ impl Arena {
             .ok_or(ShmError::Refused("the arena is full"))?;
         rustix::fs::ftruncate(&self.fd, size).map_err(os("ftruncate"))?;
         self.size = size;
-        // SAFETY: the caller's range: readable, and no one writes it meanwhile.
-        let bytes = unsafe { std::slice::from_raw_parts(addr.as_ptr(), len) };
-        // Runs of pages that are not all zero go into the file with one write each (the
-        // kernel copies, no page faults); untouched pages stay holes that hold no memory.
-        let mut run: Option<usize> = None;
-        for (i, p) in bytes.chunks(page).enumerate() {
-            match (p.iter().any(|&b| b != 0), run) {
-                (true, None) => run = Some(i * page),
-                (false, Some(start)) => {
-                    write_all_at(&self.fd, &bytes[start..i * page], offset + start as u64)?;
-                    run = None;
+        let fill = || -> Result<(), ShmError> {
+            // SAFETY: the caller's range: readable, and no one writes it meanwhile.
+            let bytes = unsafe { std::slice::from_raw_parts(addr.as_ptr(), len) };
+            // Runs of pages that are not all zero go into the file with one write each (the
+            // kernel copies, no page faults); untouched pages stay holes that hold no memory.
+            let mut run: Option<usize> = None;
+            for (i, p) in bytes.chunks(page).enumerate() {
+                match (p.iter().any(|&b| b != 0), run) {
+                    (true, None) => run = Some(i * page),
+                    (false, Some(start)) => {
+                        write_all_at(&self.fd, &bytes[start..i * page], offset + start as u64)?;
+                        run = None;
+                    }
+                    _ => {}
                 }
-                _ => {}
             }
+            if let Some(start) = run {
+                write_all_at(&self.fd, &bytes[start..], offset + start as u64)?;
+            }
+            // SAFETY: replaces the caller's pages (whose bytes the file now holds) by the file,
+            // at the same address and length, with the same access: MAP_FIXED is confined to
+            // the caller's range.
+            unsafe {
+                rustix::mm::mmap(
+                    addr.as_ptr().cast(),
+                    len,
+                    ProtFlags::READ | ProtFlags::WRITE,
+                    MapFlags::SHARED | MapFlags::FIXED,
+                    &self.fd,
+                    offset,
+                )
+            }
+            .map_err(os("mmap fixed"))?;
+            Ok(())
+        };
+        if let Err(e) = fill() {
+            // The caller's pages are untouched (the mapping is replaced last): free what
+            // reached the file.
+            let _ = self.punch(offset, len as u64);
+            return Err(e);
         }
-        if let Some(start) = run {
-            write_all_at(&self.fd, &bytes[start..], offset + start as u64)?;
-        }
-        // SAFETY: replaces the caller's pages (whose bytes the file now holds) by the file,
-        // at the same address and length, with the same access: MAP_FIXED is confined to
-        // the caller's range.
-        unsafe {
-            rustix::mm::mmap(
-                addr.as_ptr().cast(),
-                len,
-                ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::SHARED | MapFlags::FIXED,
-                &self.fd,
-                offset,
-            )
-        }
-        .map_err(os("mmap fixed"))?;
         Ok(Adopted { addr, len, offset })
     }
 
@@ -401,11 +410,16 @@ impl Arena {
     pub fn give_back(&self, a: Adopted) -> Result<(), ShmError> {
         self.copy_out(&a)?;
         // The file's pages of the range hold nothing anyone maps now: free them.
+        self.punch(a.offset, a.len as u64)
+    }
+
+    /// Free `len` bytes of the file at `offset` (they read as zeros afterwards).
+    fn punch(&self, offset: u64, len: u64) -> Result<(), ShmError> {
         rustix::fs::fallocate(
             &self.fd,
             rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE,
-            a.offset,
-            a.len as u64,
+            offset,
+            len,
         )
         .map_err(os("fallocate"))
     }
