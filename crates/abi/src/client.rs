@@ -100,9 +100,38 @@ pub struct CqRing {
     /// room in the ring.
     doorbell: std::sync::Arc<OwnedFd>,
     doorbells: u64,
+    /// The CQ's bit in the doorbell page, to arm it through the ring
+    /// ([`Client::attach_cq_arm`]).
+    arm: Option<(WorkDoorbell, u32)>,
 }
 
 impl CqRing {
+    /// Arm the CQ's notification (`ibv_req_notify_cq`) through the ring: write the arm word
+    /// and set the CQ's bit in the doorbell page, writing the device's eventfd only if the
+    /// daemon sleeps; no request, no reply to wait for. `Ok(false)` if this ring has no bit
+    /// ([`Client::attach_cq_arm`] was not called or failed): arm by request then. As with a
+    /// NIC, the arm is for completions after it: one already in the ring does not fire it
+    /// (poll after arming), one that reaches the ring before the daemon takes the arm does.
+    pub fn arm(&mut self, solicited_only: bool) -> Result<bool, RingError> {
+        let Some((doorbell, bit)) = &self.arm else {
+            return Ok(false);
+        };
+        self.ring.arm(solicited_only);
+        doorbell.ring(*bit)?;
+        Ok(true)
+    }
+
+    /// Write the arm word alone, ringing nothing (tests of the daemon's side: a client whose
+    /// bit the daemon takes later, as when it is busy elsewhere).
+    pub fn arm_unrung(&mut self, solicited_only: bool) {
+        self.ring.arm(solicited_only);
+    }
+
+    /// The CQ's bit in the doorbell page, if it is armed through the ring ([`CqRing::arm`]).
+    pub fn arm_bit(&self) -> Option<u32> {
+        self.arm.as_ref().map(|(_, bit)| *bit)
+    }
+
     /// Completions waiting in the ring (and held back by [`CqRing::discard`]).
     pub fn len(&self) -> Result<u32, RingError> {
         Ok(self.ring.len()? + self.held.len() as u32)
@@ -641,7 +670,25 @@ impl Client {
             ring: self.ring_at(place, Role::Consumer)?,
             doorbell,
             doorbells: 0,
+            arm: None,
         })
+    }
+
+    /// Arm `cq`, whose ring `ring` is, through the ring from now on ([`CqRing::arm`]):
+    /// `doorbell` is the CQ's device's ([`Client::work_doorbell`]).
+    pub fn attach_cq_arm(
+        &mut self,
+        cq: u32,
+        ring: &mut CqRing,
+        doorbell: WorkDoorbell,
+    ) -> Result<(), ClientError> {
+        match self.call(&Request::AttachCqArm { cq })? {
+            Response::ArmBit { bit } => {
+                ring.arm = Some((doorbell, bit));
+                Ok(())
+            }
+            _ => Err(ClientError::Unexpected),
+        }
     }
 
     /// Map arena chunk `chunk`, whose file `fd` came with the answer naming it, the first

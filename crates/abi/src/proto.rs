@@ -60,7 +60,8 @@ use crate::wqe::Cqe;
 
 /// First four bytes of every message: `"SRDM"`.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"SRDM");
-/// The protocol version this crate speaks (12: rings live in the connection's ring arena —
+/// The protocol version this crate speaks (13: CQs are armed through their rings —
+/// [`Request::AttachCqArm`] and the rings' arm word; 12: rings live in the connection's ring arena —
 /// [`Response::WorkRingAt`] and [`Response::RingAt`] name a ring's place, the doorbell page
 /// has 65 536 bits and a summary; 11: work rings ring bits of a doorbell page —
 /// [`Request::DoorbellPage`], `Response::Bell`; 10: [`Request::CmReject`] carries the reason; 9:
@@ -68,7 +69,7 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SRDM");
 /// `ConnParam::qp_num`, [`Request::CmEstablish`], [`Request::CmInitQpAttr`]; 5: the
 /// connection manager's requests and events; 4: messages are generated from their tables
 /// and carry the engine's types whole).
-pub const VERSION: u16 = 12;
+pub const VERSION: u16 = 13;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 16;
 /// Largest body accepted (inline data and completion batches fit easily).
@@ -737,6 +738,15 @@ messages! {
             /// Device index.
             dev: u32,
         },
+        /// Arm `cq` through its ring ([`Request::AttachCqRing`] first) from now on, as a NIC's
+        /// library arms a CQ with a doorbell, with no request: the client writes the ring's
+        /// arm word ([`crate::ring::Ring::arm`]) and sets the answered bit
+        /// ([`Response::ArmBit`]) in its doorbell page of the CQ's device
+        /// ([`Request::DoorbellPage`] first). [`Request::ReqNotifyCq`] keeps working.
+        61 ATTACH_CQ_ARM => AttachCqArm {
+            /// CQ handle.
+            cq: u32,
+        },
     }
 }
 
@@ -874,6 +884,11 @@ messages! {
             offset: u64,
             /// Bytes of the ring.
             len: u64,
+        },
+        /// Answer to [`Request::AttachCqArm`]: the CQ's bit in the doorbell page.
+        22 ARM_BIT => ArmBit {
+            /// Bit number (below [`crate::doorbell::BITS`]).
+            bit: u32,
         },
         /// The request failed: an errno as libibverbs would return it, and why.
         255 ERROR => Error {
@@ -1246,6 +1261,7 @@ mod tests {
             },
             Request::Doorbell { dev: 1 },
             Request::DoorbellPage { dev: 1 },
+            Request::AttachCqArm { cq: 2 },
         ]
     }
 
@@ -1285,7 +1301,7 @@ mod tests {
             44
         );
         // Unused numbers name nothing (28 was retired in version 3).
-        for k in [0, 28, 61, 0x7777] {
+        for k in [0, 28, 62, 0x7777] {
             assert_eq!(Request::decode(k, &[]), Err(ProtoError::UnknownKind(k)));
         }
     }
@@ -1429,6 +1445,7 @@ mod tests {
                 offset: 256,
                 len: 192 + 64 * 64,
             },
+            Response::ArmBit { bit: 4_095 },
             Response::AsyncEvents {
                 events: vec![
                     AsyncEvent::QpFatal {

@@ -10,8 +10,9 @@
 //! | offset | field |
 //! |---|---|
 //! | 0 | magic `RING_MAGIC`, version, entry size, capacity (a power of two) |
-//! | 16 | reserved (version 1's wakeup word: work rings now ring bits of a [`crate::doorbell`] page) |
+//! | 16 | arm word of a CQ ring: written by the consumer to arm its CQ's notification ([`Ring::arm`]); version 1's wakeup word |
 //! | 20 | backlog word: non-zero while the producer holds entries waiting for room and wants a doorbell when slots free up |
+//! | 24 | the producer index the consumer saw when it last armed |
 //! | 64 | producer index (free-running u32) |
 //! | 128 | consumer index (free-running u32) |
 //! | 192 | `capacity` entries of `entry size` bytes |
@@ -33,11 +34,16 @@ use crate::shm::{SharedMemory, ShmError};
 
 /// First word of a ring: `"SRRG"`.
 pub const RING_MAGIC: u32 = u32::from_le_bytes(*b"SRRG");
-const VERSION: u32 = 2;
+/// 3: the arm word.
+const VERSION: u32 = 3;
+const ARM: usize = 16;
 const BACKLOG: usize = 20;
+const ARM_SEEN: usize = 24;
 const PROD: usize = 64;
 const CONS: usize = 128;
 const ENTRIES: usize = 192;
+/// In an arm word ([`Ring::arm_word`]): only solicited and error completions.
+pub const ARM_SOLICITED: u32 = 1;
 /// Largest ring accepted (entries × entry size).
 pub const MAX_RING_BYTES: usize = 64 << 20;
 /// Where a ring may start in its mapping: a multiple of this many bytes (a cache line, so
@@ -173,6 +179,8 @@ impl Ring {
         ring.word(0).store(RING_MAGIC, Ordering::Relaxed);
         ring.word(4).store(VERSION, Ordering::Relaxed);
         ring.word(8).store(entry_size as u32, Ordering::Relaxed);
+        ring.word(ARM).store(0, Ordering::Relaxed);
+        ring.word(ARM_SEEN).store(0, Ordering::Relaxed);
         ring.word(BACKLOG).store(0, Ordering::Relaxed);
         ring.word(PROD).store(0, Ordering::Relaxed);
         ring.word(CONS).store(0, Ordering::Relaxed);
@@ -403,6 +411,33 @@ impl Ring {
         self.word(BACKLOG)
             .store(u32::from(waiting), Ordering::SeqCst);
         std::sync::atomic::fence(Ordering::SeqCst);
+    }
+
+    /// Consumer of a CQ ring: arm the CQ's notification for its next completion (only a
+    /// solicited or error one with `solicited_only`), as `ibv_req_notify_cq` does. Writes
+    /// the producer index seen now (entries pushed after it came after the arm), then the
+    /// arm word, a new value each time (a count in the high 31 bits, `solicited_only` in the
+    /// lowest); ring the CQ's doorbell bit after it, whose full fence orders these stores
+    /// before the bit ([`crate::doorbell::DoorbellPage::ring`]), so the daemon that takes
+    /// the bit reads this arm or a later one.
+    pub fn arm(&mut self, solicited_only: bool) {
+        let seen = self.word(PROD).load(Ordering::Acquire);
+        self.word(ARM_SEEN).store(seen, Ordering::Relaxed);
+        let word = self.word(ARM);
+        let next = (word.load(Ordering::Relaxed) | 1).wrapping_add(1) | u32::from(solicited_only);
+        word.store(next, Ordering::Release);
+    }
+
+    /// Producer of a CQ ring: the consumer's last arm ([`Ring::arm`]): its arm word, and how
+    /// many entries this end pushed since the producer index the consumer saw when it
+    /// armed (entries it could not have seen: they came after the arm). Any value is safe to
+    /// read: a word unlike the last one acted on is one arm, of solicited completions only
+    /// when [`ARM_SOLICITED`] is set; a count from a lying consumer misleads only its own
+    /// notifications.
+    pub fn arm_request(&self) -> (u32, u32) {
+        let word = self.word(ARM).load(Ordering::Acquire);
+        let seen = self.word(ARM_SEEN).load(Ordering::Relaxed);
+        (word, self.mine.wrapping_sub(seen))
     }
 
     /// Consumer, after popping: whether the producer said entries wait for room (ring its

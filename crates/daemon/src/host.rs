@@ -66,7 +66,9 @@ pub struct DeviceConfig {
 /// the client memory's caches.
 pub struct Rings {
     /// CQs whose completions go to a shared-memory ring.
-    cq_rings: HashMap<CqHandle, Ring>,
+    cq_rings: HashMap<CqHandle, CompletionRing>,
+    /// The CQs whose arm bits a pass found set (kept to reuse its storage).
+    armed: Vec<CqHandle>,
     /// Clients' SQ, RQ and SRQ rings, with their doorbell pages, by connection.
     work: HashMap<ConnId, ConnRings>,
     /// The progress thread sleeps (new doorbell pages start with their sleeping word set).
@@ -87,8 +89,17 @@ impl Attachment for Rings {
     }
 
     fn take_work(&mut self, engine: &mut SendEngine) -> usize {
-        let stats = &self.stats;
-        self.work.values_mut().map(|c| c.take(engine, stats)).sum()
+        let (stats, armed) = (&self.stats, &mut self.armed);
+        let n: usize = self
+            .work
+            .values_mut()
+            .map(|c| c.take(engine, stats, armed))
+            .sum();
+        if self.armed.is_empty() {
+            n
+        } else {
+            n + self.arm_rung(engine)
+        }
     }
 
     fn has_work(&self) -> bool {
@@ -113,7 +124,7 @@ impl Attachment for Rings {
 
     fn deliver(&mut self, engine: &mut SendEngine) {
         self.cq_rings
-            .retain(|&cq, ring| match fill_ring(engine, cq, ring) {
+            .retain(|&cq, c| match fill_ring(engine, cq, &mut c.ring) {
                 Ok(()) => true,
                 Err(e) => {
                     // The client broke its own ring: detach it; its CQ keeps the completions.
@@ -121,6 +132,39 @@ impl Attachment for Rings {
                     false
                 }
             });
+    }
+}
+
+/// The daemon's end of a CQ's ring.
+struct CompletionRing {
+    ring: Ring,
+    /// The client's arm word last acted on ([`Ring::arm_word`]).
+    arm_seen: u32,
+}
+
+impl Rings {
+    /// Arm the CQs whose arm bits were set, each whose ring's arm word changed since the
+    /// last look; returns how many. Completions that reached the ring after the client
+    /// armed (it saw an older producer index) fire the arm at once, as do, for an arm of
+    /// any completion, those still in the engine.
+    fn arm_rung(&mut self, engine: &mut SendEngine) -> usize {
+        let mut n = 0;
+        for cq in self.armed.drain(..) {
+            let Some(c) = self.cq_rings.get_mut(&cq) else {
+                continue;
+            };
+            let (word, since) = c.ring.arm_request();
+            if word == c.arm_seen {
+                continue;
+            }
+            c.arm_seen = word;
+            let solicited_only = word & abi::ring::ARM_SOLICITED != 0;
+            if engine.arm_cq(cq, solicited_only, since != 0).is_ok() {
+                n += 1;
+            }
+        }
+        self.stats.ring_arms.fetch_add(n as u64, Ordering::Relaxed);
+        n
     }
 }
 
@@ -179,6 +223,7 @@ impl Device {
         let behind = memory.write_behind();
         let rings = Rings {
             cq_rings: HashMap::new(),
+            armed: Vec::new(),
             work: HashMap::new(),
             asleep: false,
             stats: stats.clone(),
@@ -225,13 +270,36 @@ impl Device {
     pub fn attach_ring(&self, cq: CqHandle, ring: Ring) -> Result<(), engine::VerbsError> {
         let mut g = self.rt.lock();
         g.cq_len(cq)?;
-        g.attachment_mut().cq_rings.insert(cq, ring);
+        g.attachment_mut()
+            .cq_rings
+            .insert(cq, CompletionRing { ring, arm_seen: 0 });
         Ok(())
     }
 
-    /// Stop delivering `cq`'s completions into a ring (before destroying the CQ).
-    pub fn detach_ring(&self, cq: CqHandle) {
-        self.rt.lock().attachment_mut().cq_rings.remove(&cq);
+    /// Let connection `conn` arm `cq` through its ring (which it must have): returns the
+    /// CQ's bit in the connection's doorbell page.
+    pub fn attach_cq_arm(&self, conn: ConnId, cq: CqHandle) -> Result<u32, AttachError> {
+        let mut g = self.rt.lock();
+        let rings = g.attachment_mut();
+        if !rings.cq_rings.contains_key(&cq) {
+            return Err(AttachError::NoCqRing);
+        }
+        let c = rings.work.get_mut(&conn).ok_or(AttachError::NoPage)?;
+        if c.has(Queue::CqArm { cq }) {
+            return Err(AttachError::Twice);
+        }
+        c.attach_arm(cq)
+    }
+
+    /// Stop delivering `cq`'s completions into a ring, and forget its arm bit in
+    /// connection `conn`'s doorbell page (before destroying the CQ).
+    pub fn detach_ring(&self, conn: ConnId, cq: CqHandle) {
+        let mut g = self.rt.lock();
+        let rings = g.attachment_mut();
+        rings.cq_rings.remove(&cq);
+        if let Some(c) = rings.work.get_mut(&conn) {
+            c.detach(Queue::CqArm { cq });
+        }
     }
 
     /// Whether `cq` delivers into a ring.

@@ -45,8 +45,14 @@
 //! completions wait for room it sets the ring's backlog word, and a client that frees slots
 //! then rings the device's doorbell (only then: no system call while nothing waits). A
 //! completion channel ([`abi::proto::Request::CqChannel`]) is an eventfd passed the same way,
-//! signalled when a notification armed with [`abi::proto::Request::ReqNotifyCq`] fires (at once
-//! if the CQ is not empty). Asynchronous events are kept (at most 1024, oldest dropped)
+//! signalled when an armed notification fires. A CQ with a ring is armed in place, as a NIC's
+//! library arms one with a doorbell: the client writes the ring's arm word (with the producer
+//! index it saw) and sets the CQ's bit in its doorbell page
+//! ([`abi::proto::Request::AttachCqArm`]), and the daemon arms the CQ when it takes the bit —
+//! firing it at once for completions that reached the ring after the arm. No request, no
+//! reply to wait for: `ibv_req_notify_cq` costs no system call while the daemon is awake.
+//! [`abi::proto::Request::ReqNotifyCq`] arms by request (at once if the daemon holds
+//! completions). Asynchronous events are kept (at most 1024, oldest dropped)
 //! until the connection owning their QP, CQ or SRQ takes them
 //! ([`abi::proto::Request::GetAsyncEvents`]); a connection's event channel
 //! ([`abi::proto::Request::AsyncEventChannel`], an eventfd) is signalled whenever one is raised.

@@ -794,7 +794,7 @@ impl<'d> Conn<'d> {
             Request::DestroyCq { cq } => {
                 let (i, h) = self.cq(cq)?;
                 d.devices[i].with(|e| e.destroy_cq(h))?;
-                d.devices[i].detach_ring(h);
+                d.devices[i].detach_ring(self.id, h);
                 d.devices[i].drop_channel(h);
                 self.objs().remove(&cq);
                 self.stat(|s| &s.live_cqs, false);
@@ -1081,6 +1081,7 @@ impl<'d> Conn<'d> {
                     Queue::Srq { srq } => {
                         wqe::recv_entry_len(d.devices[i].read(|e| e.query_srq(srq))?.max_sge)
                     }
+                    Queue::CqArm { .. } => return Err(fail(EINVAL, "not a work queue")),
                 };
                 let (ring, place) = self.arena_ring(capacity, entry, Role::Consumer)?;
                 let handles = Arc::new(ConnHandles {
@@ -1101,6 +1102,16 @@ impl<'d> Conn<'d> {
                     len: place.len,
                     bit,
                 })
+            }
+            Request::AttachCqArm { cq } => {
+                let (i, h) = self.cq(cq)?;
+                let bit = d.devices[i]
+                    .attach_cq_arm(self.id, h)
+                    .map_err(|e| match e {
+                        AttachError::Full => self.refused(e.to_string()),
+                        _ => fail(EINVAL, e.to_string()),
+                    })?;
+                Ok(Response::ArmBit { bit })
             }
             Request::DoorbellPage { dev } => {
                 let (_, dev) = self.device(dev)?;
@@ -1418,7 +1429,7 @@ impl<'d> Conn<'d> {
                     s.reclaimed_ahs.fetch_add(1, Ordering::Relaxed);
                 }),
                 Obj::Cq { h, .. } => dev.with(|e| e.destroy_cq(h)).map(|()| {
-                    dev.detach_ring(h);
+                    dev.detach_ring(self.id, h);
                     dev.drop_channel(h);
                     s.live_cqs.fetch_sub(1, Ordering::Relaxed);
                     s.reclaimed_cqs.fetch_add(1, Ordering::Relaxed);

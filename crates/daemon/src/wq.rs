@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use engine::{
-    AhHandle, QpAttr, QpAttrMask, QpState, RecvWr, SendWr, SrqHandle, UdDest, VerbsError,
+    AhHandle, CqHandle, QpAttr, QpAttrMask, QpState, RecvWr, SendWr, SrqHandle, UdDest, VerbsError,
 };
 
 use abi::doorbell::{DoorbellPage, BITS, SUMMARY_WORDS, WORDS};
@@ -54,6 +54,12 @@ pub enum Queue {
         /// The SRQ.
         srq: SrqHandle,
     },
+    /// Not a queue: the arm doorbell of a CQ whose ring the client arms in place
+    /// ([`ConnRings::attach_arm`]).
+    CqArm {
+        /// The CQ.
+        cq: CqHandle,
+    },
 }
 
 impl Queue {
@@ -61,7 +67,7 @@ impl Queue {
     pub fn qpn(&self) -> Option<u32> {
         match *self {
             Queue::Sq { qpn } | Queue::Rq { qpn } => Some(qpn),
-            Queue::Srq { .. } => None,
+            Queue::Srq { .. } | Queue::CqArm { .. } => None,
         }
     }
 }
@@ -92,6 +98,8 @@ pub struct WqStats {
     pub progress_sleeps: AtomicU64,
     /// Times the progress thread woke and found WQEs waiting in a ring.
     pub doorbell_wakeups: AtomicU64,
+    /// CQs armed through their rings (`ibv_req_notify_cq` with no request).
+    pub ring_arms: AtomicU64,
 }
 
 impl WqStats {
@@ -105,6 +113,7 @@ impl WqStats {
             ("ring_refused_wqes", g(&self.ring_refused_wqes)),
             ("progress_sleeps", g(&self.progress_sleeps)),
             ("doorbell_wakeups", g(&self.doorbell_wakeups)),
+            ("ring_arms", g(&self.ring_arms)),
         ]
     }
 }
@@ -271,6 +280,7 @@ impl WorkRing {
             Queue::Rq { .. } | Queue::Srq { .. } => {
                 Ok(Posted::Recv(wqe::decode_recv(&self.entry).map_err(bad)?))
             }
+            Queue::CqArm { .. } => Err(BadWqe("a CQ's arm bit has no ring of work".into())),
         }
     }
 
@@ -334,6 +344,12 @@ pub enum AttachError {
     /// Every bit of the page names a ring already.
     #[error("every bit of the doorbell page is taken")]
     Full,
+    /// A CQ armed in place needs the ring its arm word is in.
+    #[error("this CQ has no ring: attach one first")]
+    NoCqRing,
+    /// The queue has a bit already.
+    #[error("this CQ is armed through its ring already")]
+    Twice,
 }
 
 /// A set of ring bits kept by the daemon alone, two levels as the doorbell page's: bit
@@ -394,13 +410,30 @@ impl Bits {
     }
 }
 
+/// What a bit of the doorbell page names.
+enum Slot {
+    /// A work ring to drain.
+    Work(WorkRing),
+    /// A CQ the client arms through its ring ([`ConnRings::attach_arm`]).
+    Arm(CqHandle),
+}
+
+impl Slot {
+    fn queue(&self) -> Queue {
+        match self {
+            Slot::Work(r) => r.queue(),
+            Slot::Arm(cq) => Queue::CqArm { cq: *cq },
+        }
+    }
+}
+
 /// One connection's work rings on one device, and the doorbell page they ring.
 pub struct ConnRings {
     page: DoorbellPage,
     /// The page's file, kept to hand it to the client again.
     fd: OwnedFd,
-    /// The rings, by bit.
-    rings: Vec<Option<WorkRing>>,
+    /// The rings and CQ arms, by bit.
+    rings: Vec<Option<Slot>>,
     /// Bits below `rings.len()` that name no ring, to give out again first.
     free_bits: Vec<u32>,
     by_queue: HashMap<Queue, u32>,
@@ -446,6 +479,16 @@ impl ConnRings {
 
     /// Take posts from `ring` from now on; returns its bit in the doorbell page.
     pub fn attach(&mut self, ring: WorkRing) -> Result<u32, AttachError> {
+        self.attach_slot(Slot::Work(ring))
+    }
+
+    /// Report `cq` ([`ConnRings::take`]) whenever the client sets the returned bit, after
+    /// writing the arm word of the CQ's ring ([`abi::ring::Ring::arm`]).
+    pub fn attach_arm(&mut self, cq: CqHandle) -> Result<u32, AttachError> {
+        self.attach_slot(Slot::Arm(cq))
+    }
+
+    fn attach_slot(&mut self, slot: Slot) -> Result<u32, AttachError> {
         let bit = match self.free_bits.pop() {
             Some(free) => free as usize,
             None if self.rings.len() < BITS as usize => {
@@ -456,8 +499,8 @@ impl ConnRings {
         };
         // A bit reused from a detached ring may still be set, or be set by the client at any
         // time: either way only a look at this ring.
-        self.by_queue.insert(ring.queue(), bit as u32);
-        self.rings[bit] = Some(ring);
+        self.by_queue.insert(slot.queue(), bit as u32);
+        self.rings[bit] = Some(slot);
         Ok(bit as u32)
     }
 
@@ -483,15 +526,26 @@ impl ConnRings {
     /// The ring feeding `queue`, if any.
     pub fn ring(&self, queue: Queue) -> Option<&WorkRing> {
         let bit = *self.by_queue.get(&queue)?;
-        self.rings.get(bit as usize)?.as_ref()
+        match self.rings.get(bit as usize)? {
+            Some(Slot::Work(r)) => Some(r),
+            _ => None,
+        }
     }
 
-    /// How many rings.
+    /// Whether `queue` (a work ring's or a CQ's arm) has a bit.
+    pub fn has(&self, queue: Queue) -> bool {
+        self.by_queue.contains_key(&queue)
+    }
+
+    /// How many work rings (CQ arms not counted).
     pub fn len(&self) -> usize {
-        self.by_queue.len()
+        self.by_queue
+            .keys()
+            .filter(|q| !matches!(q, Queue::CqArm { .. }))
+            .count()
     }
 
-    /// No rings.
+    /// No rings and no CQ arms.
     pub fn is_empty(&self) -> bool {
         self.by_queue.is_empty()
     }
@@ -508,10 +562,15 @@ impl ConnRings {
         !self.again.is_empty() || self.page.rung()
     }
 
-    /// Drain the rings whose bits are set, and those left to come back to, into `engine`.
-    /// Returns how many WQEs went in. Rings that lied are detached (their QPs are in the
-    /// error state now).
-    pub fn take(&mut self, engine: &mut runtime::SendEngine, stats: &WqStats) -> usize {
+    /// Drain the rings whose bits are set, and those left to come back to, into `engine`,
+    /// and add the CQs whose arm bits are set to `armed`. Returns how many WQEs went in.
+    /// Rings that lied are detached (their QPs are in the error state now).
+    pub fn take(
+        &mut self,
+        engine: &mut runtime::SendEngine,
+        stats: &WqStats,
+        armed: &mut Vec<CqHandle>,
+    ) -> usize {
         // Both levels taken, then a fence, before any ring is read (see `abi::doorbell`: no
         // post is lost). Words past the rings this connection has name nothing.
         let words = self.rings.len().div_ceil(64);
@@ -532,8 +591,13 @@ impl ConnRings {
                 bits &= bits - 1;
                 let bit = (w * 64) as u32 + b;
                 // A bit that names no ring is the client's own noise.
-                let Some(Some(r)) = rings.get_mut(bit as usize) else {
-                    continue;
+                let r = match rings.get_mut(bit as usize) {
+                    Some(Some(Slot::Work(r))) => r,
+                    Some(Some(Slot::Arm(cq))) => {
+                        armed.push(*cq);
+                        continue;
+                    }
+                    _ => continue,
                 };
                 match r.drain(engine, stats) {
                     Drained::Took(n) => {

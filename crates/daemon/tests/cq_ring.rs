@@ -181,3 +181,133 @@ fn a_ring_smaller_than_the_burst_gets_every_completion_in_order_by_doorbell() {
     );
     assert_eq!(ra.doorbells(), rung);
 }
+
+/// Whether `fd` (a completion channel) becomes readable within `ms` milliseconds; reads it
+/// if so (clearing it).
+fn signalled(fd: &std::os::fd::OwnedFd, ms: u16) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+    if poll(&mut fds, PollTimeout::from(ms)).unwrap() == 0 {
+        return false;
+    }
+    let mut b = [0u8; 8];
+    assert_eq!(nix::unistd::read(fd, &mut b).unwrap(), 8);
+    true
+}
+
+/// `ibv_req_notify_cq` as a NIC's library does it: the client writes its CQ ring's arm word
+/// and sets the CQ's bit in its doorbell page, and sends no request. The daemon signals the
+/// channel at the next completion; not for one already in the ring when the client armed
+/// (it polls after arming, as with a NIC), but at once for one that reached the ring after
+/// the arm and before the daemon took it; not at all without an arm, or for an unchanged arm
+/// word however often the bit is set; and not for an unsolicited completion when armed for
+/// solicited ones only.
+#[test]
+fn a_cq_armed_through_its_ring_is_signalled_with_no_request() {
+    let d = Daemon::start();
+    let (mut a, mut b) = connected_pair(&d, 4096);
+    let db = Arc::new(a.client.doorbell(0).unwrap());
+    let wd = a.client.work_doorbell(0, db.clone()).unwrap();
+    let mut ra = a.client.attach_cq_ring(a.cq, 8, db.clone()).unwrap();
+    let chan = a.client.cq_channel(a.cq).unwrap();
+    assert!(!ra.arm(false).unwrap(), "no bit yet: arm by request");
+    a.client.attach_cq_arm(a.cq, &mut ra, wd.clone()).unwrap();
+    let bit = ra.arm_bit().unwrap();
+    // Once per CQ, and only for a CQ that has a ring.
+    let e = a
+        .client
+        .attach_cq_arm(a.cq, &mut ra, wd.clone())
+        .unwrap_err();
+    assert_eq!(e.errno(), Some(22));
+    let cq2 = a.client.create_cq(0, 4).unwrap();
+    let e = a
+        .client
+        .attach_cq_arm(cq2, &mut ra, wd.clone())
+        .unwrap_err();
+    assert_eq!(e.errno(), Some(22), "a CQ with no ring");
+    assert_eq!(ra.arm_bit(), Some(bit));
+    // Rings the bit and the device's doorbell, as a client would after an arm.
+    let ring_bit = || {
+        wd.page().ring(bit).unwrap();
+        rustix::io::write(&*db, &1u64.to_ne_bytes()).unwrap();
+    };
+
+    let arms = d.stat("srxe0.ring_arms");
+    post_recvs(&mut b, 5);
+    assert!(ra.arm(false).unwrap());
+    assert!(!signalled(&chan, 50), "armed, no completion yet");
+    send_inline(&mut a, 1);
+    assert!(signalled(&chan, 5000), "the next completion signals");
+    assert_eq!(wait_ring(&mut ra, 1)[0].wr_id, 1);
+    assert!(d.stat("srxe0.ring_arms") > arms);
+
+    // Not armed: a completion reaches the ring and signals nothing; the bit set again with
+    // the arm word unchanged is no arm either.
+    send_inline(&mut a, 2);
+    let unpolled = |ra: &CqRing| {
+        let t = Instant::now();
+        while ra.len().unwrap() == 0 {
+            assert!(t.elapsed() < Duration::from_secs(20));
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    unpolled(&ra);
+    ring_bit();
+    assert!(!signalled(&chan, 50), "no arm, no event");
+    // Armed with that completion in the ring: it came before the arm, so it does not fire
+    // it (the client polls after arming); the next completion does.
+    assert!(ra.arm(false).unwrap());
+    assert!(!signalled(&chan, 50), "a completion from before the arm");
+    assert_eq!(wait_ring(&mut ra, 1)[0].wr_id, 2);
+    send_inline(&mut a, 3);
+    assert!(signalled(&chan, 5000));
+    assert_eq!(wait_ring(&mut ra, 1)[0].wr_id, 3);
+
+    // Armed, but the daemon takes the arm only after a completion reached the ring: that
+    // completion came after the arm, and fires it at once.
+    ra.arm_unrung(false);
+    send_inline(&mut a, 4);
+    unpolled(&ra);
+    assert!(!signalled(&chan, 50), "the daemon has not seen the arm");
+    ring_bit();
+    assert!(
+        signalled(&chan, 5000),
+        "a completion between the arm and its doorbell"
+    );
+    assert_eq!(wait_ring(&mut ra, 1)[0].wr_id, 4);
+
+    // Solicited only: a send completion is neither solicited nor an error.
+    assert!(ra.arm(true).unwrap());
+    std::thread::sleep(Duration::from_millis(20));
+    send_inline(&mut a, 5);
+    assert_eq!(wait_ring(&mut ra, 1)[0].wr_id, 5);
+    assert!(
+        !signalled(&chan, 50),
+        "unsolicited completion, solicited-only arm"
+    );
+    // Re-armed for any completion (the newer arm wins): the next one signals.
+    assert!(ra.arm(false).unwrap());
+    post_recvs(&mut b, 1);
+    send_inline(&mut a, 6);
+    assert!(signalled(&chan, 5000));
+    assert_eq!(wait_ring(&mut ra, 1)[0].wr_id, 6);
+    assert_eq!(b.wait(6).len(), 6);
+
+    // A destroyed CQ's bit names nothing: setting it, and scribbling the arm word of the
+    // ring it had, is the client's own noise. The daemon goes on serving.
+    let mut r2 = a.client.attach_cq_ring(cq2, 4, db.clone()).unwrap();
+    a.client.attach_cq_arm(cq2, &mut r2, wd.clone()).unwrap();
+    let bit2 = r2.arm_bit().unwrap();
+    a.client.destroy_cq(cq2).unwrap();
+    for _ in 0..100 {
+        r2.arm_unrung(true);
+        wd.page().ring(bit2).unwrap();
+    }
+    rustix::io::write(&*db, &1u64.to_ne_bytes()).unwrap();
+    assert!(ra.arm(false).unwrap());
+    post_recvs(&mut b, 1);
+    send_inline(&mut a, 7);
+    assert!(signalled(&chan, 5000));
+    assert_eq!(wait_ring(&mut ra, 1)[0].wr_id, 7);
+}

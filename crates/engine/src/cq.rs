@@ -378,6 +378,32 @@ impl<M: Memory + ?Sized> Engine<M> {
         Ok(())
     }
 
+    /// `ibv_req_notify_cq` as a host serves it: like [`Engine::req_notify_cq`], except that
+    /// the event is raised at once
+    ///
+    /// - unless `solicited_only`, if the CQ holds completions, so that "arm, then wait"
+    ///   never sleeps through one that came before the arm;
+    /// - if `missed`: the host delivered completions where the application polls them (a
+    ///   shared-memory ring) after the application asked for the arm and before it reached
+    ///   the engine. They came after the arm, so they fire it: with `solicited_only` too, as
+    ///   the host cannot tell whether one was solicited (an extra event costs a poll, a lost
+    ///   one a hang).
+    pub fn arm_cq(
+        &mut self,
+        cq: CqHandle,
+        solicited_only: bool,
+        missed: bool,
+    ) -> Result<(), VerbsError> {
+        let c = self.cqs.get_mut(cq.0).ok_or(VerbsError::InvalidCq)?;
+        if missed || (!solicited_only && !c.entries.is_empty()) {
+            c.armed = None;
+            self.cq_events.push_back(cq);
+        } else {
+            c.armed = Some(solicited_only);
+        }
+        Ok(())
+    }
+
     /// `ibv_get_cq_event` without blocking: the next CQ whose armed notification fired.
     pub fn get_cq_event(&mut self) -> Option<CqHandle> {
         self.cq_events.pop_front()

@@ -1224,20 +1224,12 @@ impl<A: Attachment> Runtime<A> {
     /// `solicited_only` a CQ that already holds completions is not signalled at once.
     pub fn arm_cq_with(&self, cq: CqHandle, solicited_only: bool) -> Result<(), RuntimeError> {
         let mut core = self.shared.lock();
-        let len = core.engine.cq_len(cq)?;
-        let notifier = match core.notifiers.get(&cq) {
-            Some(n) => n.clone(),
-            None => {
-                let n = Arc::new(CqNotifier::new()?);
-                core.notifiers.insert(cq, n.clone());
-                n
-            }
-        };
-        if len > 0 && !solicited_only {
-            notifier.signal();
-        } else {
-            core.engine.req_notify_cq(cq, solicited_only)?;
+        core.engine.cq_len(cq)?;
+        if let std::collections::hash_map::Entry::Vacant(e) = core.notifiers.entry(cq) {
+            e.insert(Arc::new(CqNotifier::new()?));
         }
+        core.engine.arm_cq(cq, solicited_only, false)?;
+        core.notify(&self.shared.async_fd);
         Ok(())
     }
 

@@ -633,7 +633,14 @@ impl Provider for Daemon {
             .checked_next_power_of_two()
             .unwrap_or(MAX_CQ_RING);
         let setup = c.cq_channel(h).and_then(|channel| {
-            let ring = c.attach_cq_ring(h, capacity.min(MAX_CQ_RING), doorbell)?;
+            let mut ring = c.attach_cq_ring(h, capacity.min(MAX_CQ_RING), doorbell)?;
+            // Armed in place where the connection has a doorbell page on the device (as its
+            // work rings); by request otherwise.
+            if let Some(wd) = &d.work_doorbell {
+                if let Err(e) = c.attach_cq_arm(h, &mut ring, wd.clone()) {
+                    tracing::debug!(error = %e, "CQ armed by request");
+                }
+            }
             let ring = Arc::new(Mutex::new(ring));
             lock(&d.cq_rings).insert(h, Arc::downgrade(&ring));
             Ok(DaemonCq {
@@ -961,6 +968,10 @@ impl ProviderCq for DaemonCq {
     }
 
     fn arm(&self, solicited_only: bool) -> Result<()> {
+        // In place: the arm word and a doorbell bit, a system call only if the daemon sleeps.
+        if lock(&self.ring).arm(solicited_only).map_err(ring_error)? {
+            return Ok(());
+        }
         Ok(self
             .dev()?
             .c()
