@@ -1,9 +1,13 @@
 //! The doorbell page: how a client tells the daemon which of its work rings hold new WQEs,
-//! so that the daemon looks only at those ([`crate::proto::Request::DoorbellPage`]).
+//! and which of its CQs it armed, so that the daemon looks only at those
+//! ([`crate::proto::Request::DoorbellPage`]).
 //!
 //! One page per connection and device, in a sealed `memfd` the daemon creates and hands to
 //! the client (SCM_RIGHTS). Each work ring of that connection on that device has a bit in
-//! it (the answer to [`crate::proto::Request::AttachWorkRing`] says which).
+//! it (the answer to [`crate::proto::Request::AttachWorkRing`] says which), and so does
+//! each CQ armed in place ([`crate::proto::Request::AttachCqArm`]: the client writes the
+//! CQ ring's arm word, [`crate::ring::Ring::arm`], where it would push a WQE, and rings
+//! the bit the same way).
 //!
 //! Layout (native byte order; the sleeping word, the summary and the bitmap each on cache
 //! lines of their own):

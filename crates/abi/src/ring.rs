@@ -42,7 +42,7 @@ const ARM_SEEN: usize = 24;
 const PROD: usize = 64;
 const CONS: usize = 128;
 const ENTRIES: usize = 192;
-/// In an arm word ([`Ring::arm_word`]): only solicited and error completions.
+/// In an arm word ([`Ring::arm_request`]): only solicited and error completions.
 pub const ARM_SOLICITED: u32 = 1;
 /// Largest ring accepted (entries × entry size).
 pub const MAX_RING_BYTES: usize = 64 << 20;

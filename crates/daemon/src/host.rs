@@ -138,7 +138,7 @@ impl Attachment for Rings {
 /// The daemon's end of a CQ's ring.
 struct CompletionRing {
     ring: Ring,
-    /// The client's arm word last acted on ([`Ring::arm_word`]).
+    /// The client's arm word last acted on ([`Ring::arm_request`]).
     arm_seen: u32,
 }
 
