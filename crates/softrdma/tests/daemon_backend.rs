@@ -89,6 +89,38 @@ fn the_daemon_engine_counters_follow_traffic_and_match_the_named_ones() {
     assert!(c.get(softrdma::Counter::RxPackets) <= named("rx_packets").unwrap());
 }
 
+/// `Cq::req_notify` through the daemon is a doorbell, as on a NIC: the daemon counts the
+/// arm taken from the CQ's ring, the descriptor turns readable at the next completion, and
+/// not before it.
+#[test]
+fn a_cq_is_armed_through_the_daemon_with_no_request() {
+    let (a, b) = common::pair_v4_on(BackendKind::Daemon, 64);
+    let arms = |d: &Device| {
+        let v = d.counter_values().unwrap();
+        v.iter()
+            .find(|(n, _)| n == "ring_arms")
+            .map(|&(_, x)| x)
+            .unwrap()
+    };
+    let before = arms(&b.dev);
+    b.cq.req_notify().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert!(!b.cq.clear_notification(), "armed, nothing completed");
+    assert!(arms(&b.dev) > before, "the arm came through the ring");
+    b.qp.recv(1, &[b.mr.sge(..).unwrap()]).unwrap();
+    a.qp.send(2, &[a.mr.sge(..8).unwrap()]).unwrap();
+    let t = std::time::Instant::now();
+    while !b.cq.clear_notification() {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(10),
+            "no notification"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert_eq!(b.cq.wait_ok(common::WAIT).unwrap().wr_id, 1);
+    a.cq.wait_ok(common::WAIT).unwrap();
+}
+
 on_both_backends! {
     fn a_queried_qp_reports_what_it_was_built_and_connected_with(backend: BackendKind) {
         let (a, b) = common::pair_v4_on(backend, 64);
