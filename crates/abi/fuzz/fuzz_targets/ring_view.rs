@@ -76,5 +76,7 @@ fn exercise(mut ring: Ring, rounds: usize) {
         ring.set_backlog(true);
         let _ = ring.take_backlog();
         ring.set_backlog(false);
+        ring.arm(rounds % 2 == 0);
+        let _ = ring.arm_request();
     }
 }
