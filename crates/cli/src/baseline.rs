@@ -86,10 +86,18 @@ impl Service {
     }
 }
 
-/// UDP echo, busy-polling, until stopped.
-fn udp_echo(ip: IpAddr) -> Result<(u16, Service)> {
+/// How long a blocking echo sleeps in `recv` before it looks whether it was stopped.
+const ECHO_TICK: Duration = Duration::from_millis(50);
+
+/// UDP echo until stopped: busy-polling, or (`blocking`) sleeping in `recv`.
+fn udp_echo(ip: IpAddr, blocking: bool) -> Result<(u16, Service)> {
     let sock = udp_socket(ip)?;
-    sock.set_nonblocking(true).map_err(io_ctx("UDP echo"))?;
+    if blocking {
+        sock.set_read_timeout(Some(ECHO_TICK))
+    } else {
+        sock.set_nonblocking(true)
+    }
+    .map_err(io_ctx("UDP echo"))?;
     let port = sock.local_addr().map_err(io_ctx("UDP echo"))?.port();
     let stop = Arc::new(AtomicBool::new(false));
     let st = stop.clone();
@@ -222,7 +230,8 @@ fn tcp_sink(ip: IpAddr) -> Result<(u16, Service)> {
 pub fn serve(ctrl: &mut Ctrl, words: &[String], ip: IpAddr) -> Result<()> {
     let kind = words.first().map(String::as_str).unwrap_or("");
     let started = match kind {
-        "udp_pingpong" => udp_echo(ip),
+        "udp_pingpong" => udp_echo(ip, false),
+        "udp_pingpong_blocking" => udp_echo(ip, true),
         "udp_stream" => udp_sink(ip),
         "udp_gso_stream" => udp_gro_sink(ip),
         "tcp_stream" => tcp_sink(ip),
@@ -274,21 +283,34 @@ fn result(ctrl: &mut Ctrl) -> Result<SinkCount> {
 }
 
 /// UDP ping-pong with `dgram`-byte datagrams between `local` and the server at `server`:
-/// round-trip times in microseconds. A datagram lost (none expected on these paths) is
-/// skipped after a second.
+/// round-trip times in microseconds. Both ends busy-poll, or (`blocking`, the baseline of a
+/// test that sleeps on its completion channel) sleep in `recv`. A datagram lost (none
+/// expected on these paths) is skipped after a second.
 pub fn udp_pingpong(
     ctrl: &mut Ctrl,
     local: IpAddr,
     server: IpAddr,
     dgram: usize,
     iters: u64,
+    blocking: bool,
 ) -> Result<Vec<f64>> {
-    let port = ask(ctrl, "udp_pingpong")?;
+    let port = ask(
+        ctrl,
+        if blocking {
+            "udp_pingpong_blocking"
+        } else {
+            "udp_pingpong"
+        },
+    )?;
     let sock = udp_socket(local)?;
     sock.connect(SocketAddr::new(server, port))
         .map_err(io_ctx("UDP ping-pong connect"))?;
-    sock.set_nonblocking(true)
-        .map_err(io_ctx("UDP ping-pong"))?;
+    if blocking {
+        sock.set_read_timeout(Some(Duration::from_secs(1)))
+    } else {
+        sock.set_nonblocking(true)
+    }
+    .map_err(io_ctx("UDP ping-pong"))?;
     let msg = vec![0x5au8; dgram.max(1)];
     let mut buf = vec![0u8; 65536];
     let mut rtts = Vec::with_capacity(iters as usize);

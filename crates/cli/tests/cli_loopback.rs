@@ -351,6 +351,33 @@ fn baseline_prints_raw_socket_figures_and_ratios_under_the_tables() {
         .find(|l| l.split_whitespace().next() == Some("2"))
         .unwrap_or_else(|| panic!("no baseline row:\n{lat}"));
     assert!(row.contains('x'), "ratio missing: {row}");
+    assert!(lat.contains("busy-polled"), "{lat}");
+    // A test that sleeps on its completion channel is set beside a ping-pong that sleeps.
+    let ev = run_ok(
+        &[
+            "send_lat",
+            "--loopback",
+            "-p",
+            "0",
+            "--udp-port",
+            "28150",
+            "-n",
+            "100",
+            "-e",
+            "--baseline",
+        ],
+        LIMIT,
+    );
+    assert!(
+        ev.contains("UDP ping-pong, both ends sleeping in recv"),
+        "{ev}"
+    );
+    let row = ev
+        .lines()
+        .rev()
+        .find(|l| l.split_whitespace().next() == Some("2"))
+        .unwrap_or_else(|| panic!("no baseline row:\n{ev}"));
+    assert!(row.contains('x'), "ratio missing: {row}");
 }
 
 #[test]

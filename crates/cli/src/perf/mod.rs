@@ -1463,22 +1463,31 @@ fn client(test: Test, args: &PerfArgs, host: &str, out: &mut dyn Write) -> Resul
     let _ = writeln!(out, "{RULE}");
     if args.baseline {
         for &size in &p.sizes {
-            let row = baseline_row(&mut ctrl, &p, size, local_ip, server_ip, &summary)?;
+            let row = baseline_row(
+                &mut ctrl,
+                &p,
+                size,
+                (local_ip, server_ip),
+                &summary,
+                args.events,
+            )?;
             summary.baseline.push(row);
         }
-        print_baseline(out, test, &summary, args.report_gbits);
+        print_baseline(out, test, &summary, args.report_gbits, args.events);
     }
     ctrl.send("BYE")?;
     Ok(summary)
 }
 
+/// The baselines of one size between `local` and `server`; `events`: the test slept on its
+/// completion channel (`-e`), so the ping-pong sleeps in `recv`.
 fn baseline_row(
     ctrl: &mut Ctrl,
     p: &Params,
     size: u64,
-    local: IpAddr,
-    server: IpAddr,
+    (local, server): (IpAddr, IpAddr),
     summary: &Summary,
+    events: bool,
 ) -> Result<BaselineRow> {
     let payload = size.min(u64::from(p.mtu));
     let dgram = p.test.datagram_len(payload);
@@ -1494,7 +1503,8 @@ fn baseline_row(
         memcpy_dram_bw: None,
     };
     if p.test.is_lat() {
-        let mut rtts = baseline::udp_pingpong(ctrl, local, server, dgram, p.iters.min(100_000))?;
+        let mut rtts =
+            baseline::udp_pingpong(ctrl, local, server, dgram, p.iters.min(100_000), events)?;
         if p.test.halves_rtt() {
             rtts.iter_mut().for_each(|x| *x /= 2.0);
         }
@@ -1532,7 +1542,7 @@ fn ratio(a: f64, b: f64) -> String {
     }
 }
 
-fn print_baseline(out: &mut dyn Write, test: Test, s: &Summary, gbits: bool) {
+fn print_baseline(out: &mut dyn Write, test: Test, s: &Summary, gbits: bool, events: bool) {
     let _ = writeln!(
         out,
         " Baseline: raw sockets over the same path, in the same run"
@@ -1543,9 +1553,14 @@ fn print_baseline(out: &mut dyn Write, test: Test, s: &Summary, gbits: bool) {
         } else {
             "round trip"
         };
+        let how = if events {
+            "both ends sleeping in recv, as -e sleeps on its completion channel"
+        } else {
+            "busy-polled"
+        };
         let _ = writeln!(
             out,
-            " UDP ping-pong, busy-polled, datagrams as large as the RoCEv2 ones ({what}):"
+            " UDP ping-pong, {how}, datagrams as large as the RoCEv2 ones ({what}):"
         );
         let _ = writeln!(out, " #bytes  datagram[B]  t_typical[usec]  t_avg[usec]  t_99%[usec]   softrdma/UDP t_typical  t_avg");
         for b in &s.baseline {
