@@ -7,7 +7,17 @@
 //!   cargo bench -p engine --bench rate
 //!
 //! Prints nanoseconds per message (median and spread of five runs) against a `memcpy` of the
-//! same 2 bytes through the same test memory, measured in the same run.
+//! same 2 bytes through the same test memory, measured in the same run. `MESSAGES` and
+//! `RUNS` in the environment change the 1 000 000 messages per run and the five runs (one
+//! short run suits `valgrind --tool=callgrind`, whose instruction counts do not vary).
+
+/// A count from the environment, or `default`.
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -18,8 +28,6 @@ use common::{instant, Pair, PairConfig, Side};
 use engine::{Engine, Memory, RecvWr, SendWr, SgeList, WcStatus, WorkCompletion};
 
 const DEPTH: u64 = 128;
-const MESSAGES: u64 = 1_000_000;
-const RUNS: usize = 5;
 
 #[derive(Clone, Copy, PartialEq)]
 enum Op {
@@ -39,10 +47,10 @@ fn pump(e: &mut Engine, start: StdInstant, buf: &mut [u8]) {
     }
 }
 
-/// One run of `MESSAGES` messages; returns the time per message.
+/// One run of `messages` messages; returns the time per message.
 /// `first`: the receive queue is still empty (later SEND runs find the `DEPTH` receives the
 /// last one reposted).
-fn run(p: &mut Pair, a: &Side, b: &Side, op: Op, first: bool) -> Duration {
+fn run(p: &mut Pair, a: &Side, b: &Side, op: Op, first: bool, messages: u64) -> Duration {
     let (qa, qb) = (a.qpn, b.qpn);
     let mut buf = vec![0u8; 16384];
     let mut wcs = vec![WorkCompletion::default(); 64];
@@ -55,8 +63,8 @@ fn run(p: &mut Pair, a: &Side, b: &Side, op: Op, first: bool) -> Duration {
         }
     }
     let (mut posted, mut done) = (0u64, 0u64);
-    while done < MESSAGES {
-        while posted < MESSAGES && posted - done < DEPTH {
+    while done < messages {
+        while posted < messages && posted - done < DEPTH {
             let wr = match op {
                 Op::Send => SendWr::send(posted, SgeList::from_slice(&[a.sge(0, 2)])),
                 Op::Write => SendWr::rdma_write(
@@ -87,7 +95,7 @@ fn run(p: &mut Pair, a: &Side, b: &Side, op: Op, first: bool) -> Duration {
         }
         done += n as u64;
     }
-    start.elapsed() / MESSAGES as u32
+    start.elapsed() / messages as u32
 }
 
 fn main() {
@@ -97,31 +105,35 @@ fn main() {
         cq_depth: 8192,
         ..PairConfig::default()
     };
+    let messages = env_or("MESSAGES", 1_000_000).max(1);
+    let runs = env_or("RUNS", 5).max(1) as usize;
     let mut p = Pair::new(cfg);
     let (a, b) = (p.a, p.b);
     // The baseline: the same 2 bytes copied through the same test memory, per message.
     let mut mem = p.mem(&a);
     let mut two = [0u8; 2];
     let start = StdInstant::now();
-    for i in 0..MESSAGES {
+    for i in 0..messages {
         mem.read(common::OWNER, a.addr(i % 64), &mut two)
             .expect("read");
         mem.write(common::OWNER, a.addr(64 + i % 64), &two)
             .expect("write");
     }
-    let copy = start.elapsed() / MESSAGES as u32;
-    println!("engine, one host, 2-byte messages {DEPTH} deep, {MESSAGES} per run, {RUNS} runs");
+    let copy = start.elapsed() / messages as u32;
+    println!("engine, one host, 2-byte messages {DEPTH} deep, {messages} per run, {runs} runs");
     println!("| op | ns/message median | min–max | M msg/s | memcpy baseline ns |");
     println!("|---|---|---|---|---|");
     for (name, op) in [("SEND", Op::Send), ("WRITE", Op::Write)] {
-        let mut t: Vec<Duration> = (0..RUNS).map(|i| run(&mut p, &a, &b, op, i == 0)).collect();
+        let mut t: Vec<Duration> = (0..runs)
+            .map(|i| run(&mut p, &a, &b, op, i == 0, messages))
+            .collect();
         t.sort();
-        let med = t[RUNS / 2];
+        let med = t[runs / 2];
         println!(
             "| {name} | {} | {}–{} | {:.2} | {} |",
             med.as_nanos(),
             t[0].as_nanos(),
-            t[RUNS - 1].as_nanos(),
+            t[runs - 1].as_nanos(),
             1e3 / med.as_nanos() as f64,
             copy.as_nanos()
         );

@@ -716,8 +716,17 @@ impl<M: Memory + ?Sized> Engine<M> {
     }
 
     /// Move every QP that feeds an overflowed CQ to ERR (IBA 11.4.2.1: CQ overrun is an
-    /// affiliated asynchronous error of the QPs using it).
-    fn error_overflowed(&mut self, mut overflowed: Vec<CqHandle>) {
+    /// affiliated asynchronous error of the QPs using it). Every verb and packet ends here,
+    /// nearly always with nothing: that much is inlined.
+    #[inline]
+    fn error_overflowed(&mut self, overflowed: Vec<CqHandle>) {
+        if !overflowed.is_empty() {
+            self.error_overflowed_cqs(overflowed);
+        }
+    }
+
+    #[inline(never)]
+    fn error_overflowed_cqs(&mut self, mut overflowed: Vec<CqHandle>) {
         while !overflowed.is_empty() {
             let cqs = std::mem::take(&mut overflowed);
             let now = Instant::default();

@@ -117,6 +117,38 @@ const E_ATOMIC: ExtHeaders = ext(false, false, false, false, false, true, false)
 const E_DETH: ExtHeaders = ext(false, false, true, false, false, false, false);
 const E_DETH_IMM: ExtHeaders = ext(false, false, true, true, false, false, false);
 
+/// One opcode's row of the table, as [`Opcode`]'s accessors read it.
+#[derive(Clone, Copy)]
+struct Attrs {
+    kind: OpKind,
+    position: u8,
+    ext: ExtHeaders,
+    has_payload: bool,
+    /// BTH, extension headers and (CNP) the reserved bytes.
+    header_len: u8,
+}
+
+impl Attrs {
+    const FILLER: Attrs = Attrs::new(OpKind::Cnp, 0, ExtHeaders::NONE, false, false);
+
+    const fn new(
+        kind: OpKind,
+        position: u8,
+        ext: ExtHeaders,
+        has_payload: bool,
+        cnp: bool,
+    ) -> Attrs {
+        let reserved = if cnp { CNP_RESERVED_LEN } else { 0 };
+        Attrs {
+            kind,
+            position,
+            ext,
+            has_payload,
+            header_len: (crate::bth::BTH_LEN + ext.len() + reserved) as u8,
+        }
+    }
+}
+
 macro_rules! opcodes {
     ($( $(#[$doc:meta])* $var:ident = $code:literal, $name:literal, $kind:ident, $pos:ident, $ext:ident, $payload:literal; )*) => {
         /// A BTH opcode that softrdma understands (RC, UC, UD and CNP). Ordered by code.
@@ -125,6 +157,15 @@ macro_rules! opcodes {
         pub enum Opcode {
             $( $(#[$doc])* $var = $code, )*
         }
+
+        /// What each opcode byte stands for, by the byte: every packet built or parsed asks
+        /// these several times (header lengths, checks, packet positions), so each is one
+        /// load rather than a `match`. Bytes that are no opcode hold filler never read.
+        const ATTRS: [Attrs; 256] = {
+            let mut t = [Attrs::FILLER; 256];
+            $( t[$code] = Attrs::new(OpKind::$kind, $pos, $ext, $payload, matches!(OpKind::$kind, OpKind::Cnp)); )*
+            t
+        };
 
         impl Opcode {
             /// Every opcode, in numeric order.
@@ -148,25 +189,25 @@ macro_rules! opcodes {
             /// The operation, independent of transport.
             #[inline]
             pub const fn kind(self) -> OpKind {
-                match self { $( Opcode::$var => OpKind::$kind, )* }
+                ATTRS[self as usize].kind
             }
 
 
             #[inline]
             const fn position(self) -> u8 {
-                match self { $( Opcode::$var => $pos, )* }
+                ATTRS[self as usize].position
             }
 
             /// Which extension headers follow the BTH.
             #[inline]
             pub const fn ext(self) -> ExtHeaders {
-                match self { $( Opcode::$var => $ext, )* }
+                ATTRS[self as usize].ext
             }
 
             /// True when the packet may carry payload bytes after its headers.
             #[inline]
             pub const fn has_payload(self) -> bool {
-                match self { $( Opcode::$var => $payload, )* }
+                ATTRS[self as usize].has_payload
             }
         }
     };
@@ -354,12 +395,7 @@ impl Opcode {
     /// Bytes of BTH plus extension headers (plus the 16 reserved bytes of a CNP).
     #[inline]
     pub const fn header_len(self) -> usize {
-        let cnp = if matches!(self, Opcode::Cnp) {
-            CNP_RESERVED_LEN
-        } else {
-            0
-        };
-        crate::bth::BTH_LEN + self.ext().len() + cnp
+        ATTRS[self as usize].header_len as usize
     }
 }
 
