@@ -51,18 +51,21 @@ pub(crate) fn enter_error<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>)
 
 /// Pop the oldest WQE and produce its completion (always for errors, else if signaled).
 fn complete_front<M: Memory + ?Sized>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, status: WcStatus) {
-    let Some(w) = qp.sq.pop_front() else { return };
+    // What the completion needs, read in place: the WQE itself is dropped, not moved out.
+    let Some(w) = qp.sq.front() else { return };
+    let (wr_id, op, started, signaled, len) = (w.wr_id, w.op, w.started, w.signaled, w.len);
+    qp.sq.pop_front();
     if qp.req.cur > 0 {
         qp.req.cur -= 1;
     } else {
         qp.req.cur_pkt = 0;
     }
-    if w.started && w.op.is_read_or_atomic() {
+    if started && op.is_read_or_atomic() {
         qp.req.rd_atomic_outstanding = qp.req.rd_atomic_outstanding.saturating_sub(1);
     }
-    if w.signaled || status != WcStatus::Success {
-        let mut wc = WorkCompletion::new(w.wr_id, status, w.op.wc_opcode(), qp.qpn);
-        wc.byte_len = w.len as u32;
+    if signaled || status != WcStatus::Success {
+        let mut wc = WorkCompletion::new(wr_id, status, op.wc_opcode(), qp.qpn);
+        wc.byte_len = len as u32;
         let cq = qp.send_cq;
         ctx.push_cqe(qp, cq, wc);
     }

@@ -75,6 +75,7 @@ impl Timers {
 
     /// [`Timers::file`] for a QP that keeps `filed` (its own record of its entry here):
     /// nothing is looked up when the filing would change nothing.
+    #[inline]
     pub(crate) fn file_known(&mut self, filed: &mut Filed, qpn: u32, deadline: Option<Instant>) {
         match (filed.0, deadline) {
             (Some(None), None) => return,
