@@ -147,12 +147,30 @@ impl CqRing {
     /// than the ring holds), rings the device's doorbell.
     pub fn poll_into(&mut self, out: &mut [WorkCompletion]) -> Result<usize, RingError> {
         let mut n = 0;
+        let mut failed = None;
         while n < out.len() {
-            let Some(cqe) = self.next()? else { break };
-            out[n] = cqe
-                .completion()
-                .map_err(|_| RingError::Invalid("a completion with unknown numbers"))?;
+            let cqe = match self.next() {
+                Ok(Some(c)) => c,
+                Ok(None) => break,
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            };
+            match cqe.completion() {
+                Ok(wc) => out[n] = wc,
+                Err(_) => {
+                    failed = Some(RingError::Invalid("a completion with unknown numbers"));
+                    break;
+                }
+            }
             n += 1;
+        }
+        // The slots read go back to the daemon with one store (before the backlog word is
+        // read: see `Ring::take_backlog`), whatever ended the loop.
+        self.ring.publish();
+        if let Some(e) = failed {
+            return Err(e);
         }
         if n > 0 && self.ring.take_backlog() {
             self.doorbells += 1;
@@ -168,7 +186,7 @@ impl CqRing {
             return Ok(Some(c));
         }
         let mut e = [0u8; wqe::CQE_LEN];
-        if !self.ring.pop(&mut e)? {
+        if !self.ring.take(&mut e)? {
             return Ok(None);
         }
         // `e` is exactly CQE_LEN bytes: the read cannot fail.
@@ -186,6 +204,7 @@ impl CqRing {
             }
         }
         self.held = kept;
+        self.ring.publish();
         if self.ring.take_backlog() {
             self.doorbells += 1;
             let _ = rustix::io::write(&*self.doorbell, &1u64.to_ne_bytes());

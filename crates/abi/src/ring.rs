@@ -124,6 +124,10 @@ pub struct Ring {
     /// says it is empty. Indices only grow, so a stale value is a safe underestimate, and
     /// the shared line the peer writes is read once per batch instead of once per entry.
     peer: u32,
+    /// This end's index as last published: entries staged ([`Ring::stage`]) or taken
+    /// ([`Ring::take`]) since are the peer's to see only at the next [`Ring::publish`], so
+    /// that a batch costs one store to the line the peer watches, not one per entry.
+    shown: u32,
     /// Producer: this end last set the backlog word (the consumer may have cleared it since).
     backlog: bool,
 }
@@ -270,6 +274,7 @@ impl Ring {
             role,
             mine: 0,
             peer: 0,
+            shown: 0,
             backlog: false,
         })
     }
@@ -322,9 +327,18 @@ impl Ring {
     }
 
     /// Producer: append one entry (`entry.len() <= entry_size`; the slot's bytes past its
-    /// end are left as they were). `Ok(false)` if the ring is full.
-    #[allow(unsafe_code)]
+    /// end are left as they were) and publish it. `Ok(false)` if the ring is full.
     pub fn push(&mut self, entry: &[u8]) -> Result<bool, RingError> {
+        let pushed = self.stage(entry)?;
+        self.publish();
+        Ok(pushed)
+    }
+
+    /// Producer: [`Ring::push`] without publishing: the consumer sees the entry, and those
+    /// staged with it, at the next [`Ring::publish`] (a producer that writes a batch stores
+    /// the index the consumer polls once, not once per entry).
+    #[allow(unsafe_code)]
+    pub fn stage(&mut self, entry: &[u8]) -> Result<bool, RingError> {
         if self.role != Role::Producer || entry.len() > self.entry_size {
             return Err(RingError::Invalid("push on a consumer, or entry too long"));
         }
@@ -350,8 +364,22 @@ impl Ring {
             unsafe { slot.add(i).write_volatile(u64::from_ne_bytes(*w)) };
         }
         self.mine = self.mine.wrapping_add(1);
-        self.word(PROD).store(self.mine, Ordering::Release);
         Ok(true)
+    }
+
+    /// Publish this end's index (the producer's after [`Ring::stage`], the consumer's after
+    /// [`Ring::take`]) if it moved since it was last published. The release store orders
+    /// the entries written (producer) or read (consumer) before it.
+    pub fn publish(&mut self) {
+        if self.shown == self.mine {
+            return;
+        }
+        self.shown = self.mine;
+        let at = match self.role {
+            Role::Producer => PROD,
+            Role::Consumer => CONS,
+        };
+        self.word(at).store(self.mine, Ordering::Release);
     }
 
     /// Consumer: entries waiting to be popped.
@@ -370,8 +398,16 @@ impl Ring {
 
     /// Consumer: copy the oldest entry into `out` (`entry_size` bytes) and release its slot.
     /// `Ok(false)` if the ring is empty. The bytes are the peer's: parse them as untrusted.
-    #[allow(unsafe_code)]
     pub fn pop(&mut self, out: &mut [u8]) -> Result<bool, RingError> {
+        let popped = self.take(out)?;
+        self.publish();
+        Ok(popped)
+    }
+
+    /// Consumer: [`Ring::pop`] without releasing the slot: the producer may reuse it, and
+    /// those taken with it, after the next [`Ring::publish`].
+    #[allow(unsafe_code)]
+    pub fn take(&mut self, out: &mut [u8]) -> Result<bool, RingError> {
         if self.role != Role::Consumer || out.len() != self.entry_size {
             return Err(RingError::Invalid(
                 "pop on a producer, or wrong buffer size",
@@ -392,7 +428,6 @@ impl Ring {
             o.copy_from_slice(&w.to_ne_bytes());
         }
         self.mine = self.mine.wrapping_add(1);
-        self.word(CONS).store(self.mine, Ordering::Release);
         Ok(true)
     }
 }
@@ -478,6 +513,38 @@ mod tests {
             assert!(c.is_empty().unwrap());
         }
         assert!(p.len().is_err(), "len is the consumer's view");
+    }
+
+    #[test]
+    fn a_batch_crosses_at_its_publication_and_not_before() {
+        let (mut p, fd) = Ring::create(4, 8, Role::Producer).unwrap();
+        let mut c = Ring::open(&fd, Role::Consumer).unwrap();
+        let mut out = [0u8; 8];
+        assert!(p.stage(&[1]).unwrap());
+        assert!(p.stage(&[2]).unwrap());
+        assert!(
+            !c.take(&mut out).unwrap(),
+            "staged entries are not the consumer's yet"
+        );
+        assert_eq!(c.len().unwrap(), 0);
+        p.publish();
+        assert_eq!(c.len().unwrap(), 2);
+        assert!(p.stage(&[3]).unwrap());
+        assert!(p.stage(&[4]).unwrap());
+        assert!(!p.stage(&[5]).unwrap(), "staged entries take their slots");
+        p.publish();
+        for want in 1..=4u8 {
+            assert!(c.take(&mut out).unwrap());
+            assert_eq!(out[0], want);
+        }
+        // Taken but not released: the producer still finds the ring full.
+        assert_eq!(p.free().unwrap(), 0);
+        assert!(!p.push(&[6]).unwrap());
+        c.publish();
+        assert_eq!(p.free().unwrap(), 4);
+        assert!(p.push(&[6]).unwrap(), "push publishes at once");
+        assert!(c.pop(&mut out).unwrap());
+        assert_eq!((out[0], p.free().unwrap()), (6, 4), "so does pop");
     }
 
     #[test]

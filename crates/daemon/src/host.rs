@@ -480,7 +480,7 @@ fn fill_ring(engine: &mut SendEngine, cq: CqHandle, ring: &mut Ring) -> Result<(
                 .poll_cq_with(cq, free, |c| {
                     // `free` slots were checked above and only this thread (under the lock)
                     // produces.
-                    match ring.push(abi::wqe::Cqe::of(c).bytes()) {
+                    match ring.stage(abi::wqe::Cqe::of(c).bytes()) {
                         Ok(pushed) => pushed,
                         Err(e) => {
                             broken = Some(e);
@@ -489,6 +489,8 @@ fn fill_ring(engine: &mut SendEngine, cq: CqHandle, ring: &mut Ring) -> Result<(
                     }
                 })
                 .unwrap_or(0);
+            // The batch becomes the client's with one store of the index it polls.
+            ring.publish();
             if let Some(e) = broken {
                 return Err(e);
             }

@@ -204,6 +204,8 @@ impl WorkRing {
     pub fn drain(&mut self, engine: &mut runtime::SendEngine, stats: &WqStats) -> Drained {
         let mut took = 0;
         let drained = self.drain_counting(engine, stats, &mut took);
+        // The slots taken go back to the client with one store of the index it reads.
+        self.ring.publish();
         // One count per drain, not per WQE: the counters are shared with `stat`'s thread.
         stats.ring_wqes.fetch_add(took as u64, Ordering::Relaxed);
         drained
@@ -221,7 +223,7 @@ impl WorkRing {
             let popped = if self.stash {
                 Ok(true)
             } else {
-                self.ring.pop(&mut self.entry)
+                self.ring.take(&mut self.entry)
             };
             match popped {
                 Ok(true) => self.stash = false,
