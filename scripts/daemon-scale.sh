@@ -18,6 +18,9 @@
 # Builds the release binaries first; uses its own socket and a port outside the default
 # 4791, so a softrdmad already running is left alone.
 #
+# IDLE_CQS=N first opens N CQs that stay idle, from another program on the same softrdmad
+# (scripts/idle-cqs.c through the drop-in libibverbs), as a host with many idle clients has.
+#
 # BACKEND=embedded runs the same long runs without softrdmad: each process its own device,
 # on 127.0.0.2 and 127.0.0.1 (every message and ACK a UDP datagram); it prints the rates only.
 set -euo pipefail
@@ -56,6 +59,16 @@ if [ "${BACKEND:-daemon}" = embedded ]; then
 fi
 # shellcheck source=scripts/bench-daemon.sh
 . scripts/bench-daemon.sh
+if [ "${IDLE_CQS:-0}" -gt 0 ]; then
+    cargo build --release -q -p softrdma-ibverbs
+    gcc -O2 -o "$TMP/idle-cqs" scripts/idle-cqs.c -libverbs
+    LD_LIBRARY_PATH=$B "$TMP/idle-cqs" "$IDLE_CQS" 100000 2> "$TMP/idle.log" &
+    IDLE_PID=$!
+    trap 'kill $IDLE_PID $DPID 2>/dev/null; wait $DPID 2>/dev/null; rm -rf "$TMP"' EXIT
+    for _ in $(seq 300); do grep -q "open for" "$TMP/idle.log" && break; sleep 0.1; done
+    grep -q "open for" "$TMP/idle.log" || { cat "$TMP/idle.log" >&2; exit 1; }
+    echo "($IDLE_CQS idle CQs of another client on the device)"
+fi
 acks() { "$B/softrdma" stat --socket "$TMP/sock" --filter resp_acks_sent | awk '{s += $2} END {print s}'; }
 PORT=$((31000 + RANDOM % 1000))
 # bench N MESSAGES: one run; sets ROW (the tool's size line) and CPU, ACKS (the deltas).

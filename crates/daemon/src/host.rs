@@ -18,7 +18,8 @@
 //!   control socket takes what waits in the rings first ([`Device::with`]), so a post
 //!   followed by a verb on the socket keeps its order.
 //! - CQ rings: after every change, completions move into the rings of the CQs that have
-//!   one (`fill_ring`).
+//!   one (`fill_ring`): the CQs the engine lists as filled since the last pass
+//!   ([`engine::Engine::take_filled_cqs`]) and those whose rings were full, not every CQ.
 //! - Client memory: reads ahead are forgotten whenever the device lock is taken, and the
 //!   writes held back land before any packet leaves or completion is delivered.
 
@@ -67,6 +68,11 @@ pub struct DeviceConfig {
 pub struct Rings {
     /// CQs whose completions go to a shared-memory ring.
     cq_rings: HashMap<CqHandle, CompletionRing>,
+    /// CQs with a ring that still have completions to deliver (their rings were full, or
+    /// they were just attached), looked at in every pass until they have none.
+    unfinished: Vec<CqHandle>,
+    /// The CQs one delivery visits (kept to reuse its storage).
+    todo: Vec<CqHandle>,
     /// The CQs whose arm bits a pass found set (kept to reuse its storage).
     armed: Vec<CqHandle>,
     /// Clients' SQ, RQ and SRQ rings, with their doorbell pages, by connection.
@@ -123,15 +129,39 @@ impl Attachment for Rings {
     }
 
     fn deliver(&mut self, engine: &mut SendEngine) {
-        self.cq_rings
-            .retain(|&cq, c| match fill_ring(engine, cq, &mut c.ring) {
-                Ok(()) => true,
+        // The CQs that gained completions, and those whose rings were full last time:
+        // a pass costs the CQs with something to deliver, not every CQ of the device.
+        let mut todo = std::mem::take(&mut self.todo);
+        engine.take_filled_cqs(&mut todo);
+        for cq in self.unfinished.drain(..) {
+            if let Some(c) = self.cq_rings.get_mut(&cq) {
+                c.unfinished = false;
+            }
+            todo.push(cq);
+        }
+        for cq in todo.drain(..) {
+            // A CQ without a ring keeps its completions for `PollCq` on the control socket.
+            let Some(c) = self.cq_rings.get_mut(&cq) else {
+                continue;
+            };
+            match fill_ring(engine, cq, &mut c.ring) {
+                Ok(false) => {}
+                Ok(true) => {
+                    // The ring is full: the client rings the doorbell when it frees slots
+                    // (the backlog word), and every pass until then looks again.
+                    if !c.unfinished {
+                        c.unfinished = true;
+                        self.unfinished.push(cq);
+                    }
+                }
                 Err(e) => {
                     // The client broke its own ring: detach it; its CQ keeps the completions.
                     tracing::warn!(?cq, error = %e, "CQ ring detached");
-                    false
+                    self.cq_rings.remove(&cq);
                 }
-            });
+            }
+        }
+        self.todo = todo;
     }
 }
 
@@ -140,6 +170,8 @@ struct CompletionRing {
     ring: Ring,
     /// The client's arm word last acted on ([`Ring::arm_request`]).
     arm_seen: u32,
+    /// Listed in [`Rings::unfinished`].
+    unfinished: bool,
 }
 
 impl Rings {
@@ -223,6 +255,8 @@ impl Device {
         let behind = memory.write_behind();
         let rings = Rings {
             cq_rings: HashMap::new(),
+            unfinished: Vec::new(),
+            todo: Vec::new(),
             armed: Vec::new(),
             work: HashMap::new(),
             asleep: false,
@@ -270,9 +304,17 @@ impl Device {
     pub fn attach_ring(&self, cq: CqHandle, ring: Ring) -> Result<(), engine::VerbsError> {
         let mut g = self.rt.lock();
         g.cq_len(cq)?;
-        g.attachment_mut()
-            .cq_rings
-            .insert(cq, CompletionRing { ring, arm_seen: 0 });
+        let rings = g.attachment_mut();
+        rings.cq_rings.insert(
+            cq,
+            CompletionRing {
+                ring,
+                arm_seen: 0,
+                // What the CQ holds already goes into the ring at the next pass.
+                unfinished: true,
+            },
+        );
+        rings.unfinished.push(cq);
         Ok(())
     }
 
@@ -460,14 +502,14 @@ impl Device {
     }
 }
 
-/// Move as many of `cq`'s completions into its ring as fit. Those that do not fit wait in
-/// the CQ, and the ring's backlog word asks the client to ring the device's doorbell when it
-/// frees slots (so the progress thread may sleep meanwhile).
-fn fill_ring(engine: &mut SendEngine, cq: CqHandle, ring: &mut Ring) -> Result<(), RingError> {
+/// Move as many of `cq`'s completions into its ring as fit; returns whether some are left.
+/// Those that do not fit wait in the CQ, and the ring's backlog word asks the client to ring
+/// the device's doorbell when it frees slots (so the progress thread may sleep meanwhile).
+fn fill_ring(engine: &mut SendEngine, cq: CqHandle, ring: &mut Ring) -> Result<bool, RingError> {
     loop {
         if engine.cq_len(cq).map_or(true, |n| n == 0) {
             ring.set_backlog(false);
-            return Ok(());
+            return Ok(false);
         }
         let free = ring.free()? as usize;
         if free > 0 {
@@ -495,8 +537,9 @@ fn fill_ring(engine: &mut SendEngine, cq: CqHandle, ring: &mut Ring) -> Result<(
                 return Err(e);
             }
             if n == 0 {
-                // Not expected while `cq_len` counts some; never loop on it.
-                return Ok(());
+                // Not expected while `cq_len` counts some; never loop on it (the next
+                // pass tries again).
+                return Ok(true);
             }
             continue;
         }
@@ -504,7 +547,7 @@ fn fill_ring(engine: &mut SendEngine, cq: CqHandle, ring: &mut Ring) -> Result<(
         // that popped before it could see the word did not ring; see `Ring::set_backlog`).
         ring.set_backlog(true);
         if ring.free()? == 0 {
-            return Ok(());
+            return Ok(true);
         }
     }
 }

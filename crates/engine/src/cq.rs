@@ -7,6 +7,7 @@ use bitflags::bitflags;
 
 use crate::error::VerbsError;
 use crate::memory::Memory;
+use crate::table::Table;
 use crate::Engine;
 use wire::types::{Qpn, Rkey};
 
@@ -237,6 +238,45 @@ pub(crate) struct Cq {
     pub(crate) users: u32,
     /// Armed by `req_notify_cq`: `Some(solicited_only)` until the next event fires.
     pub(crate) armed: Option<bool>,
+    /// In [`CqTable`]'s list of CQs filled since the host last took it.
+    listed: bool,
+}
+
+/// The CQs, and the ones that gained completions since the host last asked
+/// ([`crate::Engine::take_filled_cqs`]): a host that moves completions on (softrdmad, into
+/// its clients' rings) visits those, not every CQ of the device, after each pass.
+#[derive(Debug, Default)]
+pub(crate) struct CqTable {
+    table: Table<Cq>,
+    filled: Vec<CqHandle>,
+}
+
+impl core::ops::Deref for CqTable {
+    type Target = Table<Cq>;
+    fn deref(&self) -> &Table<Cq> {
+        &self.table
+    }
+}
+
+impl core::ops::DerefMut for CqTable {
+    fn deref_mut(&mut self) -> &mut Table<Cq> {
+        &mut self.table
+    }
+}
+
+impl CqTable {
+    /// Store a completion in `cq` (which must exist), listing the CQ as filled.
+    pub(crate) fn push(&mut self, cq: CqHandle, wc: WorkCompletion) -> Push {
+        let Some(c) = self.table.get_mut(cq.0) else {
+            return Push::Ok;
+        };
+        let pushed = c.push(wc);
+        if pushed == Push::Ok && !c.listed {
+            c.listed = true;
+            self.filled.push(cq);
+        }
+        pushed
+    }
 }
 
 /// What pushing a completion did.
@@ -259,6 +299,7 @@ impl Cq {
             overflowed: false,
             users: 0,
             armed: None,
+            listed: false,
         }
     }
 
@@ -423,6 +464,20 @@ impl<M: Memory + ?Sized> Engine<M> {
     /// `ibv_get_cq_event` without blocking: the next CQ whose armed notification fired.
     pub fn get_cq_event(&mut self) -> Option<CqHandle> {
         self.cq_events.pop_front()
+    }
+
+    /// Move into `out` the CQs that gained completions since the last call, each once, in
+    /// the order they first did (a destroyed CQ's handle may be among them, or name a CQ
+    /// created since: look it up). With this a host that moves completions on visits only
+    /// the CQs that have some, whatever the number of CQs.
+    pub fn take_filled_cqs(&mut self, out: &mut Vec<CqHandle>) {
+        let CqTable { table, filled } = &mut self.cqs;
+        for cq in filled.drain(..) {
+            if let Some(c) = table.get_mut(cq.0) {
+                c.listed = false;
+            }
+            out.push(cq);
+        }
     }
 
     /// Completions waiting in a CQ.

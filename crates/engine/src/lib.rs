@@ -156,7 +156,7 @@ pub use ud::{UdDest, GRH_LEN};
 /// The numbers the verbs structs carry, typed so a QPN, an L_Key and an R_Key cannot be mixed.
 pub use wire::types::{Lkey, Qpn, Rkey};
 
-use cq::{Cq, Push};
+use cq::Push;
 use mr::MrTable;
 use pd::Pd;
 use qp::{Path, Qp};
@@ -235,7 +235,7 @@ pub(crate) struct Ctx<'a, M: Memory + ?Sized> {
     pub(crate) mrs: &'a mut MrTable,
     pub(crate) mws: &'a mut mw::MwTable,
     pub(crate) srqs: &'a mut Table<srq::Srq>,
-    pub(crate) cqs: &'a mut Table<Cq>,
+    pub(crate) cqs: &'a mut cq::CqTable,
     pub(crate) counters: &'a mut Counters,
     pub(crate) events: &'a mut VecDeque<AsyncEvent>,
     /// Completion events of armed CQs (`req_notify_cq`), for `get_cq_event`.
@@ -285,7 +285,7 @@ impl<M: Memory + ?Sized> Ctx<'_, M> {
                 self.cq_events.push_back(cq);
             }
         }
-        if let Push::Overflow { first } = c.push(wc) {
+        if let Push::Overflow { first } = self.cqs.push(cq, wc) {
             self.count(qp, Counter::CqOverflow);
             if first {
                 self.events.push_back(AsyncEvent::CqErr { cq });
@@ -312,7 +312,7 @@ pub struct Engine<M: Memory + ?Sized = dyn Memory> {
     rng: Rng,
     pds: Table<Pd>,
     mrs: MrTable,
-    cqs: Table<Cq>,
+    cqs: cq::CqTable,
     qps: QpTable,
     srqs: Table<srq::Srq>,
     mws: mw::MwTable,
@@ -402,7 +402,7 @@ impl<M: Memory + ?Sized> Engine<M> {
             rng,
             pds: Table::default(),
             mrs: MrTable::default(),
-            cqs: Table::default(),
+            cqs: cq::CqTable::default(),
             qps: QpTable::default(),
             srqs: Table::default(),
             mws: mw::MwTable::default(),
