@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::{Pair, PairConfig};
-use engine::{QpAttr, QpAttrMask, QpState, RecvWr, SendWr};
+use engine::{QpState, RecvWr, SendWr};
 
 fn filled(p: &mut Pair) -> Vec<engine::CqHandle> {
     let a = p.a;
@@ -50,14 +50,7 @@ fn filled_cqs_are_listed_once_until_taken_whoever_fills_them() {
     // though it was never emptied.
     assert_eq!(p.poll(&a, a.send_cq).len(), 3);
     p.post_recv(&b, RecvWr::new(9, vec![b.sge(0, 8)]));
-    let qpn = b.qpn;
-    let err = QpAttr {
-        qp_state: QpState::Err,
-        ..QpAttr::default()
-    };
-    p.engine(&b)
-        .modify_qp(qpn, &err, QpAttrMask::STATE)
-        .expect("-> ERR");
+    p.move_to(&b, QpState::Err);
     // The flushed receive fills B's receive CQ, which still holds the three.
     assert_eq!(filled(&mut p), vec![b.recv_cq]);
     assert_eq!(p.poll(&b, b.recv_cq).len(), 4);

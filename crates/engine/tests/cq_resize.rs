@@ -4,7 +4,7 @@
 mod common;
 
 use common::{Pair, PairConfig};
-use engine::{QpAttr, QpAttrMask, QpState, RecvWr, VerbsError, WcStatus};
+use engine::{QpState, RecvWr, VerbsError, WcStatus};
 
 #[test]
 fn a_cq_resizes_within_its_limits_and_never_below_what_waits() {
@@ -29,14 +29,7 @@ fn a_cq_resizes_within_its_limits_and_never_below_what_waits() {
     for i in 0..4 {
         p.post_recv(&b, RecvWr::new(i, vec![]));
     }
-    let qpn = b.qpn;
-    let err = QpAttr {
-        qp_state: QpState::Err,
-        ..QpAttr::default()
-    };
-    p.engine(&b)
-        .modify_qp(qpn, &err, QpAttrMask::STATE)
-        .unwrap();
+    p.move_to(&b, QpState::Err);
     let e = p.engine(&b);
     assert_eq!(e.cq_len(b.recv_cq), Ok(4));
     assert_eq!(

@@ -537,14 +537,7 @@ impl Pair {
     pub fn reconnect(&mut self, a: &Side, b: &Side, psn_a: u32) {
         let cfg = self.cfg.clone();
         for side in [a, b] {
-            let qpn = side.qpn;
-            let reset = QpAttr {
-                qp_state: QpState::Reset,
-                ..QpAttr::default()
-            };
-            self.engine(side)
-                .modify_qp(qpn, &reset, QpAttrMask::STATE)
-                .expect("-> RESET");
+            self.move_to(side, QpState::Reset);
         }
         let psn_b = psn_a.wrapping_add(0x80_0000) & 0xff_ffff;
         connect(self.engine(a), &cfg, a, b, psn_a, psn_b);
@@ -592,6 +585,18 @@ impl Pair {
             deadline,
         )?;
         Ok(self.poll(side, cq))
+    }
+
+    /// Moves `side`'s QP to `state` with no other attribute (RESET, ERR...).
+    pub fn move_to(&mut self, side: &Side, state: QpState) {
+        let qpn = side.qpn;
+        let attr = QpAttr {
+            qp_state: state,
+            ..QpAttr::default()
+        };
+        self.engine(side)
+            .modify_qp(qpn, &attr, QpAttrMask::STATE)
+            .expect("modify_qp");
     }
 
     /// The state of `side`'s QP.
