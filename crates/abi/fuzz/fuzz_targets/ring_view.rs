@@ -73,6 +73,11 @@ fn exercise(mut ring: Ring, rounds: usize) {
         let _ = ring.free();
         let _ = ring.pop(&mut out);
         let _ = ring.push(&entry);
+        // Batches: entries written or read now, published together.
+        let _ = ring.take(&mut out);
+        let _ = ring.stage(&entry);
+        let _ = ring.stage(&entry);
+        ring.publish();
         ring.set_backlog(true);
         let _ = ring.take_backlog();
         ring.set_backlog(false);
