@@ -43,7 +43,9 @@
 //!   summary bit `w` and set it if it is clear; full fence; read the sleeping word.
 //! - A daemon pass ([`DoorbellPage::take`]): swap each non-zero summary word to zero; full
 //!   fence; swap to zero each bitmap word whose summary bit it took (whatever it holds);
-//!   full fence *F2*; drain the rings whose bits it took.
+//!   full fence *F2*; drain the rings whose bits it took. A pass that takes no summary bit
+//!   stops at once, fences and all: it drains no ring on account of a bit, and the points
+//!   below are about the pass that takes one.
 //! - The daemon going to sleep: set the sleeping word ([`DoorbellPage::set_sleeping`]);
 //!   full fence; read the summary ([`DoorbellPage::rung`]); sleep only if it is all zero.
 //!
@@ -211,11 +213,20 @@ impl DoorbellPage {
     /// still set published its WQE where this drain sees it.
     pub fn take(&self, mut each: impl FnMut(usize, u64)) {
         let mut taken = [0u64; SUMMARY_WORDS];
+        let mut any = false;
         for (i, t) in taken.iter_mut().enumerate() {
             let s = self.summary(i);
             if s.load(Ordering::SeqCst) != 0 {
                 *t = s.swap(0, Ordering::SeqCst);
+                any |= *t != 0;
             }
+        }
+        if !any {
+            // Nothing taken, so no ring is drained on its bit's word and there is nothing
+            // for the fences to order (see "No doorbell is lost": a post this pass missed
+            // leaves its bits set for the next). An idle connection's page costs a pass
+            // its summary loads alone, not two full fences.
+            return;
         }
         fence(Ordering::SeqCst);
         for (i, mut t) in taken.into_iter().enumerate() {
