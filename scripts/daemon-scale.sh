@@ -19,7 +19,8 @@
 # 4791, so a softrdmad already running is left alone.
 #
 # IDLE_CQS=N first opens N CQs that stay idle, from another program on the same softrdmad
-# (scripts/idle-cqs.c through the drop-in libibverbs), as a host with many idle clients has.
+# (scripts/idle-cqs.c through the drop-in libibverbs), as a host with many idle clients has;
+# IDLE_CLIENTS=K runs K such programs (each with IDLE_CQS CQs, default 1).
 #
 # BACKEND=embedded runs the same long runs without softrdmad: each process its own device,
 # on 127.0.0.2 and 127.0.0.1 (every message and ACK a UDP datagram); it prints the rates only.
@@ -59,15 +60,23 @@ if [ "${BACKEND:-daemon}" = embedded ]; then
 fi
 # shellcheck source=scripts/bench-daemon.sh
 . scripts/bench-daemon.sh
-if [ "${IDLE_CQS:-0}" -gt 0 ]; then
+if [ "${IDLE_CQS:-0}" -gt 0 ] || [ "${IDLE_CLIENTS:-0}" -gt 0 ]; then
+    IDLE_CQS=${IDLE_CQS:-1} IDLE_CLIENTS=${IDLE_CLIENTS:-1}
+    [ "$IDLE_CQS" -gt 0 ] || IDLE_CQS=1
+    [ "$IDLE_CLIENTS" -gt 0 ] || IDLE_CLIENTS=1
     cargo build --release -q -p softrdma-ibverbs
     gcc -O2 -o "$TMP/idle-cqs" scripts/idle-cqs.c -libverbs
-    LD_LIBRARY_PATH=$B "$TMP/idle-cqs" "$IDLE_CQS" 100000 2> "$TMP/idle.log" &
-    IDLE_PID=$!
-    trap 'kill $IDLE_PID $DPID 2>/dev/null; wait $DPID 2>/dev/null; rm -rf "$TMP"' EXIT
-    for _ in $(seq 300); do grep -q "open for" "$TMP/idle.log" && break; sleep 0.1; done
-    grep -q "open for" "$TMP/idle.log" || { cat "$TMP/idle.log" >&2; exit 1; }
-    echo "($IDLE_CQS idle CQs of another client on the device)"
+    IDLE_PIDS=()
+    for i in $(seq "$IDLE_CLIENTS"); do
+        LD_LIBRARY_PATH=$B "$TMP/idle-cqs" "$IDLE_CQS" 100000 2> "$TMP/idle.$i.log" &
+        IDLE_PIDS+=($!)
+    done
+    trap 'kill "${IDLE_PIDS[@]}" $DPID 2>/dev/null; wait $DPID 2>/dev/null; rm -rf "$TMP"' EXIT
+    for i in $(seq "$IDLE_CLIENTS"); do
+        for _ in $(seq 300); do grep -q "open for" "$TMP/idle.$i.log" && break; sleep 0.1; done
+        grep -q "open for" "$TMP/idle.$i.log" || { cat "$TMP/idle.$i.log" >&2; exit 1; }
+    done
+    echo "($IDLE_CLIENTS idle clients with $IDLE_CQS CQs each on the device)"
 fi
 acks() { "$B/softrdma" stat --socket "$TMP/sock" --filter resp_acks_sent | awk '{s += $2} END {print s}'; }
 PORT=$((31000 + RANDOM % 1000))
