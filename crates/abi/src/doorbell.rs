@@ -89,6 +89,11 @@ pub const BITS: u32 = 1 << 16;
 pub const WORDS: usize = BITS as usize / 64;
 /// Words of the summary (one bit per bitmap word).
 pub const SUMMARY_WORDS: usize = WORDS / 64;
+
+/// Summary words that cover the first `words` bitmap words.
+fn summary_words(words: usize) -> usize {
+    words.min(WORDS).div_ceil(64)
+}
 const SLEEPING: usize = 64;
 const SUMMARY: usize = 128;
 const BITMAP: usize = SUMMARY + 2 * 64;
@@ -201,20 +206,24 @@ impl DoorbellPage {
         fence(Ordering::SeqCst);
     }
 
-    /// Daemon: whether any summary bit is set (read only: nothing is taken).
-    pub fn rung(&self) -> bool {
-        (0..SUMMARY_WORDS).any(|i| self.summary(i).load(Ordering::SeqCst) != 0)
+    /// Daemon: whether any summary bit of the first `words` bitmap words is set (read
+    /// only: nothing is taken). Bits past the words a connection uses name nothing.
+    pub fn rung(&self, words: usize) -> bool {
+        (0..summary_words(words)).any(|i| self.summary(i).load(Ordering::SeqCst) != 0)
     }
 
-    /// Daemon: take the bits that are set, level by level with a full fence after each,
-    /// and call `each(w, bits)` for every bitmap word `w` that held some (`w < WORDS`). A
-    /// summary word that reads zero is not written (the client's cache line stays shared).
-    /// After it returns, the rings the bits name may be read: a client that found its bits
-    /// still set published its WQE where this drain sees it.
-    pub fn take(&self, mut each: impl FnMut(usize, u64)) {
+    /// Daemon: take the bits that are set among the first `words` bitmap words (those a
+    /// connection's rings use: bits past them name nothing, and are neither read nor
+    /// cleared), level by level with a full fence after each, and call `each(w, bits)` for
+    /// every bitmap word `w` that held some. A summary word that reads zero is not written
+    /// (the client's cache line stays shared). After it returns, the rings the bits name
+    /// may be read: a client that found its bits still set published its WQE where this
+    /// drain sees it.
+    pub fn take(&self, words: usize, mut each: impl FnMut(usize, u64)) {
         let mut taken = [0u64; SUMMARY_WORDS];
         let mut any = false;
-        for (i, t) in taken.iter_mut().enumerate() {
+        let n = summary_words(words);
+        for (i, t) in taken.iter_mut().enumerate().take(n) {
             let s = self.summary(i);
             if s.load(Ordering::SeqCst) != 0 {
                 *t = s.swap(0, Ordering::SeqCst);
@@ -229,13 +238,16 @@ impl DoorbellPage {
             return;
         }
         fence(Ordering::SeqCst);
+        let words = words.min(WORDS);
         for (i, mut t) in taken.into_iter().enumerate() {
             while t != 0 {
                 let w = i * 64 + t.trailing_zeros() as usize;
                 t &= t - 1;
-                // Swapped whatever it reads: the summary bit was the word's only mark.
+                // Swapped whatever it reads: the summary bit was the word's only mark (and a
+                // word past those in use, which names nothing, is cleared all the same, so
+                // that no stale bit stands in for a later post once a ring uses it).
                 let bits = self.bits(w).swap(0, Ordering::SeqCst);
-                if bits != 0 {
+                if bits != 0 && w < words {
                     each(w, bits);
                 }
             }
@@ -299,27 +311,55 @@ mod tests {
     /// What one pass of the daemon takes: (word, bits) in word order.
     fn taken(page: &DoorbellPage) -> Vec<(usize, u64)> {
         let mut v = Vec::new();
-        page.take(|w, bits| v.push((w, bits)));
+        page.take(WORDS, |w, bits| v.push((w, bits)));
         v
+    }
+
+    #[test]
+    fn a_pass_looks_only_at_the_words_a_connection_uses() {
+        let (d, fd) = DoorbellPage::create().unwrap();
+        let c = DoorbellPage::open(&fd).unwrap();
+        // A connection with 70 rings uses bitmap words 0 and 1 (summary word 0 alone).
+        assert!(!c.ring(69).unwrap());
+        assert!(
+            !c.ring(4096).unwrap(),
+            "a bit past its rings: summary word 1"
+        );
+        assert!(!c.ring(200).unwrap(), "past its words, in summary word 0");
+        assert!(d.rung(2));
+        let mut v = Vec::new();
+        d.take(2, |w, bits| v.push((w, bits)));
+        assert_eq!(v, [(1, 1 << 5)], "only the words in use are handed on");
+        assert!(!d.rung(2), "summary word 0 was taken whole");
+        // Word 3 was cleared with it: a ring given bit 200 later rings as any other.
+        assert!(!c.ring(200).unwrap());
+        let mut v = Vec::new();
+        d.take(4, |w, bits| v.push((w, bits)));
+        assert_eq!(v, [(3, 1 << 8)]);
+        // Summary word 1 was never read: it still says word 64 holds a bit, for a pass
+        // over every word to find.
+        assert!(d.rung(WORDS));
+        assert_eq!(taken(&d), [(64, 1)]);
+        assert!(!d.rung(WORDS));
     }
 
     #[test]
     fn bits_cross_from_client_to_daemon_once() {
         let (d, fd) = DoorbellPage::create().unwrap();
         let c = DoorbellPage::open(&fd).unwrap();
-        assert!(!d.rung());
+        assert!(!d.rung(WORDS));
         assert!(!c.ring(0).unwrap());
         assert!(!c.ring(70).unwrap());
         assert!(!c.ring(71).unwrap());
         assert!(!c.ring(4096).unwrap());
         assert!(!c.ring(BITS - 1).unwrap());
         assert!(c.ring(BITS).is_err());
-        assert!(d.rung());
+        assert!(d.rung(WORDS));
         assert_eq!(
             taken(&d),
             [(0, 1), (1, 3 << 6), (64, 1), (WORDS - 1, 1 << 63)]
         );
-        assert!(!d.rung());
+        assert!(!d.rung(WORDS));
         assert!(taken(&d).is_empty(), "taken once");
         d.set_sleeping(true);
         assert!(c.daemon_sleeps());
@@ -398,7 +438,7 @@ mod tests {
         let mut passes = 0u32;
         while !done(&rings) {
             let mut words = Vec::new();
-            page.take(|w, bits| words.push((w, bits)));
+            page.take(WORDS, |w, bits| words.push((w, bits)));
             for (bit, ring, next) in &mut rings {
                 let named = words
                     .iter()
@@ -419,7 +459,7 @@ mod tests {
             }
             // Going to sleep: ask for doorbells, then look once more.
             page.set_sleeping(true);
-            if page.rung() {
+            if page.rung(WORDS) {
                 page.set_sleeping(false);
                 continue;
             }
@@ -458,7 +498,7 @@ mod tests {
         for i in 0..WORDS {
             c.scribble(i, u64::MAX);
         }
-        assert!(!d.rung());
+        assert!(!d.rung(WORDS));
         assert!(taken(&d).is_empty());
         // ...until the summary names their words.
         for i in 0..SUMMARY_WORDS {
@@ -466,18 +506,18 @@ mod tests {
         }
         c.word32(SLEEPING).store(0xdead_beef, Ordering::Relaxed);
         c.word32(0).store(0, Ordering::Relaxed);
-        assert!(d.rung());
+        assert!(d.rung(WORDS));
         let t = taken(&d);
         assert_eq!(t.len(), WORDS);
         assert!(t
             .iter()
             .enumerate()
             .all(|(i, &(w, b))| w == i && b == u64::MAX));
-        assert!(!d.rung());
+        assert!(!d.rung(WORDS));
         // Summary bits naming empty words cost a look and are cleared.
         c.scribble_summary(3, 0b1010);
-        assert!(d.rung());
+        assert!(d.rung(WORDS));
         assert!(taken(&d).is_empty());
-        assert!(!d.rung());
+        assert!(!d.rung(WORDS));
     }
 }

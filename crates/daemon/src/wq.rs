@@ -358,20 +358,26 @@ pub enum AttachError {
 /// `w` of the summary says word `w` may be non-zero, so that walking it costs the words
 /// that have bits, not all of them.
 struct Bits {
+    /// Which summary words are not zero: an empty set is one load to find so (a pass looks
+    /// at three sets per connection, idle ones included).
+    top: u64,
     summary: [u64; SUMMARY_WORDS],
     words: Box<[u64; WORDS]>,
 }
 
+const _: () = assert!(SUMMARY_WORDS <= 64, "one bit of `top` per summary word");
+
 impl Bits {
     fn new() -> Bits {
         Bits {
+            top: 0,
             summary: [0; SUMMARY_WORDS],
             words: Box::new([0; WORDS]),
         }
     }
 
     fn is_empty(&self) -> bool {
-        self.summary.iter().all(|&s| s == 0)
+        self.top == 0
     }
 
     /// Add `bits` to word `w` (`w < WORDS`).
@@ -379,6 +385,7 @@ impl Bits {
         if bits != 0 {
             self.words[w] |= bits;
             self.summary[w / 64] |= 1 << (w % 64);
+            self.top |= 1 << (w / 64);
         }
     }
 
@@ -398,8 +405,11 @@ impl Bits {
 
     /// Take every non-zero word out of the set, `f(w, bits)` for each.
     fn drain_words(&mut self, mut f: impl FnMut(usize, u64)) {
-        for (i, s) in self.summary.iter_mut().enumerate() {
-            let mut t = std::mem::take(s);
+        let mut top = std::mem::take(&mut self.top);
+        while top != 0 {
+            let i = top.trailing_zeros() as usize;
+            top &= top - 1;
+            let mut t = std::mem::take(&mut self.summary[i]);
             while t != 0 {
                 let w = i * 64 + t.trailing_zeros() as usize;
                 t &= t - 1;
@@ -561,7 +571,7 @@ impl ConnRings {
     /// stopped at its batch's end. Rings holding a WQE back for room in the engine do not
     /// count: only engine progress releases them.
     pub fn has_work(&self) -> bool {
-        !self.again.is_empty() || self.page.rung()
+        !self.again.is_empty() || self.page.rung(self.rings.len().div_ceil(64))
     }
 
     /// Drain the rings whose bits are set, and those left to come back to, into `engine`,
@@ -577,7 +587,7 @@ impl ConnRings {
         // post is lost). Words past the rings this connection has name nothing.
         let words = self.rings.len().div_ceil(64);
         let look = &mut self.look;
-        self.page.take(|w, bits| {
+        self.page.take(words, |w, bits| {
             if w < words {
                 look.add(w, bits);
             }
