@@ -265,6 +265,17 @@ impl core::ops::DerefMut for CqTable {
 }
 
 impl CqTable {
+    /// Remove `cq`, and its place in the filled list: a host that never takes the list
+    /// (the embedded device) would otherwise keep one stale entry per CQ created, filled
+    /// and destroyed.
+    pub(crate) fn remove(&mut self, cq: CqHandle) -> Option<Cq> {
+        let c = self.table.remove(cq.0)?;
+        if c.listed {
+            self.filled.retain(|&f| f != cq);
+        }
+        Some(c)
+    }
+
     /// Store a completion in `cq` (which must exist), listing the CQ as filled.
     pub(crate) fn push(&mut self, cq: CqHandle, wc: WorkCompletion) -> Push {
         let Some(c) = self.table.get_mut(cq.0) else {
@@ -372,7 +383,7 @@ impl<M: Memory + ?Sized> Engine<M> {
         if c.users > 0 {
             return Err(VerbsError::Busy("completion queue in use"));
         }
-        self.cqs.remove(cq.0);
+        self.cqs.remove(cq);
         Ok(())
     }
 

@@ -55,3 +55,61 @@ fn filled_cqs_are_listed_once_until_taken_whoever_fills_them() {
     assert_eq!(filled(&mut p), vec![b.recv_cq]);
     assert_eq!(p.poll(&b, b.recv_cq).len(), 4);
 }
+
+#[test]
+fn a_destroyed_cq_leaves_the_list() {
+    let mut p = Pair::new(PairConfig {
+        one_host: true,
+        ..PairConfig::default()
+    });
+    let a = p.a;
+    let e = p.engine(&a);
+    // A CQ of its own, filled by flushing a QP's receive, then destroyed untaken, again
+    // and again (as an embedded device, which never takes the list, would do).
+    for _ in 0..3 {
+        let cq = e.create_cq(4).expect("create_cq");
+        let q = e
+            .create_qp(&engine::QpInitAttr {
+                pd: a.pd,
+                send_cq: cq,
+                recv_cq: cq,
+                cap: engine::QpCap {
+                    max_send_wr: 1,
+                    max_recv_wr: 1,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
+                },
+                qp_type: engine::QpType::Rc,
+                sq_sig_all: false,
+            })
+            .expect("create_qp");
+        let init = engine::QpAttr {
+            qp_state: QpState::Init,
+            ..engine::QpAttr::default()
+        };
+        e.modify_qp(
+            q,
+            &init,
+            engine::QpAttrMask::STATE
+                | engine::QpAttrMask::PKEY_INDEX
+                | engine::QpAttrMask::PORT
+                | engine::QpAttrMask::ACCESS_FLAGS,
+        )
+        .expect("-> INIT");
+        e.post_recv(q, RecvWr::new(1, vec![])).expect("post_recv");
+        let err = engine::QpAttr {
+            qp_state: QpState::Err,
+            ..engine::QpAttr::default()
+        };
+        e.modify_qp(q, &err, engine::QpAttrMask::STATE)
+            .expect("-> ERR");
+        assert_eq!(e.cq_len(cq), Ok(1), "the flushed receive");
+        e.destroy_qp(q).expect("destroy_qp");
+        e.destroy_cq(cq).expect("destroy_cq");
+    }
+    assert!(
+        filled(&mut p).is_empty(),
+        "no stale entry of a destroyed CQ"
+    );
+}
