@@ -69,20 +69,7 @@ fn a_destroyed_cq_leaves_the_list() {
     for _ in 0..3 {
         let cq = e.create_cq(4).expect("create_cq");
         let q = e
-            .create_qp(&engine::QpInitAttr {
-                pd: a.pd,
-                send_cq: cq,
-                recv_cq: cq,
-                cap: engine::QpCap {
-                    max_send_wr: 1,
-                    max_recv_wr: 1,
-                    max_send_sge: 1,
-                    max_recv_sge: 1,
-                    max_inline_data: 0,
-                },
-                qp_type: engine::QpType::Rc,
-                sq_sig_all: false,
-            })
+            .create_qp(&common::one_wr_rc(a.pd, cq))
             .expect("create_qp");
         let init = engine::QpAttr {
             qp_state: QpState::Init,

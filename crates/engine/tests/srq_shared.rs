@@ -323,20 +323,7 @@ fn srq_verbs_check_sizes_limits_and_users() {
     // The PD of the QP must be the SRQ's.
     let pd2 = e.alloc_pd().unwrap();
     let cq = e.create_cq(8).unwrap();
-    let init = engine::QpInitAttr {
-        pd: pd2,
-        send_cq: cq,
-        recv_cq: cq,
-        cap: engine::QpCap {
-            max_send_wr: 1,
-            max_recv_wr: 1,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        },
-        qp_type: QpType::Rc,
-        sq_sig_all: false,
-    };
+    let init = common::one_wr_rc(pd2, cq);
     assert_eq!(e.create_qp_with_srq(&init, srq), Err(VerbsError::InvalidPd));
     let qpn = e
         .create_qp_with_srq(&engine::QpInitAttr { pd: b.pd, ..init }, srq)

@@ -383,6 +383,25 @@ fn add_side_memory(sim: &mut Sim<Host>, cfg: &PairConfig, side: &Side, base: u64
     }
 }
 
+/// What creates an RC QP in `pd` with room for one WR of one SGE each way, both queues on
+/// `cq`.
+pub fn one_wr_rc(pd: PdHandle, cq: CqHandle) -> QpInitAttr {
+    QpInitAttr {
+        pd,
+        send_cq: cq,
+        recv_cq: cq,
+        cap: QpCap {
+            max_send_wr: 1,
+            max_recv_wr: 1,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        },
+        qp_type: QpType::Rc,
+        sq_sig_all: false,
+    }
+}
+
 /// A new RC QP with its own send and receive CQs, in RESET.
 fn create_qp(engine: &mut Engine, cfg: &PairConfig, pd: PdHandle) -> (CqHandle, CqHandle, u32) {
     let send_cq = engine.create_cq(cfg.cq_depth).expect("create_cq");
