@@ -1,6 +1,8 @@
 //! The engine's own end-to-end checks: two engines connected back to back by a loop that
 //! carries their packets (optionally dropping some), with a fake clock.
 
+mod common;
+
 use std::cell::RefCell;
 use std::net::IpAddr;
 use std::rc::Rc;
@@ -1061,20 +1063,7 @@ fn verbs_reject_what_verbs_reject() {
     let mut w = World::new(PathMtu::Mtu1024);
     let e = &mut w.a.e;
     // post_send before RTS, SGE and queue limits.
-    let init = QpInitAttr {
-        pd: w.a.pd,
-        send_cq: w.a.cq,
-        recv_cq: w.a.cq,
-        cap: QpCap {
-            max_send_wr: 1,
-            max_recv_wr: 1,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        },
-        qp_type: QpType::Rc,
-        sq_sig_all: false,
-    };
+    let init = common::one_wr_rc(w.a.pd, w.a.cq);
     let q = e.create_qp(&init).unwrap();
     let err = e.post_send(q, SendWr::send(1, vec![])).unwrap_err();
     assert_eq!(err.errno(), 22);
