@@ -584,14 +584,10 @@ impl ConnRings {
         armed: &mut Vec<CqHandle>,
     ) -> usize {
         // Both levels taken, then a fence, before any ring is read (see `abi::doorbell`: no
-        // post is lost). Words past the rings this connection has name nothing.
+        // post is lost). Only the words this connection's rings use are handed on.
         let words = self.rings.len().div_ceil(64);
         let look = &mut self.look;
-        self.page.take(words, |w, bits| {
-            if w < words {
-                look.add(w, bits);
-            }
-        });
+        self.page.take(words, |w, bits| look.add(w, bits));
         look.absorb(&mut self.again);
         look.absorb(&mut self.stashed);
         let mut took = 0;
