@@ -471,35 +471,17 @@ impl<M: Memory + ?Sized> Engine<M> {
                 ident,
             )
         };
-        if let Some(qpn) = touched {
-            self.refile(qpn);
+        if let Some(qp) = touched {
+            refile(&mut self.active, &mut self.acks, &mut self.timers, qp);
         }
         self.error_overflowed(overflowed);
     }
 
-    /// Serve `qpn` after a call that may have given it something to send or started or
-    /// stopped one of its timers (this runs after every packet received and every WR
-    /// posted): a request or an urgent response joins `active`, a plain ACK waiting alone
-    /// is filed by when it is due, and the requester timers are filed again. One look-up.
+    /// [`refile`] `qpn`, looked up.
     fn refile(&mut self, qpn: u32) {
-        let Some(qp) = self.qps.get_mut(&qpn) else {
-            return;
-        };
-        if qp.urgent() {
-            self.active.insert(qpn);
+        if let Some(qp) = self.qps.get_mut(&qpn) {
+            refile(&mut self.active, &mut self.acks, &mut self.timers, qp);
         }
-        let (ack, timer) = (resp::ack_due(qp), comp::next_timeout(qp));
-        self.acks.file_known(&mut qp.filed.ack, qpn, ack);
-        self.timers.file_known(&mut qp.filed.timer, qpn, timer);
-    }
-
-    /// File `qpn`'s timers again after a call that may have started or stopped one.
-    fn retime(&mut self, qpn: u32) {
-        let Some(qp) = self.qps.get_mut(&qpn) else {
-            return;
-        };
-        let deadline = comp::next_timeout(qp);
-        self.timers.file_known(&mut qp.filed.timer, qpn, deadline);
     }
 
     /// Run the timers that are due at `now` (local ACK timeout, RNR wait).
@@ -589,7 +571,6 @@ impl<M: Memory + ?Sized> Engine<M> {
     fn transmit_pass(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
         let mut overflowed = Vec::new();
         let mut result = None;
-        let mut sent_by = None;
         {
             let mut ctx = ctx!(self, now, overflowed);
             // Round robin among the active QPs: each looked at once, the one that sent
@@ -600,7 +581,8 @@ impl<M: Memory + ?Sized> Engine<M> {
                     break;
                 };
                 let Some(qp) = self.qps.get_mut(&qpn) else {
-                    self.active.served(qpn, false);
+                    // Not expected (`destroy_qp` takes a QP out of the queue); not given
+                    // back.
                     continue;
                 };
                 let sent = transmit_one(qp, &mut ctx, buf, Pass::Urgent);
@@ -608,22 +590,21 @@ impl<M: Memory + ?Sized> Engine<M> {
                 let ack = resp::ack_due(qp);
                 self.acks.file_known(&mut qp.filed.ack, qpn, ack);
                 if let Some(t) = sent {
-                    self.active.served(qpn, true);
-                    found = Some((qpn, t));
+                    self.active.served(qpn, &mut qp.filed.active, true);
+                    // Sending starts the local ACK timer.
+                    let deadline = comp::next_timeout(qp);
+                    self.timers.file_known(&mut qp.filed.timer, qpn, deadline);
+                    found = Some(t);
                     break;
                 }
-                self.active.served(qpn, qp.urgent());
+                let busy = qp.urgent();
+                self.active.served(qpn, &mut qp.filed.active, busy);
             }
-            if let Some((qpn, t)) = found {
-                sent_by = Some(qpn);
+            if let Some(t) = found {
                 ctx.counters.inc(Counter::TxPackets);
                 ctx.counters.add(Counter::TxBytes, t.len as u64);
                 result = Some(t);
             }
-        }
-        if let Some(qpn) = sent_by {
-            // Sending starts the local ACK timer.
-            self.retime(qpn);
         }
         self.error_overflowed(overflowed);
         result
@@ -821,6 +802,26 @@ impl<M: Memory + ?Sized> Engine<M> {
     pub fn memory_mut(&mut self) -> &mut M {
         &mut self.mem
     }
+}
+
+/// Serve `qp` after a call that may have given it something to send or started or stopped
+/// one of its timers (this runs after every packet received and every WR posted): a request
+/// or an urgent response joins `active`, a plain ACK waiting alone is filed in `acks` by
+/// when it is due, and the requester timers are filed again in `timers`. The caller holds
+/// the QP already: no look-up.
+fn refile(
+    active: &mut sched::Active,
+    acks: &mut timers::Timers,
+    timers: &mut timers::Timers,
+    qp: &mut Qp,
+) {
+    let qpn = qp.qpn;
+    if qp.urgent() {
+        active.insert(qpn, &mut qp.filed.active);
+    }
+    let (ack, timer) = (resp::ack_due(qp), comp::next_timeout(qp));
+    acks.file_known(&mut qp.filed.ack, qpn, ack);
+    timers.file_known(&mut qp.filed.timer, qpn, timer);
 }
 
 /// Largest message (IBA: 2^31 bytes).

@@ -242,13 +242,16 @@ pub(crate) struct Qp {
     pub(crate) filed: FiledTimers,
 }
 
-/// A QP's own record of what the engine's [`crate::timers::Timers`] hold for it.
+/// A QP's own record of what the engine's [`crate::timers::Timers`] and its queue of active
+/// QPs hold for it.
 #[derive(Debug, Default)]
 pub(crate) struct FiledTimers {
     /// In `Engine::timers` (local ACK timeout, RNR wait).
     pub(crate) timer: crate::timers::Filed,
     /// In `Engine::acks` (a plain ACK held back until due).
     pub(crate) ack: crate::timers::Filed,
+    /// In `Engine::active` (something to send that need not wait).
+    pub(crate) active: bool,
 }
 
 impl Qp {
@@ -384,7 +387,7 @@ impl<M: Memory + ?Sized> Engine<M> {
     /// `ibv_destroy_qp`. Its WRs vanish without completions, as in verbs.
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError> {
         let qp = self.qps.remove(&qpn).ok_or(VerbsError::InvalidQp)?;
-        self.active.remove(qpn);
+        self.active.remove(qpn, qp.filed.active);
         self.acks.file(qpn, None);
         self.timers.file(qpn, None);
         // The ACK it still owed its peer leaves on its behalf: the requests it acknowledges
@@ -584,9 +587,10 @@ impl<M: Memory + ?Sized> Engine<M> {
             let mut ctx = ctx!(self, Instant::default(), overflowed);
             let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::InvalidQp)?;
             uc::check_op(qp.qp_type, &wr.op)?;
-            req::post(qp, &mut ctx, wr)
+            let r = req::post(qp, &mut ctx, wr);
+            crate::refile(&mut self.active, &mut self.acks, &mut self.timers, qp);
+            r
         };
-        self.refile(qpn);
         self.error_overflowed(overflowed);
         r
     }

@@ -23,18 +23,18 @@ pub(crate) struct Addresses<'a> {
     pub(crate) groups: &'a mcast::Groups,
 }
 
-/// Returns the QP the packet was handed to, if any. `internal`: the packet was built by an
+/// Returns the QP the packet was handed to, if any (to be filed again). `internal`: the packet was built by an
 /// engine of this process for an internal path (no ICRC; see `EngineConfig::internal_addresses`).
 /// `ipv4_ident`: whether the IPv4 header's identification is the sender's.
-pub(crate) fn handle<M: Memory + ?Sized>(
+pub(crate) fn handle<'q, M: Memory + ?Sized>(
     ctx: &mut Ctx<'_, M>,
     addresses: Addresses<'_>,
-    qps: &mut crate::QpTable,
+    qps: &'q mut crate::QpTable,
     gsi: &mut crate::gsi::Gsi,
     bytes: &[u8],
     internal: bool,
     ipv4_ident: Ipv4IdentPolicy,
-) -> Option<u32> {
+) -> Option<&'q mut crate::qp::Qp> {
     let parsed = match (internal, ipv4_ident) {
         (true, _) => RoceV2Packet::parse_internal(bytes),
         (false, Ipv4IdentPolicy::AsReceived) => RoceV2Packet::parse_checked(bytes),
@@ -139,7 +139,7 @@ pub(crate) fn handle<M: Memory + ?Sized>(
         ctx.count(qp, Counter::RxPackets);
         ctx.count_n(qp, Counter::RxBytes, bytes.len() as u64);
         let _took_wqe = ud::handle_request(qp, ctx, &pkt, bytes);
-        return Some(qp.qpn);
+        return Some(qp);
     }
     // A connected QP talks to one peer only (IBA 9.6.1.5.1 for RC: the source must be the
     // path's destination).
@@ -162,7 +162,7 @@ pub(crate) fn handle<M: Memory + ?Sized>(
             resp::handle_request(qp, ctx, &pkt);
         }
     }
-    Some(qp.qpn)
+    Some(qp)
 }
 
 #[cfg(test)]
