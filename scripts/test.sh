@@ -2,7 +2,7 @@
 # Runs every softrdma test: formatting, lints, unit, property, simulation, conformance and
 # interop tests. Installs the Debian packages the tests drive when absent (tshark,
 # python3-scapy, tcpdump, ethtool, iproute2, ibverbs-utils, perftest, python3-pyverbs, ucx-utils,
-# openmpi-bin and libopenmpi-dev, and
+# openmpi-bin and libopenmpi-dev, valgrind, and
 # for the kernel Soft-RoCE VM qemu-system-x86, busybox-static, cpio, kmod, rdmacm-utils,
 # ibverbs-providers, rdma-core); those checks are never skipped.
 set -euo pipefail
@@ -38,6 +38,8 @@ command -v stdbuf >/dev/null 2>&1 || need+=(coreutils)
 # OpenMPI over UCX on softrdma (crates/cli/tests/mpi.rs): mpirun and mpicc.
 command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin)
 command -v mpicc >/dev/null 2>&1 || need+=(libopenmpi-dev)
+# Verbs programs under memcheck (crates/ibverbs/tests/valgrind.rs).
+command -v valgrind >/dev/null 2>&1 || need+=(valgrind)
 # The rdma_cm layout test (crates/rdmacm/tests/layout.rs) compiles against rdma-core's headers.
 [ -e /usr/include/rdma/rdma_cma.h ] || need+=(librdmacm-dev)
 [ -e /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
