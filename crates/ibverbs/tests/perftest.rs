@@ -8,7 +8,7 @@ mod common;
 use std::process::Output;
 use std::time::Duration;
 
-use common::{describe, free_tcp_port, require, server_client, Backend};
+use common::{assert_side_succeeded, describe, free_tcp_port, require, server_client, Backend};
 
 const LIMIT: Duration = Duration::from_secs(180);
 const ITERS: &str = "50";
@@ -22,12 +22,7 @@ fn result_row<'a>(text: &'a str, size: &str) -> Option<&'a str> {
 }
 
 fn check(o: &Output, other: &Output, size: &str, client: bool, backend: Backend) {
-    assert!(
-        o.status.success(),
-        "{}\nthe other side: {}",
-        describe(o),
-        describe(other)
-    );
+    assert_side_succeeded(o, other);
     let text = String::from_utf8_lossy(&o.stdout);
     // The daemon's device, or the embedded one.
     let device = match backend {

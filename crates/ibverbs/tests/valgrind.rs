@@ -10,7 +10,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{describe, free_tcp_port, require, server_client, Backend};
+use common::{assert_side_succeeded, describe, free_tcp_port, require, server_client, Backend};
 
 /// Generous: memcheck runs a program 20-50 times slower.
 const LIMIT: Duration = Duration::from_secs(300);
@@ -27,12 +27,7 @@ fn under_memcheck(backend: Backend) {
     let client: Vec<&str> = server.iter().copied().chain(["127.0.0.1"]).collect();
     let (so, co) = server_client("valgrind", &server, &client, backend, LIMIT);
     for (o, other) in [(&so, &co), (&co, &so)] {
-        assert!(
-            o.status.success(),
-            "{}\nthe other side: {}",
-            describe(o),
-            describe(other)
-        );
+        assert_side_succeeded(o, other);
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(!err.contains("=="), "memcheck reported: {}", describe(o));
         let text = String::from_utf8_lossy(&o.stdout);

@@ -24,8 +24,10 @@ pub(crate) fn run<A: Attachment>(shared: &Shared<A>) {
     // How long the last wait slept, if it did (rather than poll).
     let mut slept = None;
     // The last sleep left the socket to polling threads; when the last lease lapsed with
-    // packets waiting.
-    let (mut handed_over, mut last_lapse) = (false, None::<u64>);
+    // packets waiting. A `NonZeroU64`, so that `None` is a defined value (0): the optimised
+    // `is_some_and` below subtracts before it looks at the tag, which valgrind's memcheck
+    // reports as a branch on undefined bytes when `None` leaves them undefined.
+    let (mut handed_over, mut last_lapse) = (false, None::<std::num::NonZeroU64>);
     while !shared.stop.load(Ordering::Relaxed) {
         let now_ns = shared.now().as_nanos();
         let drives = shared.app_drives(now_ns);
@@ -49,13 +51,14 @@ pub(crate) fn run<A: Attachment>(shared: &Shared<A>) {
                 // polling stopped. Twice within LAPSE_WINDOW: the application waits in ways
                 // the runtime cannot see after polling a CQ; stop giving the socket away
                 // on CQ polls for a while.
-                if last_lapse.is_some_and(|t| now_ns.saturating_sub(t) < nanos(LAPSE_WINDOW)) {
+                if last_lapse.is_some_and(|t| now_ns.saturating_sub(t.get()) < nanos(LAPSE_WINDOW))
+                {
                     shared.implicit_off_until.store(
                         now_ns.saturating_add(nanos(IMPLICIT_OFF)),
                         Ordering::Relaxed,
                     );
                 }
-                last_lapse = Some(now_ns);
+                last_lapse = std::num::NonZeroU64::new(now_ns.max(1));
             }
         }
         // Keep polling for `busy_poll` after activity, unless an application thread does.
@@ -96,8 +99,12 @@ struct Learned {
     window: Duration,
     /// At most this long (zero: learn nothing).
     max: Duration,
-    /// Learn nothing before this (the core was found shared).
-    hold_until: Option<std::time::Instant>,
+    /// Whether the core was found shared: learn nothing before `hold_until`.
+    held: bool,
+    /// Not an `Option`: a `None` leaves the instant's bytes undefined, and the optimised
+    /// comparison then branches on them as far as valgrind's memcheck can tell (a report in
+    /// every program run under it on this library).
+    hold_until: std::time::Instant,
 }
 
 /// The first polling learned.
@@ -114,19 +121,21 @@ impl Learned {
         Learned {
             window: Duration::ZERO,
             max,
-            hold_until: None,
+            held: false,
+            hold_until: std::time::Instant::now(),
         }
     }
 
     /// A polling pass was preempted: sleep between passes from now on, for a while.
     fn preempted(&mut self) {
         self.window = Duration::ZERO;
-        self.hold_until = Some(std::time::Instant::now() + HOLD);
+        self.held = true;
+        self.hold_until = std::time::Instant::now() + HOLD;
     }
 
     /// A sleep of `slept` ended at `now`, with work to do or not.
     fn after_sleep(&mut self, slept: Duration, work: bool, now: std::time::Instant) {
-        let held = self.hold_until.is_some_and(|t| now < t);
+        let held = self.held && now < self.hold_until;
         if work && slept < self.max && !held {
             self.window = (self.window * 2).max(LEARN_FROM).min(self.max);
         } else {

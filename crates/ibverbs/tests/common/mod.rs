@@ -658,6 +658,17 @@ pub fn perftest_clock_failed(o: &Output) -> bool {
     !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("Correlation coefficient")
 }
 
+/// Assert that one side of a two-process run exited successfully, showing both sides'
+/// output when it did not.
+pub fn assert_side_succeeded(o: &Output, other: &Output) {
+    assert!(
+        o.status.success(),
+        "{}\nthe other side: {}",
+        describe(o),
+        describe(other)
+    );
+}
+
 /// Run a two-process program on `backend` (see [`Backend`]) and return (server, client)
 /// output. The client is retried while the server is not yet listening on its TCP port, and
 /// the pair when perftest could not calibrate its clock (see [`perftest_clock_failed`]).
