@@ -408,6 +408,7 @@ impl Client {
             None => self.stream.write_all(&req.encode(id))?,
             Some(fd) => crate::proto::send_with_fd(&mut self.stream, &req.encode(id), fd)?,
         }
+        crate::proto::look_before_blocking(&self.stream, crate::proto::LOOK_BEFORE_BLOCKING);
         let mut hb = [0u8; HEADER_LEN];
         self.stream.read_exact(&mut hb)?;
         self.answer(&hb, id)

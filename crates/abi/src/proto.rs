@@ -181,6 +181,40 @@ pub fn send_with_fd(
     stream.write_all(&bytes[n..])
 }
 
+/// How long each end of the control socket looks for the other's next message before it
+/// blocks in `read`: a control call is a burst of requests and answers (a QP's create and
+/// three modifies, a registration), and a thread woken from a blocking read on another CPU
+/// waits for that CPU to wake first. Measured on a 2-vCPU KVM guest, `ibv_alloc_pd` took
+/// 13 us per round trip with both ends on one CPU and 40 us on two; looking first avoids
+/// the second wakeup whenever the answer or the next request comes within this time.
+pub const LOOK_BEFORE_BLOCKING: std::time::Duration = std::time::Duration::from_micros(50);
+
+/// Look at `stream` without blocking until bytes (or the end) wait in it or `spin` has
+/// passed, giving the CPU away between looks (another thread of this host may be the one
+/// to answer); returns whether something waits. Either way the caller then reads as usual,
+/// blocking if nothing came: this only saves the wakeup of a reader that blocked early.
+pub fn look_before_blocking(
+    stream: &std::os::unix::net::UnixStream,
+    spin: std::time::Duration,
+) -> bool {
+    use rustix::net::RecvFlags;
+    let start = std::time::Instant::now();
+    loop {
+        let mut byte = [0u8; 1];
+        match rustix::net::recv(stream, &mut byte, RecvFlags::PEEK | RecvFlags::DONTWAIT) {
+            // Bytes, or the end (0): the read that follows returns at once.
+            Ok(_) => return true,
+            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => {}
+            // The read that follows reports it.
+            Err(_) => return true,
+        }
+        if start.elapsed() >= spin {
+            return false;
+        }
+        std::thread::yield_now();
+    }
+}
+
 /// Fill `buf` from `stream`, keeping the first file descriptor that arrives with the bytes
 /// (SCM_RIGHTS; any others are closed at once). `Ok(None)`: the stream ended before the
 /// first byte; ending later is `UnexpectedEof`.
@@ -1013,6 +1047,27 @@ mod tests {
     use engine::{AsyncEvent, CqHandle, MrHandle, PdHandle, QpCap, QpState, QpType, SrqHandle};
     use proptest::prelude::*;
     use wire::Qpn;
+
+    #[test]
+    fn looking_before_blocking_sees_bytes_and_the_end_and_consumes_nothing() {
+        use std::io::{Read, Write};
+        let (mut a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let short = std::time::Duration::from_millis(2);
+        // Nothing waits: false, once the spin is over.
+        let t = std::time::Instant::now();
+        assert!(!look_before_blocking(&b, short));
+        assert!(t.elapsed() >= short);
+        // A byte waits: seen, and still there for the read.
+        a.write_all(b"x").unwrap();
+        assert!(look_before_blocking(&b, short));
+        let mut got = [0u8; 1];
+        b.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"x");
+        // The peer closed: seen (the read then returns the end at once).
+        drop(a);
+        assert!(look_before_blocking(&b, std::time::Duration::from_secs(60)));
+        assert_eq!(b.read(&mut got).unwrap(), 0);
+    }
 
     fn init() -> QpInitAttr {
         QpInitAttr {

@@ -1501,6 +1501,8 @@ fn message_loop(conn: &mut Conn<'_>, stream: &mut UnixStream) -> End {
     let stats = &conn.daemon.stats;
     let mut body = Vec::new();
     loop {
+        // The client's next request of a burst usually follows its answer closely.
+        abi::proto::look_before_blocking(stream, abi::proto::LOOK_BEFORE_BLOCKING);
         let mut hb = [0u8; HEADER_LEN];
         // A descriptor rides on the first bytes of the message that names it (SCM_RIGHTS);
         // one no request takes is closed when the next message starts.
