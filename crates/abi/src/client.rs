@@ -274,6 +274,10 @@ impl WorkDoorbell {
 #[derive(Debug)]
 pub struct WorkQueueRing {
     ring: Ring,
+    /// Where an entry is encoded before it is copied into the ring: the ring's entry size,
+    /// made once. Not zeroed for each post: an encoder writes every byte of the entry it
+    /// returns the length of, and only those are copied.
+    entry: Vec<u8>,
     doorbell: WorkDoorbell,
     /// This ring's bit in the doorbell page.
     bit: u32,
@@ -282,13 +286,10 @@ pub struct WorkQueueRing {
 
 impl WorkQueueRing {
     /// Write `wr` (with `ud`'s address on a UD QP) into the ring as a send entry, and ring
-    /// the doorbell if the daemon said it sleeps. The entry is built on the stack: nothing
-    /// is allocated.
+    /// the doorbell if the daemon said it sleeps. Nothing is allocated.
     pub fn post_send(&mut self, wr: &SendWr, ud: Option<&UdDest>) -> Result<Posted, RingError> {
-        let mut entry = [0u8; wqe::MAX_SEND_ENTRY];
-        let len = self.ring.entry_size().min(entry.len());
-        match wqe::encode_send(wr, ud, &mut entry[..len]) {
-            Ok(n) => self.push(&entry[..n]),
+        match wqe::encode_send(wr, ud, &mut self.entry) {
+            Ok(n) => self.push(n),
             Err(_) => Ok(Posted::Unfit),
         }
     }
@@ -296,16 +297,15 @@ impl WorkQueueRing {
     /// Write `wr` into the ring as a receive entry (a QP's receive queue or an SRQ), and
     /// ring the doorbell if the daemon said it sleeps. Nothing is allocated.
     pub fn post_recv(&mut self, wr: &RecvWr) -> Result<Posted, RingError> {
-        let mut entry = [0u8; wqe::MAX_RECV_ENTRY];
-        let len = self.ring.entry_size().min(entry.len());
-        match wqe::encode_recv(wr, &mut entry[..len]) {
-            Ok(n) => self.push(&entry[..n]),
+        match wqe::encode_recv(wr, &mut self.entry) {
+            Ok(n) => self.push(n),
             Err(_) => Ok(Posted::Unfit),
         }
     }
 
-    fn push(&mut self, entry: &[u8]) -> Result<Posted, RingError> {
-        if !self.ring.push(entry)? {
+    /// Copy the first `n` bytes of `entry` into the ring.
+    fn push(&mut self, n: usize) -> Result<Posted, RingError> {
+        if !self.ring.push(&self.entry[..n])? {
             return Ok(Posted::Full);
         }
         let doorbell = self.doorbell.ring(self.bit)?;
@@ -792,8 +792,15 @@ impl Client {
         doorbell: WorkDoorbell,
     ) -> Result<WorkQueueRing, ClientError> {
         let (place, bit) = self.work_ring_at(queue, handle, capacity)?;
+        let ring = self.ring_at(place, Role::Producer)?;
         Ok(WorkQueueRing {
-            ring: self.ring_at(place, Role::Producer)?,
+            // At most the largest entry of either kind, whatever size the ring says.
+            entry: vec![
+                0;
+                ring.entry_size()
+                    .min(wqe::MAX_SEND_ENTRY.max(wqe::MAX_RECV_ENTRY))
+            ],
+            ring,
             doorbell,
             bit,
             doorbells: 0,
