@@ -24,9 +24,7 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use engine::{
-    AhHandle, CqHandle, QpAttr, QpAttrMask, QpState, RecvWr, SendWr, SrqHandle, UdDest, VerbsError,
-};
+use engine::{AhHandle, CqHandle, QpAttr, QpAttrMask, QpState, SendWr, SrqHandle, VerbsError};
 
 use abi::doorbell::{DoorbellPage, BITS, SUMMARY_WORDS, WORDS};
 use abi::ring::{Ring, RingError};
@@ -116,14 +114,6 @@ impl WqStats {
             ("ring_arms", g(&self.ring_arms)),
         ]
     }
-}
-
-/// A WQE decoded and translated, ready for the engine.
-#[derive(Debug)]
-enum Posted {
-    Send(SendWr),
-    SendUd(SendWr, UdDest),
-    Recv(RecvWr),
 }
 
 /// Why an entry is not a WQE of this ring.
@@ -240,8 +230,8 @@ impl WorkRing {
                     return Drained::Broken;
                 }
             }
-            let posted = match self.decode() {
-                Ok(p) => p,
+            let posted = match self.decode_and_post(engine) {
+                Ok(r) => r,
                 Err(BadWqe(why)) => {
                     stats.ring_bad_wqes.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(queue = ?self.queue, why, "bad WQE in a work ring");
@@ -249,7 +239,7 @@ impl WorkRing {
                     return Drained::Broken;
                 }
             };
-            match self.post(engine, posted, stats) {
+            match self.posted(engine, posted, stats) {
                 Ok(true) => *took += 1,
                 Ok(false) => break,
                 Err(()) => return Drained::Broken,
@@ -258,50 +248,51 @@ impl WorkRing {
         Drained::Took(*took)
     }
 
-    /// The popped entry as a WQE of this ring's queue with the engine's handles.
-    fn decode(&self) -> Result<Posted, BadWqe> {
+    /// Decode the popped entry as a WQE of this ring's queue, with the engine's handles, and
+    /// post it: `Err` when it is no such WQE, else what the engine said. One step, so that a
+    /// WR (some 200 bytes) goes from the decoder to the engine without moves in between.
+    fn decode_and_post(
+        &self,
+        engine: &mut runtime::SendEngine,
+    ) -> Result<Result<(), VerbsError>, BadWqe> {
         let bad = |e: wqe::WqeError| BadWqe(e.to_string());
         match self.queue {
-            Queue::Sq { .. } => {
+            Queue::Sq { qpn } => {
                 let (mut wr, ud) = wqe::decode_send(&self.entry).map_err(bad)?;
                 if !self.handles.send_wr(&mut wr) {
                     return Err(BadWqe("names a window or region it does not hold".into()));
                 }
-                match ud {
-                    None => Ok(Posted::Send(wr)),
+                Ok(match ud {
+                    None => engine.post_send(qpn, wr),
                     Some(mut dest) => {
                         let ah = dest.ah.0;
                         dest.ah = self
                             .handles
                             .ah(ah)
                             .ok_or_else(|| BadWqe(format!("no AH {ah} on this connection")))?;
-                        Ok(Posted::SendUd(wr, dest))
+                        engine.post_send_ud(qpn, wr, dest)
                     }
-                }
+                })
             }
-            Queue::Rq { .. } | Queue::Srq { .. } => {
-                Ok(Posted::Recv(wqe::decode_recv(&self.entry).map_err(bad)?))
+            Queue::Rq { qpn } => {
+                Ok(engine.post_recv(qpn, wqe::decode_recv(&self.entry).map_err(bad)?))
+            }
+            Queue::Srq { srq } => {
+                Ok(engine.post_srq_recv(srq, wqe::decode_recv(&self.entry).map_err(bad)?))
             }
             Queue::CqArm { .. } => Err(BadWqe("a CQ's arm bit has no ring of work".into())),
         }
     }
 
-    /// Post one WQE: `Ok(true)` taken, `Ok(false)` stashed (the engine's queue is full),
-    /// `Err` the QP was moved to the error state and the ring must go.
-    fn post(
+    /// What the engine said of a posted WQE: `Ok(true)` taken, `Ok(false)` stashed (the
+    /// engine's queue is full), `Err` the QP was moved to the error state and the ring must
+    /// go.
+    fn posted(
         &mut self,
         engine: &mut runtime::SendEngine,
-        p: Posted,
+        r: Result<(), VerbsError>,
         stats: &WqStats,
     ) -> Result<bool, ()> {
-        let r = match (p, self.queue) {
-            (Posted::Send(wr), Queue::Sq { qpn }) => engine.post_send(qpn, wr),
-            (Posted::SendUd(wr, dest), Queue::Sq { qpn }) => engine.post_send_ud(qpn, wr, dest),
-            (Posted::Recv(wr), Queue::Rq { qpn }) => engine.post_recv(qpn, wr),
-            (Posted::Recv(wr), Queue::Srq { srq }) => engine.post_srq_recv(srq, wr),
-            // `decode` only builds WQEs of the ring's own queue.
-            _ => Err(VerbsError::OpNotSupported),
-        };
         match r {
             Ok(()) => Ok(true),
             Err(VerbsError::QueueFull) => {
