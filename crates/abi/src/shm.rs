@@ -325,6 +325,148 @@ fn read_exact_at(fd: &OwnedFd, mut buf: &mut [u8], mut offset: u64) -> Result<()
     Ok(())
 }
 
+/// The kernel's userfaultfd interface (`linux/userfaultfd.h`), as far as [`WriteHold`] uses
+/// it: the handshake, registering a range for write-protect faults, and protecting it.
+mod uffd {
+    use rustix::ioctl::{opcode, Opcode};
+
+    /// `UFFD_API`: the interface version the handshake asks for.
+    pub const API: u64 = 0xAA;
+    /// `UFFD_USER_MODE_ONLY`: a flag of `userfaultfd(2)` that lets a process without
+    /// `CAP_SYS_PTRACE` make one when `vm.unprivileged_userfaultfd` is 0.
+    pub const USER_MODE_ONLY: u32 = 1;
+    /// `UFFD_FEATURE_WP_HUGETLBFS_SHMEM`: write-protect shared memory (Linux 6.0).
+    pub const FEATURE_WP_SHMEM: u64 = 1 << 12;
+    /// `UFFD_FEATURE_WP_UNPOPULATED`: write-protect anonymous pages never touched yet too
+    /// (Linux 6.4); without it a first write to such a page would not be held.
+    pub const FEATURE_WP_UNPOPULATED: u64 = 1 << 13;
+    /// `UFFDIO_REGISTER_MODE_WP`.
+    pub const REGISTER_MODE_WP: u64 = 1 << 1;
+    /// `UFFDIO_WRITEPROTECT_MODE_WP`.
+    pub const WRITEPROTECT_MODE_WP: u64 = 1 << 0;
+
+    /// `struct uffdio_api`.
+    #[repr(C)]
+    pub struct Api {
+        pub api: u64,
+        pub features: u64,
+        pub ioctls: u64,
+    }
+
+    /// `struct uffdio_range`.
+    #[repr(C)]
+    pub struct Range {
+        pub start: u64,
+        pub len: u64,
+    }
+
+    /// `struct uffdio_register`.
+    #[repr(C)]
+    pub struct Register {
+        pub range: Range,
+        pub mode: u64,
+        pub ioctls: u64,
+    }
+
+    /// `struct uffdio_writeprotect`.
+    #[repr(C)]
+    pub struct WriteProtect {
+        pub range: Range,
+        pub mode: u64,
+    }
+
+    pub const IOC_API: Opcode = opcode::read_write::<Api>(0xAA, 0x3F);
+    pub const IOC_REGISTER: Opcode = opcode::read_write::<Register>(0xAA, 0x00);
+    pub const IOC_WRITEPROTECT: Opcode = opcode::read_write::<WriteProtect>(0xAA, 0x06);
+}
+
+/// Writers of a range held off while it is copied and mapped anew: a userfaultfd that
+/// write-protects the range. A thread that writes it meanwhile faults and waits in the
+/// kernel; when the hold is dropped (the descriptor closed, after the range was mapped
+/// anew) it wakes and writes again, into whatever is mapped there then. Nobody reads the
+/// descriptor's fault messages: the waiters only need to be woken, which closing it does.
+///
+/// What is held is every write made in user mode. Made without `CAP_SYS_PTRACE` where
+/// `vm.unprivileged_userfaultfd` is 0 (the usual default), the descriptor is user-mode
+/// only: a system call that writes the range meanwhile (a `read` into it) fails with
+/// `EFAULT` instead of waiting. The thread that holds must not write the range itself.
+struct WriteHold {
+    /// Closing it wakes the held writers.
+    _fd: OwnedFd,
+}
+
+impl WriteHold {
+    /// Hold off writes to `addr..addr + len`, mapped private anonymous (`shmem` false) or
+    /// shared from a memfd (`shmem` true). `Refused` when this kernel or sandbox offers no
+    /// such hold.
+    fn new(addr: NonNull<u8>, len: usize, shmem: bool) -> Result<WriteHold, ShmError> {
+        use rustix::mm::UserfaultfdFlags;
+        let flags = UserfaultfdFlags::CLOEXEC | UserfaultfdFlags::NONBLOCK;
+        // SAFETY: makes a descriptor only; what it can do to memory is done below, to the
+        // caller's range alone.
+        let fd = unsafe { rustix::mm::userfaultfd(flags) }
+            .or_else(|_| {
+                // SAFETY: as above.
+                unsafe {
+                    rustix::mm::userfaultfd(
+                        flags | UserfaultfdFlags::from_bits_retain(uffd::USER_MODE_ONLY),
+                    )
+                }
+            })
+            .map_err(|_| ShmError::Refused("no userfaultfd here to hold writers off"))?;
+        let features = if shmem {
+            uffd::FEATURE_WP_SHMEM
+        } else {
+            uffd::FEATURE_WP_UNPOPULATED
+        };
+        let mut api = uffd::Api {
+            api: uffd::API,
+            features,
+            ioctls: 0,
+        };
+        // SAFETY: UFFDIO_API takes a `struct uffdio_api`, read and written back.
+        unsafe {
+            rustix::ioctl::ioctl(
+                &fd,
+                rustix::ioctl::Updater::<{ uffd::IOC_API }, _>::new(&mut api),
+            )
+        }
+        .map_err(|_| ShmError::Refused("this kernel cannot write-protect the memory"))?;
+        let range = || uffd::Range {
+            start: addr.as_ptr() as u64,
+            len: len as u64,
+        };
+        let mut register = uffd::Register {
+            range: range(),
+            mode: uffd::REGISTER_MODE_WP,
+            ioctls: 0,
+        };
+        // SAFETY: UFFDIO_REGISTER takes a `struct uffdio_register`; the range is the
+        // caller's.
+        unsafe {
+            rustix::ioctl::ioctl(
+                &fd,
+                rustix::ioctl::Updater::<{ uffd::IOC_REGISTER }, _>::new(&mut register),
+            )
+        }
+        .map_err(os("UFFDIO_REGISTER"))?;
+        let mut protect = uffd::WriteProtect {
+            range: range(),
+            mode: uffd::WRITEPROTECT_MODE_WP,
+        };
+        // SAFETY: UFFDIO_WRITEPROTECT takes a `struct uffdio_writeprotect`; the range is
+        // the one just registered.
+        unsafe {
+            rustix::ioctl::ioctl(
+                &fd,
+                rustix::ioctl::Updater::<{ uffd::IOC_WRITEPROTECT }, _>::new(&mut protect),
+            )
+        }
+        .map_err(os("UFFDIO_WRITEPROTECT"))?;
+        Ok(WriteHold { _fd: fd })
+    }
+}
+
 impl Arena {
     /// An empty arena: a memfd called `name`, sealed against shrinking.
     pub fn create(name: &str) -> Result<Arena, ShmError> {
@@ -345,9 +487,11 @@ impl Arena {
     ///
     /// # Safety
     /// `addr..addr + len` must be page-aligned, non-empty private anonymous read-write
-    /// memory of this process (see [`maps_show_private_anonymous`]). Its bytes are copied
-    /// and then the mapping is replaced: a write anyone makes between the two is lost, so
-    /// the caller must know that no one writes the range during the call.
+    /// memory of this process (see [`maps_show_private_anonymous`]) that the calling thread
+    /// does not write during the call (not its stack). Other threads may: their writes are
+    /// held off while the bytes are copied and the mapping replaced (a userfaultfd
+    /// write-protects the range: they wait in the kernel), and land in the file. Where no
+    /// hold can be had the range is refused, untouched.
     pub unsafe fn adopt(&mut self, addr: NonNull<u8>, len: usize) -> Result<Adopted, ShmError> {
         let page = rustix::param::page_size();
         if len == 0 || !(addr.as_ptr() as usize).is_multiple_of(page) || !len.is_multiple_of(page) {
@@ -357,10 +501,12 @@ impl Arena {
         let size = offset
             .checked_add(len as u64)
             .ok_or(ShmError::Refused("the arena is full"))?;
+        // Before the file grows: a range refused here costs the arena nothing.
+        let hold = WriteHold::new(addr, len, false)?;
         rustix::fs::ftruncate(&self.fd, size).map_err(os("ftruncate"))?;
         self.size = size;
         let fill = || -> Result<(), ShmError> {
-            // SAFETY: the caller's range: readable, and no one writes it meanwhile.
+            // SAFETY: the caller's range: readable, and no one writes it meanwhile (`hold`).
             let bytes = unsafe { std::slice::from_raw_parts(addr.as_ptr(), len) };
             // Runs of pages that are not all zero go into the file with one write each (the
             // kernel copies, no page faults); untouched pages stay holes that hold no memory.
@@ -394,7 +540,10 @@ impl Arena {
             .map_err(os("mmap fixed"))?;
             Ok(())
         };
-        if let Err(e) = fill() {
+        let filled = fill();
+        // Held writers go on, into the file's pages if the mapping was replaced.
+        drop(hold);
+        if let Err(e) = filled {
             // The caller's pages are untouched (the mapping is replaced last): free what
             // reached the file.
             let _ = self.punch(offset, len as u64);
@@ -407,8 +556,10 @@ impl Arena {
     /// its bytes in the file. Leaves the addresses alone unless `/proc/self/maps` shows the
     /// range still mapped there (the owner may have unmapped them early). On an error the
     /// range stays mapped shared, every byte in place.
+    /// Writes other threads make meanwhile are held off, as in [`Arena::adopt`], and land in
+    /// the private pages; where no hold can be had the range stays shared (`Refused`).
     pub fn give_back(&self, a: Adopted) -> Result<(), ShmError> {
-        self.copy_out(&a)?;
+        self.copy_out_holding(&a, true)?;
         // The file's pages of the range hold nothing anyone maps now: free them.
         self.punch(a.offset, a.len as u64)
     }
@@ -425,8 +576,15 @@ impl Arena {
     }
 
     /// Put private anonymous pages with the range's bytes back at its addresses, leaving the
-    /// file's bytes as they are: for a child after `fork`, whose parent still maps them.
+    /// file's bytes as they are: for a child after `fork`, whose parent still maps them,
+    /// and whose only thread is the caller (nobody else writes the range meanwhile).
     pub fn copy_out(&self, a: &Adopted) -> Result<(), ShmError> {
+        self.copy_out_holding(a, false)
+    }
+
+    /// [`Arena::copy_out`], holding other threads' writes off (`hold`) while the bytes are
+    /// copied and the mapping replaced.
+    fn copy_out_holding(&self, a: &Adopted, hold: bool) -> Result<(), ShmError> {
         let maps = own_maps().map_err(|e| ShmError::Os {
             what: "read /proc/self/maps",
             source: e,
@@ -435,6 +593,11 @@ impl Arena {
         if !maps_show_file(&maps, addr, len, &self.fd, a.offset) {
             return Ok(());
         }
+        // Writes made before the hold are in the file, which the copy reads after it.
+        let held = match hold {
+            true => Some(WriteHold::new(a.addr, a.len, true)?),
+            false => None,
+        };
         // SAFETY: a fresh private anonymous mapping chosen by the kernel.
         let copy = unsafe {
             rustix::mm::mmap_anonymous(
@@ -449,7 +612,7 @@ impl Arena {
             // SAFETY: the fresh mapping, `len` bytes, nothing else refers to it.
             let dst = unsafe { std::slice::from_raw_parts_mut(copy.cast::<u8>(), a.len) };
             // The file's data (holes read as zero, as the fresh pages do), one read per
-            // extent; the owner does not write the range while it gives it back.
+            // extent; nobody writes the range meanwhile (`held`).
             let end = a.offset + len;
             let mut at = a.offset;
             while at < end {
@@ -483,6 +646,8 @@ impl Arena {
                 a.addr.as_ptr().cast(),
             )
         };
+        // Held writers go on, into the private pages if the copy was moved in.
+        drop(held);
         if let Err(e) = moved {
             // SAFETY: the fresh mapping made above, which nothing else refers to.
             let _ = unsafe { rustix::mm::munmap(copy, a.len) };
@@ -525,6 +690,7 @@ impl Drop for SharedMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     const PAGE: usize = 4096;
 
@@ -705,5 +871,105 @@ garbage line
             assert_eq!(p.read(), 7);
             rustix::mm::munmap(p.cast(), len).unwrap();
         }
+    }
+
+    /// While a range is adopted and given back, again and again: a thread that keeps
+    /// counting in its last word loses no increment (a write held off while the bytes are
+    /// copied lands in the new mapping), and a thread that writes pages of its second half
+    /// for the first time, one after another, loses none of those writes.
+    #[test]
+    fn writes_during_adoption_and_give_back_are_kept() {
+        use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+        // Big enough that each copy takes a while: the writers run during it.
+        let len = 512 * PAGE;
+        let fresh = len / 2 / PAGE - 1;
+        // SAFETY: a fresh private anonymous mapping.
+        let p = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::PRIVATE,
+            )
+        }
+        .unwrap()
+        .cast::<u8>();
+        // The first half holds data, so the copies write it all; the second half is
+        // untouched until the second writer reaches it (the counter's page, its last, is
+        // written first).
+        // SAFETY: within the mapping, used by this test only.
+        unsafe { std::ptr::write_bytes(p, 0x11, len / 2) };
+        let counter = p.wrapping_add(len - 8) as usize;
+        let second_half = p.wrapping_add(len / 2) as usize;
+        // SAFETY: the counter word, aligned, inside the mapping.
+        unsafe { (counter as *mut u64).write(0) };
+        let stop = Arc::new(AtomicBool::new(false));
+        let counted = Arc::new(AtomicU64::new(0));
+        let first_touched = Arc::new(AtomicUsize::new(0));
+        let counting = {
+            let (stop, counted) = (stop.clone(), counted.clone());
+            std::thread::spawn(move || {
+                let w = counter as *mut u64;
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    // SAFETY: the counter word; only this thread writes it while it runs,
+                    // and the mapping lives until the test joins this thread.
+                    unsafe { w.write_volatile(w.read_volatile() + 1) };
+                    n += 1;
+                }
+                counted.store(n, Ordering::Relaxed);
+            })
+        };
+        let touching = {
+            let (stop, first_touched) = (stop.clone(), first_touched.clone());
+            std::thread::spawn(move || {
+                let mut page = 0;
+                while !stop.load(Ordering::Relaxed) && page < fresh {
+                    // SAFETY: the first byte of an untouched page of the second half (not
+                    // the counter's); the mapping lives until the test joins this thread.
+                    unsafe {
+                        ((second_half + page * PAGE) as *mut u8).write_volatile(page as u8 | 1)
+                    };
+                    page += 1;
+                    first_touched.store(page, Ordering::Relaxed);
+                    let t = std::time::Instant::now();
+                    while t.elapsed() < std::time::Duration::from_micros(20) {
+                        std::hint::spin_loop();
+                    }
+                }
+            })
+        };
+        let mut arena = Arena::create("t").unwrap();
+        let addr = NonNull::new(p).unwrap();
+        for _ in 0..40 {
+            // SAFETY: whole pages of private anonymous memory this test owns; the writer's
+            // stores are what the call holds off.
+            let a = unsafe { arena.adopt(addr, len) }.unwrap();
+            arena.give_back(a).unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+        counting.join().unwrap();
+        touching.join().unwrap();
+        let n = counted.load(Ordering::Relaxed);
+        // SAFETY: the counter word; the writers are gone.
+        let seen = unsafe { (counter as *const u64).read_volatile() };
+        assert!(n > 0, "the counting thread ran");
+        assert_eq!(
+            seen, n,
+            "increments lost: the thread made {n}, memory holds {seen}"
+        );
+        let touched = first_touched.load(Ordering::Relaxed);
+        assert!(touched > 0, "the touching thread ran");
+        for page in 0..touched {
+            // SAFETY: within the mapping; the writers are gone.
+            let b = unsafe { p.add(len / 2 + page * PAGE).read_volatile() };
+            assert_eq!(
+                b,
+                page as u8 | 1,
+                "first write to page {page} of {touched} lost"
+            );
+        }
+        // SAFETY: the test's mapping, unmapped once.
+        unsafe { rustix::mm::munmap(p.cast(), len).unwrap() };
     }
 }

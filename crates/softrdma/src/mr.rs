@@ -227,15 +227,16 @@ impl Registry {
     ///
     /// Adopting copies the pages into the file and maps the file in their place, bytes and
     /// addresses unchanged; when no registration touches them any more, private pages come
-    /// back. A write by another thread of the program into those pages while the
-    /// registration call runs would be lost (as would one while the last deregistration
-    /// runs): `SOFTRDMA_ADOPT_MEMORY=0` turns adoption off. After `fork` the child gets its
-    /// own copy (see [`fork_copies_adopted_memory`]). Pages that hold the calling thread's
-    /// stack are never adopted.
+    /// back. Other threads of the program may write those pages meanwhile: their writes are
+    /// held off for the copy and land in the new mapping (`abi::shm::Arena::adopt`); where
+    /// the kernel offers no such hold, nothing is adopted. `SOFTRDMA_ADOPT_MEMORY=0` turns
+    /// adoption off. After `fork` the child gets its own copy (see
+    /// [`fork_copies_adopted_memory`]). Pages that hold the calling thread's stack are never
+    /// adopted (its own writes there would wait for the copy it is making).
     ///
     /// # Safety
     /// The caller registers the range: it stays allocated until the registration ends, and
-    /// no one writes it during this call.
+    /// the calling thread does not write it during this call.
     pub(crate) unsafe fn share(&mut self, addr: usize, len: usize) -> Option<SharedRange> {
         if let Some((fd, offset, start)) = shared_file_of(addr, len) {
             let adopted = self.adopted.get_mut(&start).map(|(_, users)| {
@@ -262,8 +263,8 @@ impl Registry {
         if !abi::shm::maps_show_private_anonymous(&maps, addr as u64, len as u64) {
             return None;
         }
-        // The mapping that holds this thread's stack: its writes during the copy would be
-        // lost.
+        // The mapping that holds this thread's stack: its writes during the copy would wait
+        // for the copy to end, for good.
         let here = &maps as *const String as u64;
         if abi::shm::mappings(&maps).any(|m| {
             m.start <= here
@@ -285,7 +286,7 @@ impl Registry {
             },
         };
         // SAFETY: whole pages of private anonymous read-write memory (just seen in the maps),
-        // which the caller keeps allocated and does not write during this call; no device
+        // which the caller keeps allocated and this thread does not write meanwhile; no device
         // reaches them (no live registration touches them, and none starts while the
         // registry is locked); not this thread's stack.
         let a = match unsafe { arena.adopt(ptr, len) } {
