@@ -258,6 +258,69 @@ pub fn maps_show_private_anonymous(maps: &str, addr: u64, len: u64) -> bool {
     false
 }
 
+/// How much of a range is locked in memory (`mlock`, `mlockall`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Locked {
+    /// None of it.
+    No,
+    /// All of it.
+    Yes,
+    /// Some mappings over it are, some not.
+    Partly,
+}
+
+/// How much of `addr..addr + len` a `/proc/<pid>/smaps` text shows locked: the mappings
+/// over it whose `VmFlags` hold `lo`.
+fn smaps_locked(smaps: &str, addr: u64, len: u64) -> Locked {
+    let end = addr.saturating_add(len);
+    let (mut some, mut all) = (false, true);
+    let mut current = None;
+    for line in smaps.lines() {
+        if let Some(flags) = line.strip_prefix("VmFlags:") {
+            if let Some((start, stop)) = current.take() {
+                if start < end && addr < stop {
+                    if flags.split_whitespace().any(|f| f == "lo") {
+                        some = true;
+                    } else {
+                        all = false;
+                    }
+                }
+            }
+        } else if let Some(m) = mappings(line).next() {
+            current = Some((m.start, m.end));
+        }
+    }
+    match (some, all) {
+        (false, _) => Locked::No,
+        (true, true) => Locked::Yes,
+        (true, false) => Locked::Partly,
+    }
+}
+
+/// How much of `addr..addr + len` this process has locked in memory. Most processes lock
+/// nothing, which `/proc/self/status` tells without the page-table walk `smaps` costs.
+fn own_locked(addr: NonNull<u8>, len: usize) -> Result<Locked, ShmError> {
+    let read = |path: &'static str| {
+        std::fs::read_to_string(path).map_err(|e| ShmError::Os {
+            what: path,
+            source: e,
+        })
+    };
+    let status = read("/proc/self/status")?;
+    let none = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmLck:"))
+        .is_some_and(|v| v.trim() == "0 kB");
+    if none {
+        return Ok(Locked::No);
+    }
+    Ok(smaps_locked(
+        &read("/proc/self/smaps")?,
+        addr.as_ptr() as u64,
+        len as u64,
+    ))
+}
+
 /// This process's own `/proc/self/maps`.
 pub fn own_maps() -> std::io::Result<String> {
     std::fs::read_to_string("/proc/self/maps")
@@ -323,6 +386,40 @@ fn read_exact_at(fd: &OwnedFd, mut buf: &mut [u8], mut offset: u64) -> Result<()
         }
     }
     Ok(())
+}
+
+/// Move the mapping of `len` bytes at `from` (made by the caller, referred to by nothing
+/// else) over `to..to + len` in one step, replacing what is there. On an error it is
+/// unmapped and `to` is unchanged.
+fn move_over(from: *mut std::ffi::c_void, to: NonNull<u8>, len: usize) -> Result<(), ShmError> {
+    // SAFETY: moves the caller's fresh mapping over the range, same length, in one step;
+    // nothing else refers to its old address.
+    let moved = unsafe {
+        rustix::mm::mremap_fixed(
+            from,
+            len,
+            len,
+            rustix::mm::MremapFlags::MAYMOVE,
+            to.as_ptr().cast(),
+        )
+    };
+    if let Err(e) = moved {
+        // SAFETY: the caller's fresh mapping, which nothing else refers to.
+        let _ = unsafe { rustix::mm::munmap(from, len) };
+        return Err(os("mremap")(e));
+    }
+    Ok(())
+}
+
+/// [`move_over`], the mapping locked in memory first (which faults its pages in).
+fn lock_and_move(from: *mut std::ffi::c_void, to: NonNull<u8>, len: usize) -> Result<(), ShmError> {
+    // SAFETY: locks the caller's fresh mapping, which nothing else refers to.
+    if let Err(e) = unsafe { rustix::mm::mlock(from, len) } {
+        // SAFETY: as above.
+        let _ = unsafe { rustix::mm::munmap(from, len) };
+        return Err(os("mlock")(e));
+    }
+    move_over(from, to, len)
 }
 
 /// The kernel's userfaultfd interface (`linux/userfaultfd.h`), as far as [`WriteHold`] uses
@@ -502,6 +599,10 @@ impl Arena {
             .checked_add(len as u64)
             .ok_or(ShmError::Refused("the arena is full"))?;
         // Before the file grows: a range refused here costs the arena nothing.
+        let locked = own_locked(addr, len)?;
+        if locked == Locked::Partly {
+            return Err(ShmError::Refused("partly locked in memory"));
+        }
         let hold = WriteHold::new(addr, len, false)?;
         rustix::fs::ftruncate(&self.fd, size).map_err(os("ftruncate"))?;
         self.size = size;
@@ -523,6 +624,11 @@ impl Arena {
             }
             if let Some(start) = run {
                 write_all_at(&self.fd, &bytes[start..], offset + start as u64)?;
+            }
+            if locked == Locked::Yes {
+                // Locked pages stay locked: the file is mapped elsewhere, locked there, and
+                // moved over the range in one step (the lock goes with the mapping).
+                return self.move_locked_over(addr, len, offset);
             }
             // SAFETY: replaces the caller's pages (whose bytes the file now holds) by the file,
             // at the same address and length, with the same access: MAP_FIXED is confined to
@@ -550,6 +656,25 @@ impl Arena {
             return Err(e);
         }
         Ok(Adopted { addr, len, offset })
+    }
+
+    /// Map `len` bytes of the file at `offset` somewhere new, lock them in memory, and move
+    /// that mapping over `addr..addr + len` (replacing what is there). On an error nothing
+    /// at `addr` changed.
+    fn move_locked_over(&self, addr: NonNull<u8>, len: usize, offset: u64) -> Result<(), ShmError> {
+        // SAFETY: a fresh shared mapping of the file, where the kernel chooses.
+        let new = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED,
+                &self.fd,
+                offset,
+            )
+        }
+        .map_err(os("mmap"))?;
+        lock_and_move(new, addr, len)
     }
 
     /// Put private anonymous pages with the range's bytes back at its addresses, and free
@@ -593,6 +718,10 @@ impl Arena {
         if !maps_show_file(&maps, addr, len, &self.fd, a.offset) {
             return Ok(());
         }
+        let locked = own_locked(a.addr, a.len)?;
+        if locked == Locked::Partly {
+            return Err(ShmError::Refused("partly locked in memory"));
+        }
         // Writes made before the hold are in the file, which the copy reads after it.
         let held = match hold {
             true => Some(WriteHold::new(a.addr, a.len, true)?),
@@ -635,25 +764,15 @@ impl Arena {
             let _ = unsafe { rustix::mm::munmap(copy, a.len) };
             return Err(e);
         }
-        // SAFETY: moves the copy over the file's mapping, same address and length, in one
-        // step; nothing else refers to the copy's old address.
-        let moved = unsafe {
-            rustix::mm::mremap_fixed(
-                copy,
-                a.len,
-                a.len,
-                rustix::mm::MremapFlags::MAYMOVE,
-                a.addr.as_ptr().cast(),
-            )
+        let moved = if locked == Locked::Yes {
+            // Locked pages stay locked (the lock goes with the moved mapping).
+            lock_and_move(copy, a.addr, a.len)
+        } else {
+            move_over(copy, a.addr, a.len)
         };
         // Held writers go on, into the private pages if the copy was moved in.
         drop(held);
-        if let Err(e) = moved {
-            // SAFETY: the fresh mapping made above, which nothing else refers to.
-            let _ = unsafe { rustix::mm::munmap(copy, a.len) };
-            return Err(os("mremap")(e));
-        }
-        Ok(())
+        moved
     }
 }
 
@@ -971,5 +1090,91 @@ garbage line
         }
         // SAFETY: the test's mapping, unmapped once.
         unsafe { rustix::mm::munmap(p.cast(), len).unwrap() };
+    }
+
+    #[test]
+    fn smaps_flags_say_how_much_of_a_range_is_locked() {
+        const SMAPS: &str = "\
+00e03000-00e24000 rw-p 00000000 00:00 0           [heap]
+Size:                132 kB
+VmFlags: rd wr mr mw me ac
+00e24000-00e26000 rw-p 00000000 00:00 0
+Size:                  8 kB
+Locked:                8 kB
+VmFlags: rd wr mr mw me lo ac
+00e26000-00e28000 rw-p 00000000 00:00 0
+VmFlags: rd wr mr mw me lo ac
+";
+        assert_eq!(smaps_locked(SMAPS, 0xe03000, 0x1000), Locked::No);
+        assert_eq!(smaps_locked(SMAPS, 0xe24000, 0x4000), Locked::Yes);
+        assert_eq!(smaps_locked(SMAPS, 0xe23000, 0x2000), Locked::Partly);
+        assert_eq!(
+            smaps_locked(SMAPS, 0xe30000, 0x1000),
+            Locked::No,
+            "nothing there"
+        );
+    }
+
+    /// Locked pages stay locked when adopted and when given back, bytes unchanged; a range
+    /// only partly locked is not adopted.
+    #[test]
+    fn locked_memory_stays_locked_through_adoption() {
+        let len = 4 * PAGE;
+        // SAFETY: a fresh private anonymous mapping.
+        let p = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::PRIVATE,
+            )
+        }
+        .unwrap()
+        .cast::<u8>();
+        let addr = NonNull::new(p).unwrap();
+        // SAFETY: within the mapping, used by this test only.
+        unsafe { p.add(PAGE + 3).write(9) };
+        let mut arena = Arena::create("t").unwrap();
+        // SAFETY: the test's mapping.
+        unsafe { rustix::mm::mlock(p.cast(), PAGE) }.unwrap();
+        assert_eq!(own_locked(addr, len).unwrap(), Locked::Partly);
+        assert!(matches!(
+            // SAFETY: whole pages of private anonymous memory this test owns.
+            unsafe { arena.adopt(addr, len) },
+            Err(ShmError::Refused(_))
+        ));
+        // SAFETY: the test's mapping.
+        unsafe { rustix::mm::mlock(p.cast(), len) }.unwrap();
+        assert_eq!(own_locked(addr, len).unwrap(), Locked::Yes);
+        // SAFETY: whole pages of private anonymous memory this test owns; no other writer.
+        let a = unsafe { arena.adopt(addr, len) }.unwrap();
+        assert!(maps_show_file(
+            &own_maps().unwrap(),
+            p as u64,
+            len as u64,
+            &arena.fd(),
+            0
+        ));
+        assert_eq!(
+            own_locked(addr, len).unwrap(),
+            Locked::Yes,
+            "adopted, still locked"
+        );
+        arena.give_back(a).unwrap();
+        assert!(maps_show_private_anonymous(
+            &own_maps().unwrap(),
+            p as u64,
+            len as u64
+        ));
+        assert_eq!(
+            own_locked(addr, len).unwrap(),
+            Locked::Yes,
+            "given back, still locked"
+        );
+        // SAFETY: within the mapping; then unmapped once.
+        unsafe {
+            assert_eq!(p.add(PAGE + 3).read(), 9);
+            rustix::mm::munmap(p.cast(), len).unwrap();
+        }
     }
 }
