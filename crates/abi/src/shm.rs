@@ -662,19 +662,8 @@ impl Arena {
     /// that mapping over `addr..addr + len` (replacing what is there). On an error nothing
     /// at `addr` changed.
     fn move_locked_over(&self, addr: NonNull<u8>, len: usize, offset: u64) -> Result<(), ShmError> {
-        // SAFETY: a fresh shared mapping of the file, where the kernel chooses.
-        let new = unsafe {
-            rustix::mm::mmap(
-                std::ptr::null_mut(),
-                len,
-                ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::SHARED,
-                &self.fd,
-                offset,
-            )
-        }
-        .map_err(os("mmap"))?;
-        lock_and_move(new, addr, len)
+        let new = map(&self.fd, offset, len)?;
+        lock_and_move(new.as_ptr().cast(), addr, len)
     }
 
     /// Put private anonymous pages with the range's bytes back at its addresses, and free
@@ -813,6 +802,21 @@ mod tests {
 
     const PAGE: usize = 4096;
 
+    /// `len` bytes of fresh private anonymous memory, for the test to unmap.
+    fn fresh_pages(len: usize) -> *mut u8 {
+        // SAFETY: a fresh private anonymous mapping where the kernel chooses.
+        unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::PRIVATE,
+            )
+        }
+        .unwrap()
+        .cast::<u8>()
+    }
+
     #[test]
     fn a_client_buffer_maps_in_a_second_place_with_the_same_bytes() {
         let a = SharedMemory::create("t", 3 * PAGE + 10).unwrap();
@@ -899,17 +903,7 @@ garbage line
     #[test]
     fn adopted_memory_keeps_its_bytes_and_gets_them_back_private() {
         let len = 4 * PAGE;
-        // SAFETY: a fresh private anonymous mapping.
-        let p = unsafe {
-            rustix::mm::mmap_anonymous(
-                std::ptr::null_mut(),
-                len,
-                ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::PRIVATE,
-            )
-        }
-        .unwrap()
-        .cast::<u8>();
+        let p = fresh_pages(len);
         // Pages 0 and 3 written, 1 and 2 untouched.
         // SAFETY: within the mapping, used by this test only.
         unsafe {
@@ -1002,17 +996,7 @@ garbage line
         // Big enough that each copy takes a while: the writers run during it.
         let len = 512 * PAGE;
         let fresh = len / 2 / PAGE - 1;
-        // SAFETY: a fresh private anonymous mapping.
-        let p = unsafe {
-            rustix::mm::mmap_anonymous(
-                std::ptr::null_mut(),
-                len,
-                ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::PRIVATE,
-            )
-        }
-        .unwrap()
-        .cast::<u8>();
+        let p = fresh_pages(len);
         // The first half holds data, so the copies write it all; the second half is
         // untouched until the second writer reaches it (the counter's page, its last, is
         // written first).
@@ -1120,17 +1104,7 @@ VmFlags: rd wr mr mw me lo ac
     #[test]
     fn locked_memory_stays_locked_through_adoption() {
         let len = 4 * PAGE;
-        // SAFETY: a fresh private anonymous mapping.
-        let p = unsafe {
-            rustix::mm::mmap_anonymous(
-                std::ptr::null_mut(),
-                len,
-                ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::PRIVATE,
-            )
-        }
-        .unwrap()
-        .cast::<u8>();
+        let p = fresh_pages(len);
         let addr = NonNull::new(p).unwrap();
         // SAFETY: within the mapping, used by this test only.
         unsafe { p.add(PAGE + 3).write(9) };
