@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "first-device.h"
+
 static double now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -25,16 +27,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: %s [N > 0]\n", argv[0]);
         return 2;
     }
-    struct ibv_device **list = ibv_get_device_list(NULL);
-    if (!list || !list[0]) {
-        fprintf(stderr, "control-cost: no RDMA device\n");
+    struct ibv_context *ctx = open_first_device("control-cost");
+    if (!ctx)
         return 1;
-    }
-    struct ibv_context *ctx = ibv_open_device(list[0]);
-    if (!ctx) {
-        perror("ibv_open_device");
-        return 1;
-    }
     double t = now();
     for (int i = 0; i < n; i++) {
         struct ibv_pd *pd = ibv_alloc_pd(ctx);
@@ -54,6 +49,5 @@ int main(int argc, char **argv) {
     }
     printf("ibv_create_cq + ibv_destroy_cq: %.1f us per call\n", (now() - t) / n / 2 * 1e6);
     ibv_close_device(ctx);
-    ibv_free_device_list(list);
     return 0;
 }

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "first-device.h"
+
 int main(int argc, char **argv) {
     int n = argc > 1 ? atoi(argv[1]) : 1000;
     int secs = argc > 2 ? atoi(argv[2]) : 10;
@@ -17,16 +19,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: %s [CQS > 0] [SECONDS > 0]\n", argv[0]);
         return 2;
     }
-    struct ibv_device **list = ibv_get_device_list(NULL);
-    if (!list || !list[0]) {
-        fprintf(stderr, "idle-cqs: no RDMA device\n");
+    struct ibv_context *ctx = open_first_device("idle-cqs");
+    if (!ctx)
         return 1;
-    }
-    struct ibv_context *ctx = ibv_open_device(list[0]);
-    if (!ctx) {
-        perror("idle-cqs: ibv_open_device");
-        return 1;
-    }
     struct ibv_cq **cqs = calloc((size_t)n, sizeof *cqs);
     if (!cqs) {
         perror("idle-cqs: calloc");
@@ -45,6 +40,5 @@ int main(int argc, char **argv) {
         ibv_destroy_cq(cqs[i]);
     free(cqs);
     ibv_close_device(ctx);
-    ibv_free_device_list(list);
     return 0;
 }
