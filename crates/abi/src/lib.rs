@@ -14,6 +14,7 @@
 //! - [`doorbell`]: the page of bits by which a client says which of its work rings to look
 //!   at, and the daemon says whether it sleeps;
 //! - [`shm`]: shared memory (sealed memfds mapped by both processes);
+//! - [`maps`]: a process's mappings, which registration checks;
 //! - [`wqe`]: the fixed-layout work-queue and completion entries of those rings;
 //! - [`client`]: the library's end of the control socket.
 //! - [`cm_ffi`]: the records of the private C interface between the drop-in librdmacm and
@@ -42,6 +43,7 @@ pub mod client;
 pub mod cm_ffi;
 pub mod codec;
 pub mod doorbell;
+pub mod maps;
 pub mod proto;
 pub mod ring;
 pub mod shm;

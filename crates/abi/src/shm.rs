@@ -17,6 +17,8 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 
 use rustix::fs::{MemfdFlags, SealFlags};
+
+use crate::maps::Maps;
 use rustix::mm::{MapFlags, ProtFlags};
 
 /// Why shared memory could not be made or mapped.
@@ -158,106 +160,6 @@ fn map(fd: &impl AsFd, offset: u64, len: usize) -> Result<NonNull<u8>, ShmError>
     NonNull::new(p.cast::<u8>()).ok_or(ShmError::Refused("null mapping"))
 }
 
-/// One line of a process's `/proc/<pid>/maps`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Mapping<'a> {
-    /// First address.
-    pub start: u64,
-    /// One past the last address.
-    pub end: u64,
-    /// `rwxp` / `rw-s`: readable, writable, executable, private or shared.
-    pub perms: &'a str,
-    /// Offset in the file of the byte at `start`.
-    pub offset: u64,
-    /// The file's device (major, minor); (0, 0) for anonymous memory.
-    pub dev: (u32, u32),
-    /// The file's inode; 0 for anonymous memory.
-    pub inode: u64,
-    /// The file's path, or a name such as `[heap]`; empty for anonymous memory.
-    pub path: &'a str,
-}
-
-impl Mapping<'_> {
-    /// Readable and writable.
-    pub fn read_write(&self) -> bool {
-        self.perms.starts_with("rw")
-    }
-
-    /// A shared mapping (`s`), not a private copy (`p`).
-    pub fn shared(&self) -> bool {
-        self.perms.ends_with('s')
-    }
-}
-
-/// The lines of a `/proc/<pid>/maps` text that parse, in its order (ascending addresses).
-pub fn mappings(maps: &str) -> impl Iterator<Item = Mapping<'_>> {
-    maps.lines().filter_map(|line| {
-        let mut f = line.splitn(6, ' ');
-        let (range, perms, offset, dev, inode) =
-            (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
-        let path = f.next().unwrap_or("").trim_start();
-        let (a, b) = range.split_once('-')?;
-        let (ma, mi) = dev.split_once(':')?;
-        Some(Mapping {
-            start: u64::from_str_radix(a, 16).ok()?,
-            end: u64::from_str_radix(b, 16).ok()?,
-            perms,
-            offset: u64::from_str_radix(offset, 16).ok()?,
-            dev: (
-                u32::from_str_radix(ma, 16).ok()?,
-                u32::from_str_radix(mi, 16).ok()?,
-            ),
-            inode: inode.parse().ok()?,
-            path,
-        })
-    })
-}
-
-/// Whether `maps` shows `fd`'s file mapped shared and read-write over all of
-/// `addr..addr + len`, as one mapping, with byte `offset` of the file at `addr`: then a
-/// mapping of that file holds exactly the bytes the process sees at those addresses.
-pub fn maps_show_file(maps: &str, addr: u64, len: u64, fd: &impl AsFd, offset: u64) -> bool {
-    let Ok(st) = rustix::fs::fstat(fd) else {
-        return false;
-    };
-    let dev = (rustix::fs::major(st.st_dev), rustix::fs::minor(st.st_dev));
-    let Some(end) = addr.checked_add(len) else {
-        return false;
-    };
-    mappings(maps).any(|m| {
-        m.read_write()
-            && m.shared()
-            && m.start <= addr
-            && end <= m.end
-            && m.dev == dev
-            && m.inode == st.st_ino
-            && m.offset.checked_add(addr - m.start) == Some(offset)
-    })
-}
-
-/// Whether `maps` shows all of `addr..addr + len` (non-empty) as private anonymous
-/// read-write memory (the heap's included, a stack's not), in one or more mappings.
-pub fn maps_show_private_anonymous(maps: &str, addr: u64, len: u64) -> bool {
-    let Some(end) = addr.checked_add(len) else {
-        return false;
-    };
-    let mut cur = addr;
-    for m in mappings(maps) {
-        if m.end <= cur {
-            continue;
-        }
-        let anonymous = m.inode == 0 && (m.path.is_empty() || m.path == "[heap]");
-        if m.start > cur || !anonymous || !m.read_write() || m.shared() {
-            return false;
-        }
-        cur = m.end;
-        if cur >= end {
-            return len > 0;
-        }
-    }
-    false
-}
-
 /// How much of a range is locked in memory (`mlock`, `mlockall`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Locked {
@@ -286,7 +188,7 @@ fn smaps_locked(smaps: &str, addr: u64, len: u64) -> Locked {
                     }
                 }
             }
-        } else if let Some(m) = mappings(line).next() {
+        } else if let Some(m) = crate::maps::parse(line).next() {
             current = Some((m.start, m.end));
         }
     }
@@ -301,10 +203,17 @@ fn smaps_locked(smaps: &str, addr: u64, len: u64) -> Locked {
 /// nothing, which `/proc/self/status` tells without the page-table walk `smaps` costs.
 fn own_locked(addr: NonNull<u8>, len: usize) -> Result<Locked, ShmError> {
     let read = |path: &'static str| {
-        std::fs::read_to_string(path).map_err(|e| ShmError::Os {
-            what: path,
-            source: e,
-        })
+        // A `/proc` file says it has 0 bytes, so `fs::read_to_string` starts with reads of
+        // 32 bytes and doubles them: 8 calls for `status`. One page reads it in one.
+        use std::io::Read;
+        let mut text = String::with_capacity(4096);
+        std::fs::File::open(path)
+            .and_then(|mut f| f.read_to_string(&mut text))
+            .map_err(|e| ShmError::Os {
+                what: path,
+                source: e,
+            })?;
+        Ok::<_, ShmError>(text)
     };
     let status = read("/proc/self/status")?;
     let none = status
@@ -319,11 +228,6 @@ fn own_locked(addr: NonNull<u8>, len: usize) -> Result<Locked, ShmError> {
         addr.as_ptr() as u64,
         len as u64,
     ))
-}
-
-/// This process's own `/proc/self/maps`.
-pub fn own_maps() -> std::io::Result<String> {
-    std::fs::read_to_string("/proc/self/maps")
 }
 
 /// One sealed memfd that holds every range of this process's own memory adopted into shared
@@ -584,7 +488,7 @@ impl Arena {
     ///
     /// # Safety
     /// `addr..addr + len` must be page-aligned, non-empty private anonymous read-write
-    /// memory of this process (see [`maps_show_private_anonymous`]) that the calling thread
+    /// memory of this process (see [`Maps::private_anonymous`]) that the calling thread
     /// does not write during the call (not its stack). Other threads may: their writes are
     /// held off while the bytes are copied and the mapping replaced (a userfaultfd
     /// write-protects the range: they wait in the kernel), and land in the file. Where no
@@ -699,12 +603,12 @@ impl Arena {
     /// [`Arena::copy_out`], holding other threads' writes off (`hold`) while the bytes are
     /// copied and the mapping replaced.
     fn copy_out_holding(&self, a: &Adopted, hold: bool) -> Result<(), ShmError> {
-        let maps = own_maps().map_err(|e| ShmError::Os {
-            what: "read /proc/self/maps",
+        let maps = Maps::open(None).map_err(|e| ShmError::Os {
+            what: "open /proc/self/maps",
             source: e,
         })?;
         let (addr, len) = (a.addr.as_ptr() as u64, a.len as u64);
-        if !maps_show_file(&maps, addr, len, &self.fd, a.offset) {
+        if !maps.shows_file(addr, len, &self.fd, a.offset) {
             return Ok(());
         }
         let locked = own_locked(a.addr, a.len)?;
@@ -862,44 +766,6 @@ mod tests {
         assert!(rustix::fs::ftruncate(&fd, 0).is_err());
     }
 
-    const MAPS: &str = "\
-00400000-00452000 r-xp 00000000 08:02 173521      /usr/bin/dbus-daemon
-00e03000-00e24000 rw-p 00000000 00:00 0           [heap]
-00e24000-00e26000 rw-p 00000000 00:00 0
-35b1800000-35b1820000 rw-s 00001000 00:01 4242    /memfd:softrdma-mr (deleted)
-7fff6ae00000-7fff6ae21000 rw-p 00000000 00:00 0   [stack]
-garbage line
-";
-
-    #[test]
-    fn maps_lines_parse_with_and_without_a_path() {
-        let m: Vec<_> = mappings(MAPS).collect();
-        assert_eq!(m.len(), 5, "the garbage line is skipped");
-        assert_eq!(m[0].path, "/usr/bin/dbus-daemon");
-        assert_eq!((m[0].dev, m[0].inode), ((8, 2), 173521));
-        assert_eq!(m[2].path, "");
-        assert_eq!((m[2].start, m[2].end), (0xe24000, 0xe26000));
-        assert!(m[3].shared() && m[3].read_write() && !m[0].read_write());
-        assert_eq!(m[3].offset, 0x1000);
-        assert_eq!(m[3].path, "/memfd:softrdma-mr (deleted)");
-    }
-
-    #[test]
-    fn only_private_anonymous_memory_counts_as_such() {
-        let yes = |a: u64, len: u64| maps_show_private_anonymous(MAPS, a, len);
-        assert!(yes(0xe03000, 0x1000));
-        assert!(
-            yes(0xe23000, 0x2000),
-            "across the heap into the next anonymous mapping"
-        );
-        assert!(!yes(0xe25000, 0x2000), "runs past the end");
-        assert!(!yes(0xe03000, 0), "empty");
-        assert!(!yes(0x400000, 0x1000), "a file");
-        assert!(!yes(0x35b1800000, 0x1000), "shared");
-        assert!(!yes(0x7fff6ae00000, 0x1000), "the stack");
-        assert!(!yes(u64::MAX - 10, 0x1000), "overflow");
-    }
-
     #[test]
     fn adopted_memory_keeps_its_bytes_and_gets_them_back_private() {
         let len = 4 * PAGE;
@@ -911,8 +777,8 @@ garbage line
             p.add(len - 1).write(2);
         }
         let addr = NonNull::new(p).unwrap();
-        let maps = own_maps().unwrap();
-        assert!(maps_show_private_anonymous(&maps, p as u64, len as u64));
+        let maps = Maps::open(None).unwrap();
+        assert!(maps.private_anonymous(p as u64, len as u64));
         let mut arena = Arena::create("t").unwrap();
         assert!(matches!(
             // SAFETY: refused before it touches anything.
@@ -930,10 +796,8 @@ garbage line
             )
         };
         assert_eq!((a.offset(), b.offset()), (0, PAGE as u64));
-        let maps = own_maps().unwrap();
-        assert!(maps_show_file(&maps, p as u64, PAGE as u64, &arena.fd(), 0));
-        assert!(maps_show_file(
-            &maps,
+        assert!(maps.shows_file(p as u64, PAGE as u64, &arena.fd(), 0));
+        assert!(maps.shows_file(
             p as u64 + PAGE as u64,
             PAGE as u64,
             &arena.fd(),
@@ -961,11 +825,9 @@ garbage line
             assert_eq!(peer.as_ptr().add(len - 1).read(), 0);
             assert_eq!(p.read(), 1, "the other range is untouched");
         }
-        assert!(maps_show_private_anonymous(
-            &own_maps().unwrap(),
-            p as u64 + PAGE as u64,
-            (len - PAGE) as u64
-        ));
+        assert!(Maps::open(None)
+            .unwrap()
+            .private_anonymous(p as u64 + PAGE as u64, (len - PAGE) as u64));
         // Addresses the owner mapped anew before the give-back are left alone.
         // SAFETY: replaces the test's own page with fresh private memory, then marks it.
         unsafe {
@@ -1135,24 +997,18 @@ VmFlags: rd wr mr mw me lo ac
         assert_eq!(own_locked(addr, len).unwrap(), Locked::Yes);
         // SAFETY: whole pages of private anonymous memory this test owns; no other writer.
         let a = unsafe { arena.adopt(addr, len) }.unwrap();
-        assert!(maps_show_file(
-            &own_maps().unwrap(),
-            p as u64,
-            len as u64,
-            &arena.fd(),
-            0
-        ));
+        assert!(Maps::open(None)
+            .unwrap()
+            .shows_file(p as u64, len as u64, &arena.fd(), 0));
         assert_eq!(
             own_locked(addr, len).unwrap(),
             Locked::Yes,
             "adopted, still locked"
         );
         arena.give_back(a).unwrap();
-        assert!(maps_show_private_anonymous(
-            &own_maps().unwrap(),
-            p as u64,
-            len as u64
-        ));
+        assert!(Maps::open(None)
+            .unwrap()
+            .private_anonymous(p as u64, len as u64));
         assert_eq!(
             own_locked(addr, len).unwrap(),
             Locked::Yes,

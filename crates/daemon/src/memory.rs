@@ -68,8 +68,8 @@ pub struct ClientProcess {
     pid: i32,
     /// `/proc/<pid>/mem`, read and written at the address as offset.
     mem: OwnedFd,
-    /// `/proc/<pid>/maps`, read again from offset 0 at each look.
-    maps: OwnedFd,
+    /// `/proc/<pid>/maps`.
+    maps: abi::maps::Maps,
 }
 
 impl ClientProcess {
@@ -96,7 +96,11 @@ impl ClientProcess {
             })
         };
         let mem = open("mem", rustix::fs::OFlags::RDWR)?;
-        let maps = open("maps", rustix::fs::OFlags::RDONLY)?;
+        let maps = abi::maps::Maps::open(Some(pid)).map_err(|e| BindError::Open {
+            pid,
+            file: "maps",
+            source: e,
+        })?;
         // Opened by number, so they are the peer's only if the peer still lives now: a living
         // process has held its number since it was created, so before it connected and all
         // the while since. Its pidfd turns readable when it exits.
@@ -150,21 +154,6 @@ impl ClientProcess {
             }
         }
         Ok(())
-    }
-
-    /// The process's `/proc/<pid>/maps` as it is now (empty once it has exited).
-    fn maps(&self) -> std::io::Result<String> {
-        let mut text = Vec::new();
-        let mut chunk = vec![0u8; 64 << 10];
-        loop {
-            match rustix::io::pread(&self.maps, &mut chunk[..], text.len() as u64) {
-                Ok(0) => break,
-                Ok(n) => text.extend_from_slice(&chunk[..n]),
-                Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        String::from_utf8(text).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
     }
 }
 
@@ -258,34 +247,16 @@ pub fn lock(r: &SharedRegions) -> MutexGuard<'_, Regions> {
     r.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Whether `addr..addr + len` is mapped readable and writable in `process`, by its
-/// `/proc/<pid>/maps` (contiguous mappings may cover it together).
+/// Whether `addr..addr + len` is mapped readable and writable in `process` (contiguous
+/// mappings may cover it together).
 pub fn range_is_mapped(process: &ClientProcess, addr: u64, len: u64) -> bool {
-    let Some(end) = addr.checked_add(len) else {
-        return false;
-    };
-    let Ok(maps) = process.maps() else {
-        return false;
-    };
-    let mut cur = addr;
-    // The lines come in ascending order of address, and do not overlap.
-    for m in abi::shm::mappings(&maps).filter(|m| m.read_write()) {
-        if m.start > cur {
-            break;
-        }
-        cur = cur.max(m.end);
-        if cur >= end {
-            return true;
-        }
-    }
     // A zero-length range needs no mapping.
-    len == 0
+    len == 0 || process.maps.read_write(addr, len)
 }
 
 /// Whether `process` has `fd`'s file mapped shared and read-write over all of
-/// `addr..addr + len` with byte `offset` of the file at `addr` (by its `/proc/<pid>/maps`):
-/// then the daemon's own mapping of that file holds exactly the bytes the client sees at
-/// those addresses.
+/// `addr..addr + len` with byte `offset` of the file at `addr`: then the daemon's own
+/// mapping of that file holds exactly the bytes the client sees at those addresses.
 pub fn mapping_matches(
     process: &ClientProcess,
     addr: u64,
@@ -293,9 +264,7 @@ pub fn mapping_matches(
     fd: &impl std::os::fd::AsFd,
     offset: u64,
 ) -> bool {
-    process
-        .maps()
-        .is_ok_and(|maps| abi::shm::maps_show_file(&maps, addr, len, fd, offset))
+    process.maps.shows_file(addr, len, fd, offset)
 }
 
 /// Copy `src` to `dst` in address order as far as an observer polling the last byte can

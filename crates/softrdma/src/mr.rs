@@ -259,19 +259,15 @@ impl Registry {
         if self.touched(addr, addr + len) {
             return None;
         }
-        let maps = abi::shm::own_maps().ok()?;
-        if !abi::shm::maps_show_private_anonymous(&maps, addr as u64, len as u64) {
+        let maps = abi::maps::Maps::open(None).ok()?;
+        if !maps.private_anonymous(addr as u64, len as u64) {
             return None;
         }
         // The mapping that holds this thread's stack: its writes during the copy would wait
         // for the copy to end, for good.
-        let here = &maps as *const String as u64;
-        if abi::shm::mappings(&maps).any(|m| {
-            m.start <= here
-                && here < m.end
-                && m.start < (addr + len) as u64
-                && (addr as u64) < m.end
-        }) {
+        let here = &maps as *const abi::maps::Maps as u64;
+        let stack = maps.at(here)?;
+        if stack.start < (addr + len) as u64 && (addr as u64) < stack.end {
             return None;
         }
         let ptr = std::ptr::NonNull::new(addr as *mut u8)?;
