@@ -148,10 +148,30 @@ pub(crate) fn registry() -> std::sync::MutexGuard<'static, Registry> {
     REGISTRY.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A number for each device opened in this process, naming its registrations.
-pub(crate) fn device_serial() -> u64 {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+/// The number that names one open device's registrations in the [`Registry`] (one for each
+/// device opened in this process). Dropping it forgets them all: a provider holds it so that
+/// it drops once the device can no longer reach their memory (its engine stopped, or the
+/// daemon done reclaiming its connection), as `ibv_close_device` ends a NIC's access to
+/// regions the program left registered. Adopted memory that no live registration uses goes
+/// back to private pages then.
+#[derive(Debug)]
+pub(crate) struct DeviceSerial(u64);
+
+impl DeviceSerial {
+    pub(crate) fn new() -> DeviceSerial {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        DeviceSerial(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
+
+    pub(crate) fn get(&self) -> u64 {
+        self.0
+    }
+}
+
+impl Drop for DeviceSerial {
+    fn drop(&mut self) {
+        registry().device_closed(self.0);
+    }
 }
 
 /// Whether registrations on the daemon may move the program's own memory into shared memory
@@ -344,6 +364,19 @@ impl Registry {
                 self.release(start);
             }
             self.give_back_untouched(old.pages);
+        }
+    }
+
+    /// Device `dev` is closed: none of its regions reaches memory any more.
+    fn device_closed(&mut self, dev: u64) {
+        let gone: Vec<u32> = self
+            .live
+            .keys()
+            .filter(|(d, _)| *d == dev)
+            .map(|&(_, mr)| mr)
+            .collect();
+        for mr in gone {
+            self.deregistered(dev, mr);
         }
     }
 

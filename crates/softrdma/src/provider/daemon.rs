@@ -65,8 +65,21 @@ pub(crate) struct DaemonDevice {
     ah_pds: Mutex<foldhash::HashMap<u32, u32>>,
     /// The completion rings of this connection's CQs, by handle (a QP reset cleans them).
     cq_rings: Mutex<HashMap<u32, Weak<Mutex<CqRing>>>>,
-    /// What this device's registrations are named by in `crate::mr::Registry`.
-    serial: u64,
+    /// What this device's registrations are named by in `crate::mr::Registry` (forgotten
+    /// when it drops, after the connection ended: see `Drop`).
+    serial: crate::mr::DeviceSerial,
+}
+
+impl Drop for DaemonDevice {
+    /// Ends the connection and waits until the daemon has destroyed its objects (it closes
+    /// its end only after that): as with a NIC's `ibv_close_device`, regions and QPs the
+    /// program left behind reach its memory no more once the device is closed.
+    fn drop(&mut self) {
+        self.client
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .close_and_wait();
+    }
 }
 
 /// Largest work ring the daemon grants.
@@ -308,7 +321,7 @@ impl DaemonDevice {
             srqs: Mutex::default(),
             ah_pds: Mutex::default(),
             cq_rings: Mutex::new(HashMap::new()),
-            serial: crate::mr::device_serial(),
+            serial: crate::mr::DeviceSerial::new(),
             client: Mutex::new(client),
             dev: info.index,
             info,
@@ -557,7 +570,7 @@ impl Provider for Daemon {
             ),
         };
         let (m, adopted) = m;
-        registry.registered(self.dev.serial, m.handle, addr as usize, len, adopted);
+        registry.registered(self.dev.serial.get(), m.handle, addr as usize, len, adopted);
         Ok(RawMr {
             handle: MrHandle(m.handle),
             lkey: Lkey(m.lkey),
@@ -582,7 +595,7 @@ impl Provider for Daemon {
             .rereg_mr(mr.0, flags, pd.0, addr as u64, len as u64, access)?;
         if flags.contains(ReregFlags::CHANGE_TRANSLATION) {
             // The region now reaches the new range through the process file.
-            registry.registered(self.dev.serial, mr.0, addr as usize, len, None);
+            registry.registered(self.dev.serial.get(), mr.0, addr as usize, len, None);
         }
         Ok(RawMr {
             handle: mr,
@@ -593,7 +606,7 @@ impl Provider for Daemon {
 
     fn dereg_mr(&self, mr: MrHandle) -> Result<()> {
         self.dev.c().dereg_mr(mr.0)?;
-        crate::mr::registry().deregistered(self.dev.serial, mr.0);
+        crate::mr::registry().deregistered(self.dev.serial.get(), mr.0);
         Ok(())
     }
 
@@ -606,7 +619,7 @@ impl Provider for Daemon {
             tracing::warn!("closing the softrdmad connection so it releases the memory");
             self.dev.c().close_and_wait();
             // The daemon has let go of every region: none reaches its memory now.
-            crate::mr::registry().deregistered(self.dev.serial, mr.0);
+            crate::mr::registry().deregistered(self.dev.serial.get(), mr.0);
         }
     }
 

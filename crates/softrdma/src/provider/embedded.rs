@@ -32,8 +32,9 @@ pub(crate) struct Embedded {
     /// Its CQs poll and wait through it (with a weak reference: a CQ a C program leaves
     /// behind does not keep the engine, its thread and its socket, after the device closed).
     rt: Arc<Runtime>,
-    /// What this device's registrations are named by in `crate::mr::Registry`.
-    serial: u64,
+    /// What this device's registrations are named by in `crate::mr::Registry`. After `rt`:
+    /// they are forgotten once the engine's thread has stopped.
+    serial: crate::mr::DeviceSerial,
 }
 
 impl Embedded {
@@ -41,7 +42,7 @@ impl Embedded {
     pub(crate) fn new(rt: Runtime) -> Embedded {
         Embedded {
             rt: Arc::new(rt),
-            serial: crate::mr::device_serial(),
+            serial: crate::mr::DeviceSerial::new(),
         }
     }
 }
@@ -153,7 +154,7 @@ impl Provider for Embedded {
         let mut registry = crate::mr::registry();
         // SAFETY: forwarded from this function's contract.
         let k = unsafe { self.rt.lock().reg_mr(pd, addr, len, access)? };
-        registry.registered(self.serial, k.handle.0, addr as usize, len, None);
+        registry.registered(self.serial.get(), k.handle.0, addr as usize, len, None);
         Ok(raw_mr(k))
     }
 
@@ -171,14 +172,14 @@ impl Provider for Embedded {
         // SAFETY: forwarded from this function's contract.
         let k = unsafe { self.rt.lock().rereg_mr(mr, flags, pd, addr, len, access)? };
         if flags.contains(ReregFlags::CHANGE_TRANSLATION) {
-            registry.registered(self.serial, mr.0, addr as usize, len, None);
+            registry.registered(self.serial.get(), mr.0, addr as usize, len, None);
         }
         Ok(raw_mr(k))
     }
 
     fn dereg_mr(&self, mr: MrHandle) -> Result<()> {
         self.rt.lock().dereg_mr(mr)?;
-        crate::mr::registry().deregistered(self.serial, mr.0);
+        crate::mr::registry().deregistered(self.serial.get(), mr.0);
         Ok(())
     }
 
