@@ -381,6 +381,12 @@ mod uffd {
     pub const IOC_WRITEPROTECT: Opcode = opcode::read_write::<WriteProtect>(0xAA, 0x06);
 }
 
+std::thread_local! {
+    /// Tests set it to hold anonymous memory as a kernel without
+    /// `UFFD_FEATURE_WP_UNPOPULATED` (before 6.4) must: always false otherwise.
+    static TEST_WITHOUT_WP_UNPOPULATED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// Writers of a range held off while it is copied and mapped anew: a userfaultfd that
 /// write-protects the range. A thread that writes it meanwhile faults and waits in the
 /// kernel; when the hold is dropped (the descriptor closed, after the range was mapped
@@ -400,7 +406,35 @@ impl WriteHold {
     /// Hold off writes to `addr..addr + len`, mapped private anonymous (`shmem` false) or
     /// shared from a memfd (`shmem` true). `Refused` when this kernel or sandbox offers no
     /// such hold.
+    ///
+    /// Write-protection holds the pages that are mapped. A page of anonymous memory never
+    /// touched is not, and a first write to it would not wait: Linux 6.4 protects those
+    /// too (`UFFD_FEATURE_WP_UNPOPULATED`); before, the range is first populated for
+    /// reading (`MADV_POPULATE_READ`, Linux 5.14), which maps the shared zero page at each
+    /// untouched page at no cost in memory, and that mapping is protected like any other.
     fn new(addr: NonNull<u8>, len: usize, shmem: bool) -> Result<WriteHold, ShmError> {
+        if shmem {
+            return WriteHold::protect(addr, len, uffd::FEATURE_WP_SHMEM);
+        }
+        if !TEST_WITHOUT_WP_UNPOPULATED.get() {
+            if let Ok(hold) = WriteHold::protect(addr, len, uffd::FEATURE_WP_UNPOPULATED) {
+                return Ok(hold);
+            }
+        }
+        // SAFETY: populating changes no byte: it maps what reading would map.
+        unsafe {
+            rustix::mm::madvise(
+                addr.as_ptr().cast(),
+                len,
+                rustix::mm::Advice::LinuxPopulateRead,
+            )
+        }
+        .map_err(|_| ShmError::Refused("this kernel cannot populate the memory to hold it"))?;
+        WriteHold::protect(addr, len, 0)
+    }
+
+    /// A userfaultfd asking for `features` that write-protects the mapped pages of the range.
+    fn protect(addr: NonNull<u8>, len: usize, features: u64) -> Result<WriteHold, ShmError> {
         use rustix::mm::UserfaultfdFlags;
         let flags = UserfaultfdFlags::CLOEXEC | UserfaultfdFlags::NONBLOCK;
         // SAFETY: makes a descriptor only; what it can do to memory is done below, to the
@@ -415,11 +449,6 @@ impl WriteHold {
                 }
             })
             .map_err(|_| ShmError::Refused("no userfaultfd here to hold writers off"))?;
-        let features = if shmem {
-            uffd::FEATURE_WP_SHMEM
-        } else {
-            uffd::FEATURE_WP_UNPOPULATED
-        };
         let mut api = uffd::Api {
             api: uffd::API,
             features,
@@ -854,6 +883,18 @@ mod tests {
     /// for the first time, one every 200 us, loses none of those writes.
     #[test]
     fn writes_during_adoption_and_give_back_are_kept() {
+        writes_during_adoption_and_give_back_are_kept_on(false);
+    }
+
+    /// The same where the kernel cannot write-protect pages never touched (before Linux
+    /// 6.4): the hold populates them first.
+    #[test]
+    fn writes_during_adoption_are_kept_without_protecting_unpopulated_pages() {
+        writes_during_adoption_and_give_back_are_kept_on(true);
+    }
+
+    fn writes_during_adoption_and_give_back_are_kept_on(old_kernel: bool) {
+        TEST_WITHOUT_WP_UNPOPULATED.set(old_kernel);
         use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
         // Big enough that each copy takes a while: the writers run during it.
         let len = 512 * PAGE;
