@@ -235,6 +235,11 @@ impl Maps {
         Ok(Maps { fd })
     }
 
+    /// A `maps` file already open (`/proc/<pid>/maps`).
+    pub fn from_fd(fd: OwnedFd) -> Maps {
+        Maps { fd }
+    }
+
     /// The mappings from the one that holds `from` (or the first above it) upwards, in
     /// ascending order, as they are at each step. An error ends them early (the callers'
     /// questions then answer no).

@@ -58,6 +58,17 @@ pub enum BindError {
     /// The process exited before its files were open: they may be another process's.
     #[error("process {0} exited before its connection was served")]
     Exited(i32),
+    /// Before Linux 6.5 the kernel names the socket at the other end only through its
+    /// socket diagnostics (`unix_diag`, usually a module it loads when asked).
+    #[error(
+        "cannot name the connection's other end (before Linux 6.5 softrdmad needs the \
+         kernel's unix socket diagnostics, module unix_diag): {0}"
+    )]
+    NoSocketDiag(std::io::Error),
+    /// The process that has the peer's number does not hold the other end of the
+    /// connection: the peer exited, and the number may be another process's by now.
+    #[error("process {0} does not hold the connection's other end")]
+    NotPeer(i32),
 }
 
 /// A client process, as the daemon reaches it: its memory and its list of mappings, opened
@@ -75,40 +86,73 @@ pub struct ClientProcess {
 impl ClientProcess {
     /// The process on the other end of `stream`, which it connected (or, for a socket pair,
     /// created).
+    ///
+    /// Its files are opened through its `/proc/<pid>` directory, opened once: that directory
+    /// stays with the process it was opened on (a process that later gets the number is
+    /// not reached through it), so the files are that process's. What is left is to know
+    /// that it is the peer, not a process that got the number after the peer died:
+    /// - Linux 6.5 and later name the peer itself (`SO_PEERPIDFD`): if it still lives after
+    ///   the directory was opened, it has held the number since before it connected, so the
+    ///   directory is its own;
+    /// - before, the process must hold the other end of `stream` (the socket the kernel's
+    ///   socket diagnostics name as its peer): the peer, or a process it handed the socket
+    ///   to, never a stranger that got a dead peer's number.
     pub fn of_peer(stream: &UnixStream) -> Result<ClientProcess, BindError> {
         use nix::sys::socket::{getsockopt, sockopt::PeerPidfd};
-        // The socket keeps the connecting process itself, not its number: the pidfd names it
-        // even if it has died and its number has been given to another since.
-        let pidfd = getsockopt(stream, PeerPidfd).map_err(|e| BindError::Peer(e.into()))?;
+        let pidfd = match getsockopt(stream, PeerPidfd) {
+            Ok(pidfd) => Some(pidfd),
+            // Before Linux 6.5.
+            Err(nix::errno::Errno::ENOPROTOOPT) => None,
+            Err(e) => return Err(BindError::Peer(e.into())),
+        };
+        ClientProcess::of_peer_named(stream, pidfd)
+    }
+
+    /// [`ClientProcess::of_peer`], given the peer's pidfd if the kernel names it.
+    fn of_peer_named(
+        stream: &UnixStream,
+        pidfd: Option<OwnedFd>,
+    ) -> Result<ClientProcess, BindError> {
+        use rustix::fs::{Mode, OFlags};
         let cred =
             rustix::net::sockopt::socket_peercred(stream).map_err(|e| BindError::Peer(e.into()))?;
         let pid = cred.pid.as_raw_nonzero().get();
-        let open = |file: &'static str, flags: rustix::fs::OFlags| {
-            rustix::fs::open(
-                format!("/proc/{pid}/{file}"),
-                flags | rustix::fs::OFlags::CLOEXEC,
-                rustix::fs::Mode::empty(),
-            )
-            .map_err(|e| BindError::Open {
+        let open_err = |file: &'static str| {
+            move |e: rustix::io::Errno| BindError::Open {
                 pid,
                 file,
                 source: e.into(),
-            })
+            }
         };
-        let mem = open("mem", rustix::fs::OFlags::RDWR)?;
-        let maps = abi::maps::Maps::open(Some(pid)).map_err(|e| BindError::Open {
-            pid,
-            file: "maps",
-            source: e,
-        })?;
-        // Opened by number, so they are the peer's only if the peer still lives now: a living
-        // process has held its number since it was created, so before it connected and all
-        // the while since. Its pidfd turns readable when it exits.
-        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-        let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
-        let ready = poll(&mut fds, PollTimeout::ZERO).map_err(|e| BindError::Peer(e.into()))?;
-        if ready != 0 {
-            return Err(BindError::Exited(pid));
+        let dir = rustix::fs::open(
+            format!("/proc/{pid}"),
+            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(open_err("."))?;
+        let at = |file: &'static str, flags: OFlags| {
+            rustix::fs::openat(&dir, file, flags | OFlags::CLOEXEC, Mode::empty())
+                .map_err(open_err(file))
+        };
+        let mem = at("mem", OFlags::RDWR)?;
+        let maps = abi::maps::Maps::from_fd(at("maps", OFlags::RDONLY)?);
+        match pidfd {
+            Some(pidfd) => {
+                // Its pidfd turns readable when it exits.
+                use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+                let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
+                let ready =
+                    poll(&mut fds, PollTimeout::ZERO).map_err(|e| BindError::Peer(e.into()))?;
+                if ready != 0 {
+                    return Err(BindError::Exited(pid));
+                }
+            }
+            None => {
+                let peer = peer_socket(stream).map_err(BindError::NoSocketDiag)?;
+                if !holds_socket(&dir, peer) {
+                    return Err(BindError::NotPeer(pid));
+                }
+            }
         }
         Ok(ClientProcess { pid, mem, maps })
     }
@@ -155,6 +199,100 @@ impl ClientProcess {
         }
         Ok(())
     }
+}
+
+/// The inode of the socket at the other end of `stream`, as the kernel's socket diagnostics
+/// report it (`NETLINK_SOCK_DIAG`, `unix_diag` asked for `UDIAG_SHOW_PEER`).
+fn peer_socket(stream: &UnixStream) -> std::io::Result<u64> {
+    use rustix::net::{netlink, AddressFamily, RecvFlags, SendFlags, SocketType};
+    /// `SOCK_DIAG_BY_FAMILY`, `NLM_F_REQUEST`, `NLMSG_ERROR`, `UDIAG_SHOW_PEER`,
+    /// `UNIX_DIAG_PEER` (`linux/sock_diag.h`, `linux/netlink.h`, `linux/unix_diag.h`).
+    const BY_FAMILY: u16 = 20;
+    const REQUEST: u16 = 1;
+    const ERROR: u16 = 2;
+    const SHOW_PEER: u32 = 4;
+    const DIAG_PEER: u16 = 2;
+    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
+    let ino = u32::try_from(rustix::fs::fstat(stream)?.st_ino)
+        .map_err(|_| bad("socket inode beyond 32 bits"))?;
+    let nl = rustix::net::socket(
+        AddressFamily::NETLINK,
+        SocketType::DGRAM,
+        Some(netlink::SOCK_DIAG),
+    )?;
+    // struct nlmsghdr (16 bytes) + struct unix_diag_req (24 bytes).
+    let mut req = Vec::with_capacity(40);
+    req.extend_from_slice(&40u32.to_ne_bytes());
+    req.extend_from_slice(&BY_FAMILY.to_ne_bytes());
+    req.extend_from_slice(&REQUEST.to_ne_bytes());
+    req.extend_from_slice(&[0; 8]); // sequence, port
+    let family = AddressFamily::UNIX.as_raw() as u8;
+    req.extend_from_slice(&[family, 0, 0, 0]); // family, protocol, pad
+    req.extend_from_slice(&u32::MAX.to_ne_bytes()); // every state
+    req.extend_from_slice(&ino.to_ne_bytes());
+    req.extend_from_slice(&SHOW_PEER.to_ne_bytes());
+    req.extend_from_slice(&[0xff; 8]); // no cookie to check
+    rustix::net::sendto(
+        &nl,
+        &req,
+        SendFlags::empty(),
+        &netlink::SocketAddrNetlink::new(0, 0),
+    )?;
+    let mut buf = [0u8; 1024];
+    let (n, _) = rustix::net::recv(&nl, &mut buf, RecvFlags::empty())?;
+    let msg = &buf[..n.min(buf.len())];
+    let u16_at = |o: usize| msg.get(o..o + 2).map(|b| u16::from_ne_bytes([b[0], b[1]]));
+    let u32_at = |o: usize| {
+        msg.get(o..o + 4)
+            .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    let len = u32_at(0).ok_or_else(|| bad("short netlink answer"))? as usize;
+    match u16_at(4) {
+        Some(ERROR) => {
+            let errno = u32_at(16).map_or(0, |e| -(e as i32));
+            return Err(std::io::Error::from_raw_os_error(errno));
+        }
+        Some(BY_FAMILY) if u32_at(20) == Some(ino) => {}
+        _ => return Err(bad("unexpected netlink answer")),
+    }
+    // Attributes follow the header and struct unix_diag_msg (16 bytes), 4-byte aligned.
+    let mut at = 32;
+    while at + 4 <= len.min(msg.len()) {
+        let (alen, kind) = (
+            u16_at(at).unwrap_or(0) as usize,
+            u16_at(at + 2).unwrap_or(0),
+        );
+        if alen < 4 {
+            break;
+        }
+        if kind == DIAG_PEER {
+            return u32_at(at + 4)
+                .map(u64::from)
+                .ok_or_else(|| bad("short peer attribute"));
+        }
+        at += alen.next_multiple_of(4);
+    }
+    Err(bad("the kernel named no peer socket"))
+}
+
+/// Whether the process of `/proc/<pid>` directory `dir` has socket `inode` open.
+fn holds_socket(dir: &OwnedFd, inode: u64) -> bool {
+    let want = format!("socket:[{inode}]");
+    let Ok(fds) = rustix::fs::openat(
+        dir,
+        "fd",
+        rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    ) else {
+        return false;
+    };
+    let Ok(mut entries) = rustix::fs::Dir::read_from(&fds) else {
+        return false;
+    };
+    entries.by_ref().flatten().any(|e| {
+        rustix::fs::readlinkat(&fds, e.file_name(), Vec::new())
+            .is_ok_and(|target| target.as_bytes() == want.as_bytes())
+    })
 }
 
 /// One registered range in a client process.
@@ -639,6 +777,49 @@ mod tests {
     fn this_process() -> Arc<ClientProcess> {
         let (a, _b) = UnixStream::pair().unwrap();
         Arc::new(ClientProcess::of_peer(&a).unwrap())
+    }
+
+    /// Before Linux 6.5 a connection is bound to the process that holds its other end: the
+    /// kernel names that socket, and a process that does not hold it is refused.
+    #[test]
+    fn the_process_holding_the_other_end_is_the_peer() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let b_inode = rustix::fs::fstat(&b).unwrap().st_ino;
+        assert_eq!(peer_socket(&a).unwrap(), b_inode);
+        assert_eq!(
+            peer_socket(&b).unwrap(),
+            rustix::fs::fstat(&a).unwrap().st_ino
+        );
+        let dir = |pid: u32| {
+            rustix::fs::open(
+                format!("/proc/{pid}"),
+                rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::RDONLY,
+                rustix::fs::Mode::empty(),
+            )
+            .unwrap()
+        };
+        assert!(holds_socket(&dir(std::process::id()), b_inode));
+        // So a connection binds without the peer's pidfd, and reaches this process.
+        let bound = ClientProcess::of_peer_named(&a, None).unwrap();
+        let word = 0x5eed_u64;
+        let mut got = [0u8; 8];
+        bound.read(&word as *const u64 as usize, &mut got).unwrap();
+        assert_eq!(u64::from_ne_bytes(got), word);
+        // A process that got the number of a dead peer holds none of its sockets.
+        let mut other = std::process::Command::new("sleep")
+            .arg("10")
+            .spawn()
+            .unwrap();
+        let stranger = dir(other.id());
+        assert!(!holds_socket(&stranger, b_inode));
+        other.kill().unwrap();
+        other.wait().unwrap();
+        assert!(!holds_socket(&stranger, b_inode), "nor does an exited one");
+        drop(b);
+        assert!(
+            !holds_socket(&dir(std::process::id()), b_inode),
+            "a closed socket is held by nobody"
+        );
     }
 
     #[test]
