@@ -162,10 +162,15 @@ impl RxeVm {
     /// drop-ins sit under their sonames, and the tool's `ldd` closure must copy the host's
     /// libibverbs into the VM, not ours (a relative link there resolves to nothing).
     fn command(&self, args: &[&str]) -> Command {
+        self.command_in(&self.work, args)
+    }
+
+    /// [`RxeVm::command`] with scratch folder `work`.
+    fn command_in(&self, work: &Path, args: &[&str]) -> Command {
         let mut c = Command::new("bash");
         c.arg(&self.tool)
             .args(args)
-            .env("W", &self.work)
+            .env("W", work)
             .env_remove("LD_LIBRARY_PATH");
         c
     }
@@ -189,14 +194,64 @@ impl RxeVm {
     /// Boot one VM (10.50.0.11, `rxe0` on its eth0) that runs `script` with busybox `sh -x`
     /// and powers off (run-vm.sh `run`); its console is followed through [`Vm`].
     pub fn boot(&self, script: &str) -> Vm {
+        self.boot_in(&self.work, script)
+    }
+
+    /// [`RxeVm::boot`] with more files in the VM: each `(host file, path in the VM)` of
+    /// `files`, and the shared libraries `ldd` says they load, go into a second initramfs
+    /// archive appended to the tool's (the kernel unpacks both), in a scratch folder of its
+    /// own (`with-files` in the tool's) that shares the tool's kernel.
+    pub fn boot_with(&self, files: &[(&Path, &str)], script: &str) -> Vm {
+        let work = self.work.join("with-files");
+        let root = work.join("root");
+        let _ = std::fs::remove_dir_all(&work);
+        std::fs::create_dir_all(&root).expect("create the extra root");
+        let put = |from: &Path, to: &str| {
+            let dest = root.join(to.trim_start_matches('/'));
+            std::fs::create_dir_all(dest.parent().expect("a file path")).expect("create dir");
+            std::fs::copy(from, &dest)
+                .unwrap_or_else(|e| panic!("copy {} into the VM: {e}", from.display()));
+        };
+        for (from, to) in files {
+            put(from, to);
+            let o = Command::new("ldd").arg(from).output().expect("ldd runs");
+            // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" and the loader's line.
+            for lib in String::from_utf8_lossy(&o.stdout).lines().filter_map(|l| {
+                let path = l.split("=>").last()?.split_whitespace().next()?;
+                path.starts_with('/').then(|| path.to_string())
+            }) {
+                put(Path::new(&lib), &lib);
+            }
+        }
+        let archive = work.join("extra.cpio.gz");
+        let packed = Command::new("sh")
+            .arg("-c")
+            .arg("find . | cpio -o -H newc --quiet | gzip -1 > \"$0\"")
+            .arg(&archive)
+            .current_dir(&root)
+            .status();
+        assert!(
+            matches!(packed, Ok(s) if s.success()),
+            "packing the extra files failed: {packed:?}"
+        );
+        let mut initramfs =
+            std::fs::read(self.work.join("initramfs.cpio.gz")).expect("the tool's initramfs");
+        initramfs.extend(std::fs::read(&archive).expect("the extra archive"));
+        std::fs::write(work.join("initramfs.cpio.gz"), initramfs).expect("write the initramfs");
+        std::os::unix::fs::symlink(self.work.join("kpkg"), work.join("kpkg"))
+            .expect("link the kernel");
+        self.boot_in(&work, script)
+    }
+
+    fn boot_in(&self, work: &Path, script: &str) -> Vm {
         assert_script_fits(script);
         // run-vm.sh `run` names its VM vm1: console in vm1.log, qemu's pid in vm1.pid.
-        let log = self.work.join("vm1.log");
+        let log = work.join("vm1.log");
         let _ = std::fs::remove_file(&log);
-        let out_path = self.work.join("run-vm.out");
+        let out_path = work.join("run-vm.out");
         let out = File::create(&out_path).expect("create run-vm.out");
         let err = out.try_clone().expect("dup run-vm.out");
-        let mut c = self.command(&["run", script]);
+        let mut c = self.command_in(work, &["run", script]);
         c.stdin(Stdio::null())
             .stdout(out)
             .stderr(err)

@@ -1,0 +1,80 @@
+//! softrdmad and the drop-in on Debian 12's own kernel (Linux 6.1, booted in the rxe VM of
+//! `shared/tools/rxe-vm`), where two kernel features the library uses on a newer host are
+//! missing:
+//!
+//! - `PROCMAP_QUERY` (6.11): the library and the daemon read `/proc/<pid>/maps` as text;
+//! - `UFFD_FEATURE_WP_UNPOPULATED` (6.4): before registration adopts a program's pages
+//!   into shared memory, the pages never touched are populated so that write-protection
+//!   holds off writers there too.
+//!
+//! - `SO_PEERPIDFD` (6.5): softrdmad binds a connection to the process that holds its other
+//!   end, which the kernel's unix socket diagnostics name (module `unix_diag`, loaded by
+//!   the script: the VM's initramfs has only the modules its tool lists).
+//!
+//! In the VM a softrdmad serves 127.0.0.1, and through the drop-in
+//! tests/programs/close_with_regions.c must see its region adopted ("CLOSE OK: adopted":
+//! RDMA WRITEs into it, no write after `ibv_close_device`, the pages private again), and
+//! `ibv_rc_pingpong -c` must pass its data check between two processes.
+
+mod common;
+mod rxe_vm;
+
+use std::path::Path;
+use std::time::Duration;
+
+use rxe_vm::RxeVm;
+
+#[test]
+fn adoption_and_registration_work_on_debian_12s_kernel() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/close_with_regions.c");
+    let prog = common::c_program(
+        &src,
+        &["-libverbs", "-lpthread"],
+        ("/usr/include/infiniband/verbs.h", "libibverbs-dev"),
+    );
+    let daemon = common::daemon_binary();
+    let library = common::built_library();
+    let vm = RxeVm::prepare();
+    let diag = std::fs::read_dir(vm.work().join("kpkg/lib/modules"))
+        .expect("the VM's kernel modules")
+        .flatten()
+        .map(|release| release.path().join("kernel/net/unix/unix_diag.ko"))
+        .find(|m| m.is_file())
+        .expect("unix_diag.ko in the VM's kernel package");
+    // The kernel's rxe holds UDP 4791: softrdmad takes another port (its QPs on one device
+    // talk over internal paths anyway).
+    let script = "\
+insmod /unix_diag.ko
+softrdmad --addr 127.0.0.1 --port 24791 --socket /tmp/s >/tmp/d.log 2>&1 &
+i=0; while [ ! -S /tmp/s ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
+export SOFTRDMA_BACKEND=daemon SOFTRDMA_DAEMON_SOCKET=/tmp/s SOFTRDMA_DAEMON_SPAWN=0
+export SOFTRDMA_DEVICE=127.0.0.1 LD_LIBRARY_PATH=/softrdma
+echo \"@@ kernel $(uname -r)\"
+close_with_regions; echo \"@@ close rc=$?\"
+ibv_rc_pingpong -g 0 -c -n 20 & sleep 2
+ibv_rc_pingpong -g 0 -c -n 20 127.0.0.1; echo \"@@ client rc=$?\"
+wait $!; echo \"@@ server rc=$?\"
+tail -5 /tmp/d.log";
+    let mut run = vm.boot_with(
+        &[
+            (&daemon, "/usr/bin/softrdmad"),
+            (&library, "/softrdma/libibverbs.so.1"),
+            (&prog, "/usr/bin/close_with_regions"),
+            (&diag, "/unix_diag.ko"),
+        ],
+        script,
+    );
+    let off = run.power_off(Duration::from_secs(600));
+    let log = run.log();
+    let report = || format!("VM console:\n{log}\n--- run-vm.sh:\n{}", run.tool_output());
+    assert!(off, "the VM did not finish in 10 minutes; {}", report());
+    assert!(
+        log.contains("@@ kernel 6.1."),
+        "not Debian 12's kernel; {}",
+        report()
+    );
+    assert!(log.contains("CLOSE OK: adopted"), "{}", report());
+    for rc in ["@@ close rc=0", "@@ client rc=0", "@@ server rc=0"] {
+        assert!(log.contains(rc), "no '{rc}'; {}", report());
+    }
+}
