@@ -433,13 +433,25 @@ impl WriteHold {
         WriteHold::protect(addr, len, 0)
     }
 
-    /// A userfaultfd asking for `features` that write-protects the mapped pages of the range.
-    fn protect(addr: NonNull<u8>, len: usize, features: u64) -> Result<WriteHold, ShmError> {
+    /// Whether holds of shared memory (a memfd's pages), which giving memory back takes,
+    /// can be had here: `UFFD_FEATURE_WP_HUGETLBFS_SHMEM`, Linux 6.0. Asked once.
+    fn holds_shared_memory() -> bool {
+        static CAN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *CAN.get_or_init(|| {
+            let Ok(fd) = WriteHold::descriptor() else {
+                return false;
+            };
+            WriteHold::handshake(&fd, uffd::FEATURE_WP_SHMEM).is_ok()
+        })
+    }
+
+    /// A userfaultfd, handled in user mode only where the process may have no other.
+    fn descriptor() -> Result<OwnedFd, ShmError> {
         use rustix::mm::UserfaultfdFlags;
         let flags = UserfaultfdFlags::CLOEXEC | UserfaultfdFlags::NONBLOCK;
-        // SAFETY: makes a descriptor only; what it can do to memory is done below, to the
-        // caller's range alone.
-        let fd = unsafe { rustix::mm::userfaultfd(flags) }
+        // SAFETY: makes a descriptor only; what it can do to memory is done by its caller,
+        // to the caller's range alone.
+        unsafe { rustix::mm::userfaultfd(flags) }
             .or_else(|_| {
                 // SAFETY: as above.
                 unsafe {
@@ -448,7 +460,11 @@ impl WriteHold {
                     )
                 }
             })
-            .map_err(|_| ShmError::Refused("no userfaultfd here to hold writers off"))?;
+            .map_err(|_| ShmError::Refused("no userfaultfd here to hold writers off"))
+    }
+
+    /// The API handshake of a fresh userfaultfd, asking for `features`.
+    fn handshake(fd: &OwnedFd, features: u64) -> Result<(), ShmError> {
         let mut api = uffd::Api {
             api: uffd::API,
             features,
@@ -457,11 +473,17 @@ impl WriteHold {
         // SAFETY: UFFDIO_API takes a `struct uffdio_api`, read and written back.
         unsafe {
             rustix::ioctl::ioctl(
-                &fd,
+                fd,
                 rustix::ioctl::Updater::<{ uffd::IOC_API }, _>::new(&mut api),
             )
         }
-        .map_err(|_| ShmError::Refused("this kernel cannot write-protect the memory"))?;
+        .map_err(|_| ShmError::Refused("this kernel cannot write-protect the memory"))
+    }
+
+    /// A userfaultfd asking for `features` that write-protects the mapped pages of the range.
+    fn protect(addr: NonNull<u8>, len: usize, features: u64) -> Result<WriteHold, ShmError> {
+        let fd = WriteHold::descriptor()?;
+        WriteHold::handshake(&fd, features)?;
         let range = || uffd::Range {
             start: addr.as_ptr() as u64,
             len: len as u64,
@@ -535,6 +557,12 @@ impl Arena {
         let locked = own_locked(addr, len)?;
         if locked == Locked::Partly {
             return Err(ShmError::Refused("partly locked in memory"));
+        }
+        if !WriteHold::holds_shared_memory() {
+            // It could be adopted, never given back: every range would stay in the file.
+            return Err(ShmError::Refused(
+                "this kernel cannot hold writers off to give memory back",
+            ));
         }
         let hold = WriteHold::new(addr, len, false)?;
         rustix::fs::ftruncate(&self.fd, size).map_err(os("ftruncate"))?;
