@@ -14,9 +14,12 @@
 //! In the VM a softrdmad serves 127.0.0.1, and through the drop-in
 //! tests/programs/close_with_regions.c must see its region adopted ("CLOSE OK: adopted":
 //! RDMA WRITEs into it, no write after `ibv_close_device`, the pages private again), and
-//! `ibv_rc_pingpong -c` must pass its data check between two processes.
+//! `ibv_rc_pingpong -c` must pass its data check between two processes, and `rping` through
+//! the drop-in librdmacm must connect and verify its three pings.
 
 mod common;
+#[path = "../../rdmacm/tests/rdmacm_lib/mod.rs"]
+mod rdmacm_lib;
 mod rxe_vm;
 
 use std::path::Path;
@@ -34,6 +37,7 @@ fn adoption_and_registration_work_on_debian_12s_kernel() {
     );
     let daemon = common::daemon_binary();
     let library = common::built_library();
+    let rdmacm = rdmacm_lib::built();
     let vm = RxeVm::prepare();
     let diag = std::fs::read_dir(vm.work().join("kpkg/lib/modules"))
         .expect("the VM's kernel modules")
@@ -54,11 +58,15 @@ close_with_regions; echo \"@@ close rc=$?\"
 ibv_rc_pingpong -g 0 -c -n 20 & sleep 2
 ibv_rc_pingpong -g 0 -c -n 20 127.0.0.1; echo \"@@ client rc=$?\"
 wait $!; echo \"@@ server rc=$?\"
+rping -s -a 127.0.0.1 -p 7471 -C 3 -v & sleep 2
+rping -c -a 127.0.0.1 -p 7471 -C 3 -v; echo \"@@ rping client rc=$?\"
+wait $!; echo \"@@ rping server rc=$?\"
 tail -5 /tmp/d.log";
     let mut run = vm.boot_with(
         &[
             (&daemon, "/usr/bin/softrdmad"),
             (&library, "/softrdma/libibverbs.so.1"),
+            (&rdmacm, "/softrdma/librdmacm.so.1"),
             (&prog, "/usr/bin/close_with_regions"),
             (&diag, "/unix_diag.ko"),
         ],
@@ -74,7 +82,13 @@ tail -5 /tmp/d.log";
         report()
     );
     assert!(log.contains("CLOSE OK: adopted"), "{}", report());
-    for rc in ["@@ close rc=0", "@@ client rc=0", "@@ server rc=0"] {
+    for rc in [
+        "@@ close rc=0",
+        "@@ client rc=0",
+        "@@ server rc=0",
+        "@@ rping client rc=0",
+        "@@ rping server rc=0",
+    ] {
         assert!(log.contains(rc), "no '{rc}'; {}", report());
     }
 }
