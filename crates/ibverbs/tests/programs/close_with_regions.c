@@ -14,7 +14,8 @@
  * program's private memory again (/proc/self/maps shows no shared file there). A second
  * context then registers the same pages: a device that was closed must not keep them.
  * Prints "CLOSE OK" with what it saw ("adopted" when the registration moved the pages into
- * shared memory, as on softrdmad).
+ * shared memory, as on softrdmad). Last, a child made by fork closes the second context it
+ * inherited, and the parent's copy must go on working.
  *
  * Built against Debian's libibverbs headers and library, run on the drop-in.
  */
@@ -27,7 +28,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #define PAGE 4096
 #define LEN (2 * PAGE)
@@ -239,9 +242,23 @@ int main(void)
 	mapping_name(buf, name, sizeof name);
 	int again = strstr(name, "softrdma-registered") != NULL;
 	CHECK(again == adopted, "adopted the first time: %d, the second: %d", adopted, again);
+	CHECK(ibv_dereg_mr(mr) == 0, "ibv_dereg_mr");
+
+	/* A child made by fork that closes the context it inherited (as a garbage-collected
+	 * language's child may) leaves the parent's device working. */
+	pid_t child = fork();
+	CHECK(child >= 0, "fork");
+	if (child == 0)
+		_exit(ibv_close_device(c) == 0 ? 0 : 1);
+	int status;
+	CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) &&
+	      WEXITSTATUS(status) == 0, "the child's ibv_close_device");
+	mr = ibv_reg_mr(pd, buf, LEN, IBV_ACCESS_LOCAL_WRITE);
+	CHECK(mr, "ibv_reg_mr after a child closed its copy of the context: %s",
+	      strerror(errno));
 	CHECK(ibv_dereg_mr(mr) == 0 && ibv_dealloc_pd(pd) == 0 && ibv_close_device(c) == 0,
 	      "clean up");
-	printf("CLOSE OK: %s, %llu WRITEs before the close, %llu in all, the writer's first "
+	printf("CLOSE OK: %s, %llu WRITEs completed when the close returned, %llu in all, the writer's first "
 	       "error status %d\n", adopted ? "adopted" : "not adopted", at_close,
 	       (unsigned long long)written, (int)failed);
 	return 0;

@@ -68,17 +68,24 @@ pub(crate) struct DaemonDevice {
     /// What this device's registrations are named by in `crate::mr::Registry` (forgotten
     /// when it drops, after the connection ended: see `Drop`).
     serial: crate::mr::DeviceSerial,
+    /// The process that opened it: a child made by `fork` shares the connection's socket.
+    opened_by: u32,
 }
 
 impl Drop for DaemonDevice {
     /// Ends the connection and waits until the daemon has destroyed its objects (it closes
     /// its end only after that): as with a NIC's `ibv_close_device`, regions and QPs the
     /// program left behind reach its memory no more once the device is closed.
+    ///
+    /// In a child made by `fork` the socket is the parent's too: ending the connection would
+    /// end the parent's device, so the child only closes its descriptor.
     fn drop(&mut self) {
-        self.client
-            .get_mut()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .close_and_wait();
+        if std::process::id() == self.opened_by {
+            self.client
+                .get_mut()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .close_and_wait();
+        }
     }
 }
 
@@ -322,6 +329,7 @@ impl DaemonDevice {
             ah_pds: Mutex::default(),
             cq_rings: Mutex::new(HashMap::new()),
             serial: crate::mr::DeviceSerial::new(),
+            opened_by: std::process::id(),
             client: Mutex::new(client),
             dev: info.index,
             info,
