@@ -258,8 +258,8 @@ int main(void)
 	      strerror(errno));
 	CHECK(ibv_dereg_mr(mr) == 0 && ibv_dealloc_pd(pd) == 0 && ibv_close_device(c) == 0,
 	      "clean up");
-	printf("CLOSE OK: %s, %llu WRITEs completed when the close returned, %llu in all, the writer's first "
-	       "error status %d\n", adopted ? "adopted" : "not adopted", at_close,
+	printf("CLOSE OK: %s, %llu WRITEs completed when the close returned, %llu in all, "
+	       "the writer's first error status %d\n", adopted ? "adopted" : "not adopted", at_close,
 	       (unsigned long long)written, (int)failed);
 	return 0;
 }
