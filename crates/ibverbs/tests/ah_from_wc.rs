@@ -16,7 +16,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -30,15 +30,8 @@ const LIMIT: Duration = Duration::from_secs(30);
 /// replaces that library at run time).
 fn program() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/ah_from_wc.c");
-        common::c_program(
-            &src,
-            &["-libverbs"],
-            ("/usr/include/infiniband/verbs.h", "libibverbs-dev"),
-        )
-    })
-    .clone()
+    BIN.get_or_init(|| common::verbs_program("ah_from_wc", &[]))
+        .clone()
 }
 
 /// One process of the exchange: its device, its address, and the UDP port it sends to when

@@ -11,19 +11,13 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::Duration;
 
 use common::{describe, run, verbs_command, On, TestDaemon};
 
 #[test]
 fn closing_a_device_ends_its_reach_into_regions_left_registered() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/close_with_regions.c");
-    let prog = common::c_program(
-        &src,
-        &["-libverbs", "-lpthread"],
-        ("/usr/include/infiniband/verbs.h", "libibverbs-dev"),
-    );
+    let prog = common::verbs_program("close_with_regions", &["-lpthread"]);
     let mut d = TestDaemon::start(&["127.0.0.1"]);
     let before = d.counters();
     let o = run(

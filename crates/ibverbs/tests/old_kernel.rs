@@ -22,19 +22,13 @@ mod common;
 mod rdmacm_lib;
 mod rxe_vm;
 
-use std::path::Path;
 use std::time::Duration;
 
 use rxe_vm::RxeVm;
 
 #[test]
 fn adoption_and_registration_work_on_debian_12s_kernel() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/close_with_regions.c");
-    let prog = common::c_program(
-        &src,
-        &["-libverbs", "-lpthread"],
-        ("/usr/include/infiniband/verbs.h", "libibverbs-dev"),
-    );
+    let prog = common::verbs_program("close_with_regions", &["-lpthread"]);
     let daemon = common::daemon_binary();
     let library = common::built_library();
     let rdmacm = rdmacm_lib::built();

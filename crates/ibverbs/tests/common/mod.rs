@@ -106,6 +106,19 @@ pub fn c_program(src: &Path, libs: &[&str], (header, dev_package): (&str, &str))
     bin
 }
 
+/// Test program `tests/programs/{name}.c` of this crate, compiled against Debian's
+/// libibverbs (the drop-in replaces that library at run time) and `libs`.
+pub fn verbs_program(name: &str, libs: &[&str]) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/programs/{name}.c"));
+    let mut all = vec!["-libverbs"];
+    all.extend_from_slice(libs);
+    c_program(
+        &src,
+        &all,
+        ("/usr/include/infiniband/verbs.h", "libibverbs-dev"),
+    )
+}
+
 /// Fails unless the build left drop-in `lib{name}.so` under its soname: a relative
 /// `lib{name}.so.1 -> lib{name}.so` link in both folders cargo puts the library, the
 /// profile's (`cargo build -p` copies it there) and deps (where it is linked, and where the

@@ -34,6 +34,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "check.h"
+
 #define QKEY 0x11111111u
 #define GRH 40
 #define BUF 4096
@@ -41,19 +43,6 @@
 #define HOP_LIMIT 33
 #define TRAFFIC_CLASS 0x20
 #define FLOW_LABEL 0x12345
-
-static void die(const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	fprintf(stderr, "FAIL: ");
-	vfprintf(stderr, fmt, ap);
-	fprintf(stderr, "\n");
-	va_end(ap);
-	exit(1);
-}
-
-#define CHECK(cond, ...) do { if (!(cond)) die(__VA_ARGS__); } while (0)
 
 struct side {
 	struct ibv_context *ctx;

@@ -32,22 +32,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "check.h"
+
 #define PAGE 4096
 #define LEN (2 * PAGE)
 #define DEPTH 64
-
-static void die(const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	fprintf(stderr, "FAIL: ");
-	vfprintf(stderr, fmt, ap);
-	fprintf(stderr, "\n");
-	va_end(ap);
-	exit(1);
-}
-
-#define CHECK(cond, ...) do { if (!(cond)) die(__VA_ARGS__); } while (0)
 
 static double now(void)
 {
