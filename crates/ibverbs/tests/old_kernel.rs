@@ -1,21 +1,22 @@
 //! softrdmad and the drop-in on Debian 12's own kernel (Linux 6.1, booted in the rxe VM of
-//! `shared/tools/rxe-vm`), where two kernel features the library uses on a newer host are
-//! missing:
+//! `shared/tools/rxe-vm`), where three kernel features the library and the daemon use on a
+//! newer host are missing:
 //!
 //! - `PROCMAP_QUERY` (6.11): the library and the daemon read `/proc/<pid>/maps` as text;
 //! - `UFFD_FEATURE_WP_UNPOPULATED` (6.4): before registration adopts a program's pages
 //!   into shared memory, the pages never touched are populated so that write-protection
-//!   holds off writers there too.
-//!
+//!   holds off writers there too;
 //! - `SO_PEERPIDFD` (6.5): softrdmad binds a connection to the process that holds its other
 //!   end, which the kernel's unix socket diagnostics name (module `unix_diag`, loaded by
 //!   the script: the VM's initramfs has only the modules its tool lists).
 //!
-//! In the VM a softrdmad serves 127.0.0.1, and through the drop-in
+//! First README's demo runs there (embedded devices: UDP GSO/GRO trains, the whole verbs
+//! model, the benchmark tables) and must say "every step checked its result". Then a
+//! softrdmad serves 127.0.0.1, and through the drop-in
 //! tests/programs/close_with_regions.c must see its region adopted ("CLOSE OK: adopted":
 //! RDMA WRITEs into it, no write after `ibv_close_device`, the pages private again), and
 //! `ibv_rc_pingpong -c` must pass its data check between two processes, and `rping` through
-//! the drop-in librdmacm must connect and verify its three pings.
+//! the drop-in librdmacm must connect and verify its three pings. About a minute (TCG).
 
 mod common;
 #[path = "../../rdmacm/tests/rdmacm_lib/mod.rs"]
@@ -42,6 +43,7 @@ fn adoption_and_registration_work_on_debian_12s_kernel() {
     // The kernel's rxe holds UDP 4791: softrdmad takes another port (its QPs on one device
     // talk over internal paths anyway).
     let script = "\
+softrdma demo >/tmp/demo.log 2>&1; echo \"@@ demo rc=$?\"; tail -3 /tmp/demo.log
 insmod /unix_diag.ko
 softrdmad --addr 127.0.0.1 --port 24791 --socket /tmp/s >/tmp/d.log 2>&1 &
 i=0; while [ ! -S /tmp/s ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
@@ -59,6 +61,7 @@ tail -5 /tmp/d.log";
     let mut run = vm.boot_with(
         &[
             (&daemon, "/usr/bin/softrdmad"),
+            (&common::cli_binary(), "/usr/bin/softrdma"),
             (&library, "/softrdma/libibverbs.so.1"),
             (&rdmacm, "/softrdma/librdmacm.so.1"),
             (&prog, "/usr/bin/close_with_regions"),
@@ -76,7 +79,13 @@ tail -5 /tmp/d.log";
         report()
     );
     assert!(log.contains("CLOSE OK: adopted"), "{}", report());
+    assert!(
+        log.contains("demo done: every step checked its result"),
+        "{}",
+        report()
+    );
     for rc in [
+        "@@ demo rc=0",
         "@@ close rc=0",
         "@@ client rc=0",
         "@@ server rc=0",
