@@ -114,6 +114,13 @@ fn check_output(out: &str, max: u64, ranks: u64) {
     );
 }
 
+/// What UCX 1.13's UD transport aborts with when an ACK from before one of its endpoints
+/// was reset reaches the endpoint that reused its id (openucx/ucx#8743, #11107; fixed in
+/// 1.20 by ignoring such ACKs). Wire-up runs over `ud_verbs`, and on a loaded host (these
+/// ranks oversubscribe two CPUs beside the namespace test's) its resend timer can fire
+/// during MPI_Init: once in about forty CI runs here.
+const UCX_STALE_ACK_BUG: &str = "must be smaller than current_psn";
+
 #[test]
 fn four_mpi_ranks_on_one_host_allreduce_over_rc_verbs() {
     let prog = program();
@@ -123,9 +130,31 @@ fn four_mpi_ranks_on_one_host_allreduce_over_rc_verbs() {
         .into();
     args.extend(transport_args("rc_verbs,ud_verbs"));
     args.extend([prog.display().to_string(), max.to_string()]);
-    let mut c = exec(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    mpi_env(&mut c);
-    let out = Proc::spawn("mpirun -np 4 (rc_verbs)", c).success(LIMIT);
+    let run = || {
+        let mut c = exec(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        mpi_env(&mut c);
+        Proc::spawn("mpirun -np 4 (rc_verbs)", c)
+    };
+    // UCX's own bug, recognised by its message, gets one more run; anything else fails.
+    let first = run().wait(LIMIT);
+    let out = if !first.status.success()
+        && String::from_utf8_lossy(&first.stderr).contains(UCX_STALE_ACK_BUG)
+    {
+        eprintln!(
+            "UCX 1.13's UD stale-ACK assertion (openucx/ucx#8743) aborted a rank; running again:\n{}",
+            String::from_utf8_lossy(&first.stderr)
+        );
+        run().success(LIMIT)
+    } else {
+        assert!(
+            first.status.success(),
+            "mpirun -np 4 (rc_verbs) failed ({})\nstdout:\n{}\nstderr:\n{}",
+            first.status,
+            String::from_utf8_lossy(&first.stdout),
+            String::from_utf8_lossy(&first.stderr)
+        );
+        String::from_utf8_lossy(&first.stdout).into_owned()
+    };
     println!("4 ranks on one host, UCX_TLS=rc_verbs,ud_verbs:\n{out}");
     check_output(&out, max, 4);
 }
