@@ -108,6 +108,12 @@ impl ClientProcess {
         ClientProcess::of_peer_named(stream, pidfd)
     }
 
+    /// [`ClientProcess::of_peer`] as on a kernel that does not name the peer itself (before
+    /// Linux 6.5): the process must hold the other end of `stream`.
+    pub fn of_peer_by_socket(stream: &UnixStream) -> Result<ClientProcess, BindError> {
+        ClientProcess::of_peer_named(stream, None)
+    }
+
     /// [`ClientProcess::of_peer`], given the peer's pidfd if the kernel names it.
     fn of_peer_named(
         stream: &UnixStream,
@@ -800,7 +806,7 @@ mod tests {
         };
         assert!(holds_socket(&dir(std::process::id()), b_inode));
         // So a connection binds without the peer's pidfd, and reaches this process.
-        let bound = ClientProcess::of_peer_named(&a, None).unwrap();
+        let bound = ClientProcess::of_peer_by_socket(&a).unwrap();
         let word = 0x5eed_u64;
         let mut got = [0u8; 8];
         bound.read(&word as *const u64 as usize, &mut got).unwrap();

@@ -401,12 +401,20 @@ fn a_connection_whose_process_exited_before_it_was_served_is_not_bound() {
             matches!(r, Err(BindError::Exited(p)) if p == pid),
             "bound to the process that took the dead peer's pid: {r:?}"
         );
+        // Before Linux 6.5 (no SO_PEERPIDFD) the process with the number must hold the
+        // connection's other end, which the one that took the number does not.
+        let r = ClientProcess::of_peer_by_socket(&s);
+        assert!(
+            matches!(r, Err(BindError::NotPeer(p)) if p == pid),
+            "bound by socket to the process that took the dead peer's pid: {r:?}"
+        );
     } else {
         eprintln!("part skipped: handing the dead peer's pid to another process needs root");
     }
-    // A living peer is bound (this process, at the other end of a pair it made).
+    // A living peer is bound (this process, at the other end of a pair it made), either way.
     let (a, _b) = UnixStream::pair().unwrap();
     ClientProcess::of_peer(&a).unwrap();
+    ClientProcess::of_peer_by_socket(&a).unwrap();
 }
 
 #[test]
