@@ -420,8 +420,9 @@ impl Registry {
             shared_buffers().remove(&start);
             if let (Some((a, _)), Some(arena)) = (self.adopted.remove(&start), &self.arena) {
                 // The parent keeps the file's bytes. On failure the child keeps sharing
-                // those pages with it.
-                let _ = arena.copy_out(&a);
+                // those pages with it. A signal handler of the child's would write the
+                // replaced pages meanwhile: its signals wait.
+                let _ = with_signals_deferred(|| arena.copy_out(&a));
             }
         }
         // The file is the parent's: the child's own adoptions go to a file of its own.
