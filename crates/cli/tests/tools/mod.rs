@@ -138,15 +138,7 @@ impl Proc {
     /// Wait and require exit status 0; returns stdout.
     pub fn success(self, limit: Duration) -> String {
         let what = self.what.clone();
-        let out = self.wait(limit);
-        assert!(
-            out.status.success(),
-            "{what} failed ({})\nstdout:\n{}\nstderr:\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        succeeded(&what, &self.wait(limit))
     }
 
     /// Whether it has exited (it is then waited for, its output still to collect).
@@ -298,4 +290,16 @@ pub fn assert_tshark_clean(pcap: &Path) -> usize {
         "tshark -z expert reports problems:\n{expert}"
     );
     total
+}
+
+/// Require exit status 0 of `what`'s `out` (failing with both outputs); returns stdout.
+pub fn succeeded(what: &str, out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed ({})\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
