@@ -121,6 +121,23 @@ fn check_output(out: &str, max: u64, ranks: u64) {
 /// during MPI_Init: once in about forty CI runs here.
 const UCX_STALE_ACK_BUG: &str = "must be smaller than current_psn";
 
+/// `what`, the `mpirun` that `command` makes, run to success within [`LIMIT`]; returns its
+/// output. UCX's own bug ([`UCX_STALE_ACK_BUG`]), recognised by its message, gets one more
+/// run; any other failure, or a second one, fails the test.
+fn mpirun_succeeds(what: &str, command: impl Fn() -> Command) -> String {
+    let first = Proc::spawn(what, command()).wait(LIMIT);
+    let ucx_bug = String::from_utf8_lossy(&first.stderr).contains(UCX_STALE_ACK_BUG);
+    if !first.status.success() && ucx_bug {
+        eprintln!(
+            "UCX 1.13's UD stale-ACK assertion (openucx/ucx#8743) aborted a rank of {what}; \
+             running again:\n{}",
+            String::from_utf8_lossy(&first.stderr)
+        );
+        return Proc::spawn(what, command()).success(LIMIT);
+    }
+    succeeded(what, &first)
+}
+
 #[test]
 fn four_mpi_ranks_on_one_host_allreduce_over_rc_verbs() {
     let prog = program();
@@ -130,24 +147,11 @@ fn four_mpi_ranks_on_one_host_allreduce_over_rc_verbs() {
         .into();
     args.extend(transport_args("rc_verbs,ud_verbs"));
     args.extend([prog.display().to_string(), max.to_string()]);
-    let run = || {
+    let out = mpirun_succeeds("mpirun -np 4 (rc_verbs)", || {
         let mut c = exec(&args.iter().map(String::as_str).collect::<Vec<_>>());
         mpi_env(&mut c);
-        Proc::spawn("mpirun -np 4 (rc_verbs)", c)
-    };
-    // UCX's own bug, recognised by its message, gets one more run; anything else fails.
-    let first = run().wait(LIMIT);
-    let out = if !first.status.success()
-        && String::from_utf8_lossy(&first.stderr).contains(UCX_STALE_ACK_BUG)
-    {
-        eprintln!(
-            "UCX 1.13's UD stale-ACK assertion (openucx/ucx#8743) aborted a rank; running again:\n{}",
-            String::from_utf8_lossy(&first.stderr)
-        );
-        run().success(LIMIT)
-    } else {
-        succeeded("mpirun -np 4 (rc_verbs)", &first)
-    };
+        c
+    });
     println!("4 ranks on one host, UCX_TLS=rc_verbs,ud_verbs:\n{out}");
     check_output(&out, max, 4);
 }
@@ -206,17 +210,20 @@ fn two_mpi_ranks_on_two_hosts_over_rc_verbs_ud_verbs_and_tcp() {
         args.extend(transport_args(tls));
         args.push(bin().into());
         args.extend(rank.iter().cloned());
-        let mut c = Hosts::exec(
-            &h.a,
-            "mpirun",
-            &args.iter().map(String::as_str).collect::<Vec<_>>(),
-        );
-        mpi_env(&mut c);
-        c.env("SOFTRDMA_DAEMON_SOCKET", &a.socket)
-            .env("SOFTRDMA_DAEMON_SPAWN", "0")
-            .env_remove("SOFTRDMA_BACKEND")
-            .env_remove("SOFTRDMA_DEVICE");
-        let out = Proc::spawn(&format!("mpirun across namespaces ({tls})"), c).success(LIMIT);
+        let command = || {
+            let mut c = Hosts::exec(
+                &h.a,
+                "mpirun",
+                &args.iter().map(String::as_str).collect::<Vec<_>>(),
+            );
+            mpi_env(&mut c);
+            c.env("SOFTRDMA_DAEMON_SOCKET", &a.socket)
+                .env("SOFTRDMA_DAEMON_SPAWN", "0")
+                .env_remove("SOFTRDMA_BACKEND")
+                .env_remove("SOFTRDMA_DEVICE");
+            c
+        };
+        let out = mpirun_succeeds(&format!("mpirun across namespaces ({tls})"), command);
         check_output(&out, max, 2);
         tables += &format!("UCX_TLS={tls}, ranks in two namespaces:\n{out}\n");
     }
