@@ -17,9 +17,9 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 
 use rustix::fs::{MemfdFlags, SealFlags};
+use rustix::mm::{MapFlags, ProtFlags};
 
 use crate::maps::Maps;
-use rustix::mm::{MapFlags, ProtFlags};
 
 /// Why shared memory could not be made or mapped.
 #[derive(Debug, thiserror::Error)]
@@ -400,6 +400,39 @@ std::thread_local! {
 struct WriteHold {
     /// Closing it wakes the held writers.
     _fd: OwnedFd,
+    /// Dropped after `_fd`: this thread's signals wait until the others' writes go on.
+    _signals: SignalsDeferred,
+}
+
+/// The calling thread's signals held back until this drops, then delivered. While a range
+/// is copied and mapped anew, writers of it wait ([`WriteHold`]) until this very thread has
+/// finished: a signal handler run on it meanwhile that wrote the range would wait for good
+/// (or, without a hold, write pages about to be replaced).
+struct SignalsDeferred(Option<libc::sigset_t>);
+
+impl SignalsDeferred {
+    fn new() -> SignalsDeferred {
+        let mut all = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+        let mut old = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+        // SAFETY: sigfillset fills the set it is given; pthread_sigmask reads `all` (filled)
+        // and writes the previous mask into `old`. glibc leaves its own internal signals
+        // unblocked.
+        let blocked = unsafe {
+            libc::sigfillset(all.as_mut_ptr()) == 0
+                && libc::pthread_sigmask(libc::SIG_BLOCK, all.as_ptr(), old.as_mut_ptr()) == 0
+        };
+        // SAFETY: written by the successful pthread_sigmask.
+        SignalsDeferred(blocked.then(|| unsafe { old.assume_init() }))
+    }
+}
+
+impl Drop for SignalsDeferred {
+    fn drop(&mut self) {
+        if let Some(old) = &self.0 {
+            // SAFETY: restores the mask this thread had, read by `new`.
+            unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old, std::ptr::null_mut()) };
+        }
+    }
 }
 
 impl WriteHold {
@@ -416,10 +449,8 @@ impl WriteHold {
         if shmem {
             return WriteHold::protect(addr, len, uffd::FEATURE_WP_SHMEM);
         }
-        if !TEST_WITHOUT_WP_UNPOPULATED.get() {
-            if let Ok(hold) = WriteHold::protect(addr, len, uffd::FEATURE_WP_UNPOPULATED) {
-                return Ok(hold);
-            }
+        if !TEST_WITHOUT_WP_UNPOPULATED.get() && WriteHold::offers(uffd::FEATURE_WP_UNPOPULATED) {
+            return WriteHold::protect(addr, len, uffd::FEATURE_WP_UNPOPULATED);
         }
         // SAFETY: populating changes no byte: it maps what reading would map.
         unsafe {
@@ -433,15 +464,18 @@ impl WriteHold {
         WriteHold::protect(addr, len, 0)
     }
 
-    /// Whether holds of shared memory (a memfd's pages), which giving memory back takes,
-    /// can be had here: `UFFD_FEATURE_WP_HUGETLBFS_SHMEM`, Linux 6.0. Asked once.
-    fn holds_shared_memory() -> bool {
-        static CAN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *CAN.get_or_init(|| {
-            let Ok(fd) = WriteHold::descriptor() else {
-                return false;
-            };
-            WriteHold::handshake(&fd, uffd::FEATURE_WP_SHMEM).is_ok()
+    /// Whether userfaultfd here offers `feature` (one of [`uffd::FEATURE_WP_SHMEM`] and
+    /// [`uffd::FEATURE_WP_UNPOPULATED`]). Asked once each.
+    fn offers(feature: u64) -> bool {
+        static SHMEM: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        static UNPOPULATED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let cache = match feature {
+            uffd::FEATURE_WP_SHMEM => &SHMEM,
+            uffd::FEATURE_WP_UNPOPULATED => &UNPOPULATED,
+            _ => return false,
+        };
+        *cache.get_or_init(|| {
+            WriteHold::descriptor().is_ok_and(|fd| WriteHold::handshake(&fd, feature).is_ok())
         })
     }
 
@@ -482,6 +516,8 @@ impl WriteHold {
 
     /// A userfaultfd asking for `features` that write-protects the mapped pages of the range.
     fn protect(addr: NonNull<u8>, len: usize, features: u64) -> Result<WriteHold, ShmError> {
+        // Before any page is protected.
+        let signals = SignalsDeferred::new();
         let fd = WriteHold::descriptor()?;
         WriteHold::handshake(&fd, features)?;
         let range = || uffd::Range {
@@ -515,7 +551,10 @@ impl WriteHold {
             )
         }
         .map_err(os("UFFDIO_WRITEPROTECT"))?;
-        Ok(WriteHold { _fd: fd })
+        Ok(WriteHold {
+            _fd: fd,
+            _signals: signals,
+        })
     }
 }
 
@@ -558,7 +597,8 @@ impl Arena {
         if locked == Locked::Partly {
             return Err(ShmError::Refused("partly locked in memory"));
         }
-        if !WriteHold::holds_shared_memory() {
+        // Giving back holds a memfd's pages: `UFFD_FEATURE_WP_HUGETLBFS_SHMEM`, Linux 6.0.
+        if !WriteHold::offers(uffd::FEATURE_WP_SHMEM) {
             // It could be adopted, never given back: every range would stay in the file.
             return Err(ShmError::Refused(
                 "this kernel cannot hold writers off to give memory back",
@@ -673,9 +713,11 @@ impl Arena {
             return Err(ShmError::Refused("partly locked in memory"));
         }
         // Writes made before the hold are in the file, which the copy reads after it.
+        // Without a hold (a forked child's only thread copies), its own signal handlers
+        // still wait: their writes would land in the pages being replaced.
         let held = match hold {
-            true => Some(WriteHold::new(a.addr, a.len, true)?),
-            false => None,
+            true => (Some(WriteHold::new(a.addr, a.len, true)?), None),
+            false => (None, Some(SignalsDeferred::new())),
         };
         // SAFETY: a fresh private anonymous mapping chosen by the kernel.
         let copy = unsafe {

@@ -181,28 +181,6 @@ fn adoption_enabled() -> bool {
     *ON.get_or_init(|| std::env::var_os("SOFTRDMA_ADOPT_MEMORY").is_none_or(|v| v != "0"))
 }
 
-/// Run `f` (an adoption or a give-back) with the calling thread's signals held back,
-/// delivered once it returns. While adopted memory is copied, writers of the range wait
-/// (`abi::shm::Arena::adopt`) until this very thread has finished: a signal handler that
-/// ran on it meanwhile and wrote the range would wait for good.
-fn with_signals_deferred<T>(f: impl FnOnce() -> T) -> T {
-    let mut all = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
-    let mut old = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
-    // SAFETY: sigfillset fills the set it is given; pthread_sigmask reads `all` (filled)
-    // and writes the previous mask into `old`. glibc leaves its own internal signals
-    // unblocked.
-    let blocked = unsafe {
-        libc::sigfillset(all.as_mut_ptr()) == 0
-            && libc::pthread_sigmask(libc::SIG_BLOCK, all.as_ptr(), old.as_mut_ptr()) == 0
-    };
-    let out = f();
-    if blocked {
-        // SAFETY: `old` was written by the successful pthread_sigmask above.
-        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old.as_ptr(), std::ptr::null_mut()) };
-    }
-    out
-}
-
 /// Make `fork` give the child private copies of adopted memory, as Linux does with the
 /// pinned pages of registered memory (what `ibv_is_fork_initialized`'s
 /// `IBV_FORK_UNNEEDED` promises): a child's writes never reach the parent's registered
@@ -325,10 +303,10 @@ impl Registry {
         };
         // SAFETY: whole pages of private anonymous read-write memory (just seen in the maps),
         // which the caller keeps allocated and this thread does not write meanwhile (its
-        // signal handlers wait: `with_signals_deferred`); no device reaches them (no live
-        // registration touches them, and none starts while the registry is locked); not
-        // this thread's stack.
-        let a = match with_signals_deferred(|| unsafe { arena.adopt(ptr, len) }) {
+        // signal handlers wait: `abi::shm`'s hold defers them); no device reaches them (no
+        // live registration touches them, and none starts while the registry is locked);
+        // not this thread's stack.
+        let a = match unsafe { arena.adopt(ptr, len) } {
             Ok(a) => a,
             Err(e) => {
                 tracing::debug!(error = %e, addr, len, "memory not adopted");
@@ -340,7 +318,7 @@ impl Registry {
         let Ok(fd) = rustix::io::fcntl_dupfd_cloexec(arena.fd(), 0) else {
             // Registered through the process file instead, on private pages again (or, if
             // even that fails, on the shared ones, every byte in place).
-            let _ = with_signals_deferred(|| arena.give_back(a));
+            let _ = arena.give_back(a);
             return None;
         };
         shared_buffers().insert(addr, (len, arena.fd().as_raw_fd(), offset));
@@ -420,9 +398,8 @@ impl Registry {
             shared_buffers().remove(&start);
             if let (Some((a, _)), Some(arena)) = (self.adopted.remove(&start), &self.arena) {
                 // The parent keeps the file's bytes. On failure the child keeps sharing
-                // those pages with it. A signal handler of the child's would write the
-                // replaced pages meanwhile: its signals wait.
-                let _ = with_signals_deferred(|| arena.copy_out(&a));
+                // those pages with it.
+                let _ = arena.copy_out(&a);
             }
         }
         // The file is the parent's: the child's own adoptions go to a file of its own.
@@ -445,7 +422,7 @@ impl Registry {
             }
             shared_buffers().remove(&start);
             if let (Some((a, _)), Some(arena)) = (self.adopted.remove(&start), &self.arena) {
-                if let Err(e) = with_signals_deferred(|| arena.give_back(a)) {
+                if let Err(e) = arena.give_back(a) {
                     tracing::warn!(error = %e, start, "memory left in its shared file");
                 }
             }
