@@ -255,7 +255,8 @@ fn peer_socket(stream: &UnixStream) -> std::io::Result<u64> {
     let len = u32_at(0).ok_or_else(|| bad("short netlink answer"))? as usize;
     match u16_at(4) {
         Some(ERROR) => {
-            let errno = u32_at(16).map_or(0, |e| -(e as i32));
+            // A negative errno; an absurd one is no reason to panic.
+            let errno = u32_at(16).map_or(0, |e| (e as i32).unsigned_abs() as i32);
             return Err(std::io::Error::from_raw_os_error(errno));
         }
         Some(BY_FAMILY) if u32_at(20) == Some(ino) => {}
