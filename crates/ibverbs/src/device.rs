@@ -227,6 +227,9 @@ pub(crate) struct Ctx {
     _cmd_fd: OwnedFd,
     /// `context->async_fd`: readable while the device's async-event descriptor is.
     pub(crate) async_watch: crate::watch::Watch,
+    /// The process that opened it: a child made by `fork` holds a copy of the context, and
+    /// of the objects on it, that are not its own to destroy.
+    opened_by: u32,
 }
 
 impl Ctx {
@@ -468,6 +471,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         entry,
         _cmd_fd: cmd_fd,
         async_watch,
+        opened_by: std::process::id(),
     });
     let p = Box::into_raw(ctx);
     // SAFETY: `p` is a live Box allocation; taking a field address does not move it.
@@ -485,8 +489,16 @@ pub unsafe extern "C" fn ibv_close_device(c: *mut ibv_context) -> c_int {
     // Its CM channel (librdmacm's) closes with it: listens end, connections go down.
     crate::cm::forget(c);
     if Arc::strong_count(&cx.shared) == 1 {
-        // The device closes with this context: forget the objects a program left on it.
-        crate::events::forget_device(cx);
+        // The device closes with this context, and the objects a program left on it with it.
+        crate::objects::forget_device(cx);
+    } else {
+        // Other contexts share the device (the embedded one): destroy what this one left,
+        // so that its QPs stop and its regions are out of peers' reach when this returns.
+        let left = crate::objects::take_context(cx);
+        if std::process::id() == cx.opened_by {
+            // SAFETY: the registry holds live boxes made on `cx`, in destruction order.
+            unsafe { crate::verbs::destroy_left(cx, &left) };
+        }
     }
     // SAFETY: `p` was made by Box::into_raw in ibv_open_device; the caller gives it up.
     drop(unsafe { Box::from_raw(p) });

@@ -1,67 +1,16 @@
-//! Asynchronous events (`ibv_get_async_event`, `ibv_ack_async_event`), and the registry
-//! that turns the objects the device names in them (QPN, CQ or SRQ handle) back into the C
-//! objects the program holds.
+//! Asynchronous events (`ibv_get_async_event`, `ibv_ack_async_event`); the objects the
+//! device names in them (QPN, CQ or SRQ handle) become the C objects the program holds
+//! through [`crate::objects`].
 
 use core::ffi::{c_int, c_void};
-use std::collections::HashMap;
 use std::os::fd::{AsRawFd, BorrowedFd};
-use std::sync::{Mutex, MutexGuard};
 
 use engine::AsyncEvent;
 
 use crate::abi::*;
 use crate::device::{ctx, Ctx};
+use crate::objects::{is_live, lookup, Kind};
 use crate::set_errno;
-
-/// The kinds of object an asynchronous event can name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum Kind {
-    /// A QP, by QPN.
-    Qp,
-    /// A CQ, by handle.
-    Cq,
-    /// An SRQ, by handle.
-    Srq,
-}
-
-/// Live C objects: (device, kind, id) -> address of our box (whose first field is the C
-/// struct).
-type Registry = HashMap<(usize, Kind, u32), usize>;
-
-static OBJECTS: Mutex<Option<Registry>> = Mutex::new(None);
-
-fn objects() -> MutexGuard<'static, Option<Registry>> {
-    OBJECTS.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Record a C object made on `cx`'s device.
-pub(crate) fn register(cx: &Ctx, kind: Kind, id: u32, ptr: usize) {
-    objects()
-        .get_or_insert_with(HashMap::new)
-        .insert((cx.device_id(), kind, id), ptr);
-}
-
-/// Forget a destroyed C object.
-pub(crate) fn unregister(cx: &Ctx, kind: Kind, id: u32) {
-    if let Some(m) = objects().as_mut() {
-        m.remove(&(cx.device_id(), kind, id));
-    }
-}
-
-/// Forget every object of a device being closed (a program may leave some behind).
-pub(crate) fn forget_device(cx: &Ctx) {
-    let dev = cx.device_id();
-    if let Some(m) = objects().as_mut() {
-        m.retain(|(d, _, _), _| *d != dev);
-    }
-}
-
-fn lookup(cx: &Ctx, kind: Kind, id: u32) -> Option<usize> {
-    objects()
-        .as_ref()?
-        .get(&(cx.device_id(), kind, id))
-        .copied()
-}
 
 /// `enum ibv_event_type` values.
 mod event_type {
@@ -184,13 +133,6 @@ pub unsafe extern "C" fn ibv_get_async_event(
             return -1;
         }
     }
-}
-
-/// Whether `ptr` is a live object of `kind` (an event handed it out).
-fn is_live(kind: Kind, ptr: usize) -> bool {
-    objects()
-        .as_ref()
-        .is_some_and(|m| m.iter().any(|((_, k, _), &p)| *k == kind && p == ptr))
 }
 
 /// `ibv_ack_async_event`: count the event as handled on its object (`events_completed`,

@@ -38,9 +38,15 @@
 //! `IBV_WR_BIND_MW`), extended QPs (`ibv_create_qp_ex` and the `wr_*` post API of
 //! `struct ibv_qp_ex`), extended CQs (`ibv_create_cq_ex` and `start_poll`/`next_poll`/
 //! `read_*`), asynchronous events, AHs that answer a datagram (`ibv_create_ah_from_wc`,
-//! `ibv_init_ah_from_wc`). Not offered (`EOPNOTSUPP`): resizing CQs, re-registering
-//! MRs (the engine cannot keep a region's keys across it), XRC, device memory, flows, TSO,
-//! atomic write, multicast.
+//! `ibv_init_ah_from_wc`), `ibv_resize_cq`, `ibv_rereg_mr`, multicast groups
+//! (`ibv_attach_mcast`). Not offered (`EOPNOTSUPP`): XRC, device memory, flows, TSO, atomic
+//! write.
+//!
+//! `ibv_close_device` destroys the objects the program left on the context, as a NIC's
+//! close does: once it returns, their QPs are gone and their regions out of peers' reach.
+//! On softrdmad each context is a connection of its own, which the daemon tears down; on
+//! the embedded device, where every context of the process shares one engine, the library
+//! destroys them itself (the C structs stay allocated, as rdma-core leaves them).
 //!
 //! Exports carry the version nodes the Debian programs import (`exports.txt`, bound by
 //! `build.rs`); calls we do not offer return what libibverbs returns for an unsupported
@@ -58,6 +64,7 @@ mod cm;
 mod cq_ex;
 mod device;
 mod events;
+mod objects;
 mod qp_ex;
 mod strs;
 mod stubs;

@@ -14,8 +14,8 @@ use softrdma::RawCq;
 
 use crate::abi::*;
 use crate::device::{ctx, Ctx};
-use crate::events::{register, unregister, Kind};
 use crate::fail;
+use crate::objects::{register, unregister, Kind};
 
 /// A PD: the C struct, then its engine handle.
 #[repr(C)]
@@ -177,7 +177,9 @@ pub unsafe extern "C" fn ibv_alloc_pd(c: *mut ibv_context) -> *mut ibv_pd {
         },
         handle: h,
     });
-    Box::into_raw(pd) as *mut ibv_pd
+    let pd = Box::into_raw(pd);
+    register(cx, Kind::Pd, h.0, pd as usize);
+    pd as *mut ibv_pd
 }
 
 #[no_mangle]
@@ -195,6 +197,7 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     if let Err(e) = cx.raw().dealloc_pd(p.handle) {
         return verr(e);
     }
+    unregister(cx, Kind::Pd, p.handle.0);
     // SAFETY: made by Box::into_raw in ibv_alloc_pd; the caller gives it up.
     drop(unsafe { Box::from_raw(pd as *mut Pd) });
     0
@@ -236,7 +239,9 @@ unsafe fn reg_mr(pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_int) 
         },
         handle: keys.handle,
     });
-    Box::into_raw(mr) as *mut ibv_mr
+    let mr = Box::into_raw(mr);
+    register(cx, Kind::Mr, keys.handle.0, mr as usize);
+    mr as *mut ibv_mr
 }
 
 #[no_mangle]
@@ -283,6 +288,7 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     if let Err(e) = cx.raw().dereg_mr(m.handle) {
         return verr(e);
     }
+    unregister(cx, Kind::Mr, m.handle.0);
     // SAFETY: made by Box::into_raw in reg_mr; the caller gives it up.
     drop(unsafe { Box::from_raw(mr as *mut Mr) });
     0
@@ -400,7 +406,9 @@ unsafe extern "C" fn alloc_mw(pd: *mut ibv_pd, mw_type: u32) -> *mut ibv_mw {
         },
         handle: h,
     });
-    Box::into_raw(mw) as *mut ibv_mw
+    let mw = Box::into_raw(mw);
+    register(cx, Kind::Mw, h.0, mw as usize);
+    mw as *mut ibv_mw
 }
 
 /// `ibv_dealloc_mw`.
@@ -418,6 +426,7 @@ unsafe extern "C" fn dealloc_mw(mw: *mut ibv_mw) -> c_int {
     if let Err(e) = cx.raw().dealloc_mw(w.handle) {
         return verr(e);
     }
+    unregister(cx, Kind::Mw, w.handle.0);
     // SAFETY: made by Box::into_raw in alloc_mw; the caller gives it up.
     drop(unsafe { Box::from_raw(mw as *mut Mw) });
     0
@@ -629,21 +638,62 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         return verr(e);
     }
     unregister(cx, Kind::Cq, q.ibv.handle);
-    if !q.ibv.channel.is_null() {
-        // SAFETY: the channel outlives its CQs (destroy_comp_channel refuses while used).
-        unsafe {
-            let chan = &*(q.ibv.channel as *mut Channel);
-            chan.watch.remove(q.raw.event_fd().as_raw_fd());
-            chan.cqs
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .retain(|&x| x != cq as usize);
-            (*q.ibv.channel).refcnt -= 1;
-        }
-    }
+    // SAFETY: `cq` is the live CQ `q`.
+    unsafe { unlink_from_channel(cq, q) };
     // SAFETY: made by Box::into_raw in ibv_create_cq; the caller gives it up.
     drop(unsafe { Box::from_raw(cq as *mut Cq) });
     0
+}
+
+/// Take destroyed CQ `q` (at `cq`) out of its completion channel, if it has one.
+///
+/// # Safety
+/// `cq` is `q`'s address; its channel is NULL or live.
+unsafe fn unlink_from_channel(cq: *mut ibv_cq, q: &Cq) {
+    if q.ibv.channel.is_null() {
+        return;
+    }
+    // SAFETY: the channel outlives its CQs (destroy_comp_channel refuses while used).
+    unsafe {
+        let chan = &*(q.ibv.channel as *mut Channel);
+        chan.watch.remove(q.raw.event_fd().as_raw_fd());
+        chan.cqs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|&x| x != cq as usize);
+        (*q.ibv.channel).refcnt -= 1;
+    }
+}
+
+/// Destroy on the device the objects a context being closed left behind (from
+/// [`crate::objects::take_context`], in that order), as a NIC's close does. Their C structs
+/// stay allocated, as rdma-core leaves them: the program may still hold the pointers, and
+/// may not use them. A failure leaves that object to the device (there is no one to tell).
+///
+/// # Safety
+/// Each address is a live box of its kind, made on `cx`.
+pub(crate) unsafe fn destroy_left(cx: &Ctx, left: &[(Kind, usize)]) {
+    let raw = cx.raw();
+    for &(kind, ptr) in left {
+        // SAFETY (every arm): `ptr` is a live box of `kind` (the caller's contract).
+        let _ = match kind {
+            Kind::Qp => raw.destroy_qp(unsafe { &*(ptr as *const Qp) }.handle),
+            Kind::Mw => raw.dealloc_mw(unsafe { &*(ptr as *const Mw) }.handle),
+            Kind::Ah => raw.destroy_ah(unsafe { &*(ptr as *const Ah) }.handle),
+            Kind::Srq => raw.destroy_srq(unsafe { &*(ptr as *const Srq) }.handle),
+            Kind::Cq => {
+                let q = unsafe { &*(ptr as *const Cq) };
+                let r = raw.destroy_cq(&q.raw);
+                if r.is_ok() {
+                    // SAFETY: `ptr` is `q`'s address; a channel outlives its CQs.
+                    unsafe { unlink_from_channel(ptr as *mut ibv_cq, q) };
+                }
+                r
+            }
+            Kind::Mr => raw.dereg_mr(unsafe { &*(ptr as *const Mr) }.handle),
+            Kind::Pd => raw.dealloc_pd(unsafe { &*(ptr as *const Pd) }.handle),
+        };
+    }
 }
 
 #[no_mangle]
@@ -1496,7 +1546,9 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
         },
         handle: h,
     });
-    Box::into_raw(ah) as *mut ibv_ah
+    let ah = Box::into_raw(ah);
+    register(cx, Kind::Ah, h.0, ah as usize);
+    ah as *mut ibv_ah
 }
 
 #[no_mangle]
@@ -1514,6 +1566,7 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
     if let Err(e) = cx.raw().destroy_ah(a.handle) {
         return verr(e);
     }
+    unregister(cx, Kind::Ah, a.handle.0);
     // SAFETY: made by Box::into_raw in ibv_create_ah; the caller gives it up.
     drop(unsafe { Box::from_raw(ah as *mut Ah) });
     0

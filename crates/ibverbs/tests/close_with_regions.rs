@@ -6,37 +6,40 @@
 //! (softrdmad had adopted them into shared memory), and that a device opened afterwards
 //! adopts them again.
 //!
-//! On softrdmad only: the drop-in's contexts on the embedded device share one engine, where
-//! closing one context leaves its objects to the others.
+//! On the embedded device the drop-in's contexts share one engine: there the close destroys
+//! the objects the closed context left, and the program checks the same.
 
 mod common;
 
 use std::time::Duration;
 
-use common::{describe, run, verbs_command, On, TestDaemon};
+use common::{describe, free_udp_port, run, verbs_command, On, TestDaemon};
 
-#[test]
-fn closing_a_device_ends_its_reach_into_regions_left_registered() {
+/// Run the program on `on`; its output.
+fn close_with_regions(on: On<'_>) -> String {
     let prog = common::verbs_program("close_with_regions", &["-lpthread"]);
-    let mut d = TestDaemon::start(&["127.0.0.1"]);
-    let before = d.counters();
     let o = run(
-        verbs_command(
-            prog.to_str().expect("UTF-8 path"),
-            &[],
-            On::Daemon {
-                daemon: &d,
-                addr: "127.0.0.1",
-            },
-        ),
+        verbs_command(prog.to_str().expect("UTF-8 path"), &[], on),
         Duration::from_secs(60),
     );
-    let out = String::from_utf8_lossy(&o.stdout);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(
-        o.status.success() && out.contains("CLOSE OK: adopted"),
+        o.status.success() && out.contains("CLOSE OK"),
         "{}",
         describe(&o)
     );
+    out
+}
+
+#[test]
+fn closing_a_device_ends_its_reach_into_regions_left_registered() {
+    let mut d = TestDaemon::start(&["127.0.0.1"]);
+    let before = d.counters();
+    let out = close_with_regions(On::Daemon {
+        daemon: &d,
+        addr: "127.0.0.1",
+    });
+    assert!(out.contains("CLOSE OK: adopted"), "{out}");
     let count = |c: &std::collections::BTreeMap<String, u64>, k: &str| c.get(k).copied();
     let after = d.counters();
     assert!(
@@ -44,4 +47,13 @@ fn closing_a_device_ends_its_reach_into_regions_left_registered() {
         "the closed context's region was reclaimed: {before:?} -> {after:?}"
     );
     d.assert_alive();
+}
+
+#[test]
+fn closing_one_of_two_embedded_contexts_destroys_what_it_left() {
+    let out = close_with_regions(On::Embedded {
+        addr: "127.0.0.1",
+        port: free_udp_port(),
+    });
+    assert!(out.contains("CLOSE OK: not adopted"), "{out}");
 }
