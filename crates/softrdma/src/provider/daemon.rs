@@ -105,10 +105,12 @@ struct QpRings {
     pd: u32,
     /// The capabilities asked for (the daemon grants at least these).
     cap: QpCap,
-    /// The state this process last moved the QP to. The daemon on its own only moves a QP
-    /// to SQE or ERR, where posting is allowed as in RTS (the WQEs are flushed).
-    state: Mutex<QpState>,
-    sq: Option<Mutex<WorkQueueRing>>,
+    /// The state this process last moved the QP to ([`QpState::to_ibv`]). The daemon on its
+    /// own only moves a QP to SQE or ERR, where posting is allowed as in RTS (the WQEs are
+    /// flushed). Read by every post: an atomic, not a lock.
+    state: AtomicU32,
+    /// The send ring with its slots, under one lock: a post takes both.
+    sq: Option<Mutex<SendQueue>>,
     rq: Option<Mutex<WorkQueueRing>>,
     /// Receive WRs posted and not yet seen completed by this process's `poll_cq` (a QP
     /// without an SRQ). A WR in a work ring is not in the daemon's queue yet, so the daemon
@@ -120,9 +122,14 @@ struct QpRings {
     srq: Option<Arc<SrqRing>>,
     /// Every send WR is signaled (`sq_sig_all`).
     sq_sig_all: bool,
-    /// Send WRs posted and not yet seen retired by this process's `poll_cq` (a QP with a
-    /// send ring): the same reason as `rq_outstanding`, the send queue's way.
-    sq_slots: Mutex<SendSlots>,
+}
+
+/// A daemon QP's send ring, and its send WRs posted and not yet seen retired by this
+/// process's `poll_cq`: the same reason as `QpRings::rq_outstanding`, the send queue's way.
+#[derive(Debug)]
+struct SendQueue {
+    ring: WorkQueueRing,
+    slots: SendSlots,
 }
 
 /// The send queue slots of a daemon QP, as a hardware send queue frees them: a WR holds its
@@ -206,12 +213,21 @@ impl QpRings {
                 !wr.op.is_read_or_atomic() && d.len() <= self.cap.max_inline_data as usize
             }
         };
-        op_ok && payload_ok && lock(&self.state).can_post_send()
+        op_ok && payload_ok && self.state().can_post_send()
+    }
+
+    /// The state this process last moved the QP to.
+    fn state(&self) -> QpState {
+        let n = self.state.load(Ordering::Relaxed);
+        QpState::ALL
+            .into_iter()
+            .find(|s| s.to_ibv() == n)
+            .unwrap_or_default()
     }
 
     /// Whether `wr` passes every check of `ibv_post_recv` at post time.
     fn recv_ok(&self, wr: &RecvWr) -> bool {
-        wr.sg_list.len() <= self.cap.max_recv_sge as usize && lock(&self.state).can_post_recv()
+        wr.sg_list.len() <= self.cap.max_recv_sge as usize && self.state().can_post_recv()
     }
 }
 
@@ -251,10 +267,10 @@ impl SrqRing {
 /// Write a WR into `ring` with `post`; false if it must go by request instead (full, too
 /// large, or the ring is unusable).
 fn ring_post(
-    ring: &Mutex<WorkQueueRing>,
+    ring: &mut WorkQueueRing,
     post: impl FnOnce(&mut WorkQueueRing) -> std::result::Result<Posted, abi::ring::RingError>,
 ) -> bool {
-    match post(&mut lock(ring)) {
+    match post(ring) {
         Ok(Posted::Queued { .. }) => true,
         Ok(_) => false,
         Err(e) => {
@@ -341,7 +357,7 @@ impl DaemonDevice {
     }
 
     /// Free the queue slots the completions in `wcs` retire (see `QpRings::rq_outstanding`
-    /// and `QpRings::sq_slots`).
+    /// and `SendQueue`).
     fn retire(&self, wcs: &[WorkCompletion]) {
         if wcs.is_empty() {
             return;
@@ -363,32 +379,34 @@ impl DaemonDevice {
                         );
                     }
                 }
-            } else {
-                lock(&q.sq_slots).completed(wc.status == WcStatus::Success);
+            } else if let Some(sq) = &q.sq {
+                lock(sq).slots.completed(wc.status == WcStatus::Success);
             }
         }
     }
 
-    /// Post a send-queue WR of QP `qp` with `post` (given the QP's rings, if it has them),
-    /// counted against `max_send_wr` when it goes through a send ring (`QpRings::sq_slots`):
-    /// `QueueFull` when every slot is taken, as `ibv_post_send` fails with `ENOMEM`.
+    /// Post a send-queue WR of QP `qp` with `post` (given the QP's rings and its send
+    /// ring, if it has them), counted against `max_send_wr` when the QP has a send ring
+    /// (`SendQueue`): `QueueFull` when every slot is taken, as `ibv_post_send` fails with
+    /// `ENOMEM`.
     fn post_counted<T>(
         &self,
         qp: QpHandle,
         signaled: bool,
-        post: impl FnOnce(Option<&QpRings>) -> Result<T>,
+        post: impl FnOnce(Option<&QpRings>, Option<&mut WorkQueueRing>) -> Result<T>,
     ) -> Result<T> {
         let rings = self.qp_rings(qp);
-        let Some(q) = rings.as_deref().filter(|q| q.sq.is_some()) else {
+        let Some((q, sq)) = rings.as_deref().and_then(|q| Some((q, q.sq.as_ref()?))) else {
             // No ring: every post goes by request, and the daemon's engine refuses exactly.
-            return post(rings.as_deref());
+            return post(rings.as_deref(), None);
         };
         // Held across the post, so the count and the order of WRs match the ring's.
-        let mut slots = lock(&q.sq_slots);
-        if slots.full(q.cap.max_send_wr) {
+        let mut sq = lock(sq);
+        if sq.slots.full(q.cap.max_send_wr) {
             return Err(Error::Verbs(VerbsError::QueueFull));
         }
-        let r = post(Some(q))?;
+        let SendQueue { ring, slots } = &mut *sq;
+        let r = post(Some(q), Some(ring))?;
         slots.posted(signaled || q.sq_sig_all);
         Ok(r)
     }
@@ -695,7 +713,12 @@ impl Provider for Daemon {
         };
         let sq = d
             .attach(&mut c, wq::SQ, q.handle, init.cap.max_send_wr)
-            .map(Mutex::new);
+            .map(|ring| {
+                Mutex::new(SendQueue {
+                    ring,
+                    slots: SendSlots::default(),
+                })
+            });
         // A QP on an SRQ has no receive queue of its own.
         let rq = match srq {
             Some(_) => None,
@@ -714,13 +737,12 @@ impl Provider for Daemon {
             qp_type: init.qp_type,
             pd: init.pd.0,
             cap: init.cap,
-            state: Mutex::new(QpState::Reset),
+            state: AtomicU32::new(QpState::Reset.to_ibv()),
             sq,
             rq,
             rq_outstanding: AtomicU32::new(0),
             srq: srq.and_then(|s| lock(&d.srqs).get(&s.0).cloned()),
             sq_sig_all: init.sq_sig_all,
-            sq_slots: Mutex::new(SendSlots::default()),
         };
         let rings = Arc::new(rings);
         lock(&d.qps_by_qpn).insert(raw.qpn, rings.clone());
@@ -742,7 +764,7 @@ impl Provider for Daemon {
         d.c().modify_qp(qp.0, attr, mask)?;
         if mask.contains(QpAttrMask::STATE) {
             if let Some(q) = d.qp_rings(qp) {
-                *lock(&q.state) = attr.qp_state;
+                q.state.store(attr.qp_state.to_ibv(), Ordering::Relaxed);
                 if attr.qp_state == QpState::Reset {
                     // RESET empties the queues without completions, and the daemon removed
                     // the QP's completions it still held: those already in the rings go
@@ -755,7 +777,9 @@ impl Provider for Daemon {
                         }
                     }
                 }
-                lock(&q.sq_slots).moved(attr.qp_state);
+                if let Some(sq) = &q.sq {
+                    lock(sq).slots.moved(attr.qp_state);
+                }
             }
         }
         Ok(())
@@ -776,10 +800,9 @@ impl Provider for Daemon {
     fn post_send(&self, qp: QpHandle, wr: SendWr) -> Result<()> {
         let d = &self.dev;
         let signaled = wr.flags.contains(SendFlags::SIGNALED);
-        d.post_counted(qp, signaled, |q| {
-            let ring = q.filter(|q| q.send_ok(&wr, false));
-            if let Some(sq) = ring.and_then(|q| q.sq.as_ref()) {
-                if ring_post(sq, |r| r.post_send(&wr, None)) {
+        d.post_counted(qp, signaled, |q, ring| {
+            if let (Some(q), Some(ring)) = (q, ring) {
+                if q.send_ok(&wr, false) && ring_post(ring, |r| r.post_send(&wr, None)) {
                     return Ok(());
                 }
             }
@@ -791,10 +814,12 @@ impl Provider for Daemon {
         let d = &self.dev;
         let ah_pd = lock(&d.ah_pds).get(&dest.ah.0).copied();
         let signaled = wr.flags.contains(SendFlags::SIGNALED);
-        d.post_counted(qp, signaled, |q| {
-            let ring = q.filter(|q| Some(q.pd) == ah_pd && q.send_ok(&wr, true));
-            if let Some(sq) = ring.and_then(|q| q.sq.as_ref()) {
-                if ring_post(sq, |r| r.post_send(&wr, Some(&dest))) {
+        d.post_counted(qp, signaled, |q, ring| {
+            if let (Some(q), Some(ring)) = (q, ring) {
+                if Some(q.pd) == ah_pd
+                    && q.send_ok(&wr, true)
+                    && ring_post(ring, |r| r.post_send(&wr, Some(&dest)))
+                {
                     return Ok(());
                 }
             }
@@ -820,7 +845,7 @@ impl Provider for Daemon {
         };
         let ring = rings.as_ref().filter(|q| q.recv_ok(&wr));
         if let Some(rq) = ring.and_then(|q| q.rq.as_ref()) {
-            if ring_post(rq, |r| r.post_recv(&wr)) {
+            if ring_post(&mut lock(rq), |r| r.post_recv(&wr)) {
                 return counted(Ok(()));
             }
         }
@@ -857,7 +882,8 @@ impl Provider for Daemon {
         if !r.reserve() {
             return Err(Error::Verbs(VerbsError::QueueFull));
         }
-        if wr.sg_list.len() <= r.max_sge as usize && ring_post(&r.ring, |ring| ring.post_recv(&wr))
+        if wr.sg_list.len() <= r.max_sge as usize
+            && ring_post(&mut lock(&r.ring), |ring| ring.post_recv(&wr))
         {
             return Ok(());
         }
@@ -922,7 +948,7 @@ impl Provider for Daemon {
     ) -> Result<Rkey> {
         let d = &self.dev;
         // A bind is a send queue WR: it takes a slot, and its completion retires WRs.
-        d.post_counted(qp, signaled, |_| {
+        d.post_counted(qp, signaled, |_, _| {
             let rkey = d.c().bind_mw(qp.0, wr_id, mw.0, bind, signaled)?;
             Ok(Rkey(rkey))
         })
