@@ -202,7 +202,67 @@ impl RxeVm {
     /// archive appended to the tool's (the kernel unpacks both), in a scratch folder of its
     /// own (`with-files` in the tool's) that shares the tool's kernel.
     pub fn boot_with(&self, files: &[(&Path, &str)], script: &str) -> Vm {
-        let work = self.work.join("with-files");
+        self.boot_kernel_with(&self.work.join("kpkg"), files, script)
+    }
+
+    /// The kernel package the tool installed (Debian 12's): `boot/` and `lib/modules/`.
+    pub fn kernel(&self) -> PathBuf {
+        self.work.join("kpkg")
+    }
+
+    /// Debian 11's newest kernel package (Linux 5.10), from `bullseye-security` through
+    /// apt (the archive's signatures checked), unpacked once into `debian-11/kpkg` of the
+    /// scratch folder; `boot/` and `lib/modules/` as [`RxeVm::kernel`]. The tool's
+    /// initramfs boots it: its modules are the other kernel's and do not load, so the VM
+    /// has no network device but loopback, and no `rxe0`.
+    pub fn debian_11_kernel(&self) -> PathBuf {
+        let dir = self.work.join("debian-11");
+        let kpkg = dir.join("kpkg");
+        let unpacked = std::fs::read_dir(kpkg.join("boot")).is_ok_and(|mut d| {
+            d.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().starts_with("vmlinuz-")))
+        });
+        if unpacked {
+            return kpkg;
+        }
+        let sh = r#"set -e
+D="$0"; mkdir -p "$D/lists/partial" "$D/cache/archives/partial"
+echo "deb http://deb.debian.org/debian-security bullseye-security main" > "$D/sources.list"
+O="-o Dir::Etc::SourceList=$D/sources.list -o Dir::Etc::SourceParts=/dev/null
+   -o Dir::State::Lists=$D/lists -o Dir::Cache=$D/cache -o Dir::State::status=/dev/null"
+apt-get $O update
+pkg=$(apt-cache $O pkgnames linux-image-5.10.0- | grep -E '^linux-image-5\.10\.0-[0-9]+-amd64$' | sort -V | tail -1)
+[ -n "$pkg" ] || { echo "no Debian 11 kernel package in bullseye-security" >&2; exit 1; }
+cd "$D" && rm -f ./*.deb && apt-get $O download "$pkg"
+rm -rf "$D/kpkg.new" && dpkg-deb -x "$D"/"$pkg"_*.deb "$D/kpkg.new"
+rm -rf "$D/kpkg" && mv "$D/kpkg.new" "$D/kpkg" && rm -f "$D"/*.deb"#;
+        let mut c = Command::new("sh");
+        c.arg("-c").arg(sh).arg(&dir);
+        c.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let o = crate::common::run(c, Duration::from_secs(600));
+        assert!(
+            o.status.success(),
+            "fetching Debian 11's kernel failed: {}",
+            crate::common::describe(&o)
+        );
+        kpkg
+    }
+
+    /// [`RxeVm::boot_with`] on the kernel package `kpkg` ([`RxeVm::kernel`],
+    /// [`RxeVm::debian_11_kernel`]), in a scratch folder of its own per kernel.
+    pub fn boot_kernel_with(&self, kpkg: &Path, files: &[(&Path, &str)], script: &str) -> Vm {
+        let name = if kpkg == self.work.join("kpkg") {
+            "with-files".to_string()
+        } else {
+            format!(
+                "with-files-{}",
+                kpkg.parent()
+                    .and_then(Path::file_name)
+                    .map_or("kernel".into(), |n| n.to_string_lossy())
+            )
+        };
+        let work = self.work.join(name);
         let root = work.join("root");
         let _ = std::fs::remove_dir_all(&work);
         std::fs::create_dir_all(&root).expect("create the extra root");
@@ -238,8 +298,7 @@ impl RxeVm {
             std::fs::read(self.work.join("initramfs.cpio.gz")).expect("the tool's initramfs");
         initramfs.extend(std::fs::read(&archive).expect("the extra archive"));
         std::fs::write(work.join("initramfs.cpio.gz"), initramfs).expect("write the initramfs");
-        std::os::unix::fs::symlink(self.work.join("kpkg"), work.join("kpkg"))
-            .expect("link the kernel");
+        std::os::unix::fs::symlink(kpkg, work.join("kpkg")).expect("link the kernel");
         self.boot_in(&work, script)
     }
 
