@@ -4,7 +4,9 @@
 //! QP keeps writing with RDMA WRITEs, then checks that no WRITE lands after the close
 //! returned, that every byte stayed, that the pages are the program's private memory again
 //! (softrdmad had adopted them into shared memory), and that a device opened afterwards
-//! adopts them again.
+//! adopts them again. Last, a child made by `fork` closes every context it inherited, and
+//! must exit cleanly while the parent's device goes on working (the device's threads and
+//! connections are the parent's).
 //!
 //! On the embedded device the drop-in's contexts share one engine: there the close destroys
 //! the objects the closed context left, and the program checks the same.

@@ -928,6 +928,10 @@ impl<A: Attachment> Shared<A> {
 pub struct Runtime<A: Attachment = Plain> {
     shared: Arc<Shared<A>>,
     thread: Option<JoinHandle<()>>,
+    /// The process that started it. A child made by `fork` holds a copy of the device whose
+    /// progress thread it does not have, and whose sockets (and their multicast
+    /// memberships) are its parent's too.
+    started_by: u32,
 }
 
 impl<A: Attachment> core::fmt::Debug for Runtime<A> {
@@ -1171,6 +1175,7 @@ impl<A: Attachment> Runtime<A> {
         Ok(Runtime {
             shared,
             thread: Some(thread),
+            started_by: std::process::id(),
         })
     }
 
@@ -1418,6 +1423,16 @@ impl<A: Attachment> Runtime<A> {
 
 impl<A: Attachment> Drop for Runtime<A> {
     fn drop(&mut self) {
+        if std::process::id() != self.started_by {
+            // A copy made by `fork`: its progress thread does not exist here (joining it
+            // panics), the engine lock may be held by that thread forever, and what the copy
+            // would send, the groups it would leave and the capture it would flush are its
+            // parent's. The child leaves the copy alone (its descriptors close when it
+            // exits or execs).
+            std::mem::forget(self.thread.take());
+            std::mem::forget(Arc::clone(&self.shared));
+            return;
+        }
         // The last ACKs may still be held (a program that exits right after its last
         // completion): the peer's requester waits for them.
         {

@@ -14,8 +14,8 @@
  * program's private memory again (/proc/self/maps shows no shared file there). A second
  * context then registers the same pages: a device that was closed must not keep them.
  * Prints "CLOSE OK" with what it saw ("adopted" when the registration moved the pages into
- * shared memory, as on softrdmad). Last, a child made by fork closes the second context it
- * inherited, and the parent's copy must go on working.
+ * shared memory, as on softrdmad). Last, a child made by fork closes the contexts it
+ * inherited, the last one too, and the parent's copy must go on working.
  *
  * Built against Debian's libibverbs headers and library, run on the drop-in.
  */
@@ -233,15 +233,18 @@ int main(void)
 	CHECK(again == adopted, "adopted the first time: %d, the second: %d", adopted, again);
 	CHECK(ibv_dereg_mr(mr) == 0, "ibv_dereg_mr");
 
-	/* A child made by fork that closes the context it inherited (as a garbage-collected
-	 * language's child may) leaves the parent's device working. */
+	/* A child made by fork that closes the contexts it inherited, the last one too (as a
+	 * garbage-collected language's child may), succeeds and leaves the parent's device
+	 * working: the device's threads are the parent's. */
 	pid_t child = fork();
 	CHECK(child >= 0, "fork");
 	if (child == 0)
-		_exit(ibv_close_device(c) == 0 ? 0 : 1);
+		_exit(ibv_close_device(c) == 0 && ibv_close_device(b.ctx) == 0 ? 0 : 1);
 	int status;
-	CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) &&
-	      WEXITSTATUS(status) == 0, "the child's ibv_close_device");
+	CHECK(waitpid(child, &status, 0) == child, "waitpid");
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+	      "the child's ibv_close_device: %s %d", WIFEXITED(status) ? "exit" : "signal",
+	      WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
 	mr = ibv_reg_mr(pd, buf, LEN, IBV_ACCESS_LOCAL_WRITE);
 	CHECK(mr, "ibv_reg_mr after a child closed its copy of the context: %s",
 	      strerror(errno));
