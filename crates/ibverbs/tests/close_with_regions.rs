@@ -24,6 +24,11 @@ fn close_with_regions(on: On<'_>) -> String {
         verbs_command(prog.to_str().expect("UTF-8 path"), &[], on),
         Duration::from_secs(60),
     );
+    close_ok(o)
+}
+
+/// The output of a run that printed "CLOSE OK" and succeeded.
+fn close_ok(o: std::process::Output) -> String {
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(
         o.status.success() && out.contains("CLOSE OK"),
@@ -58,4 +63,28 @@ fn closing_one_of_two_embedded_contexts_destroys_what_it_left() {
         port: free_udp_port(),
     });
     assert!(out.contains("CLOSE OK: not adopted"), "{out}");
+}
+
+/// Where a sandbox refuses `userfaultfd(2)` (a container's seccomp profile), registration
+/// adopts nothing and everything else works the same: regions are reached through
+/// `/proc/<pid>/mem`.
+#[test]
+fn without_userfaultfd_nothing_is_adopted_and_nothing_else_changes() {
+    let prog = common::verbs_program("close_with_regions", &["-lpthread"]);
+    let sandbox = common::verbs_program("without_userfaultfd", &[]);
+    let mut d = TestDaemon::start(&["127.0.0.1"]);
+    let o = run(
+        verbs_command(
+            sandbox.to_str().expect("UTF-8 path"),
+            &[prog.to_str().expect("UTF-8 path")],
+            On::Daemon {
+                daemon: &d,
+                addr: "127.0.0.1",
+            },
+        ),
+        Duration::from_secs(60),
+    );
+    let out = close_ok(o);
+    assert!(out.contains("CLOSE OK: not adopted"), "{out}");
+    d.assert_alive();
 }

@@ -90,9 +90,15 @@ pub fn c_program(src: &Path, libs: &[&str], (header, dev_package): (&str, &str))
     let dir = std::env::temp_dir().join(format!("softrdma-cprog-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("create program dir");
     let bin = dir.join(name);
+    // Built under a name of its own and renamed into place: tests of one binary that build
+    // the same program at once never write a file another is executing (ETXTBSY, exit
+    // status 126) or exec one half written.
+    static BUILDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!("{}.build{n}", name.to_string_lossy()));
     let o = Command::new("cc")
         .args(["-O1", "-Wall", "-Wextra", "-Werror", "-o"])
-        .arg(&bin)
+        .arg(&tmp)
         .arg(src)
         .args(libs)
         .output()
@@ -103,6 +109,7 @@ pub fn c_program(src: &Path, libs: &[&str], (header, dev_package): (&str, &str))
         src.display(),
         describe(&o)
     );
+    std::fs::rename(&tmp, &bin).expect("move the program into place");
     bin
 }
 
