@@ -488,18 +488,16 @@ pub unsafe extern "C" fn ibv_close_device(c: *mut ibv_context) -> c_int {
     let entry = cx.entry;
     // Its CM channel (librdmacm's) closes with it: listens end, connections go down.
     crate::cm::forget(c);
-    if Arc::strong_count(&cx.shared) == 1 {
-        // The device closes with this context, and the objects a program left on it with it.
-        crate::objects::forget_device(cx);
-    } else {
+    let left = crate::objects::take_context(cx);
+    if Arc::strong_count(&cx.shared) > 1 && std::process::id() == cx.opened_by {
         // Other contexts share the device (the embedded one): destroy what this one left,
         // so that its QPs stop and its regions are out of peers' reach when this returns.
-        let left = crate::objects::take_context(cx);
-        if std::process::id() == cx.opened_by {
-            // SAFETY: the registry holds live boxes made on `cx`, in destruction order.
-            unsafe { crate::verbs::destroy_left(cx, &left) };
-        }
+        // (Otherwise the device closes with this context, and the objects with it.)
+        // SAFETY: the registry holds live boxes made on `cx`, in destruction order.
+        unsafe { crate::verbs::destroy_left(cx, &left) };
     }
+    // SAFETY: the same boxes, which the program may not use once its context is closed.
+    unsafe { crate::verbs::release_left(&left) };
     // SAFETY: `p` was made by Box::into_raw in ibv_open_device; the caller gives it up.
     drop(unsafe { Box::from_raw(p) });
     release_device(entry);

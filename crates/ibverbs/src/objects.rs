@@ -68,14 +68,6 @@ pub(crate) fn unregister(cx: &Ctx, kind: Kind, id: u32) {
     }
 }
 
-/// Forget every object of a device being closed (a program may leave some behind).
-pub(crate) fn forget_device(cx: &Ctx) {
-    let dev = cx.device_id();
-    if let Some(m) = objects().as_mut() {
-        m.retain(|(d, _, _), _| *d != dev);
-    }
-}
-
 /// Forget the objects `cx` made and has not destroyed, and return them (kind and box
 /// address) in the order they must be destroyed: QPs first, PDs last.
 pub(crate) fn take_context(cx: &Ctx) -> Vec<(Kind, usize)> {

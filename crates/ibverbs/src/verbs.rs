@@ -1,6 +1,7 @@
 //! PD, MR, CQ, completion channels, QPs, and the data path of `context->ops`.
 
 use core::ffi::{c_int, c_void};
+use std::mem::ManuallyDrop;
 use std::os::fd::AsRawFd;
 use std::sync::Mutex;
 
@@ -39,7 +40,10 @@ pub(crate) struct Cq {
     pub(crate) ibv: ibv_cq,
     pub(crate) ex: ibv_cq_ex_tail,
     pub(crate) current: Mutex<Option<engine::WorkCompletion>>,
-    pub(crate) raw: RawCq,
+    /// Dropped by `ibv_destroy_cq` with the rest, or alone when the CQ's context closes
+    /// with it left on it ([`release_left`]: its event descriptor and ring mapping go, the
+    /// C struct stays).
+    pub(crate) raw: ManuallyDrop<RawCq>,
 }
 
 /// A completion channel: its fd is a real descriptor. The first CQ attached makes it a
@@ -587,7 +591,7 @@ pub(crate) unsafe fn create_cq(
         },
         ex: crate::cq_ex::tail(extended),
         current: Mutex::new(None),
-        raw,
+        raw: ManuallyDrop::new(raw),
     }));
     register(cx, Kind::Cq, handle, cq as usize);
     if !channel.is_null() {
@@ -640,8 +644,12 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     unregister(cx, Kind::Cq, q.ibv.handle);
     // SAFETY: `cq` is the live CQ `q`.
     unsafe { unlink_from_channel(cq, q) };
-    // SAFETY: made by Box::into_raw in ibv_create_cq; the caller gives it up.
-    drop(unsafe { Box::from_raw(cq as *mut Cq) });
+    // SAFETY: made by Box::into_raw in ibv_create_cq; the caller gives it up, and `raw` was
+    // not dropped (only a close of its context does that, after which it may not be used).
+    unsafe {
+        let mut b = Box::from_raw(cq as *mut Cq);
+        ManuallyDrop::drop(&mut b.raw);
+    }
     0
 }
 
@@ -693,6 +701,24 @@ pub(crate) unsafe fn destroy_left(cx: &Ctx, left: &[(Kind, usize)]) {
             Kind::Mr => raw.dereg_mr(unsafe { &*(ptr as *const Mr) }.handle),
             Kind::Pd => raw.dealloc_pd(unsafe { &*(ptr as *const Pd) }.handle),
         };
+    }
+}
+
+/// Free what the objects a closed context left hold besides their C structs: a CQ's event
+/// descriptor and, on softrdmad, the mapping of its ring. Without this, a program that
+/// closes contexts with CQs on them, again and again, runs out of descriptors (and address
+/// space: half a megabyte of mapping per CQ on softrdmad).
+///
+/// # Safety
+/// Each address is a live box of its kind whose context is being closed (after
+/// [`destroy_left`], which still uses them); nothing uses them after this.
+pub(crate) unsafe fn release_left(left: &[(Kind, usize)]) {
+    for &(kind, ptr) in left {
+        if kind == Kind::Cq {
+            // SAFETY: a live CQ box no one else uses now (the caller's contract); `raw` is
+            // dropped once (ibv_destroy_cq cannot come after the close).
+            unsafe { ManuallyDrop::drop(&mut (*(ptr as *mut Cq)).raw) };
+        }
     }
 }
 
