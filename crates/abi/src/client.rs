@@ -391,6 +391,13 @@ impl Client {
         self.daemon_pid
     }
 
+    /// Another descriptor of this connection's socket, to watch for the daemon going away
+    /// without taking the connection: it hangs up when the daemon's end closes, as when the
+    /// daemon dies.
+    pub fn hangup_fd(&self) -> std::io::Result<OwnedFd> {
+        self.stream.try_clone().map(OwnedFd::from)
+    }
+
     /// Send a request and wait for its answer; a refusal is an error.
     pub fn call(&mut self, req: &Request) -> Result<Response, ClientError> {
         self.call_passing(req, None)

@@ -733,6 +733,8 @@ pub unsafe extern "C" fn ibv_get_cq_event(
     }
     // SAFETY: a non-NULL channel comes from ibv_create_comp_channel.
     let chan = unsafe { &*(ch as *mut Channel) };
+    // A CQ's softrdmad hung up in the last wait: no event will come any more.
+    let mut gone = false;
     loop {
         let cqs: Vec<usize> = chan.cqs.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let mut fds = Vec::with_capacity(cqs.len());
@@ -752,6 +754,19 @@ pub unsafe extern "C" fn ibv_get_cq_event(
                 events: libc::POLLIN,
                 revents: 0,
             });
+            // A softrdmad that died signals no CQ again: its connection hanging up ends the
+            // wait (asked for nothing, it reports only that).
+            if let Some(h) = q.raw.hangup_fd() {
+                fds.push(libc::pollfd {
+                    fd: h.as_raw_fd(),
+                    events: 0,
+                    revents: 0,
+                });
+            }
+        }
+        if gone {
+            crate::set_errno(libc::ECONNRESET);
+            return -1;
         }
         if chan.watch.nonblocking() {
             // rdma-core reads the channel's descriptor: no event and O_NONBLOCK is EAGAIN.
@@ -770,6 +785,10 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         if r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
             return -1;
         }
+        // Events that came before the hang-up are still taken first (the next pass).
+        gone = fds
+            .iter()
+            .any(|p| p.events == 0 && p.revents & (libc::POLLHUP | libc::POLLERR) != 0);
     }
 }
 

@@ -317,12 +317,41 @@ impl AsFd for Notifier {
 /// Wait until `fd` is readable or `timeout` passes (`None`: no limit). A signal ends the
 /// wait early, as a spurious wakeup.
 pub fn wait_readable(fd: BorrowedFd<'_>, timeout: Option<Duration>) -> Result<(), RuntimeError> {
+    wait_readable_or_hangup(fd, None, timeout).map(|_| ())
+}
+
+/// [`wait_readable`], also ending when the peer of stream socket `hangup` closed its end
+/// (then `Ok(true)`, whether or not `fd` is readable too).
+pub fn wait_readable_or_hangup(
+    fd: BorrowedFd<'_>,
+    hangup: Option<BorrowedFd<'_>>,
+    timeout: Option<Duration>,
+) -> Result<bool, RuntimeError> {
     use nix::poll::{ppoll, PollFd, PollFlags};
-    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
-    match ppoll(&mut fds, timeout.map(TimeSpec::from_duration), None) {
-        Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(()),
+    // Hang-ups are reported whatever is asked: nothing else is asked of `hangup`.
+    let mut fds = [
+        PollFd::new(fd, PollFlags::POLLIN),
+        PollFd::new(hangup.unwrap_or(fd), PollFlags::empty()),
+    ];
+    let n = if hangup.is_some() { 2 } else { 1 };
+    match ppoll(&mut fds[..n], timeout.map(TimeSpec::from_duration), None) {
+        Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(n == 2 && peer_gone(&fds[1])),
         Err(e) => Err(io_err("ppoll")(e)),
     }
+}
+
+/// Whether the peer of stream socket `fd` closed its end (a look, never a wait): a Unix
+/// stream socket hangs up when its peer's end is closed, as when the peer process dies.
+pub fn hung_up(fd: BorrowedFd<'_>) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let mut fds = [PollFd::new(fd, PollFlags::empty())];
+    matches!(poll(&mut fds, PollTimeout::ZERO), Ok(1)) && peer_gone(&fds[0])
+}
+
+fn peer_gone(p: &nix::poll::PollFd<'_>) -> bool {
+    use nix::poll::PollFlags;
+    p.revents()
+        .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR))
 }
 
 /// What lives under the runtime's lock.

@@ -68,6 +68,14 @@ impl RawCq {
     pub fn clear_event(&self) -> bool {
         self.cq.clear_event()
     }
+
+    /// A descriptor that hangs up (`POLLHUP`) when the CQ's device is gone for good: on
+    /// softrdmad, when the daemon died. A wait on [`RawCq::event_fd`] that watches it too
+    /// does not sleep through that; polling the CQ then fails. `None` on the embedded
+    /// device, which lives as long as the process.
+    pub fn hangup_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.cq.hangup_fd()
+    }
 }
 
 /// A connection-manager channel of one device (what librdmacm builds an

@@ -489,9 +489,12 @@ fn when_the_daemon_dies_verbs_fail_cleanly_and_regions_still_release_their_memor
     // Verbs are errors, not panics; local memory still works.
     assert!(matches!(qp.send(1, &[]), Err(Error::Daemon(_))));
     assert!(matches!(dev.alloc_pd(), Err(Error::Daemon(_))));
+    // The CQ's ring is still mapped here and says nothing: the poll looks at the connection
+    // and fails, rather than find an empty ring forever.
+    let polled = cq.poll(4);
     assert!(
-        cq.poll(4).unwrap().is_empty(),
-        "the ring is still mapped here"
+        matches!(&polled, Err(e @ Error::Daemon(_)) if e.errno() == 104),
+        "{polled:?}"
     );
     mr.write(0, b"still mine").unwrap();
     // Deregistration fails; the region then ends the connection and waits for the daemon's
@@ -499,6 +502,46 @@ fn when_the_daemon_dies_verbs_fail_cleanly_and_regions_still_release_their_memor
     let buf = mr.into_inner();
     assert_eq!(&buf.as_slice()[..10], b"still mine");
     drop((qp, cq, pd, dev));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_wait_on_a_cq_ends_with_an_error_when_the_daemon_dies() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    let Some(bin) = built_daemon() else {
+        eprintln!("SKIPPED: no softrdmad next to the test binaries");
+        return;
+    };
+    let pid = std::process::id();
+    let port = 20000 + ((pid.wrapping_mul(23) + 5000) % 12000) as u16;
+    let dir = std::env::temp_dir().join(format!("softrdma-dies-waiting-{pid}"));
+    let socket = dir.join("softrdmad.sock");
+    let dev = Device::builder("127.0.0.1".parse().unwrap())
+        .backend(BackendKind::Daemon)
+        .daemon_socket(&socket)
+        .daemon_binary(&bin)
+        .daemon_args(["--addr", "127.0.0.1", "--port", &port.to_string()])
+        .open()
+        .unwrap();
+    let cq = dev.create_cq(8).unwrap();
+    let (_, daemon_pid) = dev.daemon_info().unwrap();
+    // This test started the daemon; it kills it while the main thread sleeps on the CQ.
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        Command::new("kill")
+            .args(["-9", &daemon_pid.to_string()])
+            .status()
+            .unwrap();
+    });
+    let waited = cq.wait(1, Some(std::time::Duration::from_secs(60)));
+    killer.join().unwrap();
+    assert!(
+        matches!(&waited, Err(e @ Error::Daemon(_)) if e.errno() == 104),
+        "the wait ended with {waited:?}, not with the daemon's connection reset"
+    );
+    drop((cq, dev));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

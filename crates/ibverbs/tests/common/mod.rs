@@ -419,6 +419,12 @@ impl TestDaemon {
         self.child.try_wait().expect("try_wait")
     }
 
+    /// Kill the daemon (SIGKILL, as a crash would end it) and reap it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Fails the test if the daemon has exited (it must outlive every client).
     pub fn assert_alive(&mut self) {
         let st = self.exited();

@@ -70,6 +70,9 @@ pub(crate) struct DaemonDevice {
     serial: crate::mr::DeviceSerial,
     /// The process that opened it: a child made by `fork` shares the connection's socket.
     opened_by: u32,
+    /// Another descriptor of the connection's socket: it hangs up when the daemon dies,
+    /// which CQs look for when they find nothing (see `DaemonCq::take`).
+    hangup: Arc<OwnedFd>,
 }
 
 impl Drop for DaemonDevice {
@@ -330,6 +333,7 @@ impl DaemonDevice {
             }
         }
         let event_channel = client.async_event_channel()?;
+        let hangup = Arc::new(client.hangup_fd()?);
         // A daemon without work rings still serves every post by request.
         let doorbell = client.doorbell(info.index).ok().map(Arc::new);
         let work_doorbell = doorbell
@@ -346,6 +350,7 @@ impl DaemonDevice {
             cq_rings: Mutex::new(HashMap::new()),
             serial: crate::mr::DeviceSerial::new(),
             opened_by: std::process::id(),
+            hangup,
             client: Mutex::new(client),
             dev: info.index,
             info,
@@ -687,6 +692,8 @@ impl Provider for Daemon {
                 handle: CqHandle(h),
                 channel,
                 ring,
+                hangup: d.hangup.clone(),
+                empty_polls: AtomicU32::new(0),
             })
         });
         match setup {
@@ -966,7 +973,17 @@ struct DaemonCq {
     handle: CqHandle,
     channel: OwnedFd,
     ring: Arc<Mutex<CqRing>>,
+    /// The connection's hang-up descriptor (`DaemonDevice::hangup`).
+    hangup: Arc<OwnedFd>,
+    /// Polls that found the ring empty: every [`HANGUP_LOOK_EVERY`]th, from the first,
+    /// looks whether the daemon is gone.
+    empty_polls: AtomicU32,
 }
+
+/// How often an empty poll looks at the connection (one system call): a program polling
+/// a CQ in a tight loop learns within microseconds that softrdmad died, and its polls stay
+/// system-call free.
+const HANGUP_LOOK_EVERY: u32 = 64;
 
 impl DaemonCq {
     /// The connection, while the device is open.
@@ -985,10 +1002,21 @@ impl ProviderCq for DaemonCq {
         self.handle
     }
 
+    /// A ring in shared memory says nothing when the daemon dies: empty polls look at the
+    /// connection now and then, and fail (ECONNRESET) once it hung up, rather than find
+    /// nothing forever.
     fn take(&self, out: &mut [WorkCompletion]) -> Result<usize> {
         let n = lock(&self.ring).poll_into(out).map_err(ring_error)?;
         if n > 0 {
             self.dev()?.retire(&out[..n]);
+        } else {
+            // A load and a store, not a read-modify-write: threads polling one CQ at once
+            // only blur the count.
+            let k = self.empty_polls.load(Ordering::Relaxed);
+            self.empty_polls.store(k.wrapping_add(1), Ordering::Relaxed);
+            if k.is_multiple_of(HANGUP_LOOK_EVERY) && runtime::hung_up(self.hangup.as_fd()) {
+                return Err(super::daemon_gone());
+            }
         }
         Ok(n)
     }
@@ -1033,13 +1061,24 @@ impl ProviderCq for DaemonCq {
         if self.ring_len()? > 0 {
             return Ok(());
         }
-        runtime::wait_readable(self.channel.as_fd(), timeout)?;
+        let gone = runtime::wait_readable_or_hangup(
+            self.channel.as_fd(),
+            Some(self.hangup.as_fd()),
+            timeout,
+        )?;
+        if gone {
+            return Err(super::daemon_gone());
+        }
         self.clear_event();
         Ok(())
     }
 
     fn event_fd(&self) -> BorrowedFd<'_> {
         self.channel.as_fd()
+    }
+
+    fn hangup_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.hangup.as_fd())
     }
 
     fn clear_event(&self) -> bool {

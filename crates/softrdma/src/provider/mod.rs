@@ -280,6 +280,11 @@ pub(crate) trait ProviderCq: Send + Sync + fmt::Debug {
     fn event_fd(&self) -> BorrowedFd<'_>;
     /// Consume a pending notification; true if there was one.
     fn clear_event(&self) -> bool;
+    /// A descriptor that hangs up when the device is gone for good (softrdmad died), for
+    /// waits on [`ProviderCq::event_fd`] to watch too; `None` where that cannot happen.
+    fn hangup_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
 }
 
 /// A connection-manager channel as its provider made it: where the events of its listens
@@ -398,6 +403,13 @@ fn yields_when_idle(kind: BackendKind) -> bool {
             && *FEW_CPUS
                 .get_or_init(|| std::thread::available_parallelism().map_or(true, |n| n.get() < 4))
     })
+}
+
+/// The error of every CQ of a softrdmad that died (its connection hung up): ECONNRESET.
+fn daemon_gone() -> Error {
+    Error::Daemon(abi::client::ClientError::Io(
+        std::io::Error::from_raw_os_error(rustix::io::Errno::CONNRESET.raw_os_error()),
+    ))
 }
 
 /// The error of a CQ whose device was closed (only a CQ a C program kept can be asked):

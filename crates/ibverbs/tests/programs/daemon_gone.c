@@ -1,0 +1,45 @@
+/*
+ * A program blocked on softrdmad's device when the daemon dies: ibv_get_cq_event must end
+ * with -1 and errno ECONNRESET rather than wait for ever, and ibv_poll_cq must fail.
+ *
+ *   daemon_gone MARKER
+ *
+ * Creates MARKER just before it blocks in ibv_get_cq_event (the test then kills the
+ * daemon). Prints "DAEMON GONE OK" with what each call returned.
+ */
+#include <errno.h>
+#include <infiniband/verbs.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "check.h"
+
+int main(int argc, char **argv)
+{
+	CHECK(argc == 2, "usage: daemon_gone MARKER");
+	int n = 0;
+	struct ibv_device **list = ibv_get_device_list(&n);
+	CHECK(list && n > 0, "no device");
+	struct ibv_context *ctx = ibv_open_device(list[0]);
+	CHECK(ctx, "ibv_open_device: %s", strerror(errno));
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+	CHECK(ch, "ibv_create_comp_channel");
+	struct ibv_cq *cq = ibv_create_cq(ctx, 8, NULL, ch, 0);
+	CHECK(cq, "ibv_create_cq");
+	CHECK(ibv_req_notify_cq(cq, 0) == 0, "ibv_req_notify_cq");
+	FILE *m = fopen(argv[1], "w");
+	CHECK(m, "create %s", argv[1]);
+	fclose(m);
+	struct ibv_cq *got;
+	void *cq_ctx;
+	int r = ibv_get_cq_event(ch, &got, &cq_ctx);
+	int err = errno;
+	CHECK(r == -1 && err == ECONNRESET, "ibv_get_cq_event returned %d (errno %d: %s)", r,
+	      err, strerror(err));
+	struct ibv_wc wc;
+	int polled = ibv_poll_cq(cq, 1, &wc);
+	CHECK(polled < 0, "ibv_poll_cq returned %d after the daemon died", polled);
+	printf("DAEMON GONE OK: ibv_get_cq_event %d (%s), ibv_poll_cq %d\n", r, strerror(err),
+	       polled);
+	return 0;
+}
