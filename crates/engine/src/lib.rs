@@ -223,6 +223,10 @@ pub enum AsyncEvent {
         /// The port number.
         port: u8,
     },
+    /// The device failed for good (`IBV_EVENT_DEVICE_FATAL`): nothing on it works any
+    /// more. Never raised by an engine: a client of softrdmad raises it, once, when the
+    /// daemon died.
+    DeviceFatal,
 }
 
 /// First QPN handed out: QP0 and QP1 are the special QPs of IBA 10.2.5 (SMI, GSI).

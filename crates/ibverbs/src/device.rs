@@ -230,6 +230,9 @@ pub(crate) struct Ctx {
     /// The process that opened it: a child made by `fork` holds a copy of the context, and
     /// of the objects on it, that are not its own to destroy.
     opened_by: u32,
+    /// The device's hang-up descriptor (softrdmad's connection), which `async_watch` also
+    /// watches until `IBV_EVENT_DEVICE_FATAL` was handed out.
+    pub(crate) hangup: Option<std::os::fd::RawFd>,
 }
 
 impl Ctx {
@@ -448,6 +451,11 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         return fail(libc::EMFILE);
     };
     async_watch.add(shared.dev.async_event_fd().as_raw_fd());
+    // softrdmad dying is an asynchronous event too (IBV_EVENT_DEVICE_FATAL).
+    let hangup = shared.dev.hangup_fd().map(|h| h.as_raw_fd());
+    if let Some(h) = hangup {
+        async_watch.add_hangup(h);
+    }
     let async_fd = async_watch.raw();
     let ctx = Box::new(Ctx {
         vctx: verbs_context {
@@ -472,6 +480,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
         _cmd_fd: cmd_fd,
         async_watch,
         opened_by: std::process::id(),
+        hangup,
     });
     let p = Box::into_raw(ctx);
     // SAFETY: `p` is a live Box allocation; taking a field address does not move it.

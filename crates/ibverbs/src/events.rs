@@ -16,6 +16,7 @@ use crate::set_errno;
 mod event_type {
     pub const CQ_ERR: u32 = 0;
     pub const QP_FATAL: u32 = 1;
+    pub const DEVICE_FATAL: u32 = 8;
     pub const SQ_DRAINED: u32 = 5;
     pub const PORT_ACTIVE: u32 = 9;
     pub const PORT_ERR: u32 = 10;
@@ -43,6 +44,8 @@ fn to_c(cx: &Ctx, ev: &AsyncEvent) -> Option<ibv_async_event> {
         }
         AsyncEvent::PortActive { port: p } => (port(p), event_type::PORT_ACTIVE),
         AsyncEvent::PortErr { port: p } => (port(p), event_type::PORT_ERR),
+        // A device event names no object.
+        AsyncEvent::DeviceFatal => (std::ptr::null_mut(), event_type::DEVICE_FATAL),
         #[allow(unreachable_patterns)]
         _ => return None,
     };
@@ -112,6 +115,12 @@ pub unsafe extern "C" fn ibv_get_async_event(
                 }
             }
             while let Some(ev) = q.pop_front() {
+                if ev == AsyncEvent::DeviceFatal {
+                    // Said once: `async_fd` stops watching the dead connection.
+                    if let Some(h) = cx.hangup {
+                        cx.async_watch.remove(h);
+                    }
+                }
                 if let Some(out) = to_c(cx, &ev) {
                     if !q.is_empty() {
                         signal(fd);

@@ -25,8 +25,18 @@ impl Watch {
 
     /// Watch `fd` for readability (level-triggered).
     pub(crate) fn add(&self, fd: RawFd) {
+        self.add_for(fd, libc::EPOLLIN as u32);
+    }
+
+    /// Watch socket `fd` for its peer hanging up only (not for data it may carry).
+    pub(crate) fn add_hangup(&self, fd: RawFd) {
+        // EPOLLHUP and EPOLLERR are reported whatever is asked.
+        self.add_for(fd, 0);
+    }
+
+    fn add_for(&self, fd: RawFd, events: u32) {
         let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
+            events,
             u64: fd as u64,
         };
         // SAFETY: a valid epoll descriptor and event struct; a failure (already watched)

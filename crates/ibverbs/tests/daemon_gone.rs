@@ -1,6 +1,7 @@
 //! A program blocked in `ibv_get_cq_event` on softrdmad's device when the daemon dies: the
 //! wait ends with `ECONNRESET` (the connection hung up) instead of lasting for ever, and
-//! `ibv_poll_cq` fails, rather than find an empty ring for ever
+//! `ibv_poll_cq` fails, rather than find an empty ring for ever; `async_fd` wakes and
+//! `ibv_get_async_event` gives one `IBV_EVENT_DEVICE_FATAL`, after which `async_fd` is quiet
 //! (tests/programs/daemon_gone.c, built against Debian's libibverbs, run on the drop-in).
 
 mod common;

@@ -481,6 +481,14 @@ impl Device {
         self.provider().async_event_fd()
     }
 
+    /// A descriptor that hangs up (`POLLHUP`) when the device is gone for good, until the
+    /// [`AsyncEvent::DeviceFatal`] that says so was taken: on softrdmad, when the daemon
+    /// died. A wait on [`Device::async_event_fd`] that watches it too wakes for that event.
+    /// `None` on the embedded device, which lives as long as the process.
+    pub fn hangup_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.provider().hangup_fd()
+    }
+
     /// Drive the device from the calling thread once, for loops that poll memory rather
     /// than a CQ (an RDMA WRITE ping-pong); returns the packets handled. Embedded: see
     /// `Runtime::poll_progress`. On the daemon backend the daemon drives its devices itself:

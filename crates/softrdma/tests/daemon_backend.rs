@@ -11,7 +11,8 @@ use std::process::Command;
 
 use common::{all_access, open_on, WAIT};
 use softrdma::{
-    AccessFlags, BackendKind, Buffer, Device, Error, MwType, VerbsError, WcOpcode, WcStatus,
+    AccessFlags, AsyncEvent, BackendKind, Buffer, Device, Error, MwType, VerbsError, WcOpcode,
+    WcStatus,
 };
 
 /// Set in the child process of the two-process test: the parent's TCP address.
@@ -496,6 +497,9 @@ fn when_the_daemon_dies_verbs_fail_cleanly_and_regions_still_release_their_memor
         matches!(&polled, Err(e @ Error::Daemon(_)) if e.errno() == 104),
         "{polled:?}"
     );
+    // One DeviceFatal says the device is gone, as a NIC that failed says it; then nothing.
+    assert_eq!(dev.async_event().unwrap(), Some(AsyncEvent::DeviceFatal));
+    assert_eq!(dev.async_event().unwrap(), None);
     mr.write(0, b"still mine").unwrap();
     // Deregistration fails; the region then ends the connection and waits for the daemon's
     // side to close (at once: it is dead) before the buffer is freed.

@@ -1,6 +1,9 @@
 /*
  * A program blocked on softrdmad's device when the daemon dies: ibv_get_cq_event must end
- * with -1 and errno ECONNRESET rather than wait for ever, and ibv_poll_cq must fail.
+ * with -1 and errno ECONNRESET rather than wait for ever, and ibv_poll_cq must fail. The
+ * context's async_fd must be readable, ibv_get_async_event must then give one
+ * IBV_EVENT_DEVICE_FATAL (as a NIC that failed does), and after it async_fd must be quiet
+ * again (a program that polls it, as UCX does, must not spin).
  *
  *   daemon_gone MARKER
  *
@@ -8,7 +11,9 @@
  * daemon). Prints "DAEMON GONE OK" with what each call returned.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <infiniband/verbs.h>
+#include <poll.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -39,7 +44,20 @@ int main(int argc, char **argv)
 	struct ibv_wc wc;
 	int polled = ibv_poll_cq(cq, 1, &wc);
 	CHECK(polled < 0, "ibv_poll_cq returned %d after the daemon died", polled);
-	printf("DAEMON GONE OK: ibv_get_cq_event %d (%s), ibv_poll_cq %d\n", r, strerror(err),
-	       polled);
+	struct pollfd p = { .fd = ctx->async_fd, .events = POLLIN };
+	CHECK(poll(&p, 1, 5000) == 1, "async_fd did not become readable");
+	struct ibv_async_event ev;
+	CHECK(ibv_get_async_event(ctx, &ev) == 0, "ibv_get_async_event: %s", strerror(errno));
+	CHECK(ev.event_type == IBV_EVENT_DEVICE_FATAL, "async event %d, not DEVICE_FATAL",
+	      (int)ev.event_type);
+	ibv_ack_async_event(&ev);
+	p.revents = 0;
+	CHECK(poll(&p, 1, 200) == 0, "async_fd still readable after DEVICE_FATAL was taken");
+	int flags = fcntl(ctx->async_fd, F_GETFL);
+	CHECK(fcntl(ctx->async_fd, F_SETFL, flags | O_NONBLOCK) == 0, "O_NONBLOCK");
+	CHECK(ibv_get_async_event(ctx, &ev) == -1 && errno == EAGAIN,
+	      "a second event after DEVICE_FATAL (errno %d)", errno);
+	printf("DAEMON GONE OK: ibv_get_cq_event %d (%s), ibv_poll_cq %d, IBV_EVENT_DEVICE_FATAL "
+	       "once\n", r, strerror(err), polled);
 	return 0;
 }

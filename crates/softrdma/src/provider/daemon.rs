@@ -73,6 +73,8 @@ pub(crate) struct DaemonDevice {
     /// Another descriptor of the connection's socket: it hangs up when the daemon dies,
     /// which CQs look for when they find nothing (see `DaemonCq::take`).
     hangup: Arc<OwnedFd>,
+    /// `AsyncEvent::DeviceFatal` was handed out (once: the daemon died).
+    fatal_told: std::sync::atomic::AtomicBool,
 }
 
 impl Drop for DaemonDevice {
@@ -351,6 +353,7 @@ impl DaemonDevice {
             serial: crate::mr::DeviceSerial::new(),
             opened_by: std::process::id(),
             hangup,
+            fatal_told: std::sync::atomic::AtomicBool::new(false),
             client: Mutex::new(client),
             dev: info.index,
             info,
@@ -524,10 +527,16 @@ impl Provider for Daemon {
         0
     }
 
+    /// Once the daemon died, its events are gone with it: one `DeviceFatal` says so, as a
+    /// NIC that failed raises `IBV_EVENT_DEVICE_FATAL`.
     fn async_event(&self) -> Result<Option<AsyncEvent>> {
         let d = &self.dev;
         let mut q = lock(&d.events);
         if q.is_empty() {
+            if runtime::hung_up(d.hangup.as_fd()) {
+                let first = !d.fatal_told.swap(true, Ordering::Relaxed);
+                return Ok(first.then_some(AsyncEvent::DeviceFatal));
+            }
             q.extend(d.c().async_events()?);
         }
         Ok(q.pop_front())
@@ -535,7 +544,8 @@ impl Provider for Daemon {
 
     fn wait_async_event(&self, timeout: Option<Duration>) -> Result<()> {
         let channel = &self.dev.event_channel;
-        runtime::wait_readable(channel.as_fd(), timeout)?;
+        // After `DeviceFatal` nothing more comes: the wait sleeps as long as it was asked.
+        runtime::wait_readable_or_hangup(channel.as_fd(), self.hangup_fd(), timeout)?;
         // Clear it (non-blocking: the flag travels with the open file); the caller asks the
         // daemon next, and an event of another connection was a spurious wakeup.
         let mut b = [0u8; 8];
@@ -545,6 +555,10 @@ impl Provider for Daemon {
 
     fn async_event_fd(&self) -> BorrowedFd<'_> {
         self.dev.event_channel.as_fd()
+    }
+
+    fn hangup_fd(&self) -> Option<BorrowedFd<'_>> {
+        (!self.dev.fatal_told.load(Ordering::Relaxed)).then(|| self.dev.hangup.as_fd())
     }
 
     fn alloc_pd(&self) -> Result<PdHandle> {

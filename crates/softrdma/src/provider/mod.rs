@@ -144,6 +144,12 @@ pub(crate) trait Provider: Send + Sync + fmt::Debug {
     fn wait_async_event(&self, timeout: Option<Duration>) -> Result<()>;
     /// Readable when an asynchronous event may be waiting.
     fn async_event_fd(&self) -> BorrowedFd<'_>;
+    /// A descriptor that hangs up when the device is gone for good (softrdmad died), until
+    /// [`AsyncEvent::DeviceFatal`] was taken, for waits on [`Provider::async_event_fd`] to
+    /// watch too; `None` where that cannot happen.
+    fn hangup_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
 
     /// `ibv_alloc_pd`.
     fn alloc_pd(&self) -> Result<PdHandle>;
