@@ -689,15 +689,8 @@ pub(crate) unsafe fn destroy_left(cx: &Ctx, left: &[(Kind, usize)]) {
             Kind::Mw => raw.dealloc_mw(unsafe { &*(ptr as *const Mw) }.handle),
             Kind::Ah => raw.destroy_ah(unsafe { &*(ptr as *const Ah) }.handle),
             Kind::Srq => raw.destroy_srq(unsafe { &*(ptr as *const Srq) }.handle),
-            Kind::Cq => {
-                let q = unsafe { &*(ptr as *const Cq) };
-                let r = raw.destroy_cq(&q.raw);
-                if r.is_ok() {
-                    // SAFETY: `ptr` is `q`'s address; a channel outlives its CQs.
-                    unsafe { unlink_from_channel(ptr as *mut ibv_cq, q) };
-                }
-                r
-            }
+            // Its channel lets go of it in `release_left`.
+            Kind::Cq => raw.destroy_cq(&unsafe { &*(ptr as *const Cq) }.raw),
             Kind::Mr => raw.dereg_mr(unsafe { &*(ptr as *const Mr) }.handle),
             Kind::Pd => raw.dealloc_pd(unsafe { &*(ptr as *const Pd) }.handle),
         };
@@ -707,7 +700,8 @@ pub(crate) unsafe fn destroy_left(cx: &Ctx, left: &[(Kind, usize)]) {
 /// Free what the objects a closed context left hold besides their C structs: a CQ's event
 /// descriptor and, on softrdmad, the mapping of its ring. Without this, a program that
 /// closes contexts with CQs on them, again and again, runs out of descriptors (and address
-/// space: half a megabyte of mapping per CQ on softrdmad).
+/// space: half a megabyte of mapping per CQ on softrdmad). A CQ leaves its completion
+/// channel first: the channel is the program's, and may still be waited on or destroyed.
 ///
 /// # Safety
 /// Each address is a live box of its kind whose context is being closed (after
@@ -715,9 +709,13 @@ pub(crate) unsafe fn destroy_left(cx: &Ctx, left: &[(Kind, usize)]) {
 pub(crate) unsafe fn release_left(left: &[(Kind, usize)]) {
     for &(kind, ptr) in left {
         if kind == Kind::Cq {
-            // SAFETY: a live CQ box no one else uses now (the caller's contract); `raw` is
-            // dropped once (ibv_destroy_cq cannot come after the close).
-            unsafe { ManuallyDrop::drop(&mut (*(ptr as *mut Cq)).raw) };
+            // SAFETY: a live CQ box no one else uses now (the caller's contract), whose
+            // channel, if any, outlives it; `raw` is dropped once (ibv_destroy_cq cannot
+            // come after the close).
+            unsafe {
+                unlink_from_channel(ptr as *mut ibv_cq, &*(ptr as *const Cq));
+                ManuallyDrop::drop(&mut (*(ptr as *mut Cq)).raw);
+            }
         }
     }
 }

@@ -1,8 +1,9 @@
 /*
- * Open a context, make a PD, a CQ, an MR and a QP on it, and close it without destroying
- * any of them, many times over: the process's descriptors and address space must stay
- * flat (what the device held for the objects goes with the close; only their C structs
- * stay, as rdma-core leaves them).
+ * Open a context, make a PD, a CQ on a completion channel, an MR and a QP on it, and close
+ * it without destroying any of them, many times over: the process's descriptors and address
+ * space must stay flat (what the device held for the objects goes with the close; only
+ * their C structs stay, as rdma-core leaves them). The completion channel is the program's:
+ * it is destroyed after the close, which its CQ must have let go of.
  *
  *   close_leftovers [ROUNDS]
  *
@@ -58,7 +59,9 @@ int main(int argc, char **argv)
 		struct ibv_context *c = ibv_open_device(list[0]);
 		CHECK(c, "ibv_open_device (round %d): %s", i, strerror(errno));
 		struct ibv_pd *pd = ibv_alloc_pd(c);
-		struct ibv_cq *cq = ibv_create_cq(c, 16, NULL, NULL, 0);
+		struct ibv_comp_channel *ch = ibv_create_comp_channel(c);
+		CHECK(ch, "ibv_create_comp_channel (round %d)", i);
+		struct ibv_cq *cq = ibv_create_cq(c, 16, NULL, ch, 0);
 		CHECK(pd && cq, "PD or CQ (round %d)", i);
 		struct ibv_mr *mr = ibv_reg_mr(pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE);
 		struct ibv_qp_init_attr init = {
@@ -69,6 +72,8 @@ int main(int argc, char **argv)
 		struct ibv_qp *qp = ibv_create_qp(pd, &init);
 		CHECK(mr && qp, "MR or QP (round %d): %s", i, strerror(errno));
 		CHECK(ibv_close_device(c) == 0, "ibv_close_device (round %d)", i);
+		int r = ibv_destroy_comp_channel(ch);
+		CHECK(r == 0, "ibv_destroy_comp_channel after the close (round %d): %d", i, r);
 		if (i == WARMUP - 1) {
 			fds = descriptors();
 			vm = address_space();
