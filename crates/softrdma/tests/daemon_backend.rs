@@ -448,36 +448,55 @@ fn the_examples_run_unchanged_on_a_daemon_chosen_by_the_environment() {
     eprintln!("{ran} examples ran through softrdmad");
 }
 
-#[test]
-fn when_the_daemon_dies_verbs_fail_cleanly_and_regions_still_release_their_memory() {
+/// A device on a softrdmad of its own (started by the library from the built binary, on a
+/// socket in a temp folder named after `tag`), so that a test may kill it; the folder to
+/// remove afterwards. `None` (the test skips) without a built softrdmad, or in the child
+/// process of the two-process test.
+fn device_on_own_daemon(tag: &str) -> Option<(Device, PathBuf)> {
     if std::env::var_os(CHILD_ENV).is_some() {
-        return;
+        return None;
     }
     let Some(bin) = built_daemon() else {
         eprintln!("SKIPPED: no softrdmad next to the test binaries");
-        return;
+        return None;
     };
     let pid = std::process::id();
-    let port = 20000 + ((pid.wrapping_mul(19) + 3000) % 12000) as u16;
-    let dir = std::env::temp_dir().join(format!("softrdma-dies-{pid}"));
-    let socket = dir.join("softrdmad.sock");
+    // Tags hash to ports apart, so that the tests of this binary never share one.
+    let salt = tag
+        .bytes()
+        .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)));
+    let port = 20000 + (pid.wrapping_mul(19).wrapping_add(salt) % 12000) as u16;
+    let dir = std::env::temp_dir().join(format!("softrdma-{tag}-{pid}"));
     let dev = Device::builder("127.0.0.1".parse().unwrap())
         .backend(BackendKind::Daemon)
-        .daemon_socket(&socket)
+        .daemon_socket(dir.join("softrdmad.sock"))
         .daemon_binary(&bin)
         .daemon_args(["--addr", "127.0.0.1", "--port", &port.to_string()])
         .open()
         .unwrap();
+    Some((dev, dir))
+}
+
+/// SIGKILL softrdmad `pid` (a crash), as a test that started it may.
+fn kill_daemon(pid: u32) {
+    Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap();
+}
+
+#[test]
+fn when_the_daemon_dies_verbs_fail_cleanly_and_regions_still_release_their_memory() {
+    let Some((dev, dir)) = device_on_own_daemon("dies") else {
+        return;
+    };
     let pd = dev.alloc_pd().unwrap();
     let cq = dev.create_cq(8).unwrap();
     let qp = pd.qp_builder(&cq, &cq).build().unwrap();
     let mr = pd.register(Buffer::zeroed(4096), all_access()).unwrap();
     let (_, daemon_pid) = dev.daemon_info().unwrap();
-    // This test started the daemon; it ends it, by its pid, and waits until it is gone.
-    Command::new("kill")
-        .args(["-9", &daemon_pid.to_string()])
-        .status()
-        .unwrap();
+    // Ended by its pid; then the test waits until it is gone.
+    kill_daemon(daemon_pid);
     let gone = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while Command::new("kill")
         .args(["-0", &daemon_pid.to_string()])
@@ -511,33 +530,15 @@ fn when_the_daemon_dies_verbs_fail_cleanly_and_regions_still_release_their_memor
 
 #[test]
 fn a_wait_on_a_cq_ends_with_an_error_when_the_daemon_dies() {
-    if std::env::var_os(CHILD_ENV).is_some() {
-        return;
-    }
-    let Some(bin) = built_daemon() else {
-        eprintln!("SKIPPED: no softrdmad next to the test binaries");
+    let Some((dev, dir)) = device_on_own_daemon("dies-waiting") else {
         return;
     };
-    let pid = std::process::id();
-    let port = 20000 + ((pid.wrapping_mul(23) + 5000) % 12000) as u16;
-    let dir = std::env::temp_dir().join(format!("softrdma-dies-waiting-{pid}"));
-    let socket = dir.join("softrdmad.sock");
-    let dev = Device::builder("127.0.0.1".parse().unwrap())
-        .backend(BackendKind::Daemon)
-        .daemon_socket(&socket)
-        .daemon_binary(&bin)
-        .daemon_args(["--addr", "127.0.0.1", "--port", &port.to_string()])
-        .open()
-        .unwrap();
     let cq = dev.create_cq(8).unwrap();
     let (_, daemon_pid) = dev.daemon_info().unwrap();
-    // This test started the daemon; it kills it while the main thread sleeps on the CQ.
+    // Killed while the main thread sleeps on the CQ.
     let killer = std::thread::spawn(move || {
         std::thread::sleep(std::time::Duration::from_millis(300));
-        Command::new("kill")
-            .args(["-9", &daemon_pid.to_string()])
-            .status()
-            .unwrap();
+        kill_daemon(daemon_pid);
     });
     let waited = cq.wait(1, Some(std::time::Duration::from_secs(60)));
     killer.join().unwrap();
