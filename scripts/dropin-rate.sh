@@ -9,7 +9,8 @@
 #
 # ITERS sets perftest's -n (default 3000000), SIZE its -s (2), REPEAT the rows per test (3),
 # PERFTEST passes further perftest options (e.g. "--cq-mod 32"). PIN=1 puts softrdmad on
-# CPU 0 and both perftest processes on CPU 1. Builds the release binaries first; uses its
+# CPU 0 and both perftest processes on CPU 1. HOG=1 runs a busy loop beside everything
+# (a busy neighbour; the UDP baseline runs beside it too). Builds the release binaries first; uses its
 # own socket and a port outside the default 4791, so a softrdmad already running is left
 # alone.
 set -euo pipefail
@@ -26,6 +27,11 @@ B=$PWD/target/release
 TMP=$(mktemp -d)
 # shellcheck source=scripts/bench-daemon.sh
 . scripts/bench-daemon.sh
+if [ "${HOG:-0}" = 1 ]; then
+    sh -c 'while :; do :; done' &
+    HOG_PID=$!
+    trap 'kill $HOG_PID $DPID 2>/dev/null; wait $DPID 2>/dev/null; rm -rf "$TMP"' EXIT
+fi
 PORT=$((20000 + RANDOM % 5000))
 echo "| test | -s | messages | M msg/s | UDP datagrams, same run (M/s) | ratio | softrdmad CPU per message (us) |"
 echo "|---|---|---|---|---|---|---|"

@@ -9,15 +9,17 @@
 //! CQ ring's arm word, [`crate::ring::Ring::arm`], where it would push a WQE, and rings
 //! the bit the same way).
 //!
-//! Layout (native byte order; the sleeping word, the summary and the bitmap each on cache
-//! lines of their own):
+//! Layout (native byte order; the sleeping word, the waiting words, the summary and the
+//! bitmap each on cache lines of their own):
 //!
 //! | offset | field |
 //! |---|---|
 //! | 0 | magic [`DOORBELL_MAGIC`], version, bits ([`BITS`]) |
 //! | 64 | sleeping word: non-zero while the daemon's progress thread sleeps and wants the device's eventfd written |
-//! | 128 | summary: [`SUMMARY_WORDS`] words of 64 bits, bit `b` of word `s` for bitmap word `64 s + b` |
-//! | 256 | bitmap: [`WORDS`] words of 64 bits, bit `b` of word `w` for ring `64 w + b` |
+//! | 128 | waiter count: the client's threads asleep until completions come ([`DoorbellPage::wait_for_completions`]) |
+//! | 132 | wake word: the futex those threads sleep on, bumped by the daemon to wake them |
+//! | 192 | summary: [`SUMMARY_WORDS`] words of 64 bits, bit `b` of word `s` for bitmap word `64 s + b` |
+//! | 320 | bitmap: [`WORDS`] words of 64 bits, bit `b` of word `w` for ring `64 w + b` |
 //!
 //! Two levels, so that the daemon looks at [`SUMMARY_WORDS`] words per pass, not [`WORDS`]:
 //! after pushing a WQE the client sets its ring's bit, then the summary bit of the ring's
@@ -72,17 +74,39 @@
 //!    read of the summary comes after the post's last bit access and finds the bit that
 //!    post relies on set — unless the pass of point 1 or 2 took it since. Otherwise the
 //!    client reads the word set and writes the eventfd.
+//!
+//! # Sleeping until completions come
+//!
+//! A client thread that polls its CQ rings in a loop and finds nothing takes CPU from the
+//! daemon that would produce what it waits for; where they share a CPU with other busy
+//! threads, the daemon waits for a time slice behind the pollers and the stream all but
+//! stops. Such a thread may sleep instead ([`DoorbellPage::wait_for_completions`]): it
+//! counts itself in the waiter count, reads the wake word, looks at its CQ once more, and
+//! sleeps on the wake word (a futex: shared memory, so the kernel finds it by the file, in
+//! both processes) only if it still holds the value read. The daemon, after publishing
+//! completions into rings of the connection, reads the waiter count
+//! ([`DoorbellPage::wake_waiters`]) and, if it is not zero, bumps the wake word and wakes
+//! its sleepers. Both sides put a full fence between their write and their read (the
+//! store-buffering pattern, as for the sleeping word): a client whose look missed the
+//! daemon's producer index is counted where the daemon reads, so the wake word moves after
+//! the client read it and its sleep ends at once or is woken. The sleeps are bounded by
+//! the client's own timeout, so a waiter count left set by a dead or hostile client costs
+//! the daemon a wake per delivery to that connection, and nothing else.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use rustix::thread::futex;
+use rustix::time::Timespec;
 
 use crate::ring::RingError;
 use crate::shm::SharedMemory;
 
 /// First word of a doorbell page: `"SRDB"`.
 pub const DOORBELL_MAGIC: u32 = u32::from_le_bytes(*b"SRDB");
-/// 2: the summary words, 65 536 bits.
-const VERSION: u32 = 2;
+/// 3: the waiting words.
+const VERSION: u32 = 3;
 /// Bits in a page: the most work rings a connection may have on one device.
 pub const BITS: u32 = 1 << 16;
 /// Words of the bitmap.
@@ -95,11 +119,24 @@ fn summary_words(words: usize) -> usize {
     words.min(WORDS).div_ceil(64)
 }
 const SLEEPING: usize = 64;
-const SUMMARY: usize = 128;
+const WAITERS: usize = 128;
+const WAKE: usize = 132;
+const SUMMARY: usize = 192;
 const BITMAP: usize = SUMMARY + 2 * 64;
 const LEN: usize = BITMAP + WORDS * 8;
 
 const _: () = assert!(SUMMARY + SUMMARY_WORDS * 8 <= BITMAP);
+
+/// How [`DoorbellPage::wait_for_completions`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waited {
+    /// What the caller waits for was there: no sleep.
+    Ready,
+    /// The daemon delivered completions to the connection (or the sleep was interrupted).
+    Woken,
+    /// Nothing came in the time given.
+    TimedOut,
+}
 
 /// Which end of the page this mapping is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -286,6 +323,52 @@ impl DoorbellPage {
     pub fn daemon_sleeps(&self) -> bool {
         fence(Ordering::SeqCst);
         self.word32(SLEEPING).load(Ordering::SeqCst) != 0
+    }
+
+    /// Daemon, after publishing completions into CQ rings of this page's connection: wake
+    /// the client's threads that sleep until completions come
+    /// ([`DoorbellPage::wait_for_completions`]). Returns whether any was counted (then the
+    /// wake word moved and one system call woke them). The full fence orders the rings'
+    /// producer indices before the read of the count (see "Sleeping until completions
+    /// come").
+    pub fn wake_waiters(&self) -> bool {
+        fence(Ordering::SeqCst);
+        if self.word32(WAITERS).load(Ordering::SeqCst) == 0 {
+            return false;
+        }
+        let wake = self.word32(WAKE);
+        wake.fetch_add(1, Ordering::SeqCst);
+        // Nothing to do about a failure: the sleepers' own timeouts end their sleep.
+        let _ = futex::wake(wake, futex::Flags::empty(), u32::MAX);
+        true
+    }
+
+    /// Client: sleep until the daemon publishes completions into a CQ ring of this
+    /// connection, or `timeout` passes, unless `ready` (called after this thread counted
+    /// itself as a waiter, so a completion it misses wakes it) says that what the caller
+    /// waits for is there already.
+    pub fn wait_for_completions(&self, timeout: Duration, ready: impl FnOnce() -> bool) -> Waited {
+        let waiters = self.word32(WAITERS);
+        let wake = self.word32(WAKE);
+        waiters.fetch_add(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        let seen = wake.load(Ordering::SeqCst);
+        let waited = if ready() {
+            Waited::Ready
+        } else {
+            let t = Timespec {
+                tv_sec: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
+                tv_nsec: i64::from(timeout.subsec_nanos()),
+            };
+            match futex::wait(wake, futex::Flags::empty(), seen, Some(&t)) {
+                Err(rustix::io::Errno::TIMEDOUT) => Waited::TimedOut,
+                // Woken, or the word moved before the sleep began (a delivery came), or a
+                // signal: the caller looks again.
+                _ => Waited::Woken,
+            }
+        };
+        waiters.fetch_sub(1, Ordering::SeqCst);
+        waited
     }
 
     /// Client: set bitmap word `i` to `bits` as is, whatever rings they name, and no summary
@@ -519,5 +602,40 @@ mod tests {
         assert!(d.rung(WORDS));
         assert!(taken(&d).is_empty());
         assert!(!d.rung(WORDS));
+    }
+
+    #[test]
+    fn a_client_sleeps_until_completions_come_and_not_when_they_are_there() {
+        let (d, fd) = DoorbellPage::create().unwrap();
+        let c = DoorbellPage::open(&fd).unwrap();
+        // Nobody waits: nothing to wake, no system call.
+        assert!(!d.wake_waiters());
+        // What the caller waits for is there: no sleep, and no waiter left counted.
+        let waited = c.wait_for_completions(Duration::from_secs(5), || true);
+        assert_eq!(waited, Waited::Ready);
+        assert!(!d.wake_waiters());
+        // Nothing comes: the sleep runs out.
+        let t0 = std::time::Instant::now();
+        let waited = c.wait_for_completions(Duration::from_millis(20), || false);
+        assert_eq!(waited, Waited::TimedOut);
+        assert!(t0.elapsed() >= Duration::from_millis(20));
+        // A delivery wakes a sleeper long before its timeout: the daemon's side keeps
+        // waking until the client's thread counted itself and slept.
+        let (tx, rx) = mpsc::channel();
+        let sleeper = std::thread::spawn(move || {
+            let waited = c.wait_for_completions(Duration::from_secs(60), || false);
+            tx.send(waited).unwrap();
+        });
+        let woke = loop {
+            if d.wake_waiters() {
+                // The wake word moved after the sleeper read it: its sleep ends at once,
+                // or it is woken.
+                break rx.recv_timeout(Duration::from_secs(10));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert_eq!(woke, Ok(Waited::Woken));
+        sleeper.join().unwrap();
+        assert!(!d.wake_waiters(), "the waiter count went back to zero");
     }
 }

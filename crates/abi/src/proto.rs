@@ -60,7 +60,9 @@ use crate::wqe::Cqe;
 
 /// First four bytes of every message: `"SRDM"`.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"SRDM");
-/// The protocol version this crate speaks (13: CQs are armed through their rings —
+/// The protocol version this crate speaks (14: the doorbell page's waiting words, where a
+/// client's pollers sleep until completions come — [`crate::doorbell`]; 13: CQs are armed
+/// through their rings —
 /// [`Request::AttachCqArm`] and the rings' arm word; 12: rings live in the connection's ring arena —
 /// [`Response::WorkRingAt`] and [`Response::RingAt`] name a ring's place, the doorbell page
 /// has 65 536 bits and a summary; 11: work rings ring bits of a doorbell page —
@@ -69,7 +71,7 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SRDM");
 /// `ConnParam::qp_num`, [`Request::CmEstablish`], [`Request::CmInitQpAttr`]; 5: the
 /// connection manager's requests and events; 4: messages are generated from their tables
 /// and carry the engine's types whole).
-pub const VERSION: u16 = 13;
+pub const VERSION: u16 = 14;
 /// Size of the fixed header.
 pub const HEADER_LEN: usize = 16;
 /// Largest body accepted (inline data and completion batches fit easily).

@@ -73,6 +73,8 @@ pub struct Rings {
     unfinished: Vec<CqHandle>,
     /// The CQs one delivery visits (kept to reuse its storage).
     todo: Vec<CqHandle>,
+    /// The connections one delivery gave completions (kept to reuse its storage).
+    fed: Vec<ConnId>,
     /// The CQs whose arm bits a pass found set (kept to reuse its storage).
     armed: Vec<CqHandle>,
     /// Clients' SQ, RQ and SRQ rings, with their doorbell pages, by connection.
@@ -139,17 +141,20 @@ impl Attachment for Rings {
             }
             todo.push(cq);
         }
+        let mut fed = std::mem::take(&mut self.fed);
         for cq in todo.drain(..) {
             // A CQ without a ring keeps its completions for `PollCq` on the control socket.
             let Some(c) = self.cq_rings.get_mut(&cq) else {
                 continue;
             };
             match fill_ring(engine, cq, &mut c.ring) {
-                Ok(false) => {}
-                Ok(true) => {
+                Ok(filled) => {
+                    if filled.delivered && !fed.contains(&c.conn) {
+                        fed.push(c.conn);
+                    }
                     // The ring is full: the client rings the doorbell when it frees slots
                     // (the backlog word), and every pass until then looks again.
-                    if !c.unfinished {
+                    if filled.full && !c.unfinished {
                         c.unfinished = true;
                         self.unfinished.push(cq);
                     }
@@ -162,12 +167,21 @@ impl Attachment for Rings {
             }
         }
         self.todo = todo;
+        // The client threads of these connections that sleep until completions come.
+        for conn in fed.drain(..) {
+            if self.work.get(&conn).is_some_and(ConnRings::wake_waiters) {
+                self.stats.completion_wakes.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.fed = fed;
     }
 }
 
 /// The daemon's end of a CQ's ring.
 struct CompletionRing {
     ring: Ring,
+    /// The connection whose CQ it is (whose doorbell page wakes its sleeping pollers).
+    conn: ConnId,
     /// The client's arm word last acted on ([`Ring::arm_request`]).
     arm_seen: u32,
     /// Listed in [`Rings::unfinished`].
@@ -257,6 +271,7 @@ impl Device {
             cq_rings: HashMap::new(),
             unfinished: Vec::new(),
             todo: Vec::new(),
+            fed: Vec::new(),
             armed: Vec::new(),
             work: HashMap::new(),
             asleep: false,
@@ -300,8 +315,14 @@ impl Device {
         f(&g)
     }
 
-    /// Deliver `cq`'s completions into `ring` from now on (those already queued first).
-    pub fn attach_ring(&self, cq: CqHandle, ring: Ring) -> Result<(), engine::VerbsError> {
+    /// Deliver `cq`'s completions into `ring` from now on (those already queued first); the
+    /// CQ is connection `conn`'s.
+    pub fn attach_ring(
+        &self,
+        conn: ConnId,
+        cq: CqHandle,
+        ring: Ring,
+    ) -> Result<(), engine::VerbsError> {
         let mut g = self.rt.lock();
         g.cq_len(cq)?;
         let rings = g.attachment_mut();
@@ -309,6 +330,7 @@ impl Device {
             cq,
             CompletionRing {
                 ring,
+                conn,
                 arm_seen: 0,
                 // What the CQ holds already goes into the ring at the next pass.
                 unfinished: true,
@@ -502,14 +524,24 @@ impl Device {
     }
 }
 
-/// Move as many of `cq`'s completions into its ring as fit; returns whether some are left.
-/// Those that do not fit wait in the CQ, and the ring's backlog word asks the client to ring
-/// the device's doorbell when it frees slots (so the progress thread may sleep meanwhile).
-fn fill_ring(engine: &mut SendEngine, cq: CqHandle, ring: &mut Ring) -> Result<bool, RingError> {
+/// What [`fill_ring`] did.
+#[derive(Debug, Clone, Copy, Default)]
+struct Filled {
+    /// It published completions (the client may be waiting for them).
+    delivered: bool,
+    /// Completions are left that the ring had no room for.
+    full: bool,
+}
+
+/// Move as many of `cq`'s completions into its ring as fit. Those that do not fit wait in
+/// the CQ, and the ring's backlog word asks the client to ring the device's doorbell when it
+/// frees slots (so the progress thread may sleep meanwhile).
+fn fill_ring(engine: &mut SendEngine, cq: CqHandle, ring: &mut Ring) -> Result<Filled, RingError> {
+    let mut filled = Filled::default();
     loop {
         if engine.cq_len(cq).map_or(true, |n| n == 0) {
             ring.set_backlog(false);
-            return Ok(false);
+            return Ok(filled);
         }
         let free = ring.free()? as usize;
         if free > 0 {
@@ -533,13 +565,15 @@ fn fill_ring(engine: &mut SendEngine, cq: CqHandle, ring: &mut Ring) -> Result<b
                 .unwrap_or(0);
             // The batch becomes the client's with one store of the index it polls.
             ring.publish();
+            filled.delivered |= n > 0;
             if let Some(e) = broken {
                 return Err(e);
             }
             if n == 0 {
                 // Not expected while `cq_len` counts some; never loop on it (the next
                 // pass tries again).
-                return Ok(true);
+                filled.full = true;
+                return Ok(filled);
             }
             continue;
         }
@@ -547,7 +581,8 @@ fn fill_ring(engine: &mut SendEngine, cq: CqHandle, ring: &mut Ring) -> Result<b
         // that popped before it could see the word did not ring; see `Ring::set_backlog`).
         ring.set_backlog(true);
         if ring.free()? == 0 {
-            return Ok(true);
+            filled.full = true;
+            return Ok(filled);
         }
     }
 }

@@ -881,7 +881,7 @@ impl<'d> Conn<'d> {
                     return Err(fail(EINVAL, "this CQ already has a ring"));
                 }
                 let (ring, place) = self.arena_ring(capacity, wqe::CQE_LEN, Role::Producer)?;
-                d.devices[i].attach_ring(h, ring)?;
+                d.devices[i].attach_ring(self.id, h, ring)?;
                 self.pass_chunk(place.chunk)?;
                 Ok(Response::RingAt {
                     chunk: place.chunk,

@@ -98,6 +98,9 @@ pub struct WqStats {
     pub doorbell_wakeups: AtomicU64,
     /// CQs armed through their rings (`ibv_req_notify_cq` with no request).
     pub ring_arms: AtomicU64,
+    /// Deliveries of completions that woke client threads asleep until they came
+    /// (`abi::doorbell::DoorbellPage::wake_waiters`).
+    pub completion_wakes: AtomicU64,
 }
 
 impl WqStats {
@@ -112,6 +115,7 @@ impl WqStats {
             ("progress_sleeps", g(&self.progress_sleeps)),
             ("doorbell_wakeups", g(&self.doorbell_wakeups)),
             ("ring_arms", g(&self.ring_arms)),
+            ("completion_wakes", g(&self.completion_wakes)),
         ]
     }
 }
@@ -556,6 +560,12 @@ impl ConnRings {
     /// Tell the client whether it must write the device's eventfd after ringing a bit.
     pub fn set_sleeping(&self, sleeping: bool) {
         self.page.set_sleeping(sleeping);
+    }
+
+    /// After completions went into rings of this connection: wake its threads that sleep
+    /// until they come ([`abi::doorbell::DoorbellPage::wake_waiters`]); whether any did.
+    pub fn wake_waiters(&self) -> bool {
+        self.page.wake_waiters()
     }
 
     /// Whether WQEs may wait that the daemon could take now: a bit is set, or a drain

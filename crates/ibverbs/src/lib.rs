@@ -25,7 +25,8 @@
 //!
 //! Completions on the daemon are read from shared-memory rings with no system call; an
 //! empty `ibv_poll_cq` there yields the core on hosts with fewer than four CPUs, so that
-//! busy-polling programs leave the daemon room to run (the `softrdma` crate's policy:
+//! busy-polling programs leave the daemon room to run, and a thread that keeps finding its
+//! CQs empty sleeps until softrdmad delivers a completion (the `softrdma` crate's policy:
 //! `SOFTRDMA_POLL_YIELD=0` turns that off, `1` turns it on for both backends).
 //!
 //! Completion channels are real descriptors, readable while one of their CQs has an event,

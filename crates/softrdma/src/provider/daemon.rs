@@ -708,6 +708,7 @@ impl Provider for Daemon {
                 ring,
                 hangup: d.hangup.clone(),
                 empty_polls: AtomicU32::new(0),
+                waits_on: d.work_doorbell.clone(),
             })
         });
         match setup {
@@ -992,6 +993,10 @@ struct DaemonCq {
     /// Polls that found the ring empty: every [`HANGUP_LOOK_EVERY`]th, from the first,
     /// looks whether the daemon is gone.
     empty_polls: AtomicU32,
+    /// The connection's doorbell page on the device, where a thread that keeps finding the
+    /// ring empty sleeps until the daemon delivers completions ([`ProviderCq::idle`];
+    /// `None`: the daemon offers no page, and such a thread only yields).
+    waits_on: Option<WorkDoorbell>,
 }
 
 /// How often an empty poll looks at the connection (one system call): a program polling
@@ -1054,6 +1059,27 @@ impl ProviderCq for DaemonCq {
         }
         let n = self.dev()?.c().resize_cq(self.handle.0, cqe)?;
         Ok(u32::try_from(n).unwrap_or(cqe))
+    }
+
+    /// Yield, or after a long run of empty polls, sleep until the daemon delivers
+    /// completions to this connection (any of its CQs: a program often polls several in
+    /// turn) or [`super::LONGEST_IDLE_SLEEP`] passes.
+    fn idle(&self, kind: BackendKind) {
+        if !super::yields_when_idle(kind) {
+            return;
+        }
+        match &self.waits_on {
+            Some(wd) if super::idle_run_is_long() => {
+                // Anything already in the ring ends the wait before it starts.
+                let waited = wd
+                    .page()
+                    .wait_for_completions(super::LONGEST_IDLE_SLEEP, || {
+                        self.ring_len().map_or(true, |n| n > 0)
+                    });
+                super::idle_run_slept(waited);
+            }
+            _ => std::thread::yield_now(),
+        }
     }
 
     fn arm(&self, solicited_only: bool) -> Result<()> {

@@ -291,6 +291,10 @@ pub(crate) trait ProviderCq: Send + Sync + fmt::Debug {
     fn hangup_fd(&self) -> Option<BorrowedFd<'_>> {
         None
     }
+    /// Called by a thread whose poll found nothing, before it polls again: see [`relax`].
+    fn idle(&self, kind: BackendKind) {
+        relax(kind);
+    }
 }
 
 /// A connection-manager channel as its provider made it: where the events of its listens
@@ -335,12 +339,6 @@ pub(crate) trait ProviderCmChannel: Send + Sync + fmt::Debug {
 }
 
 impl dyn Provider + '_ {
-    /// Called by a thread that looked (at a CQ, at memory) and found nothing, before it
-    /// looks again: see [`relax`].
-    pub(crate) fn relax(&self) {
-        relax(self.kind());
-    }
-
     /// Up to `max` completions of `cq`, oldest first.
     pub(crate) fn poll_cq(&self, cq: &dyn ProviderCq, max: usize) -> Result<Vec<WorkCompletion>> {
         // In turns of a small stack buffer: a large `max` with few completions waiting
@@ -356,7 +354,9 @@ impl dyn Provider + '_ {
             }
         }
         if wcs.is_empty() {
-            self.relax();
+            cq.idle(self.kind());
+        } else {
+            idle_run_ended();
         }
         Ok(wcs)
     }
@@ -370,7 +370,9 @@ impl dyn Provider + '_ {
     ) -> Result<usize> {
         let n = cq.take(out)?;
         if n == 0 {
-            self.relax();
+            cq.idle(self.kind());
+        } else {
+            idle_run_ended();
         }
         Ok(n)
     }
@@ -380,11 +382,93 @@ impl dyn Provider + '_ {
 /// the completion it waits for is produced by the daemon's progress thread: with fewer cores
 /// than spinning threads (two busy-polling processes and the daemon on a 2-CPU host), that
 /// thread would wait for a time slice (milliseconds) unless the pollers give the core away
-/// at each empty look.
+/// at each empty look. A thread polling a CQ ring goes further when yielding is not enough
+/// ([`idle_run_is_long`]): it sleeps until the daemon delivers (`ProviderCq::idle`).
 pub(crate) fn relax(kind: BackendKind) {
     if yields_when_idle(kind) {
         std::thread::yield_now();
     }
+}
+
+/// Empty CQ polls in a row, and how long they lasted, after which a polling thread on the
+/// daemon sleeps until completions come instead of yielding again ([`idle_run_is_long`]).
+/// Yielding gives the core to whoever the scheduler picks: beside one more busy thread on
+/// a 2-CPU host (a CPU hog, a third polling process), that is rarely the daemon, which then
+/// waits for time slices behind threads that only wait for it, and a stream that moves
+/// 2 M messages a second falls to a tenth of that. A run this long is a thread that has
+/// nothing else to do; a program that polls now and then, between other work, seldom
+/// makes one.
+const IDLE_RUN_POLLS: u32 = 64;
+const IDLE_RUN_TIME: Duration = Duration::from_micros(20);
+/// The longest such sleep: the daemon wakes the thread when it delivers completions to
+/// any CQ of the connection, and this bounds the sleep of one that waits for something
+/// else (memory a peer writes, another transport of a library that polls several).
+pub(crate) const LONGEST_IDLE_SLEEP: Duration = Duration::from_micros(200);
+/// A thread whose sleep ran out needs this many times longer a run before its next sleep,
+/// until a poll finds something or a sleep ends by a delivery: a polling loop that waits on
+/// something the daemon does not deliver soon stops sleeping at all.
+const IDLE_BACKOFF: u32 = 4;
+
+/// A thread's run of empty polls.
+#[derive(Debug, Clone, Copy)]
+struct IdleRun {
+    /// Empty polls in the run.
+    polls: u32,
+    /// When its first was.
+    since: Option<std::time::Instant>,
+    /// The polls a run needs before the thread sleeps.
+    needs: u32,
+}
+
+std::thread_local! {
+    static IDLE_RUN: std::cell::Cell<IdleRun> = const {
+        std::cell::Cell::new(IdleRun { polls: 0, since: None, needs: IDLE_RUN_POLLS })
+    };
+}
+
+/// Count one more empty poll of this thread; whether its run is long enough to sleep on
+/// (at least [`IDLE_RUN_POLLS`] polls, more after sleeps that ran out, over at least
+/// [`IDLE_RUN_TIME`]).
+pub(crate) fn idle_run_is_long() -> bool {
+    IDLE_RUN.with(|r| {
+        let mut run = r.get();
+        run.polls = run.polls.saturating_add(1);
+        let since = *run.since.get_or_insert_with(std::time::Instant::now);
+        r.set(run);
+        run.polls >= run.needs && since.elapsed() >= IDLE_RUN_TIME
+    })
+}
+
+/// This thread's run of empty polls ended: a poll found something (so what it sleeps
+/// for does come, and a sleep that ran out since was only slow).
+pub(crate) fn idle_run_ended() {
+    IDLE_RUN.with(|r| {
+        let run = r.get();
+        if run.polls != 0 || run.needs != IDLE_RUN_POLLS {
+            r.set(IdleRun {
+                polls: 0,
+                since: None,
+                needs: IDLE_RUN_POLLS,
+            });
+        }
+    });
+}
+
+/// This thread slept on its run of empty polls, and the sleep ended as `waited` says: a
+/// new run starts, and one that ran out makes the next run longer.
+pub(crate) fn idle_run_slept(waited: abi::doorbell::Waited) {
+    IDLE_RUN.with(|r| {
+        let run = r.get();
+        let needs = match waited {
+            abi::doorbell::Waited::TimedOut => run.needs.saturating_mul(IDLE_BACKOFF),
+            _ => IDLE_RUN_POLLS,
+        };
+        r.set(IdleRun {
+            polls: 0,
+            since: None,
+            needs,
+        });
+    });
 }
 
 /// Whether a thread that looked for work and found none gives its core away ([`relax`]):
