@@ -95,10 +95,13 @@
 //! yield gives the core to whoever the scheduler picks, though, and beside one more busy
 //! thread that is seldom the daemon; so a thread whose polls of a CQ keep finding nothing
 //! (64 in a row, over 20 µs or more) sleeps instead, until softrdmad delivers a completion
-//! to any CQ of the device's connection, or 200 µs pass. Sleeps that run out make the next
-//! come later (a loop waiting for something else soon stops sleeping), and one completion
-//! polled starts afresh. Measured with `scripts/dropin-rate.sh` beside a CPU hog: perftest's
-//! `ib_send_bw -s 2` went from 0.1–0.3 M messages/s to 1.4–1.8 M.
+//! to any CQ of the device's connection, or 50 µs pass (`SOFTRDMA_POLL_SLEEP_US` sets
+//! another bound). Sleeps that run out make the next
+//! come later, and completions polled bring it back (a loop that waits for something else,
+//! as UCX polling shared memory does, soon stops sleeping). Measured with
+//! `HOG=1 scripts/dropin-rate.sh` (a busy loop beside it): perftest's `ib_send_bw -s 2`
+//! went from 0.1–0.4 M messages/s to 1.5–1.7 M; without the busy loop, and for UCX's
+//! `tag_lat` over shared memory, nothing changed.
 //! `SOFTRDMA_POLL_YIELD=0` turns that off, `1` turns it on for both backends.
 //!
 //! ## Safety of registered memory

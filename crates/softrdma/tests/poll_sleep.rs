@@ -31,11 +31,14 @@ fn in_futex(tid: &str) -> bool {
 
 #[test]
 fn a_thread_polling_an_empty_cq_sleeps_until_the_daemon_delivers() {
-    // The policy under test, whatever this host's CPUs (set before any poll reads it).
+    // The policy under test, whatever this host's CPUs (set before any poll reads it), with
+    // sleeps that only a delivery ends (a sleep of 50 µs could run out before the SEND
+    // posted while it lasts is delivered).
     std::env::set_var("SOFTRDMA_POLL_YIELD", "1");
+    std::env::set_var("SOFTRDMA_POLL_SLEEP_US", "10000000");
     let (a, b) = common::pair_v4_on(BackendKind::Daemon, 64);
     let before = wakes(&b.dev);
-    const MESSAGES: u64 = 5;
+    const MESSAGES: u64 = 10;
     for i in 0..MESSAGES {
         b.qp.recv(i, &[b.mr.sge(..).unwrap()]).unwrap();
     }
@@ -77,8 +80,8 @@ fn a_thread_polling_an_empty_cq_sleeps_until_the_daemon_delivers() {
             "{wc:?}"
         );
     }
-    // Every SEND found the poller asleep; the deliveries woke it (the test daemon is
-    // shared, so others' wakes may count too).
+    // Every SEND was posted while the poller slept, and each delivery woke it (the test
+    // daemon is shared: others' wakes may count too).
     let woke = wakes(&b.dev) - before;
     assert!(
         woke >= MESSAGES,

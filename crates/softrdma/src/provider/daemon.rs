@@ -1063,7 +1063,7 @@ impl ProviderCq for DaemonCq {
 
     /// Yield, or after a long run of empty polls, sleep until the daemon delivers
     /// completions to this connection (any of its CQs: a program often polls several in
-    /// turn) or [`super::LONGEST_IDLE_SLEEP`] passes.
+    /// turn) or [`super::longest_idle_sleep`] passes.
     fn idle(&self, kind: BackendKind) {
         if !super::yields_when_idle(kind) {
             return;
@@ -1073,7 +1073,7 @@ impl ProviderCq for DaemonCq {
                 // Anything already in the ring ends the wait before it starts.
                 let waited = wd
                     .page()
-                    .wait_for_completions(super::LONGEST_IDLE_SLEEP, || {
+                    .wait_for_completions(super::longest_idle_sleep(), || {
                         self.ring_len().map_or(true, |n| n > 0)
                     });
                 super::idle_run_slept(waited);

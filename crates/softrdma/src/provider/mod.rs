@@ -400,13 +400,30 @@ pub(crate) fn relax(kind: BackendKind) {
 /// makes one.
 const IDLE_RUN_POLLS: u32 = 64;
 const IDLE_RUN_TIME: Duration = Duration::from_micros(20);
-/// The longest such sleep: the daemon wakes the thread when it delivers completions to
-/// any CQ of the connection, and this bounds the sleep of one that waits for something
-/// else (memory a peer writes, another transport of a library that polls several).
-pub(crate) const LONGEST_IDLE_SLEEP: Duration = Duration::from_micros(200);
-/// A thread whose sleep ran out needs this many times longer a run before its next sleep,
-/// until a poll finds something or a sleep ends by a delivery: a polling loop that waits on
-/// something the daemon does not deliver soon stops sleeping at all.
+/// The longest such sleep by default: the daemon wakes the thread when it delivers
+/// completions to any CQ of the connection, and this bounds the sleep of one that waits for
+/// something else (memory a peer writes, another transport of a library that polls
+/// several). `SOFTRDMA_POLL_SLEEP_US` sets another ([`longest_idle_sleep`]).
+const LONGEST_IDLE_SLEEP: Duration = Duration::from_micros(50);
+
+/// The longest sleep of a thread whose polls keep finding nothing: `SOFTRDMA_POLL_SLEEP_US`
+/// microseconds (1 to 10 000 000), else [`LONGEST_IDLE_SLEEP`].
+pub(crate) fn longest_idle_sleep() -> Duration {
+    static SET: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *SET.get_or_init(|| {
+        std::env::var("SOFTRDMA_POLL_SLEEP_US")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .filter(|us| (1..=10_000_000).contains(us))
+            .map_or(LONGEST_IDLE_SLEEP, Duration::from_micros)
+    })
+}
+/// A thread whose sleep ran out needs this many times longer a run before its next sleep;
+/// each completion it polls halves that again, and a sleep that ends by a delivery undoes
+/// it. A loop that waits on something the daemon does not deliver (a library that polls
+/// shared memory too, as UCX does) soon stops sleeping, even if some completions still
+/// come now and then; one that only waits for the daemon, late as it may be beside other
+/// busy threads, keeps sleeping.
 const IDLE_BACKOFF: u32 = 4;
 
 /// A thread's run of empty polls.
@@ -439,8 +456,8 @@ pub(crate) fn idle_run_is_long() -> bool {
     })
 }
 
-/// This thread's run of empty polls ended: a poll found something (so what it sleeps
-/// for does come, and a sleep that ran out since was only slow).
+/// This thread's run of empty polls ended: a poll found something. What it polls for does
+/// come, so a longer run asked after a sleep ran out halves ([`IDLE_BACKOFF`]).
 pub(crate) fn idle_run_ended() {
     IDLE_RUN.with(|r| {
         let run = r.get();
@@ -448,7 +465,7 @@ pub(crate) fn idle_run_ended() {
             r.set(IdleRun {
                 polls: 0,
                 since: None,
-                needs: IDLE_RUN_POLLS,
+                needs: (run.needs / 2).max(IDLE_RUN_POLLS),
             });
         }
     });
