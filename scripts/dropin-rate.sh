@@ -9,10 +9,10 @@
 #
 # ITERS sets perftest's -n (default 3000000), SIZE its -s (2), REPEAT the rows per test (3),
 # PERFTEST passes further perftest options (e.g. "--cq-mod 32"). PIN=1 puts softrdmad on
-# CPU 0 and both perftest processes on CPU 1. HOG=1 runs a busy loop beside everything
-# (a busy neighbour; the UDP baseline runs beside it too). Builds the release binaries first; uses its
-# own socket and a port outside the default 4791, so a softrdmad already running is left
-# alone.
+# CPU 0 and both perftest processes on CPU 1. HOG=1 runs a busy loop beside everything (a
+# busy neighbour; the UDP baseline runs beside it too). Builds the release binaries first;
+# uses its own socket and a port outside the default 4791, so a softrdmad already running
+# is left alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -gt 0 ] || set -- ib_send_bw ib_write_bw

@@ -98,7 +98,6 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use rustix::thread::futex;
-use rustix::time::Timespec;
 
 use crate::ring::RingError;
 use crate::shm::SharedMemory;
@@ -356,11 +355,9 @@ impl DoorbellPage {
         let waited = if ready() {
             Waited::Ready
         } else {
-            let t = Timespec {
-                tv_sec: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
-                tv_nsec: i64::from(timeout.subsec_nanos()),
-            };
-            match futex::wait(wake, futex::Flags::empty(), seen, Some(&t)) {
+            // A timeout too long for a timespec sleeps until woken.
+            let t = futex::Timespec::try_from(timeout).ok();
+            match futex::wait(wake, futex::Flags::empty(), seen, t.as_ref()) {
                 Err(rustix::io::Errno::TIMEDOUT) => Waited::TimedOut,
                 // Woken, or the word moved before the sleep began (a delivery came), or a
                 // signal: the caller looks again.

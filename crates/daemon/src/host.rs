@@ -20,6 +20,8 @@
 //! - CQ rings: after every change, completions move into the rings of the CQs that have
 //!   one (`fill_ring`): the CQs the engine lists as filled since the last pass
 //!   ([`engine::Engine::take_filled_cqs`]) and those whose rings were full, not every CQ.
+//!   Each connection that got some then wakes its threads that sleep until completions
+//!   come (`abi::doorbell`'s waiting words), if any is counted.
 //! - Client memory: reads ahead are forgotten whenever the device lock is taken, and the
 //!   writes held back land before any packet leaves or completion is delivered.
 

@@ -96,9 +96,9 @@
 //! thread that is seldom the daemon; so a thread whose polls of a CQ keep finding nothing
 //! (64 in a row, over 20 µs or more) sleeps instead, until softrdmad delivers a completion
 //! to any CQ of the device's connection, or 50 µs pass (`SOFTRDMA_POLL_SLEEP_US` sets
-//! another bound). Sleeps that run out make the next
-//! come later, and completions polled bring it back (a loop that waits for something else,
-//! as UCX polling shared memory does, soon stops sleeping). Measured with
+//! another bound). Sleeps that run out make the next come later, and completions polled
+//! bring it back (a loop that waits for something else, as UCX polling shared memory does,
+//! soon stops sleeping). Measured with
 //! `HOG=1 scripts/dropin-rate.sh` (a busy loop beside it): perftest's `ib_send_bw -s 2`
 //! went from 0.1–0.4 M messages/s to 1.5–1.7 M; without the busy loop, and for UCX's
 //! `tag_lat` over shared memory, nothing changed.
