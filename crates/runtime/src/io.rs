@@ -339,6 +339,8 @@ struct Train {
     /// Each packet whole, as the engine emitted it (with its segment's IPv4 ID), and where
     /// its UDP payload lies.
     packets: SmallVec<[(Vec<u8>, Range<usize>); 8]>,
+    /// What the segments' IDs do to their ICRCs (they share one length but the last's).
+    deltas: wire::icrc::IdentDeltas,
 }
 
 impl Train {
@@ -473,7 +475,7 @@ impl Tx {
                 if t.takes(link, payload.len()) {
                     // Segment k leaves with IPv4 ID k: seal it for that ID.
                     let k = u16::try_from(t.packets.len()).unwrap_or(u16::MAX);
-                    if d.set_ipv4_ident(pkt, k).is_ok() {
+                    if d.set_ipv4_ident_with(pkt, k, &mut t.deltas).is_ok() {
                         if let Some(c) = capture {
                             c.record(pkt);
                         }
@@ -508,6 +510,7 @@ impl Tx {
                     closed: false,
                     bytes: seg,
                     packets,
+                    deltas: wire::icrc::IdentDeltas::new(),
                 });
                 return;
             }

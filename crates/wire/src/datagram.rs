@@ -91,6 +91,28 @@ impl Datagram {
     /// the packet as segment `ident` of a GSO train (see [`crate::train`]). Nothing to do for
     /// IPv6, which has no identification.
     pub fn set_ipv4_ident(&self, pkt: &mut [u8], ident: u16) -> Result<(), WireError> {
+        self.move_ipv4_ident(pkt, ident, icrc::icrc_for_ipv4_ident)
+    }
+
+    /// [`Datagram::set_ipv4_ident`] with the ICRC moved through `deltas`, which keeps what
+    /// IDs do to packets of one length: for the segments of a train, which share theirs.
+    pub fn set_ipv4_ident_with(
+        &self,
+        pkt: &mut [u8],
+        ident: u16,
+        deltas: &mut icrc::IdentDeltas,
+    ) -> Result<(), WireError> {
+        self.move_ipv4_ident(pkt, ident, |c, len, old, new| {
+            deltas.icrc_for(c, len, old, new)
+        })
+    }
+
+    fn move_ipv4_ident(
+        &self,
+        pkt: &mut [u8],
+        ident: u16,
+        icrc_for: impl FnOnce(u32, usize, u16, u16) -> Option<u32>,
+    ) -> Result<(), WireError> {
         if self.udp != crate::ipv4::IPV4_HEADER_LEN || !self.src.is_ipv4() {
             return Ok(());
         }
@@ -108,8 +130,7 @@ impl Datagram {
         ip.set_ident(ident);
         ip.fill_checksum();
         let tail = &mut pkt[end - ICRC_LEN..end];
-        let moved =
-            icrc::icrc_for_ipv4_ident(icrc::read_icrc(tail), end, old, ident).ok_or(short)?;
+        let moved = icrc_for(icrc::read_icrc(tail), end, old, ident).ok_or(short)?;
         tail.copy_from_slice(&icrc::icrc_bytes(moved));
         Ok(())
     }
@@ -160,8 +181,14 @@ mod tests {
     fn a_new_ident_keeps_the_icrc_valid_for_the_packet_as_it_goes_out() {
         let mut p = packet();
         let d = Datagram::parse(&p).unwrap();
-        for id in [1, 2, 63, 0xffff, 0] {
-            d.set_ipv4_ident(&mut p, id).unwrap();
+        let mut deltas = icrc::IdentDeltas::new();
+        for (k, id) in [1, 2, 63, 0xffff, 0, 5, 0x8000, 7].into_iter().enumerate() {
+            // By the multiplications, and by the table a train keeps, in turns.
+            if k % 2 == 0 {
+                d.set_ipv4_ident(&mut p, id).unwrap();
+            } else {
+                d.set_ipv4_ident_with(&mut p, id, &mut deltas).unwrap();
+            }
             let parsed = RoceV2Packet::parse_checked(&p).unwrap();
             let IpRepr::V4(v4) = parsed.ip else {
                 panic!("not IPv4")
