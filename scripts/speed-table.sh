@@ -16,7 +16,9 @@
 # load: `while :; do :; done` runs beside the benchmark.
 # Needs root (namespaces); builds the release binaries first. BACKENDS="daemon" limits the
 # backends, DARGS passes options to softrdmad, SIZE sets the message size (default: the
-# tool's), REPEAT runs each row that many times.
+# tool's), REPEAT runs each row that many times. A bandwidth test with SIZE of at most 1024
+# (one packet per message) prints messages/s against the same run's UDP datagrams/s instead:
+# issue 13's message-rate table is SIZE=2 scripts/speed-table.sh 1000000 "write_bw send_bw" "host ns" idle
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-20000}
@@ -99,6 +101,13 @@ run() {
         echo "| $t | $path | $be | $load | failed: $(tail -1 "$TMP/cli") |"
         return
     fi
+    if [[ "$t" == *_bw ]] && [ "${SIZE:-65536}" -le 1024 ]; then
+        # One packet per message: messages/s against the same run's UDP datagrams/s.
+        # shellcheck disable=SC2046
+        set -- $(grep -A1 "softrdma\[Mmsg/s\]" "$TMP/cli" | tail -n 1)
+        echo "| $t | $path | $be | $load | ${2:-?} | ${3:-?} | ${4:-?} |"
+        return
+    fi
     if [[ "$t" == *_bw ]]; then
         # The baseline row: bytes, datagram, UDP, UDP GSO, TCP, then the ratios.
         base=$(grep -A1 "UDP GSO\[" "$TMP/cli" | grep -E "^ *[0-9]" | head -1 || true)
@@ -120,8 +129,13 @@ run() {
 }
 
 case "$TESTS" in
-*_bw*) echo "| test | path | backend | load | MB/s | UDP MB/s | UDP GSO MB/s | TCP MB/s | softrdma/TCP |"
-       echo "|---|---|---|---|---|---|---|---|---|" ;;
+*_bw*) if [ "${SIZE:-65536}" -le 1024 ]; then
+           echo "| test | path | backend | load | M msg/s | UDP M datagrams/s | softrdma/UDP |"
+           echo "|---|---|---|---|---|---|---|"
+       else
+           echo "| test | path | backend | load | MB/s | UDP MB/s | UDP GSO MB/s | TCP MB/s | softrdma/TCP |"
+           echo "|---|---|---|---|---|---|---|---|---|"
+       fi ;;
 *) echo "| test | path | backend | load | typical us | avg us | 99.9% us | UDP ping-pong typ | UDP avg |"
    echo "|---|---|---|---|---|---|---|---|---|" ;;
 esac
