@@ -394,11 +394,15 @@ fn ident_shift(ip_total_len: usize) -> Option<u16> {
 /// segments' IDs (see [`crate::train`]). `None` for a length no RoCEv2 packet has.
 pub fn icrc_for_ipv4_ident(icrc: u32, ip_total_len: usize, old: u16, new: u16) -> Option<u32> {
     let shift = ident_shift(ip_total_len)?;
-    // The ID's first byte (its low bit first) holds the coefficients at bits 16..24 of the
-    // reflected register, the second those at 24..32: as `ipv4_ident_for_icrc` reads them.
-    let [hi, lo] = (old ^ new).to_be_bytes();
-    let d = u32::from_le_bytes([0, 0, hi, lo]);
-    Some(icrc ^ mul_mod_p_fast(d, byte_shift(shift)))
+    Some(icrc ^ mul_mod_p_fast(ident_in_register(old ^ new), byte_shift(shift)))
+}
+
+/// A difference of two IPv4 IDs as the CRC register holds it: the field's first byte (its
+/// low bit first) at bits 16..24 of the reflected register, the second at 24..32; as
+/// `ipv4_ident_for_icrc` reads it back.
+fn ident_in_register(diff: u16) -> u32 {
+    let [hi, lo] = diff.to_be_bytes();
+    u32::from_le_bytes([0, 0, hi, lo])
 }
 
 /// [`icrc_for_ipv4_ident`] for a host that seals many packets of one length, the segments
@@ -436,9 +440,7 @@ impl IdentDeltas {
             let j = flips.trailing_zeros() as usize;
             flips &= flips - 1;
             if self.known & (1 << j) == 0 {
-                // As `icrc_for_ipv4_ident` places an ID difference in the register.
-                let [hi, lo] = (1u16 << j).to_be_bytes();
-                self.cols[j] = mul_mod_p_fast(u32::from_le_bytes([0, 0, hi, lo]), self.shift);
+                self.cols[j] = mul_mod_p_fast(ident_in_register(1 << j), self.shift);
                 self.known |= 1 << j;
             }
             r ^= self.cols[j];
