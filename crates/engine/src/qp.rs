@@ -143,6 +143,39 @@ pub(crate) struct ReqState {
     pub(crate) last_rewind: Option<Psn>,
     /// Packets since the last one with AckReq.
     pub(crate) since_ack_req: u32,
+    /// The headers of the last MIDDLE packet built, for the next one to copy (see
+    /// [`MiddleHeaders`]); forgotten whenever the path changes.
+    pub(crate) middle: Option<Box<MiddleHeaders>>,
+}
+
+/// What a MIDDLE packet's headers were: IBA 9.2 gives the MIDDLE packets of one message,
+/// and of the next message of the same opcode on the same path, the same header bytes but
+/// the BTH's PSN and AckReq, so the requester copies them instead of laying each packet out
+/// afresh (`wire::PacketLayout::emit_headers_like`). A NIC does the same with a QP context's
+/// header template.
+#[derive(Debug, Clone)]
+pub(crate) struct MiddleHeaders {
+    /// The layout they were written by. Its lengths hold for every packet that copies
+    /// them; its PSN and AckReq are the first packet's.
+    pub(crate) layout: wire::PacketLayout,
+    /// IP, UDP and BTH headers as `emit_headers` wrote them (a MIDDLE packet has no other).
+    pub(crate) bytes: [u8; MIDDLE_HEADERS_MAX],
+}
+
+/// IPv6 (40) + UDP (8) + BTH (12), rounded up.
+pub(crate) const MIDDLE_HEADERS_MAX: usize = 64;
+
+impl MiddleHeaders {
+    /// The headers, for `layout.header_len()` bytes.
+    pub(crate) fn headers(&self) -> &[u8] {
+        &self.bytes[..self.layout.header_len().min(MIDDLE_HEADERS_MAX)]
+    }
+
+    /// Whether they serve a packet of `opcode` with `payload_len` bytes on the same path.
+    pub(crate) fn fits(&self, opcode: wire::Opcode, payload_len: usize) -> bool {
+        let t = self.layout.transport();
+        t.bth.opcode == opcode && self.layout.payload_range().len() == payload_len
+    }
 }
 
 /// A READ or ATOMIC the responder executed, kept to answer its duplicates (IBA 9.7.5.2.5 /
@@ -470,6 +503,8 @@ impl<M: Memory + ?Sized> Engine<M> {
             qp.attr.cur_qp_state = next;
             if let Some(p) = path {
                 qp.path = Some(p);
+                // Headers copied from packets of the old path would carry its addresses.
+                qp.req.middle = None;
             }
             if mask.contains(QpAttrMask::RETRY_CNT) {
                 qp.req.retry_left = merged.retry_cnt;

@@ -18,7 +18,7 @@ use crate::memory::MemOwner;
 use crate::memory::Memory;
 use crate::mr::MrTable;
 use crate::pd::PdHandle;
-use crate::qp::{Path, Qp, SendWqe};
+use crate::qp::{MiddleHeaders, Path, Qp, SendWqe, MIDDLE_HEADERS_MAX};
 use crate::wr::{SendFlags, SendOp, SendPayload, SendWr};
 use crate::{comp, Ctx, WcStatus, MAX_MSG_SIZE};
 
@@ -398,13 +398,36 @@ pub(crate) fn transmit<M: Memory + ?Sized>(
             }
         }
     }
-    let ip = ip_repr(&path);
-    let layout =
-        PacketLayout::new(&ip, path.udp_src_port, ROCEV2_UDP_PORT, &t, payload_len).ok()?;
-    if buf.len() < layout.len() {
-        return None;
-    }
-    layout.emit_headers(buf).ok()?;
+    // A MIDDLE packet copies the last one's headers when they fit (see `MiddleHeaders`).
+    let middle = t.bth.opcode.is_middle();
+    let template = qp
+        .req
+        .middle
+        .as_deref()
+        .filter(|m| middle && m.fits(t.bth.opcode, payload_len));
+    let fresh_layout;
+    let layout = if let Some(m) = template {
+        m.layout
+            .emit_headers_like(m.headers(), buf, t.bth.psn, t.bth.ack_req)
+            .ok()?;
+        &m.layout
+    } else {
+        let ip = ip_repr(&path);
+        let layout =
+            PacketLayout::new(&ip, path.udp_src_port, ROCEV2_UDP_PORT, &t, payload_len).ok()?;
+        if buf.len() < layout.len() {
+            return None;
+        }
+        layout.emit_headers(buf).ok()?;
+        let hl = layout.header_len();
+        if middle && hl <= MIDDLE_HEADERS_MAX {
+            let mut bytes = [0; MIDDLE_HEADERS_MAX];
+            bytes[..hl].copy_from_slice(&buf[..hl]);
+            qp.req.middle = Some(Box::new(MiddleHeaders { layout, bytes }));
+        }
+        fresh_layout = layout;
+        &fresh_layout
+    };
     if payload_len > 0 {
         let out = layout.payload_mut(buf).ok()?;
         if let Err(status) = gather(wqe, ctx.mem, offset, out) {
@@ -418,7 +441,7 @@ pub(crate) fn transmit<M: Memory + ?Sized>(
             return None;
         }
     }
-    let len = path.seal(&layout, buf).ok()?;
+    let len = path.seal(layout, buf).ok()?;
 
     // Commit.
     let is_rd_atomic = wqe.op.is_read_or_atomic();

@@ -337,8 +337,8 @@ struct Train {
     /// UDP payload bytes so far.
     bytes: usize,
     /// Each packet whole, as the engine emitted it (with its segment's IPv4 ID), and where
-    /// its UDP payload lies.
-    packets: SmallVec<[(Vec<u8>, Range<usize>); 8]>,
+    /// its UDP payload lies. Room for a whole train, kept from train to train.
+    packets: Vec<(Vec<u8>, Range<usize>)>,
     /// What the segments' IDs do to their ICRCs (they share one length but the last's).
     deltas: wire::icrc::IdentDeltas,
 }
@@ -371,6 +371,10 @@ pub(crate) struct Tx {
     multi: mmsg::MultiSend,
     /// Packet buffers back from trains and singles that left.
     spare: Vec<Vec<u8>>,
+    /// The packet lists of trains that left, for the next trains to fill.
+    spare_lists: Vec<Vec<(Vec<u8>, Range<usize>)>>,
+    /// The headers of the last packet sent: the packets of a message share them.
+    parsed: wire::DatagramCache,
     pub(crate) counters: IoCounters,
 }
 
@@ -415,6 +419,8 @@ impl Tx {
             singles: Vec::with_capacity(MAX_SINGLES),
             multi: mmsg::MultiSend::new(MAX_SINGLES),
             spare: Vec::new(),
+            spare_lists: Vec::new(),
+            parsed: wire::DatagramCache::new(),
             counters: IoCounters::default(),
         }
     }
@@ -436,7 +442,7 @@ impl Tx {
         capture: Option<&Capture>,
     ) {
         let pkt = &mut buf[..len];
-        let Ok(mut d) = wire::Datagram::parse(pkt) else {
+        let Ok(mut d) = self.parsed.parse(pkt) else {
             self.counters.tx_errors += 1;
             return;
         };
@@ -498,7 +504,10 @@ impl Tx {
                     self.flush_train(0);
                 }
                 let spare = self.spare.pop().unwrap_or_else(|| vec![0; buf.len()]);
-                let mut packets = SmallVec::new();
+                let mut packets = self
+                    .spare_lists
+                    .pop()
+                    .unwrap_or_else(|| Vec::with_capacity(wire::train::MAX_SEGMENTS));
                 let seg = payload.len();
                 packets.push((std::mem::replace(buf, spare), payload));
                 self.trains.push(Train {
@@ -639,6 +648,7 @@ impl Tx {
             if let Some((b, r)) = t.packets.pop() {
                 self.queue_single(t.local, t.port, t.to, b, r);
             }
+            self.spare_lists.push(t.packets);
             return;
         }
         // A QP's singles queued before its train opened leave first.
@@ -684,7 +694,8 @@ impl Tx {
             }
             self.count_sent(result, n as u64, t.to.ip());
         }
-        self.spare.extend(t.packets.into_iter().map(|(b, _)| b));
+        self.spare.extend(t.packets.drain(..).map(|(b, _)| b));
+        self.spare_lists.push(t.packets);
     }
 }
 

@@ -136,6 +136,58 @@ impl Datagram {
     }
 }
 
+/// IPv6 (40) + UDP (8): the most header bytes [`Datagram::parse`] reads.
+const MAX_DATAGRAM_HEADERS: usize = 48;
+
+/// [`Datagram::parse`] for a host that sends runs of packets with the same IP and UDP
+/// headers (every MIDDLE packet of a message, every full-size READ response): a packet
+/// whose headers are byte for byte the last one's is that datagram again, and is not parsed
+/// afresh. Everything `parse` reads lies in those bytes, so the answer is the same.
+#[derive(Debug, Clone)]
+pub struct DatagramCache {
+    /// The header bytes of the last datagram parsed, and their number (0: none).
+    headers: [u8; MAX_DATAGRAM_HEADERS],
+    len: usize,
+    last: Option<Datagram>,
+}
+
+impl Default for DatagramCache {
+    fn default() -> DatagramCache {
+        DatagramCache::new()
+    }
+}
+
+impl DatagramCache {
+    /// An empty cache.
+    pub fn new() -> DatagramCache {
+        DatagramCache {
+            headers: [0; MAX_DATAGRAM_HEADERS],
+            len: 0,
+            last: None,
+        }
+    }
+
+    /// What [`Datagram::parse`] returns for `pkt`.
+    #[inline]
+    pub fn parse(&mut self, pkt: &[u8]) -> Result<Datagram, WireError> {
+        if let Some(d) = &self.last {
+            if pkt.len() >= self.len && pkt[..self.len] == self.headers[..self.len] {
+                return Ok(d.clone());
+            }
+        }
+        let d = Datagram::parse(pkt)?;
+        let len = d.payload.start;
+        if len <= MAX_DATAGRAM_HEADERS {
+            self.headers[..len].copy_from_slice(&pkt[..len]);
+            self.len = len;
+            self.last = Some(d.clone());
+        } else {
+            self.last = None;
+        }
+        Ok(d)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -207,5 +259,23 @@ mod tests {
         let mut p = packet();
         p.truncate(30);
         assert!(Datagram::parse(&p).is_err());
+    }
+
+    #[test]
+    fn the_cache_parses_as_parse_does_and_notices_any_header_change() {
+        let mut cache = DatagramCache::new();
+        let p = packet();
+        assert_eq!(cache.parse(&p).unwrap(), Datagram::parse(&p).unwrap());
+        // The same headers again: the remembered answer.
+        assert_eq!(cache.parse(&p).unwrap(), Datagram::parse(&p).unwrap());
+        // Any header byte that differs is parsed afresh, errors included.
+        for at in 0..28 {
+            let mut q = p.clone();
+            q[at] ^= 0x10;
+            assert_eq!(cache.parse(&q), Datagram::parse(&q), "byte {at}");
+            assert_eq!(cache.parse(&p).unwrap(), Datagram::parse(&p).unwrap());
+        }
+        // A shorter packet is never matched against longer headers.
+        assert_eq!(cache.parse(&p[..20]), Datagram::parse(&p[..20]));
     }
 }

@@ -83,7 +83,7 @@ pub use cm::{
     SIDR_REQ_PRIVATE_DATA_LEN,
 };
 pub use cma::{CmaAddrs, CmaHeader, CmaHeaderRepr, PortSpace, ServiceId, CMA_HEADER_LEN};
-pub use datagram::Datagram;
+pub use datagram::{Datagram, DatagramCache};
 pub use deth::{Deth, DethRepr, DETH_LEN};
 pub use error::{HeaderKind, WireError};
 pub use icrc::ICRC_LEN;

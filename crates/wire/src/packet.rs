@@ -24,6 +24,7 @@ use crate::ipv4::{Ipv4, Ipv4Repr, IPV4_HEADER_LEN};
 use crate::ipv6::{Ipv6, Ipv6Repr, IPV6_HEADER_LEN};
 use crate::opcode::{ExtHeaders, Opcode, CNP_RESERVED_LEN};
 use crate::reth::{Reth, RethRepr, RETH_LEN};
+use crate::types::Psn;
 use crate::types::Rkey;
 use crate::udp::{Udp, UdpRepr, ROCEV2_UDP_PORT, UDP_HEADER_LEN};
 
@@ -671,6 +672,34 @@ impl PacketLayout {
         Ok(())
     }
 
+    /// Step 1 for the next packet of a run whose packets share every header byte but the
+    /// BTH's PSN and AckReq (the MIDDLE packets of one message, IBA 9.2): copy `headers`, the
+    /// [`PacketLayout::header_len`] bytes an earlier [`PacketLayout::emit_headers`] of this
+    /// layout wrote, and set those two fields. Copying costs a fraction of laying the headers
+    /// out again, which a message's every packet would otherwise pay.
+    #[inline]
+    pub fn emit_headers_like(
+        &self,
+        headers: &[u8],
+        buf: &mut [u8],
+        psn: Psn,
+        ack_req: bool,
+    ) -> Result<(), WireError> {
+        self.check_buf(buf)?;
+        let len = self.header_len();
+        if headers.len() != len {
+            return Err(WireError::BufferTooSmall {
+                needed: len,
+                available: headers.len(),
+            });
+        }
+        buf[..len].copy_from_slice(headers);
+        let mut bth = Bth::new_checked(&mut buf[self.ip.header_len() + UDP_HEADER_LEN..len])?;
+        bth.set_psn(psn);
+        bth.set_ack_req(ack_req);
+        Ok(())
+    }
+
     /// Step 2: the payload area of `buf`, for the caller to fill.
     #[inline]
     pub fn payload_mut<'b>(&self, buf: &'b mut [u8]) -> Result<&'b mut [u8], WireError> {
@@ -901,6 +930,40 @@ mod tests {
         );
         assert!(l.payload_mut(&mut small).is_err());
         assert!(l.finish(&mut small).is_err());
+    }
+
+    #[test]
+    fn copied_middle_headers_make_the_packet_a_fresh_layout_makes() {
+        for ip in [v4(), v6()] {
+            let middle = |psn, ack_req| {
+                let mut b = BthRepr::new(Opcode::RcRdmaWriteMiddle, Qpn::new(0x11), Psn::new(psn));
+                b.ack_req = ack_req;
+                TransportRepr::new(b)
+            };
+            let payload = [0x3cu8; 64];
+            let first =
+                PacketLayout::new(&ip, 0xc121, ROCEV2_UDP_PORT, &middle(5, false), 64).unwrap();
+            let mut headers = [0u8; 256];
+            first.emit_headers(&mut headers).unwrap();
+            let headers = &headers[..first.header_len()];
+            for (psn, ack_req) in [(6, false), (7, true), (0xff_ffff, false)] {
+                let (fresh, n) = build(&ip, &middle(psn, ack_req), &payload);
+                let mut copied = [0xffu8; 256];
+                first
+                    .emit_headers_like(headers, &mut copied, Psn::new(psn), ack_req)
+                    .unwrap();
+                first
+                    .payload_mut(&mut copied)
+                    .unwrap()
+                    .copy_from_slice(&payload);
+                assert_eq!(first.finish(&mut copied), Ok(n));
+                assert_eq!(fresh[..n], copied[..n], "psn {psn}");
+            }
+            // Headers of another length are refused, not half copied.
+            assert!(first
+                .emit_headers_like(&headers[1..], &mut [0u8; 256], Psn::new(6), false)
+                .is_err());
+        }
     }
 
     #[test]
