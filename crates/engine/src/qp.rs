@@ -167,14 +167,61 @@ pub(crate) const MIDDLE_HEADERS_MAX: usize = 64;
 
 impl MiddleHeaders {
     /// The headers, for `layout.header_len()` bytes.
-    pub(crate) fn headers(&self) -> &[u8] {
+    fn headers(&self) -> &[u8] {
         &self.bytes[..self.layout.header_len().min(MIDDLE_HEADERS_MAX)]
     }
 
     /// Whether they serve a packet of `opcode` with `payload_len` bytes on the same path.
-    pub(crate) fn fits(&self, opcode: wire::Opcode, payload_len: usize) -> bool {
-        let t = self.layout.transport();
-        t.bth.opcode == opcode && self.layout.payload_range().len() == payload_len
+    fn fits(&self, opcode: wire::Opcode, payload_len: usize) -> bool {
+        self.layout.transport().bth.opcode == opcode
+            && self.layout.payload_range().len() == payload_len
+    }
+}
+
+impl Path {
+    /// Step 1 of building a packet of `t` with `payload_len` bytes on this path: lay it out
+    /// and write its headers into `buf`. A MIDDLE packet copies the ones `cache` holds when
+    /// they fit (see [`MiddleHeaders`]), else leaves its own there for the next. Returns the
+    /// layout to fill and seal, held in `cache` or in `fresh`; `None` when the packet cannot
+    /// be laid out or `buf` is too small.
+    pub(crate) fn emit_headers<'a>(
+        &self,
+        t: &wire::TransportRepr,
+        payload_len: usize,
+        buf: &mut [u8],
+        cache: &'a mut Option<Box<MiddleHeaders>>,
+        fresh: &'a mut Option<wire::PacketLayout>,
+    ) -> Option<&'a wire::PacketLayout> {
+        let middle = t.bth.opcode.is_middle();
+        if middle
+            && cache
+                .as_ref()
+                .is_some_and(|m| m.fits(t.bth.opcode, payload_len))
+        {
+            let m = cache.as_deref()?;
+            m.layout
+                .emit_headers_like(m.headers(), buf, t.bth.psn, t.bth.ack_req)
+                .ok()?;
+            return Some(&m.layout);
+        }
+        let ip = crate::req::ip_repr(self);
+        let layout = wire::PacketLayout::new(
+            &ip,
+            self.udp_src_port,
+            wire::ROCEV2_UDP_PORT,
+            t,
+            payload_len,
+        )
+        .ok()?;
+        layout.emit_headers(buf).ok()?;
+        let hl = layout.header_len();
+        if middle && hl <= MIDDLE_HEADERS_MAX {
+            let mut bytes = [0; MIDDLE_HEADERS_MAX];
+            bytes[..hl].copy_from_slice(&buf[..hl]);
+            let m = cache.insert(Box::new(MiddleHeaders { layout, bytes }));
+            return Some(&m.layout);
+        }
+        Some(fresh.insert(layout))
     }
 }
 
@@ -239,6 +286,9 @@ pub(crate) enum InProgress {
 /// Responder state (IBA 9.7.5.2).
 #[derive(Debug, Default)]
 pub(crate) struct RespState {
+    /// The headers of the last MIDDLE READ response built, for the next one to copy (see
+    /// [`MiddleHeaders`]); forgotten whenever the path changes.
+    pub(crate) middle: Option<Box<MiddleHeaders>>,
     /// Expected PSN.
     pub(crate) epsn: Psn,
     /// Message sequence number: messages completed (24 bits).
@@ -505,6 +555,7 @@ impl<M: Memory + ?Sized> Engine<M> {
                 qp.path = Some(p);
                 // Headers copied from packets of the old path would carry its addresses.
                 qp.req.middle = None;
+                qp.resp.middle = None;
             }
             if mask.contains(QpAttrMask::RETRY_CNT) {
                 qp.req.retry_left = merged.retry_cnt;

@@ -8,8 +8,7 @@
 use std::net::IpAddr;
 
 use wire::{
-    AtomicEthRepr, BthRepr, IpRepr, Ipv4Repr, Ipv6Repr, Opcode, PacketLayout, Psn, Qpn, RethRepr,
-    TransportRepr, ROCEV2_UDP_PORT,
+    AtomicEthRepr, BthRepr, IpRepr, Ipv4Repr, Ipv6Repr, Opcode, Psn, Qpn, RethRepr, TransportRepr,
 };
 
 use crate::counters::Counter;
@@ -18,7 +17,7 @@ use crate::memory::MemOwner;
 use crate::memory::Memory;
 use crate::mr::MrTable;
 use crate::pd::PdHandle;
-use crate::qp::{MiddleHeaders, Path, Qp, SendWqe, MIDDLE_HEADERS_MAX};
+use crate::qp::{Path, Qp, SendWqe};
 use crate::wr::{SendFlags, SendOp, SendPayload, SendWr};
 use crate::{comp, Ctx, WcStatus, MAX_MSG_SIZE};
 
@@ -398,36 +397,8 @@ pub(crate) fn transmit<M: Memory + ?Sized>(
             }
         }
     }
-    // A MIDDLE packet copies the last one's headers when they fit (see `MiddleHeaders`).
-    let middle = t.bth.opcode.is_middle();
-    let template = qp
-        .req
-        .middle
-        .as_deref()
-        .filter(|m| middle && m.fits(t.bth.opcode, payload_len));
-    let fresh_layout;
-    let layout = if let Some(m) = template {
-        m.layout
-            .emit_headers_like(m.headers(), buf, t.bth.psn, t.bth.ack_req)
-            .ok()?;
-        &m.layout
-    } else {
-        let ip = ip_repr(&path);
-        let layout =
-            PacketLayout::new(&ip, path.udp_src_port, ROCEV2_UDP_PORT, &t, payload_len).ok()?;
-        if buf.len() < layout.len() {
-            return None;
-        }
-        layout.emit_headers(buf).ok()?;
-        let hl = layout.header_len();
-        if middle && hl <= MIDDLE_HEADERS_MAX {
-            let mut bytes = [0; MIDDLE_HEADERS_MAX];
-            bytes[..hl].copy_from_slice(&buf[..hl]);
-            qp.req.middle = Some(Box::new(MiddleHeaders { layout, bytes }));
-        }
-        fresh_layout = layout;
-        &fresh_layout
-    };
+    let mut laid_out = None;
+    let layout = path.emit_headers(&t, payload_len, buf, &mut qp.req.middle, &mut laid_out)?;
     if payload_len > 0 {
         let out = layout.payload_mut(buf).ok()?;
         if let Err(status) = gather(wqe, ctx.mem, offset, out) {

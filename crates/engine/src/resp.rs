@@ -822,10 +822,9 @@ pub(crate) fn transmit<M: Memory + ?Sized>(
                         msn: Msn::new(msn),
                     });
                 }
+                let mut laid_out = None;
                 let layout =
-                    PacketLayout::new(&ip, path.udp_src_port, ROCEV2_UDP_PORT, &t, plen as usize)
-                        .ok()?;
-                layout.emit_headers(buf).ok()?;
+                    path.emit_headers(&t, plen as usize, buf, &mut qp.resp.middle, &mut laid_out)?;
                 if plen > 0 {
                     let out = layout.payload_mut(buf).ok()?;
                     if ctx.mem.read(owner, va + done, out).is_err() {
@@ -834,7 +833,7 @@ pub(crate) fn transmit<M: Memory + ?Sized>(
                         continue;
                     }
                 }
-                let n = path.seal(&layout, buf).ok()?;
+                let n = path.seal(layout, buf).ok()?;
                 if last {
                     qp.resp.out.pop_front();
                 } else if let Some(RespOut::Read {
