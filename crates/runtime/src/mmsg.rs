@@ -1,4 +1,5 @@
-//! `recvmmsg(2)` over a receive side's slots, with every header set afresh for each call;
+//! `recvmmsg(2)` over a receive side's slots, with every field the kernel writes back set
+//! afresh for each call;
 //! `sendmmsg(2)` of the datagrams one pass queued for one socket.
 //!
 //! `msg_namelen` and `msg_controllen` are in-out: the kernel replaces them with what it
@@ -45,11 +46,15 @@ pub(crate) struct MultiRecv {
     iovs: Box<[libc::iovec]>,
     names: Box<[libc::sockaddr_storage]>,
     control: Box<[Control]>,
+    /// The slots the first `.3` headers point at: start address, slot length, offset in
+    /// the slot. A call on the same slots rewrites only what the kernel writes back.
+    pointed: (usize, usize, usize, usize),
 }
 
-// SAFETY: the raw pointers in `hdrs` and `iovs` are written afresh before each call from
-// `&mut self` and the slots it is given, and never read otherwise: moving the struct to
-// another thread moves nothing they point to that another thread could use.
+// SAFETY: the raw pointers in `hdrs` and `iovs` point at this struct's boxes and at the
+// slots of the call that set them; only the kernel reads them, during a call from
+// `&mut self` that checked they are the slots it was given (or wrote them afresh): moving
+// the struct to another thread moves nothing they point to that another thread could use.
 unsafe impl Send for MultiRecv {}
 
 impl MultiRecv {
@@ -69,6 +74,7 @@ impl MultiRecv {
             iovs: vec![iov; batch].into_boxed_slice(),
             names: vec![name; batch].into_boxed_slice(),
             control: vec![Control([0; CONTROL]); batch].into_boxed_slice(),
+            pointed: (0, 0, 0, 0),
         }
     }
 
@@ -88,27 +94,46 @@ impl MultiRecv {
         if n == 0 || at >= slot_len {
             return Ok(0);
         }
-        for (i, slot) in slots.chunks_exact_mut(slot_len).take(n).enumerate() {
-            let buf = &mut slot[at..];
-            self.iovs[i] = libc::iovec {
-                iov_base: buf.as_mut_ptr().cast(),
-                iov_len: buf.len(),
-            };
-            let h = &mut self.hdrs[i];
-            h.msg_len = 0;
-            h.msg_hdr.msg_name = (&raw mut self.names[i]).cast();
-            h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            h.msg_hdr.msg_iov = &raw mut self.iovs[i];
-            h.msg_hdr.msg_iovlen = 1;
-            h.msg_hdr.msg_control = self.control[i].0.as_mut_ptr().cast();
-            h.msg_hdr.msg_controllen = CONTROL as _;
-            h.msg_hdr.msg_flags = 0;
+        let (base, pointed_len, pointed_at, pointed_n) = self.pointed;
+        if base == slots.as_ptr() as usize
+            && pointed_len == slot_len
+            && pointed_at == at
+            && pointed_n >= n
+        {
+            // The pointers and the iovecs are as the last call set them, for these same
+            // slots (the kernel writes neither): only the in-out fields go back.
+            for h in &mut self.hdrs[..n] {
+                h.msg_len = 0;
+                h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+                h.msg_hdr.msg_controllen = CONTROL as _;
+                h.msg_hdr.msg_flags = 0;
+            }
+        } else {
+            for (i, slot) in slots.chunks_exact_mut(slot_len).take(n).enumerate() {
+                let buf = &mut slot[at..];
+                self.iovs[i] = libc::iovec {
+                    iov_base: buf.as_mut_ptr().cast(),
+                    iov_len: buf.len(),
+                };
+                let h = &mut self.hdrs[i];
+                h.msg_len = 0;
+                h.msg_hdr.msg_name = (&raw mut self.names[i]).cast();
+                h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+                h.msg_hdr.msg_iov = &raw mut self.iovs[i];
+                h.msg_hdr.msg_iovlen = 1;
+                h.msg_hdr.msg_control = self.control[i].0.as_mut_ptr().cast();
+                h.msg_hdr.msg_controllen = CONTROL as _;
+                h.msg_hdr.msg_flags = 0;
+            }
+            self.pointed = (slots.as_ptr() as usize, slot_len, at, n);
         }
-        // SAFETY: the first `n` headers were just set to point at live memory of this call:
-        // each iovec at a slot of `slots` (borrowed mutably for the call) of the length
-        // given, each name at a `sockaddr_storage` and each control buffer at `CONTROL`
-        // bytes of `self`, with those sizes in the header. The kernel writes only within
-        // them and into the headers.
+        // SAFETY: the first `n` headers point at live memory of this call: each iovec at a
+        // slot of `slots` (borrowed mutably for the call) of the length given — set just
+        // now, or by an earlier call for slots at the same address, of the same length and
+        // offset, and at least as many, which are these — each name at a `sockaddr_storage`
+        // and each control buffer at `CONTROL` bytes of `self`'s boxes (which never move),
+        // with those sizes in the header. The kernel writes only within them and into the
+        // headers.
         let got = unsafe {
             libc::recvmmsg(
                 fd.as_raw_fd(),
@@ -281,4 +306,89 @@ fn control_of(hdr: &libc::msghdr) -> (Option<IpAddr>, Option<usize>) {
         }
     }
     (dst, seg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::IoSlice;
+    use std::os::fd::AsFd;
+
+    use nix::sys::socket::{self as nsock, MsgFlags, SockaddrStorage};
+
+    /// Receive until `want` datagrams came (the kernel delivers loopback sends at once, but
+    /// a look may race them), each into `slots` from slot 0.
+    fn take(
+        rx: &mut MultiRecv,
+        fd: BorrowedFd<'_>,
+        slots: &mut [u8],
+        want: usize,
+    ) -> Vec<Received> {
+        let mut got = Vec::new();
+        for _ in 0..1000 {
+            let _ = rx.recv(fd, slots, 2048, 16, |_, r| got.push(r));
+            if got.len() >= want {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        got
+    }
+
+    #[test]
+    fn headers_kept_from_call_to_call_still_report_each_datagram_whole() {
+        let any = SocketAddr::from(([0, 0, 0, 0], 0));
+        let sock = crate::io::rx_socket(any, true).unwrap();
+        let port = sock.local_addr().unwrap().as_socket().unwrap().port();
+        let to = SocketAddr::from(([127, 0, 0, 1], port));
+        let a = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let b = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let mut rx = MultiRecv::new(4);
+        let mut slots = vec![0u8; 4 * 2048];
+        let fd = sock.as_fd();
+        // A lone datagram (no segment size), then a train of three 100-byte segments from
+        // another port (a segment size), then a lone one again: the in-out fields of the
+        // headers the first call set must be back for each call.
+        a.send_to(&[1; 40], to).unwrap();
+        let r = take(&mut rx, fd, &mut slots, 1);
+        assert_eq!(r.len(), 1);
+        assert_eq!((r[0].len, r[0].seg), (40, None));
+        assert_eq!(r[0].src, Some(a.local_addr().unwrap()));
+        assert!(r[0].dst.is_some(), "packet info is reported");
+
+        let seg = 100u16;
+        let data = [2u8; 300];
+        let iov = [IoSlice::new(&data)];
+        let cmsg = [nsock::ControlMessage::UdpGsoSegments(&seg)];
+        nsock::sendmsg(
+            b.as_raw_fd(),
+            &iov,
+            &cmsg,
+            MsgFlags::empty(),
+            Some(&SockaddrStorage::from(to)),
+        )
+        .unwrap();
+        let r = take(&mut rx, fd, &mut slots, 1);
+        assert_eq!(r[0].src, Some(b.local_addr().unwrap()));
+        // Whole, with its segment size, or (a kernel without GRO here) cut in three.
+        match r[0].seg {
+            Some(s) => assert_eq!((r[0].len, s), (300, 100)),
+            None => assert_eq!(r[0].len, 100),
+        }
+        if r[0].seg.is_none() {
+            // The other two segments, before the next datagram.
+            assert_eq!(
+                r.len() + take(&mut rx, fd, &mut slots, 3 - r.len()).len(),
+                3
+            );
+        }
+
+        // Fewer slots than the headers were set for: the first one still points right.
+        a.send_to(&[3; 24], to).unwrap();
+        let r = take(&mut rx, fd, &mut slots[..2048], 1);
+        assert_eq!((r[0].len, r[0].seg), (24, None));
+        assert_eq!(r[0].src, Some(a.local_addr().unwrap()));
+        assert_eq!(slots[16..16 + 24], [3; 24]);
+        assert!(r[0].dst.is_some());
+    }
 }

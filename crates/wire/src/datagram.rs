@@ -140,49 +140,68 @@ impl Datagram {
 const MAX_DATAGRAM_HEADERS: usize = 48;
 
 /// [`Datagram::parse`] for a host that sends runs of packets with the same IP and UDP
-/// headers (every MIDDLE packet of a message, every full-size READ response): a packet
-/// whose headers are byte for byte the last one's is that datagram again, and is not parsed
+/// headers (every MIDDLE packet of a message, every full-size READ response; in a
+/// ping-pong, the request and the ACK that rides with it): a packet whose headers are byte
+/// for byte those of one of the last two parsed is that datagram again, and is not parsed
 /// afresh. Everything `parse` reads lies in those bytes, so the answer is the same.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct DatagramCache {
-    /// The header bytes of the last datagram parsed, and their number (0: none).
-    headers: [u8; MAX_DATAGRAM_HEADERS],
-    len: usize,
-    last: Option<Datagram>,
+    /// The last two datagrams parsed; `newest` indexes the later.
+    seen: [Seen; 2],
+    newest: usize,
 }
 
-impl Default for DatagramCache {
-    fn default() -> DatagramCache {
-        DatagramCache::new()
+/// One datagram a [`DatagramCache`] remembers.
+#[derive(Debug, Clone)]
+struct Seen {
+    /// Its header bytes, `len` of them (0: none).
+    headers: [u8; MAX_DATAGRAM_HEADERS],
+    len: usize,
+    datagram: Option<Datagram>,
+}
+
+impl Default for Seen {
+    fn default() -> Seen {
+        Seen {
+            headers: [0; MAX_DATAGRAM_HEADERS],
+            len: 0,
+            datagram: None,
+        }
+    }
+}
+
+impl Seen {
+    fn matches(&self, pkt: &[u8]) -> Option<&Datagram> {
+        let d = self.datagram.as_ref()?;
+        (pkt.len() >= self.len && pkt[..self.len] == self.headers[..self.len]).then_some(d)
     }
 }
 
 impl DatagramCache {
     /// An empty cache.
     pub fn new() -> DatagramCache {
-        DatagramCache {
-            headers: [0; MAX_DATAGRAM_HEADERS],
-            len: 0,
-            last: None,
-        }
+        DatagramCache::default()
     }
 
     /// What [`Datagram::parse`] returns for `pkt`.
     #[inline]
     pub fn parse(&mut self, pkt: &[u8]) -> Result<Datagram, WireError> {
-        if let Some(d) = &self.last {
-            if pkt.len() >= self.len && pkt[..self.len] == self.headers[..self.len] {
-                return Ok(d.clone());
+        for i in [self.newest, 1 - self.newest] {
+            if let Some(d) = self.seen[i].matches(pkt) {
+                let d = d.clone();
+                self.newest = i;
+                return Ok(d);
             }
         }
         let d = Datagram::parse(pkt)?;
         let len = d.payload.start;
         if len <= MAX_DATAGRAM_HEADERS {
-            self.headers[..len].copy_from_slice(&pkt[..len]);
-            self.len = len;
-            self.last = Some(d.clone());
-        } else {
-            self.last = None;
+            // The older of the two makes room.
+            self.newest = 1 - self.newest;
+            let s = &mut self.seen[self.newest];
+            s.headers[..len].copy_from_slice(&pkt[..len]);
+            s.len = len;
+            s.datagram = Some(d.clone());
         }
         Ok(d)
     }
@@ -277,5 +296,12 @@ mod tests {
         }
         // A shorter packet is never matched against longer headers.
         assert_eq!(cache.parse(&p[..20]), Datagram::parse(&p[..20]));
+        // Packets of two lengths in turn (a ping-pong's request and ACK) are both
+        // remembered, and a third takes the place of the older.
+        let ack = crate::train::tests::packet(Opcode::RcSendOnly, 7, 64, 0).0;
+        let other = crate::train::tests::packet(Opcode::RcSendOnly, 8, 5, b'x').0;
+        for q in [&p, &ack, &p, &ack, &other, &ack, &p, &other] {
+            assert_eq!(cache.parse(q).unwrap(), Datagram::parse(q).unwrap());
+        }
     }
 }
