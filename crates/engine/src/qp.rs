@@ -153,22 +153,23 @@ pub(crate) struct ReqState {
 /// the BTH's PSN and AckReq, so the requester copies them instead of laying each packet out
 /// afresh (`wire::PacketLayout::emit_headers_like`). A NIC does the same with a QP context's
 /// header template.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct MiddleHeaders {
     /// The layout they were written by. Its lengths hold for every packet that copies
     /// them; its PSN and AckReq are the first packet's.
-    pub(crate) layout: wire::PacketLayout,
-    /// IP, UDP and BTH headers as `emit_headers` wrote them (a MIDDLE packet has no other).
-    pub(crate) bytes: [u8; MIDDLE_HEADERS_MAX],
+    layout: wire::PacketLayout,
+    /// IP, UDP and BTH headers as `emit_headers` wrote them (a MIDDLE packet has no other),
+    /// in the first `layout.header_len()` bytes.
+    bytes: [u8; MIDDLE_HEADERS_MAX],
 }
 
 /// IPv6 (40) + UDP (8) + BTH (12), rounded up.
-pub(crate) const MIDDLE_HEADERS_MAX: usize = 64;
+const MIDDLE_HEADERS_MAX: usize = 64;
 
 impl MiddleHeaders {
-    /// The headers, for `layout.header_len()` bytes.
+    /// The headers (`Path::emit_headers` keeps only those that fit).
     fn headers(&self) -> &[u8] {
-        &self.bytes[..self.layout.header_len().min(MIDDLE_HEADERS_MAX)]
+        &self.bytes[..self.layout.header_len()]
     }
 
     /// Whether they serve a packet of `opcode` with `payload_len` bytes on the same path.

@@ -373,7 +373,7 @@ pub(crate) struct Tx {
     spare: Vec<Vec<u8>>,
     /// The packet lists of trains that left, for the next trains to fill.
     spare_lists: Vec<Vec<(Vec<u8>, Range<usize>)>>,
-    /// The headers of the last packet sent: the packets of a message share them.
+    /// The headers of the last packets sent: the packets of a message share them.
     parsed: wire::DatagramCache,
     pub(crate) counters: IoCounters,
 }

@@ -688,9 +688,10 @@ impl PacketLayout {
         self.check_buf(buf)?;
         let len = self.header_len();
         if headers.len() != len {
-            return Err(WireError::BufferTooSmall {
-                needed: len,
-                available: headers.len(),
+            return Err(WireError::LengthMismatch {
+                header: HeaderKind::Bth,
+                claimed: len,
+                actual: headers.len(),
             });
         }
         buf[..len].copy_from_slice(headers);
